@@ -1,0 +1,106 @@
+"""Float32 PyTorch reference of the GDN decode and prefill (DESIGN.md §2).
+
+Per sequence and value head ``h``, with ``S = state[h].T`` of shape ``[K, V]``::
+
+    decay = exp(-exp(A_log[h]) * softplus(a_t[h] + dt_bias[h]))
+    beta  = sigmoid(b_t[h])
+    S     = decay * S
+    S     = S + beta * k_t^T (v_t - k_t S)
+    o_t   = scale * q_t S
+
+This is the spec: every implementation is checked against it. It runs on any
+device (a token loop, vectorised over heads); it is slow by design.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from .spec import resolve_scale, validate_decode_inputs, validate_prefill_inputs
+
+__all__ = ["gates_reference", "decode_reference", "prefill_reference"]
+
+
+def gates_reference(A_log, a, dt_bias, b) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Decay and beta in float32 from the raw gate inputs.
+
+    Args:
+        A_log: `[HV]` f32.  a, b: `[..., HV]` bf16.  dt_bias: `[HV]` f32.
+    Returns:
+        ``(decay, beta)``, each `[..., HV]` f32; ``decay`` in (0, 1).
+    """
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
+    return torch.exp(g), torch.sigmoid(b.float())
+
+
+def _run_tokens(S, q, k, v, decay, beta, scale, group):
+    """Walk tokens of one sequence. S `[HV,K,V]` f32 (updated, returned), q/k `[L,HQ,D]`,
+    v `[L,HV,D]`, decay/beta `[L,HV]`. Returns (o `[L,HV,D]` f32, S)."""
+    q = q.float().repeat_interleave(group, dim=1)
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float()
+    outs = []
+    for t in range(q.shape[0]):
+        S = S * decay[t][:, None, None]
+        pred = torch.einsum("hk,hkv->hv", k[t], S)
+        S = S + beta[t][:, None, None] * k[t][:, :, None] * (v[t] - pred)[:, None, :]
+        outs.append(scale * torch.einsum("hk,hkv->hv", q[t], S))
+    o = torch.stack(outs) if outs else v.new_zeros(0, *v.shape[1:])
+    return o, S
+
+
+def decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional[float] = None):
+    """One decode step for a batch of sequences.
+
+    Args:
+        q, k: `[B,1,HQ,D]` bf16.  v: `[B,1,HV,D]` bf16.
+        state: `[B,HV,D,D]` f32, k-last (element (k, v) at ``state[b,h,v,k]``); untouched.
+        A_log, dt_bias: `[HV]` f32.  a, b: `[B,1,HV]` bf16.
+        scale: float; None or 0 means ``1/sqrt(D)``.
+    Returns:
+        ``(output [B,1,HV,D] bf16, new_state [B,HV,D,D] f32)``.
+    """
+    shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale)
+    scale = resolve_scale(scale, shape.head_dim)
+    decay, beta = gates_reference(A_log, a, dt_bias, b)  # [B,1,HV]
+    outs, states = [], []
+    for i in range(q.shape[0]):
+        S = state[i].float().transpose(-1, -2)
+        o, S = _run_tokens(S, q[i], k[i], v[i], decay[i], beta[i], scale, shape.group)
+        outs.append(o)
+        states.append(S.transpose(-1, -2))
+    return torch.stack(outs).to(torch.bfloat16), torch.stack(states).contiguous()
+
+
+def prefill_reference(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                      scale: Optional[float] = None):
+    """Chunk-free prefill over packed variable-length sequences.
+
+    Args:
+        q, k: `[T,HQ,D]` bf16.  v: `[T,HV,D]` bf16.
+        state: `[N,HV,D,D]` f32 k-last, or None (zeros); untouched.
+        A_log, dt_bias: `[HV]` f32.  a, b: `[T,HV]` bf16.
+        cu_seqlens: `[N+1]` int64/int32, ``cu_seqlens[-1] == T``; empty sequences allowed.
+        scale: float; None or 0 means ``1/sqrt(D)``.
+    Returns:
+        ``(output [T,HV,D] bf16, new_state [N,HV,D,D] f32)``.
+    """
+    shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale)
+    scale = resolve_scale(scale, shape.head_dim)
+    hv, d = shape.num_v_heads, shape.head_dim
+    bounds = cu_seqlens.to("cpu", torch.int64).tolist()
+    N = len(bounds) - 1
+    decay, beta = gates_reference(A_log, a, dt_bias, b)  # [T,HV]
+    out = torch.zeros(q.shape[0], hv, d, dtype=torch.float32, device=q.device)
+    new_state = torch.empty(N, hv, d, d, dtype=torch.float32, device=q.device)
+    for n in range(N):
+        bos, eos = bounds[n], bounds[n + 1]
+        S0 = (state[n].float() if state is not None
+              else torch.zeros(hv, d, d, device=q.device)).transpose(-1, -2)
+        o, S = _run_tokens(S0, q[bos:eos], k[bos:eos], v[bos:eos], decay[bos:eos],
+                           beta[bos:eos], scale, shape.group)
+        out[bos:eos] = o
+        new_state[n] = S.transpose(-1, -2)
+    return out.to(torch.bfloat16), new_state

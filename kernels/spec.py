@@ -1,0 +1,302 @@
+"""The contest's GDN shapes, seeded realistic inputs, and input validation.
+
+Shapes (Qwen3-Next at tensor-parallel 4): ``HQ = HK = 4`` query/key heads,
+``HV = 8`` value heads, head size ``D = K = V = 128``. Value head ``h`` reads
+q/k head ``h // (HV // HQ)`` (grouped value attention, GVA).
+
+Decode inputs (one token per sequence)::
+
+    q, k     [B, 1, HQ, D] bf16      v        [B, 1, HV, D] bf16
+    state    [B, HV, D, D] f32 (k-last: element (k, v) at state[b, h, v, k])
+    A_log    [HV] f32                a, b     [B, 1, HV] bf16
+    dt_bias  [HV] f32                scale    float (0 or None -> 1/sqrt(D))
+
+Prefill inputs (packed variable-length sequences)::
+
+    q, k     [T, HQ, D] bf16         v        [T, HV, D] bf16
+    state    [N, HV, D, D] f32 or None (zeros)
+    a, b     [T, HV] bf16            cu_seqlens [N+1] int64 or int32
+
+Validation raises ``TypeError`` (wrong dtype / not a tensor) or ``ValueError``
+(everything else) with a message naming the argument and what was expected.
+It never mutates its inputs and launches nothing on the device.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = [
+    "GDNShape",
+    "CONTEST",
+    "DECODE_BATCH_SIZES",
+    "PREFILL_SHAPES",
+    "resolve_scale",
+    "make_decode_inputs",
+    "make_prefill_inputs",
+    "validate_decode_inputs",
+    "validate_prefill_inputs",
+    "decode_state_bytes",
+]
+
+
+@dataclass(frozen=True)
+class GDNShape:
+    """Head counts and head size of one GDN layer.
+
+    Args:
+        num_q_heads: ``HQ`` (= ``HK``), query/key heads.
+        num_v_heads: ``HV``, value heads; a multiple of ``HQ``.
+        head_dim: ``D`` (= K = V), a power of two >= 16.
+    """
+
+    num_q_heads: int = 4
+    num_v_heads: int = 8
+    head_dim: int = 128
+
+    def __post_init__(self):
+        if self.num_q_heads < 1:
+            raise ValueError(f"num_q_heads must be >= 1, got {self.num_q_heads}")
+        if self.num_v_heads < 1 or self.num_v_heads % self.num_q_heads:
+            raise ValueError(
+                f"num_v_heads must be a positive multiple of num_q_heads={self.num_q_heads}, "
+                f"got {self.num_v_heads}")
+        d = self.head_dim
+        if d < 16 or d & (d - 1):
+            raise ValueError(f"head_dim must be a power of two >= 16, got {d}")
+
+    @property
+    def group(self) -> int:
+        """Value heads per q/k head (``HV // HQ``)."""
+        return self.num_v_heads // self.num_q_heads
+
+
+CONTEST = GDNShape(4, 8, 128)
+DECODE_BATCH_SIZES = (1, 4, 8, 16, 32, 48, 64)
+# The prefill shapes the notebooks and issues name (lists of sequence lengths).
+PREFILL_SHAPES = {
+    "T6": [6], "T64": [64], "100+28": [100, 28], "T512": [512], "T2048": [2048],
+    "T8192": [8192], "4x1024": [1024] * 4, "16x256": [256] * 16, "57x64": [64] * 57,
+}
+
+
+def resolve_scale(scale: Optional[float], head_dim: int) -> float:
+    """``scale`` or, when it is None or 0, ``1/sqrt(head_dim)``."""
+    if scale is None or scale == 0:
+        return 1.0 / math.sqrt(head_dim)
+    return float(scale)
+
+
+def decode_state_bytes(batch: int, shape: GDNShape = CONTEST) -> int:
+    """Bytes of fp32 state one decode step must read and write: ``2 * B*HV*D*D*4``."""
+    return 2 * batch * shape.num_v_heads * shape.head_dim * shape.head_dim * 4
+
+
+# --------------------------------------------------------------------------- inputs
+
+def _unit_norm(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+
+
+def _gate_params(hv: int, gen: torch.Generator):
+    """Qwen3-Next-like gate parameters: A in [1, 16], dt in [1e-3, 1e-1]."""
+    A = torch.empty(hv).uniform_(1.0, 16.0, generator=gen)
+    A_log = A.log()
+    dt = torch.exp(torch.empty(hv).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+    dt_bias = dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+    return A_log.float(), dt_bias.float()
+
+
+def make_decode_inputs(batch: int, shape: GDNShape = CONTEST, *, seed: int = 0,
+                       device="cpu", state_scale: float = 0.1,
+                       scale: Optional[float] = None) -> dict:
+    """Seeded realistic decode inputs (a dict keyed by argument name).
+
+    Returns ``q, k [B,1,HQ,D] bf16`` (unit norm per head), ``v [B,1,HV,D] bf16``,
+    ``state [B,HV,D,D] f32``, ``A_log, dt_bias [HV] f32``, ``a, b [B,1,HV] bf16``,
+    ``scale``.
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    gen = torch.Generator().manual_seed(seed)
+    hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
+    bf = torch.bfloat16
+    q = _unit_norm(torch.randn(batch, 1, hq, d, generator=gen)).to(bf)
+    k = _unit_norm(torch.randn(batch, 1, hq, d, generator=gen)).to(bf)
+    v = torch.randn(batch, 1, hv, d, generator=gen).to(bf)
+    state = torch.randn(batch, hv, d, d, generator=gen) * state_scale
+    A_log, dt_bias = _gate_params(hv, gen)
+    a = torch.randn(batch, 1, hv, generator=gen).to(bf)
+    b = torch.randn(batch, 1, hv, generator=gen).to(bf)
+    out = dict(q=q, k=k, v=v, state=state.float(), A_log=A_log, a=a, dt_bias=dt_bias,
+               b=b)
+    out = {n: t.to(device) for n, t in out.items()}
+    out["scale"] = scale
+    return out
+
+
+def make_prefill_inputs(lens: Sequence[int], shape: GDNShape = CONTEST, *, seed: int = 0,
+                        device="cpu", with_state: bool = True, state_scale: float = 0.1,
+                        cu_dtype: torch.dtype = torch.int64,
+                        scale: Optional[float] = None) -> dict:
+    """Seeded realistic prefill inputs for sequences of lengths ``lens``.
+
+    Returns ``q, k [T,HQ,D] bf16`` (unit norm per head), ``v [T,HV,D] bf16``,
+    ``state [N,HV,D,D] f32`` (or None when ``with_state`` is False),
+    ``A_log, dt_bias [HV] f32``, ``a, b [T,HV] bf16``, ``cu_seqlens [N+1]``, ``scale``.
+    """
+    lens = [int(n) for n in lens]
+    if not lens or any(n < 0 for n in lens):
+        raise ValueError(f"lens must be a non-empty list of lengths >= 0, got {lens}")
+    gen = torch.Generator().manual_seed(seed)
+    hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
+    T, N = sum(lens), len(lens)
+    bf = torch.bfloat16
+    q = _unit_norm(torch.randn(T, hq, d, generator=gen)).to(bf)
+    k = _unit_norm(torch.randn(T, hq, d, generator=gen)).to(bf)
+    v = torch.randn(T, hv, d, generator=gen).to(bf)
+    A_log, dt_bias = _gate_params(hv, gen)
+    a = torch.randn(T, hv, generator=gen).to(bf)
+    b = torch.randn(T, hv, generator=gen).to(bf)
+    state = (torch.randn(N, hv, d, d, generator=gen) * state_scale).float() if with_state else None
+    cu = torch.tensor([0] + list(_cumsum(lens)), dtype=cu_dtype)
+    out = dict(q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
+               cu_seqlens=cu)
+    out = {n: (t.to(device) if t is not None else None) for n, t in out.items()}
+    out["scale"] = scale
+    return out
+
+
+def _cumsum(xs):
+    total = 0
+    for x in xs:
+        total += x
+        yield total
+
+
+# --------------------------------------------------------------------------- validation
+
+def _tensor(name, x, dtype, ndim, device=None):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if dtype is not None and x.dtype not in (dtype if isinstance(dtype, tuple) else (dtype,)):
+        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} must be on {device} (like q), got {x.device}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {x.stride()})")
+
+
+def _expect_shape(name, x, expected):
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def _common_gates(A_log, dt_bias, hv, dev):
+    _tensor("A_log", A_log, torch.float32, 1, dev)
+    _expect_shape("A_log", A_log, (hv,))
+    _tensor("dt_bias", dt_bias, torch.float32, 1, dev)
+    _expect_shape("dt_bias", dt_bias, (hv,))
+
+
+def _check_scale(scale):
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if scale is not None and (not math.isfinite(scale) or scale < 0):
+        raise ValueError(f"scale must be finite and >= 0 (0 means 1/sqrt(D)), got {scale}")
+
+
+def validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale=None) -> GDNShape:
+    """Check decode inputs against the contract; return their :class:`GDNShape`.
+
+    Raises ``TypeError``/``ValueError`` naming the argument. Reads only metadata.
+    """
+    bf = torch.bfloat16
+    _tensor("q", q, bf, 4)
+    dev = q.device
+    B = q.shape[0]
+    if q.shape[1] != 1:
+        raise ValueError(f"q must have one token per sequence (shape [B,1,HQ,D]), got {tuple(q.shape)}")
+    _tensor("v", v, bf, 4, dev)
+    shape = _heads_from_shapes(tuple(q.shape[2:]), tuple(v.shape[2:]))
+    hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
+    _tensor("k", k, bf, 4, dev)
+    _expect_shape("k", k, (B, 1, hq, d))
+    _expect_shape("v", v, (B, 1, hv, d))
+    _tensor("state", state, torch.float32, 4, dev)
+    _expect_shape("state", state, (B, hv, d, d))
+    _common_gates(A_log, dt_bias, hv, dev)
+    _tensor("a", a, bf, 3, dev)
+    _expect_shape("a", a, (B, 1, hv))
+    _tensor("b", b, bf, 3, dev)
+    _expect_shape("b", b, (B, 1, hv))
+    _check_scale(scale)
+    return shape
+
+
+def _heads_from_shapes(q_tail, v_tail) -> GDNShape:
+    hq, d = q_tail
+    hv, dv = v_tail
+    if dv != d:
+        raise ValueError(f"v's head size ({dv}) must equal q's head size ({d})")
+    if hq < 1 or hv < 1 or hv % hq:
+        raise ValueError(
+            f"v's head count ({hv}) must be a multiple of q's head count ({hq}) (GVA)")
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"q's head size must be a power of two >= 16, got {d}")
+    return GDNShape(hq, hv, d)
+
+
+def validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None,
+                            *, check_values: bool = True) -> GDNShape:
+    """Check prefill inputs against the contract; return their :class:`GDNShape`.
+
+    With ``check_values`` the values of ``cu_seqlens`` are checked too (starts at
+    0, non-decreasing, ends at T); on a GPU tensor that costs one device-to-host
+    copy, so fast paths may pass False and rely on the metadata checks alone.
+    """
+    bf = torch.bfloat16
+    _tensor("q", q, bf, 3)
+    dev = q.device
+    T = q.shape[0]
+    _tensor("v", v, bf, 3, dev)
+    shape = _heads_from_shapes(tuple(q.shape[1:]), tuple(v.shape[1:]))
+    hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
+    _tensor("k", k, bf, 3, dev)
+    _expect_shape("k", k, (T, hq, d))
+    _expect_shape("v", v, (T, hv, d))
+    _common_gates(A_log, dt_bias, hv, dev)
+    _tensor("a", a, bf, 2, dev)
+    _expect_shape("a", a, (T, hv))
+    _tensor("b", b, bf, 2, dev)
+    _expect_shape("b", b, (T, hv))
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"cu_seqlens must be int64 or int32, got {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with N+1 >= 2 entries, got shape "
+                         f"{tuple(cu_seqlens.shape)}")
+    if cu_seqlens.device != dev:
+        raise ValueError(f"cu_seqlens must be on {dev} (like q), got {cu_seqlens.device}")
+    if not cu_seqlens.is_contiguous():
+        raise ValueError("cu_seqlens must be contiguous")
+    N = cu_seqlens.numel() - 1
+    if state is not None:
+        _tensor("state", state, torch.float32, 4, dev)
+        _expect_shape("state", state, (N, hv, d, d))
+    _check_scale(scale)
+    if check_values:
+        cu = cu_seqlens.detach().to("cpu", torch.int64)
+        if int(cu[0]) != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+        if bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError(f"cu_seqlens must be non-decreasing, got {cu.tolist()[:16]}")
+        if int(cu[-1]) != T:
+            raise ValueError(f"cu_seqlens[-1] must equal T={T} (q.shape[0]), got {int(cu[-1])}")
+    return shape
