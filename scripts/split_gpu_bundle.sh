@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Re-cut the offline bundle from ../shared/gpu-host/build-bundles.sh into
+#   .gpulite/lite.tar.xz      papermill, ipykernel, nvtx, fla-core (+ deps)
+#   .gpuheavy/part-0{0,1}     FlashInfer + CuTe DSL + tvm-ffi + cuda-python, with SHA256SUMS
+# Usage: scripts/split_gpu_bundle.sh [BUNDLE_DIR=~/.cache/gpu-bundle]
+set -euo pipefail
+src=${1:-$HOME/.cache/gpu-bundle}
+cd "$(dirname "$0")/.."
+[ -s "$src/SHA256SUMS" ] || bash ../shared/gpu-host/build-bundles.sh "$src"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cat "$src"/part-* | tar xJ -C "$tmp"
+heavy=$(cd "$tmp" && ls -d flashinfer* nvidia_cutlass_dsl* cudnn nvidia_cudnn_frontend* nccl nccl4py* \
+        tvm_ffi apache_tvm_ffi* cuda cuda_python* cuda_tile* cutile_cache 2>/dev/null)
+mkdir -p .gpulite .gpuheavy
+(cd "$tmp" && ls -A | grep -vxF "$heavy" > ../lite.list && XZ_OPT="-9 -T2" tar cJf "$OLDPWD/.gpulite/lite.tar.xz" -T ../lite.list)
+(cd "$tmp" && XZ_OPT="-9 -T2" tar cJf ../heavy.tar.xz $heavy)
+rm -f .gpuheavy/part-*
+split -n 2 -d "$tmp/../heavy.tar.xz" .gpuheavy/part-
+(cd "$tmp/.." && sha256sum heavy.tar.xz) > .gpuheavy/SHA256SUMS
+rm -f "$tmp/../heavy.tar.xz" "$tmp/../lite.list"
+ls -l .gpulite .gpuheavy
