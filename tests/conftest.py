@@ -1,0 +1,70 @@
+"""Shared test set-up.
+
+* ``TRITON_INTERPRET``: set to ``1`` when no CUDA GPU is visible, *before*
+  anything imports triton (the Makefile exports the same value computed the
+  same way; an explicit value in the environment always wins).
+* Markers: ``gpu`` (needs a CUDA GPU; skipped with a reason elsewhere) and
+  ``slow`` (notebook smoke runs, minutes; they run in CI too).
+* :func:`requires_gpu` / the ``cuda_device`` fixture for GPU-only tests.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch  # importing torch does not import triton
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+HAS_CUDA = _cuda_available()
+if "TRITON_INTERPRET" not in os.environ:
+    if "triton" in sys.modules:  # pragma: no cover - would make the setting useless
+        raise RuntimeError("triton was imported before tests/conftest.py could set TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0" if HAS_CUDA else "1"
+INTERPRET = os.environ["TRITON_INTERPRET"] == "1"
+
+import pytest  # noqa: E402
+
+NO_GPU_REASON = "needs a CUDA GPU (none visible; CPU runs use the Triton interpreter)"
+
+#: Decorator for GPU-only tests: ``@requires_gpu``.
+requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason=NO_GPU_REASON)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with a reason on CPU)")
+    config.addinivalue_line("markers", "slow: notebook smoke runs (minutes); run in CI too")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip with a reason when no CUDA GPU is visible."""
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason=NO_GPU_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    return (f"gdn: cuda={'yes' if HAS_CUDA else 'no'} "
+            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')}")
+
+
+@pytest.fixture
+def cuda_device():
+    """``"cuda"`` on a GPU host; skips the test with a reason otherwise."""
+    if not HAS_CUDA:
+        pytest.skip(NO_GPU_REASON)
+    return "cuda"
+
+
+@pytest.fixture
+def interpret():
+    """True when Triton kernels run on the CPU interpreter in this session."""
+    return INTERPRET
