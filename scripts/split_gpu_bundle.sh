@@ -9,6 +9,12 @@ cd "$(dirname "$0")/.."
 [ -s "$src/SHA256SUMS" ] || bash ../shared/gpu-host/build-bundles.sh "$src"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cat "$src"/part-* | tar xJ -C "$tmp"
+# nbconvert (HTML export of executed notebooks) is not in the shared bundle: add it.
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux2014_x86_64 -d "$tmp/.nbc" nbconvert
+for w in nbconvert beautifulsoup4 bleach defusedxml jupyterlab_pygments mistune pandocfilters \
+         tinycss2 soupsieve webencodings; do unzip -q -o "$tmp"/.nbc/${w}-*.whl -d "$tmp"; done
+rm -rf "$tmp/.nbc"
 heavy=$(cd "$tmp" && ls -d flashinfer* nvidia_cutlass_dsl* cudnn nvidia_cudnn_frontend* nccl nccl4py* \
         tvm_ffi apache_tvm_ffi* cuda cuda_python* cuda_tile* cutile_cache 2>/dev/null)
 mkdir -p .gpulite .gpuheavy
