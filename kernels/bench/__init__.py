@@ -1,0 +1,15 @@
+"""The instruments: what measures the kernels (import the submodules).
+
+- :mod:`.device`      ``gpu_slug``, ``has_gpu``, ``resolve_device``
+- :mod:`.timing`      ``time_fn`` with ``cupti_cold`` / ``graph`` / ``event``
+- :mod:`.timeline`    ``record_timeline``, ``Timeline``, ``plot_gantt``
+- :mod:`.ncu`         ``run_ncu``, ``parse_ncu_csv``, ``ncu_available``
+  (:mod:`.ncu_target` is the process ncu profiles)
+- :mod:`.roofline`    ``copy_bandwidth``, ``decode_bytes``, ``prefill_bytes``, ``floor_us``
+- :mod:`.provenance`  ``collect_provenance``
+- :mod:`.results`     ``ResultWriter``, ``load_results``
+- :mod:`.chrome_trace` torch.profiler Chrome-trace reading shared by timing and timeline
+- :mod:`.record_fixtures` records the GPU fixtures of the tests (run once on a GPU)
+
+Importing this package imports nothing heavy.
+"""

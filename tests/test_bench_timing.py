@@ -1,0 +1,137 @@
+"""Timing methods: iteration splitting of profiler sessions (CPU, synthetic and
+recorded traces), error reporting, and GPU agreement between methods."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.bench.timing import (ALL_METHODS, FLUSH_RANGE, ITER_RANGE, METHODS,
+                                  MethodUnavailable, Timing, iteration_spans, split_iterations,
+                                  time_fn)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SESSIONS = sorted(FIXTURES.glob("cupti_session*.json"))
+HAS_CUDA = torch.cuda.is_available()
+
+
+# --------------------------------------------------------------------------- synthetic sessions
+
+def _x(cat, name, ts, dur, corr=None, pid=1, tid=1, **args):
+    if corr is not None:
+        args["correlation"] = corr
+    return dict(ph="X", cat=cat, name=name, pid=pid, tid=tid, ts=ts, dur=dur, args=args)
+
+
+def _session(kernels_per_iter, n_iters=3, linked=True, period=1000.0):
+    """A cupti_cold-shaped trace: per iteration a flush range (fill kernel + sync),
+    then an iteration range launching ``kernels_per_iter`` = [(start, dur) rel. to
+    the range start]; launches missing from the trace when not ``linked``."""
+    ev, corr = [], 1
+    for i in range(n_iters):
+        t = i * period
+        ev.append(_x("user_annotation", FLUSH_RANGE, t, 300))
+        ev.append(_x("cuda_runtime", "cudaLaunchKernel", t + 5, 4, corr))
+        ev.append(_x("kernel", "FillFunctor", t + 20, 150, corr, pid=0, tid=7, stream=7))
+        ev.append(_x("cuda_runtime", "cudaDeviceSynchronize", t + 10, 170, corr + 1))
+        corr += 2
+        r0 = t + 400
+        ev.append(_x("user_annotation", ITER_RANGE, r0, 100))
+        for j, (s, d) in enumerate(kernels_per_iter):
+            if linked or j == 0:
+                ev.append(_x("cuda_driver", "cuLaunchKernelEx", r0 + 2 + 10 * j, 5, corr))
+            ev.append(_x("kernel", f"k{j}", r0 + s, d, corr, pid=0, tid=7, stream=7))
+            corr += 1
+        ev.append(_x("cuda_runtime", "cudaDeviceSynchronize", r0 + 101, 80, corr))
+        corr += 1
+    return ev
+
+
+@pytest.mark.parametrize("kernels, linked, span", [
+    pytest.param([(10, 5)], True, 5.0, id="one-kernel"),
+    pytest.param([(10, 5), (60, 20)], True, 70.0, id="two-kernels-gap"),
+    pytest.param([(10, 5), (60, 20)], False, 70.0, id="second-launch-missing"),
+    pytest.param([(10, 30), (15, 5)], True, 30.0, id="overlapping-streams"),
+])
+def test_spans_of_synthetic_session(kernels, linked, span):
+    ev = _session(kernels, linked=linked)
+    parts = split_iterations(ev)
+    assert [len(p) for p in parts] == [len(kernels)] * 3
+    assert all("FillFunctor" not in set(p["name"]) for p in parts)
+    assert iteration_spans(ev) == pytest.approx([span] * 3)
+
+
+def test_iteration_without_gpu_work_is_nan():
+    ev = [e for e in _session([(10, 5)]) if not (e["cat"] == "kernel" and e["name"] == "k0"
+                                                  and e["ts"] > 2000)]
+    spans = iteration_spans(ev)
+    assert spans[:2] == pytest.approx([5.0, 5.0]) and np.isnan(spans[2])
+
+
+@pytest.mark.parametrize("path", SESSIONS, ids=[p.stem for p in SESSIONS])
+def test_recorded_sessions_split_cleanly(path):
+    expect = json.loads(path.read_text()).get("gdnbench_fixture", {})
+    parts = split_iterations(str(path))
+    assert len(parts) == expect.get("iterations", len(parts))
+    n_ops = expect.get("gpu_ops_per_iteration")
+    for p in parts:
+        assert len(p) == (n_ops if n_ops is not None else len(parts[0]))
+    spans = iteration_spans(str(path))
+    assert all(s > 0 for s in spans)
+    if "span_us" in expect:
+        assert spans == pytest.approx([expect["span_us"]] * len(spans))
+
+
+# --------------------------------------------------------------------------- API
+
+def test_methods_tuple():
+    assert METHODS == ("cupti_cold", "graph", "event")
+    assert set(METHODS) < set(ALL_METHODS)
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError, match="unknown timing method"):
+        time_fn(lambda: None, "wallclock")
+
+
+def test_cpu_wall_times_anything():
+    t = time_fn(lambda: sum(range(100)), "cpu_wall", rep=7, warmup=1)
+    assert isinstance(t, Timing) and t.method == "cpu_wall" and t.n == 7
+    assert 0 < t.p20_us <= t.median_us <= t.p80_us
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU error; this host has a GPU")
+@pytest.mark.parametrize("method", METHODS)
+def test_gpu_methods_without_gpu_are_unavailable(method):
+    with pytest.raises(MethodUnavailable) as e:
+        time_fn(lambda: None, method, rep=2, warmup=0)
+    assert e.value.method == method and "CUDA" in e.value.reason
+
+
+# --------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_times_a_kernel(method):
+    x = torch.randn(1 << 22, device="cuda")
+    t = time_fn(lambda: torch.mul(x, 2.0), method, rep=20, warmup=3)
+    assert t.n == 20 and 0 < t.p20_us <= t.median_us <= t.p80_us < 1e5
+
+
+@pytest.mark.gpu
+def test_cupti_cold_and_event_agree_on_one_kernel():
+    x = torch.randn(1 << 24, device="cuda")  # 64 MiB read + 64 MiB written: tens of µs
+    fn = lambda: torch.mul(x, 2.0)  # noqa: E731
+    cupti = time_fn(fn, "cupti_cold", rep=50, warmup=5)
+    event = time_fn(fn, "event", rep=50, warmup=5)
+    assert cupti.median_us == pytest.approx(event.median_us, rel=0.10)
+
+
+@pytest.mark.gpu
+def test_graph_refuses_a_host_sync():
+    x = torch.randn(1024, device="cuda")
+    with pytest.raises(MethodUnavailable, match="captured"):
+        time_fn(lambda: (x * 2).sum().item(), "graph", rep=3, warmup=1)
+    # the device stays usable afterwards
+    assert time_fn(lambda: x * 2, "event", rep=3, warmup=1).n == 3
