@@ -1,0 +1,323 @@
+"""Compare two result sets: one review figure per notebook and a ratio table.
+
+    python -m kernels.compare RESULTS_A RESULTS_B [--out results/compare]
+
+``RESULTS_A`` and ``RESULTS_B`` are result folders as the notebooks write
+them (``results/nvidia-h200``, ``results/nvidia-h100-80gb-hbm3``, or the same
+GPU's folder from two commits). Each set is labelled by its folder name
+(with its parent's name added when both names are equal). Per notebook:
+
+- ``01_decode_crossover/decode_times.csv`` (impl, config, B, method, median_us, ...)
+- ``02_prefill_launch_overhead/prefill_times.csv`` (impl, variant, lens, T, N, method, median_us, launches)
+- ``03_ncu_instruction_counts/ncu_metrics.csv`` (impl, config, B, kernel, metric, value)
+
+it writes ``<out>/<stem>.png`` (both sets in one figure, A solid, B dashed;
+units and timing method in the titles) and ``<out>/<stem>_ratios.csv`` /
+``.md``: every row present in both sets, matched on the key columns, with
+``B/A`` of the value. A notebook missing from either side is skipped with a
+message. ``<out>/README.md`` lists what was compared.
+
+Importing this module imports neither torch nor matplotlib.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["NotebookSpec", "SPECS", "set_labels", "load_set", "ratio_table", "to_markdown",
+           "plot_notebook", "compare", "main"]
+
+
+@dataclass(frozen=True)
+class NotebookSpec:
+    """Where a notebook's tidy CSV lies and how its rows are matched."""
+
+    stem: str
+    csv: str
+    keys: Tuple[str, ...]       # columns that identify a row
+    value: str                  # the compared number
+    unit: str
+    extra: Tuple[str, ...] = ()  # more numbers shown for both sides
+
+
+SPECS = (
+    NotebookSpec("01_decode_crossover", "decode_times.csv", ("impl", "config", "B", "method"),
+                 "median_us", "µs", extra=("floor_us",)),
+    NotebookSpec("02_prefill_launch_overhead", "prefill_times.csv",
+                 ("impl", "variant", "lens", "T", "N", "method"), "median_us", "µs",
+                 extra=("launches",)),
+    NotebookSpec("03_ncu_instruction_counts", "ncu_metrics.csv",
+                 ("impl", "config", "B", "kernel", "metric"), "value", "metric's unit"),
+)
+
+
+NUMERIC_KEYS = ("B", "T", "N")
+
+# --------------------------------------------------------------------------- loading
+
+def set_labels(a: Path, b: Path) -> Tuple[str, str]:
+    """Folder names; with the parent's name in front when the names are equal."""
+    a, b = Path(a).resolve(), Path(b).resolve()
+    if a.name != b.name:
+        return a.name, b.name
+    if a.parent.name != b.parent.name:
+        return f"{a.parent.name}/{a.name}", f"{b.parent.name}/{b.name}"
+    return str(a), str(b)
+
+
+def load_set(root: Path, spec: NotebookSpec):
+    """The notebook's CSV under ``root`` as a DataFrame, or None when it is missing."""
+    import pandas as pd
+
+    path = Path(root) / spec.stem / spec.csv
+    if not path.is_file():
+        return None
+    df = pd.read_csv(path)
+    missing = [c for c in spec.keys + (spec.value,) if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {', '.join(missing)}")
+    for k in spec.keys:  # one key type on both sides, or rows would never match
+        if k in NUMERIC_KEYS:
+            df[k] = pd.to_numeric(df[k], errors="raise")
+        else:  # NaN (e.g. no config for a peer) -> ""; "6" and 6 alike
+            df[k] = df[k].map(lambda v: "" if pd.isna(v) else str(v))
+    return df
+
+
+def ratio_table(a, b, spec: NotebookSpec, labels: Tuple[str, str]):
+    """Rows present in both sets, matched on ``spec.keys`` (repeated keys matched in
+    order), with both values and ``ratio = B/A``."""
+    import numpy as np
+    import pandas as pd
+
+    la, lb = labels
+    cols = [c for c in (spec.value,) + spec.extra]
+
+    def prep(df):
+        df = df.copy()
+        df["_occurrence"] = df.groupby(list(spec.keys), sort=False, dropna=False).cumcount()
+        return df[list(spec.keys) + ["_occurrence"] + [c for c in cols if c in df.columns]]
+
+    merged = prep(a).merge(prep(b), on=list(spec.keys) + ["_occurrence"], how="inner",
+                           suffixes=(f" [{la}]", f" [{lb}]"))
+    va, vb = merged[f"{spec.value} [{la}]"], merged[f"{spec.value} [{lb}]"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        merged[f"ratio B/A ({lb} / {la})"] = (vb / va).where(va != 0)
+    keep_occ = bool((merged["_occurrence"] > 0).any())
+    if not keep_occ:
+        merged = merged.drop(columns="_occurrence")
+    else:
+        merged = merged.rename(columns={"_occurrence": "occurrence"})
+    return merged.reset_index(drop=True)
+
+
+def to_markdown(df, floatfmt: str = "{:.4g}") -> str:
+    """A GitHub table of ``df`` (no tabulate needed)."""
+    def cell(v):
+        if isinstance(v, float):
+            return "" if math.isnan(v) else floatfmt.format(v)
+        return str(v).replace("|", "\\|")
+
+    head = "| " + " | ".join(cell(str(c)) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, rule] + rows) + "\n"
+
+
+# --------------------------------------------------------------------------- figures
+
+def _styles(labels):
+    return {labels[0]: dict(ls="-", marker="o"), labels[1]: dict(ls="--", marker="x")}
+
+
+def _best_per_point(df, group, x):
+    """For each (group..., x): the row with the smallest median (best config)."""
+    idx = df.groupby(list(group) + [x], dropna=False)["median_us"].idxmin().dropna()
+    return df.loc[idx.astype(int)].sort_values(list(group) + [x])
+
+
+def _plot_decode(sets, labels, fig_factory):
+    methods = sorted(set().union(*(set(d.method) for d in sets)))
+    fig, axes = fig_factory(len(methods))
+    xs = sorted(set().union(*(set(d.B) for d in sets)))
+    for ax, method in zip(axes, methods):
+        for df, lab in zip(sets, labels):
+            d = _best_per_point(df[df.method == method].dropna(subset=["median_us"]), ["impl"], "B")
+            for i, (impl, g) in enumerate(d.groupby("impl", sort=True)):
+                line, = ax.plot(g.B, g.median_us, label=f"{impl} [{lab}]", color=f"C{i}",
+                                **_styles(labels)[lab])
+                if {"p20_us", "p80_us"} <= set(g.columns):
+                    ax.fill_between(g.B, g.p20_us, g.p80_us, color=line.get_color(), alpha=0.12)
+            if "floor_us" in d.columns and d.floor_us.notna().any():
+                fl = d.groupby("B")["floor_us"].min()
+                ax.plot(fl.index, fl.values, color="k", lw=0.8, ls=_styles(labels)[lab]["ls"],
+                        label=f"bandwidth floor [{lab}]")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("median time per call (µs)")
+        ax.set_title(f"decode, method={method}: median µs (p20–p80 band), best config per B",
+                     fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _plot_prefill(sets, labels, fig_factory):
+    import pandas as pd
+
+    methods = sorted(set().union(*(set(d.method) for d in sets)))
+    fig, axes = fig_factory(len(methods))
+    both = pd.concat(sets)
+    order = both.drop_duplicates("lens").sort_values(["T", "N"])["lens"].astype(str).tolist()
+    pos = {l: i for i, l in enumerate(order)}
+    names = sorted(set().union(*(set(d.impl.astype(str) + ":" + d.variant.astype(str))
+                                 for d in sets)))
+    color = {n: f"C{i % 10}" for i, n in enumerate(names)}
+    for ax, method in zip(axes, methods):
+        for df, lab in zip(sets, labels):
+            d = df[df.method == method].dropna(subset=["median_us"]).copy()
+            d["impl_variant"] = d.impl.astype(str) + ":" + d.variant.astype(str)
+            for name, g in d.groupby("impl_variant", sort=True):
+                g = g.assign(x=g.lens.astype(str).map(pos)).sort_values("x")
+                ax.plot(g.x, g.median_us, label=f"{name} [{lab}]", color=color[name],
+                        **_styles(labels)[lab])
+        ax.set_xticks(range(len(order)), order, rotation=45, ha="right", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence lengths (sorted by total T)")
+        ax.set_ylabel("median time per call (µs)")
+        ax.set_title(f"prefill, method={method}: median µs per call", fontsize=9)
+        ax.legend(fontsize=6)
+    return fig
+
+
+def _plot_ncu(sets, labels, fig_factory):
+    import pandas as pd
+
+    metrics = sorted(set().union(*(set(d.metric) for d in sets)))
+    fig, axes = fig_factory(len(metrics))
+
+    def totals(df, metric):
+        d = df[df.metric == metric].copy()
+        tot = d.groupby(["impl", "config", "B"], as_index=False)["value"].sum()
+        tot["name"] = (tot.impl.astype(str) + tot.config.astype(str).map(lambda c: f":{c}" if c else "")
+                       + " B=" + tot.B.astype(str))
+        return tot
+
+    for ax, metric in zip(axes, metrics):
+        tots = [totals(df, metric) for df in sets]
+        names = sorted(set(pd.concat(tots).name))
+        pos = {n: i for i, n in enumerate(names)}
+        for tot, lab in zip(tots, labels):
+            tot = tot.assign(x=tot.name.map(pos)).sort_values("x")
+            style = dict(_styles(labels)[lab], ls="none", ms=8)  # categorical x: markers only
+            ax.plot(tot.x, tot.value, label=f"[{lab}]", **style)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=6)
+        unit = ""
+        if "unit" in sets[0].columns:
+            u = sets[0].loc[sets[0].metric == metric, "unit"].dropna()
+            unit = f" ({u.iloc[0]})" if len(u) else ""
+        ax.set_title(f"ncu {metric}{unit}: sum over each call's kernels", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+_PLOTTERS = {"01_decode_crossover": _plot_decode, "02_prefill_launch_overhead": _plot_prefill,
+             "03_ncu_instruction_counts": _plot_ncu}
+
+
+def plot_notebook(spec: NotebookSpec, sets, labels):
+    """The review figure of one notebook with both sets; returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    def factory(n):
+        n = max(n, 1)
+        ncols = min(n, 3)
+        nrows = math.ceil(n / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(max(6.5 * ncols, 9.0), 4.6 * nrows),
+                                 squeeze=False)
+        flat = list(axes.flat)
+        for ax in flat[n:]:
+            ax.set_visible(False)
+        return fig, flat[:n]
+
+    fig = _PLOTTERS[spec.stem](sets, labels, factory)
+    fig.suptitle(f"{spec.stem}: {labels[0]} (solid) vs {labels[1]} (dashed)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- driver
+
+def compare(a: Path, b: Path, out: Path, *, log=print) -> Dict[str, Optional[Path]]:
+    """Compare result sets ``a`` and ``b`` into ``out``; returns {stem: png or None (skipped)}."""
+    import matplotlib.pyplot as plt
+
+    a, b, out = Path(a), Path(b), Path(out)
+    for p in (a, b):
+        if not p.is_dir():
+            raise FileNotFoundError(f"no result folder at {p}")
+    labels = set_labels(a, b)
+    out.mkdir(parents=True, exist_ok=True)
+    done: Dict[str, Optional[Path]] = {}
+    summary = [f"# {labels[1]} vs {labels[0]}", "",
+               f"A = `{a}`, B = `{b}`; ratios are B/A (above 1: B is slower / larger).", ""]
+    for spec in SPECS:
+        da, db = load_set(a, spec), load_set(b, spec)
+        absent = [lab for lab, d in zip(labels, (da, db)) if d is None]
+        if absent:
+            msg = (f"skip {spec.stem}: no {spec.stem}/{spec.csv} in {' and '.join(absent)}")
+            log(msg)
+            summary += [f"## {spec.stem}", "", msg, ""]
+            done[spec.stem] = None
+            continue
+        table = ratio_table(da, db, spec, labels)
+        table.to_csv(out / f"{spec.stem}_ratios.csv", index=False)
+        md = to_markdown(table)
+        (out / f"{spec.stem}_ratios.md").write_text(md)
+        fig = plot_notebook(spec, (da, db), labels)
+        png = out / f"{spec.stem}.png"
+        fig.savefig(png, dpi=120)
+        plt.close(fig)
+        ratio_col = table.columns[-1]
+        r = table[ratio_col].dropna()
+        stats = (f"{len(table)} matching rows ({len(da)} in A, {len(db)} in B); "
+                 f"ratio B/A of {spec.value}: median {r.median():.3g}, "
+                 f"min {r.min():.3g}, max {r.max():.3g}" if len(r) else
+                 f"{len(table)} matching rows ({len(da)} in A, {len(db)} in B); no ratios")
+        log(f"{spec.stem}: {stats} -> {png}")
+        summary += [f"## {spec.stem}", "", stats, "", f"![{spec.stem}]({png.name})", "",
+                    f"Table: [{spec.stem}_ratios.md]({spec.stem}_ratios.md) "
+                    f"([csv]({spec.stem}_ratios.csv))", ""]
+        done[spec.stem] = png
+    (out / "README.md").write_text("\n".join(summary))
+    return done
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernels.compare",
+                                description="Compare two result folders (figures + B/A ratio tables).")
+    p.add_argument("results_a", type=Path, help="result folder A, e.g. results/nvidia-h200")
+    p.add_argument("results_b", type=Path, help="result folder B, e.g. results/nvidia-h100-80gb-hbm3")
+    p.add_argument("--out", type=Path, default=Path("results/compare"), help="where to write")
+    args = p.parse_args(argv)
+    try:
+        done = compare(args.results_a, args.results_b, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not any(done.values()):
+        print("nothing to compare: no notebook has results on both sides", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}/README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""Run the notebooks with papermill under a profile of parameters.
+
+    python -m kernels.runner --profile auto|smoke|full --notebooks all|01,03
+                             [--output-root DIR] [--device auto|cuda|cpu]
+                             [-p NAME=VALUE ...] [--fail-fast] [--list]
+
+Profiles are YAML files (``kernels/profiles/{smoke,full}.yaml``, or a path):
+a top-level ``defaults`` dict and one dict per notebook stem
+(``01_decode_crossover:``) of papermill parameters. ``auto`` is ``full`` on
+a CUDA GPU and ``smoke`` otherwise. Parameters, later ones winning:
+
+1. ``defaults`` — passed to a notebook only where it declares the name;
+2. the notebook's own dict — every name must be declared by the notebook;
+3. ``device``, ``output_root`` (absolute) and ``profile`` — always;
+4. ``-p NAME=VALUE`` from the command line (values parsed as YAML).
+
+Each notebook executes into a temporary file. On success it lands at
+``<output_root>/<gpu-slug>/<stem>.ipynb`` with an ``.html`` export beside it
+(when nbconvert is installed); the notebook itself writes its CSV/PNG/
+provenance folder ``<output_root>/<gpu-slug>/<stem>/``. On failure the
+runner names the notebook and the failing cell, keeps the executed notebook
+as ``<output_root>/<gpu-slug>/failed-<stem>.ipynb`` (the last good results
+stay untouched), goes on with the next notebook unless ``--fail-fast``, and
+exits non-zero.
+
+Importing this module imports neither torch nor papermill.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+__all__ = ["REPO_ROOT", "NOTEBOOK_DIR", "PROFILE_DIR", "PROFILES", "RunResult",
+           "discover_notebooks", "select_notebooks", "load_profile", "resolve_profile",
+           "notebook_parameters", "build_parameters", "current_gpu_slug", "run_notebook",
+           "main"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILES = ("smoke", "full")
+ALWAYS = ("device", "output_root", "profile")
+KERNEL_NAME = "python3"
+_STEM = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
+
+
+class RunnerError(Exception):
+    """A usage problem (bad profile, selection or parameter); exit code 2."""
+
+
+# --------------------------------------------------------------------------- discovery
+
+def discover_notebooks(notebook_dir: Path = NOTEBOOK_DIR) -> Dict[str, Path]:
+    """``{stem: path}`` of ``NN_name.ipynb`` notebooks in ``notebook_dir``, sorted."""
+    notebook_dir = Path(notebook_dir)
+    if not notebook_dir.is_dir():
+        raise RunnerError(f"no notebook folder at {notebook_dir} (pass --notebook-dir)")
+    return {p.stem: p for p in sorted(notebook_dir.glob("*.ipynb")) if _STEM.match(p.stem)}
+
+
+def select_notebooks(available: Dict[str, Path], selection: str) -> Dict[str, Path]:
+    """``"all"`` or a comma list of numbers/stems (``"01,03"``, ``"02_prefill_launch_overhead"``)."""
+    if not available:
+        raise RunnerError("no notebooks found")
+    if selection.strip().lower() == "all":
+        return dict(available)
+    chosen: Dict[str, Path] = {}
+    for token in (t.strip() for t in selection.split(",")):
+        if not token:
+            continue
+        token = token[:-6] if token.endswith(".ipynb") else token
+        hits = [s for s in available if s == token or s.split("_", 1)[0] == token.zfill(2)]
+        if len(hits) != 1:
+            raise RunnerError(f"--notebooks: {token!r} matches {len(hits)} notebooks "
+                              f"(available: {', '.join(available)})")
+        chosen[hits[0]] = available[hits[0]]
+    if not chosen:
+        raise RunnerError("--notebooks selected nothing")
+    return dict(sorted(chosen.items()))
+
+
+# --------------------------------------------------------------------------- profiles
+
+def resolve_profile(profile: str, has_gpu: Optional[bool] = None) -> str:
+    """``auto`` -> ``full`` on a CUDA GPU, ``smoke`` otherwise; other names as given."""
+    if profile != "auto":
+        return profile
+    if has_gpu is None:
+        has_gpu = _has_gpu()
+    return "full" if has_gpu else "smoke"
+
+
+def load_profile(profile: str) -> dict:
+    """Load a profile by name (``kernels/profiles/<name>.yaml``) or path.
+
+    Returns ``{"name", "path", "defaults", "notebooks": {stem: params}}``.
+    """
+    import yaml
+
+    path = Path(profile)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = PROFILE_DIR / f"{profile}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+        raise RunnerError(f"unknown profile {profile!r} (known: {', '.join(known)}, or a .yaml path)")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise RunnerError(f"{path}: a profile is a mapping of defaults and notebook stems")
+    defaults = data.pop("defaults", None) or {}
+    if not isinstance(defaults, dict):
+        raise RunnerError(f"{path}: 'defaults' must be a mapping")
+    notebooks = {}
+    for stem, params in data.items():
+        if not _STEM.match(str(stem)):
+            raise RunnerError(f"{path}: top-level key {stem!r} is neither 'defaults' nor a "
+                              f"notebook stem like 01_decode_crossover")
+        if params is not None and not isinstance(params, dict):
+            raise RunnerError(f"{path}: {stem} must map parameter names to values")
+        notebooks[str(stem)] = params or {}
+    name = path.stem if path.parent == PROFILE_DIR else str(path)
+    return {"name": name, "path": path, "defaults": defaults, "notebooks": notebooks}
+
+
+def notebook_parameters(path: Path) -> Dict[str, dict]:
+    """The parameters the notebook declares in its ``parameters`` cell (papermill's
+    ``inspect_notebook``: name -> {inferred_type_name, default, help})."""
+    import nbformat
+    import papermill
+
+    nb = nbformat.read(str(path), as_version=4)
+    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])]
+    if len(tagged) != 1:
+        raise RunnerError(f"{path.name}: {len(tagged)} cells tagged 'parameters' (want exactly 1)")
+    return dict(papermill.inspect_notebook(str(path)))
+
+
+def build_parameters(stem: str, declared: Dict[str, dict], profile: dict, *, device: str,
+                     output_root: Path, overrides: Optional[dict] = None) -> dict:
+    """The papermill parameters of one notebook (see the module docstring for the order)."""
+    params = {k: v for k, v in profile["defaults"].items() if k in declared and k not in ALWAYS}
+    own = profile["notebooks"].get(stem, {})
+    unknown = sorted(set(own) - set(declared))
+    if unknown:
+        raise RunnerError(
+            f"profile {profile['name']}: {stem} sets {', '.join(unknown)}, which the notebook "
+            f"does not declare (its parameters: {', '.join(declared) or 'none'})")
+    params.update({k: v for k, v in own.items() if k not in ALWAYS})
+    params.update(device=device, output_root=str(output_root), profile=profile["name"])
+    for k, v in (overrides or {}).items():
+        if k not in declared and k not in ALWAYS:
+            raise RunnerError(f"-p {k}: {stem} does not declare a parameter {k!r}")
+        params[k] = v
+    return params
+
+
+def _parse_overrides(items: Sequence[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise RunnerError(f"-p expects NAME=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+# --------------------------------------------------------------------------- device
+
+def _has_gpu() -> bool:
+    try:
+        from kernels.bench.device import has_gpu
+    except ImportError:
+        try:
+            import torch
+        except ImportError:
+            return False
+        return bool(torch.cuda.is_available())
+    return has_gpu()
+
+
+def current_gpu_slug() -> str:
+    """The slug the notebooks' ResultWriter uses: ``kernels.bench.device.gpu_slug()``."""
+    try:
+        from kernels.bench.device import gpu_slug
+    except ImportError:  # the instruments are not installed: same rule, here
+        if not _has_gpu():
+            return "cpu-interpreter"
+        import torch
+
+        return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    return gpu_slug()
+
+
+def _prepare_environment() -> None:
+    """Make the kernel subprocess see the same world as this process: TRITON_INTERPRET
+    as the Makefile sets it, the repository importable, this environment's kernelspec."""
+    if "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "0" if _has_gpu() else "1"
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + paths)
+    # prefer the kernelspec of this environment (.venv/share/jupyter) over a user one
+    os.environ.setdefault("JUPYTER_PREFER_ENV_PATH", "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+# --------------------------------------------------------------------------- running
+
+@dataclass
+class RunResult:
+    stem: str
+    ok: bool
+    seconds: float
+    notebook: Optional[Path] = None
+    html: Optional[Path] = None
+    message: str = ""
+    files: List[Path] = field(default_factory=list)
+
+
+def _export_html(ipynb: Path) -> Optional[Path]:
+    try:
+        from nbconvert import HTMLExporter
+    except ImportError:
+        print(f"  (nbconvert not installed: no HTML export of {ipynb.name})", file=sys.stderr)
+        return None
+    try:
+        body, _ = HTMLExporter().from_filename(str(ipynb))
+    except Exception as e:  # noqa: BLE001 - an export problem must not fail the run
+        print(f"  (HTML export of {ipynb.name} failed: {type(e).__name__}: {e})", file=sys.stderr)
+        return None
+    html = ipynb.with_suffix(".html")
+    html.write_text(body, encoding="utf-8")
+    return html
+
+
+def _describe_failure(stem: str, exc: BaseException) -> str:
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(exc, PapermillExecutionError):
+        first = next((ln for ln in (exc.source or "").splitlines() if ln.strip()), "")
+        return (f"{stem}: cell {exc.cell_index} (execution count {exc.exec_count}, "
+                f"`{first.strip()[:80]}`) raised {exc.ename}: {str(exc.evalue)[:500]}")
+    return f"{stem}: {type(exc).__name__}: {str(exc)[:500]}"
+
+
+def run_notebook(path: Path, params: dict, out_dir: Path, *, progress_bar: bool = True,
+                 log_output: bool = False, cwd: Optional[Path] = None) -> RunResult:
+    """Execute one notebook into a temporary file, then move it into ``out_dir``."""
+    import papermill
+
+    stem = path.stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / f"{stem}.ipynb"
+    failed = out_dir / f"failed-{stem}.ipynb"
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"gdn-run-{stem}-") as tmp:
+        executed = Path(tmp) / f"{stem}.ipynb"
+        try:
+            papermill.execute_notebook(
+                str(path), str(executed), parameters=params, kernel_name=KERNEL_NAME,
+                progress_bar=progress_bar, log_output=log_output,
+                cwd=str(cwd or path.parent))
+        except Exception as exc:  # noqa: BLE001 - report any failure, keep going
+            message = _describe_failure(stem, exc)
+            kept = None
+            if executed.exists():
+                shutil.move(str(executed), str(failed))
+                kept = failed
+                message += f"; executed notebook kept at {failed}"
+            return RunResult(stem, False, time.perf_counter() - t0, kept, None, message)
+        shutil.move(str(executed), str(final))
+    if failed.exists():  # an older failure is stale now
+        failed.unlink()
+    html = _export_html(final)
+    return RunResult(stem, True, time.perf_counter() - t0, final, html,
+                     f"{stem}: ok -> {final}")
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m kernels.runner",
+        description="Run the GDN notebooks with papermill under a parameter profile.")
+    p.add_argument("--profile", default="auto",
+                   help="auto (full on a CUDA GPU, smoke otherwise), smoke, full, or a .yaml path")
+    p.add_argument("--notebooks", default="all", help="all, or a comma list like 01,03")
+    p.add_argument("--output-root", default=None,
+                   help="results root (default: the profile's output_root; smoke -> results/smoke, "
+                        "full -> results); relative to the current directory")
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                   help="passed to every notebook as `device`")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a parameter of every selected notebook (value parsed as YAML)")
+    p.add_argument("--notebook-dir", default=str(NOTEBOOK_DIR), help=argparse.SUPPRESS)
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failing notebook")
+    p.add_argument("--log-output", action="store_true", help="stream cell output to the terminal")
+    p.add_argument("--no-progress", action="store_true", help="no papermill progress bar")
+    p.add_argument("--list", action="store_true",
+                   help="list the notebooks, their parameters and the profile's values; run nothing")
+    return p
+
+
+def _plan(args) -> tuple:
+    profile = load_profile(resolve_profile(args.profile))
+    notebooks = select_notebooks(discover_notebooks(Path(args.notebook_dir)), args.notebooks)
+    root = args.output_root or profile["defaults"].get("output_root")
+    if not root:
+        raise RunnerError(f"profile {profile['name']} sets no output_root; pass --output-root")
+    overrides = _parse_overrides(args.param)
+    plans = []
+    for stem, path in notebooks.items():
+        declared = notebook_parameters(path)
+        missing = [n for n in ALWAYS if n not in declared]
+        if missing:
+            print(f"warning: {stem} does not declare {', '.join(missing)} (papermill injects "
+                  f"them anyway)", file=sys.stderr)
+        params = build_parameters(stem, declared, profile, device=args.device,
+                                  output_root=Path(root).resolve(), overrides=overrides)
+        plans.append((stem, path, declared, params))
+    return profile, Path(root).resolve(), plans
+
+
+def _list(profile, root, plans) -> None:
+    print(f"profile {profile['name']} ({profile['path']}), output root {root}")
+    for stem, path, declared, params in plans:
+        print(f"\n{stem}  ({path})")
+        for name, info in declared.items():
+            value = repr(params[name]) if name in params else info.get("default")
+            mark = "*" if name in params else " "
+            print(f"  {mark} {name}: {info.get('inferred_type_name', '?')} = {value}"
+                  f"   # {info.get('help', '')}")
+    print("\n* = set by the profile, the runner or -p; the rest are the notebook's defaults")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        profile, root, plans = _plan(args)
+    except RunnerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.list:
+        _list(profile, root, plans)
+        return 0
+    _prepare_environment()
+    slug = current_gpu_slug()
+    out_dir = root / slug
+    print(f"profile {profile['name']}, device {args.device}, gpu {slug}, results in {out_dir}; "
+          f"notebooks: {', '.join(stem for stem, *_ in plans)}", flush=True)
+    results: List[RunResult] = []
+    for stem, path, _, params in plans:
+        print(f"\n== {stem}", flush=True)
+        res = run_notebook(path, params, out_dir, progress_bar=not args.no_progress,
+                           log_output=args.log_output)
+        results.append(res)
+        print(("  " if res.ok else "FAILED ") + res.message + f" ({res.seconds:.0f} s)",
+              file=sys.stdout if res.ok else sys.stderr, flush=True)
+        if res.html:
+            print(f"  html: {res.html}")
+        if not res.ok and args.fail_fast:
+            break
+    failed = [r for r in results if not r.ok]
+    print(f"\n{len(results) - len(failed)}/{len(plans)} notebooks ok" +
+          (f"; failed: {', '.join(r.stem for r in failed)}" if failed else ""), flush=True)
+    for r in failed:
+        print(f"FAILED {r.message}", file=sys.stderr)
+    return 1 if failed or len(results) < len(plans) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
