@@ -1,0 +1,137 @@
+"""Where a result came from: device, software versions, code version, parameters.
+
+``collect_provenance(params)`` returns a JSON-ready dict::
+
+    gpu, gpu_slug, sm_count, l2_bytes, driver, cuda, torch, triton, fla,
+    flashinfer, python, git_sha, git_dirty, params, timestamp (ISO-8601 UTC),
+    hostname
+
+GPU fields are ``"none"`` without a GPU; the driver comes from ``nvidia-smi``
+(or pynvml) and is ``"unknown"`` when neither answers; a package that is not
+installed is ``"absent"``; outside a git checkout the git fields are
+``"unknown"``. Nothing here raises: provenance must never fail a run.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as md
+import importlib.util
+import math
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+from .device import gpu_slug
+
+__all__ = ["collect_provenance", "package_version", "git_info", "driver_version"]
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+#: module name -> distribution names to try, in order.
+_PACKAGES = {
+    "torch": ("torch",),
+    "triton": ("triton", "pytorch-triton"),
+    "fla": ("fla-core", "flash-linear-attention"),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+}
+
+
+def package_version(module: str, dists=None) -> str:
+    """Installed version of ``module`` (via its distribution's metadata), else
+    ``"present (version unknown)"`` when importable, else ``"absent"``."""
+    for d in dists or _PACKAGES.get(module, (module,)):
+        try:
+            return md.version(d)
+        except md.PackageNotFoundError:
+            continue
+        except Exception:  # pragma: no cover - broken metadata
+            continue
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    return "present (version unknown)" if found else "absent"
+
+
+def _run(cmd, cwd=None, timeout=10) -> Optional[str]:
+    try:
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def git_info(root: Path = _REPO_ROOT) -> dict:
+    """``{"git_sha": ..., "git_dirty": bool}`` (tracked files modified), or
+    ``"unknown"`` for both outside a git checkout."""
+    sha = _run(["git", "rev-parse", "HEAD"], cwd=root)
+    if not sha:
+        return {"git_sha": "unknown", "git_dirty": "unknown"}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    return {"git_sha": sha, "git_dirty": bool(status) if status is not None else "unknown"}
+
+
+def driver_version() -> str:
+    """NVIDIA driver version from ``nvidia-smi`` or pynvml, else ``"unknown"``."""
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if out:
+        return out.splitlines()[0].strip()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:
+        return "unknown"
+
+
+def _gpu_fields() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return dict(gpu="none", gpu_slug=gpu_slug(), sm_count="none", l2_bytes="none",
+                    compute_capability="none", driver="none",
+                    cuda=torch.version.cuda or "none")
+    idx = torch.cuda.current_device()
+    p = torch.cuda.get_device_properties(idx)
+    return dict(gpu=p.name, gpu_slug=gpu_slug(p.name), sm_count=int(p.multi_processor_count),
+                l2_bytes=int(getattr(p, "L2_cache_size", 0) or 0) or "unknown",
+                compute_capability=f"{p.major}.{p.minor}", driver=driver_version(),
+                cuda=torch.version.cuda or "unknown")
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        try:
+            return _jsonable(obj.item())
+        except Exception:
+            pass
+    return str(obj)
+
+
+def collect_provenance(params: Optional[dict] = None) -> dict:
+    """The provenance record of a run with ``params`` (see the module docstring)."""
+    try:
+        gpu = _gpu_fields()
+    except Exception as e:  # pragma: no cover - a broken CUDA setup
+        gpu = dict(gpu=f"error: {e}", gpu_slug="unknown", sm_count="unknown",
+                   l2_bytes="unknown", compute_capability="unknown", driver="unknown",
+                   cuda="unknown")
+    rec = dict(gpu)
+    rec.update({m: package_version(m) for m in _PACKAGES})
+    rec["python"] = platform.python_version()
+    rec.update(git_info())
+    rec["params"] = _jsonable(dict(params or {}))
+    rec["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    rec["hostname"] = socket.gethostname()
+    return rec

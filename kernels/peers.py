@@ -1,0 +1,331 @@
+"""FLA, FlashInfer and torch behind one calling convention (DESIGN.md §6).
+
+Every implementation returned here is called like ours::
+
+    decode:  fn(q, k, v, state, A_log, a, dt_bias, b, scale=None) -> (output, new_state)
+    prefill: fn(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None)
+             -> (output, new_state)
+
+with the shapes of :mod:`kernels.spec` (decode ``output [B,1,HV,D] bf16``,
+prefill ``output [T,HV,D] bf16``, ``new_state [., HV, D, D] f32`` k-last) and
+the input ``state`` left untouched - except ``flashinfer_inplace``, see below.
+Whatever an adapter does beyond the library call (gate math, a state copy,
+output allocation, reshapes) is part of that peer's measured cost.
+
+Decode peers
+------------
+``fla``         ``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule`` with
+                the gates computed in its kernel (``use_gate_in_kernel``,
+                ``use_beta_sigmoid_in_kernel``) and ``state_v_first=True`` (k-last);
+                one launch; returns a new state.
+``flashinfer``  ``flashinfer.gdn_decode.gated_delta_rule_decode_pretranspose`` with
+                ``use_qk_l2norm=False`` (its default, True, computes another
+                function). It updates the state *in place*, so the adapter first
+                copies it: the copy (``B*HV*D*D*4`` bytes read and written, a
+                device-to-device memcpy before the kernel) is part of this peer's
+                time.
+``flashinfer_inplace``  the same call on the caller's ``state`` itself: the kernel
+                alone, but the input state is overwritten (it violates the
+                convention; use it for timing and Nsight Compute, gate with
+                ``flashinfer``).
+``torch``       :func:`kernels.reference.decode_reference` (eager float32 PyTorch).
+
+Prefill peers
+-------------
+``fla``         ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` on a batch of one
+                packed sequence set; the adapter computes ``g = -exp(A_log) *
+                softplus(a + dt_bias)`` and ``beta = sigmoid(b)`` (f32 ``[T,HV]``) as
+                PyTorch ops, and returns ``output[0]``.
+``flashinfer``  ``flashinfer.gdn_prefill.chunk_gated_delta_rule`` (SM90+), with the
+                linear decay ``alpha = exp(g)`` and post-sigmoid ``beta`` computed
+                by the adapter, preallocated ``output``/``output_state``.
+``torch``       :func:`kernels.reference.prefill_reference`.
+
+On a CPU host with ``TRITON_INTERPRET=1``, FLA's *decode* runs under the
+Triton interpreter and is reported available (about 2 s per call at B=1,
+growing linearly with B: fine for smoke tests, useless for timing); FLA's
+chunked prefill does not run there and is unavailable.
+
+Availability never raises: :func:`decode_impls` / :func:`prefill_impls` return
+an :class:`Unavailable` (falsy, with ``.reason``) for a peer that cannot run
+here - not installed, no GPU, wrong architecture, import error.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Callable, Dict, Iterable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from .reference import decode_reference, prefill_reference
+from .spec import resolve_scale
+
+__all__ = ["Unavailable", "DECODE_PEERS", "PREFILL_PEERS", "decode_impls", "prefill_impls",
+           "peer_status", "prefill_gates"]
+
+DECODE_PEERS = ("fla", "flashinfer", "flashinfer_inplace", "torch")
+PREFILL_PEERS = ("fla", "flashinfer", "torch")
+
+
+class Unavailable:
+    """A peer that cannot run here. Falsy; calling it raises ``RuntimeError``."""
+
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self.name} is unavailable: {self.reason}")
+
+    def __repr__(self) -> str:
+        return f"Unavailable({self.name!r}, {self.reason!r})"
+
+
+Impl = Union[Callable, Unavailable]
+
+
+class _Missing(Exception):
+    """Internal: why a peer cannot be built."""
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _need_package(module: str, dist: str) -> None:
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as e:
+        raise _Missing(f"{dist} is not importable: {e}") from e
+    if not found:
+        raise _Missing(f"{dist} is not installed (no module {module!r})")
+
+
+def _need_cuda(what: str, min_cc=None) -> None:
+    if not torch.cuda.is_available():
+        raise _Missing(f"{what} needs a CUDA GPU; torch sees none")
+    if min_cc is not None:
+        cc = torch.cuda.get_device_capability()
+        if tuple(cc) < tuple(min_cc):
+            raise _Missing(f"{what} needs compute capability >= {min_cc[0]}.{min_cc[1]}, "
+                           f"this GPU is sm_{cc[0]}{cc[1]}")
+
+
+def _import(module: str, name: str, dist: str):
+    try:
+        mod = importlib.import_module(module)
+        return getattr(mod, name)
+    except Exception as e:  # ImportError, or anything a package raises at import
+        raise _Missing(f"cannot import {module}.{name} from {dist}: "
+                       f"{type(e).__name__}: {e}") from e
+
+
+def _need_params(fn, names: Iterable[str], what: str) -> None:
+    """Fail when ``fn``'s signature lacks keyword ``names`` (an old version; a
+    ``**kwargs`` catch-all could swallow them silently). A signature hidden by
+    a bare ``(*args, **kwargs)`` wrapper is not checked."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    named = [p for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not named:
+        return
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise _Missing(f"{what} lacks parameter(s) {', '.join(missing)} (version too old?)")
+
+
+# --------------------------------------------------------------------------- gates
+
+
+def prefill_gates(A_log, a, dt_bias, b):
+    """Log decay ``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``.
+
+    Args: A_log, dt_bias `[HV]` f32; a, b `[T,HV]` bf16. Returns two `[T,HV]` f32 tensors.
+    """
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b.float())
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
+
+
+def _i64(cu: torch.Tensor) -> torch.Tensor:
+    return cu if cu.dtype == torch.int64 else cu.to(torch.int64)
+
+
+# --------------------------------------------------------------------------- FLA
+
+
+def _fla_decode() -> Callable:
+    _need_package("fla", "fla-core")
+    if not torch.cuda.is_available():
+        from . import interpret
+
+        if not interpret.INTERPRET:
+            raise _Missing("FLA (Triton kernels) needs a CUDA GPU, or TRITON_INTERPRET=1 "
+                           "(where its decode runs, slowly); torch sees no GPU")
+        interpret.install()  # CPU: FLA's decode kernel runs under the Triton interpreter
+    fused = _import("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule", "fla-core")
+    _need_params(fused, ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "state_v_first"),
+                 "fla fused_recurrent_gated_delta_rule")
+
+    def fla_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
+        """FLA fused recurrent decode, gates in kernel. Shapes: see :mod:`kernels.spec`."""
+        o, ht = fused(q, k, v, g=a, beta=b, scale=resolve_scale(scale, q.shape[-1]),
+                      initial_state=state, output_final_state=True, use_gate_in_kernel=True,
+                      A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
+                      state_v_first=True)
+        return _bf16(o), ht
+
+    return fla_decode
+
+
+def _fla_prefill() -> Callable:
+    _need_package("fla", "fla-core")
+    _need_cuda("FLA chunked prefill (Triton; does not run under the Triton interpreter)")
+    chunk = _import("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", "fla-core")
+    _need_params(chunk, ("state_v_first", "cu_seqlens"), "fla chunk_gated_delta_rule")
+
+    def fla_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
+        """FLA chunked prefill; gates computed here as PyTorch ops. `[T,...]` packed."""
+        g, beta = prefill_gates(A_log, a, dt_bias, b)
+        o, ht = chunk(q[None], k[None], v[None], g=g[None], beta=beta[None],
+                      scale=resolve_scale(scale, q.shape[-1]), initial_state=state,
+                      output_final_state=True, state_v_first=True, cu_seqlens=_i64(cu_seqlens))
+        return _bf16(o[0]), ht
+
+    return fla_prefill
+
+
+# --------------------------------------------------------------------------- FlashInfer
+
+
+def _flashinfer_decode(copy_state: bool) -> Callable:
+    _need_package("flashinfer", "flashinfer-python")
+    _need_cuda("FlashInfer GDN decode (CuTe-DSL)", min_cc=(8, 0))
+    kernel = _import("flashinfer.gdn_decode", "gated_delta_rule_decode_pretranspose",
+                     "flashinfer-python")
+    _need_params(kernel, ("use_qk_l2norm", "output"), "flashinfer gated_delta_rule_decode_pretranspose")
+
+    def flashinfer_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
+        """FlashInfer pretranspose decode on a copy of ``state`` (the copy is timed)."""
+        st = state.clone() if copy_state else state
+        out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
+        o, new = kernel(q, k, v, st, A_log, a, dt_bias, b,
+                        scale=resolve_scale(scale, q.shape[-1]), output=out, use_qk_l2norm=False)
+        return _bf16(o if o is not None else out), (new if new is not None else st)
+
+    flashinfer_decode.__name__ = "flashinfer_decode" if copy_state else "flashinfer_decode_inplace"
+    return flashinfer_decode
+
+
+def _flashinfer_prefill() -> Callable:
+    _need_package("flashinfer", "flashinfer-python")
+    _need_cuda("FlashInfer GDN prefill", min_cc=(9, 0))
+    chunk = _import("flashinfer.gdn_prefill", "chunk_gated_delta_rule", "flashinfer-python")
+    _need_params(chunk, ("output", "output_state", "cu_seqlens"),
+                 "flashinfer gdn_prefill.chunk_gated_delta_rule")
+
+    def flashinfer_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
+        """FlashInfer chunked prefill with linear decay ``alpha = exp(g)``."""
+        g, beta = prefill_gates(A_log, a, dt_bias, b)
+        T, HV, D = v.shape
+        N = cu_seqlens.numel() - 1
+        out = torch.empty(T, HV, D, dtype=torch.bfloat16, device=v.device)
+        out_state = torch.empty(N, HV, D, D, dtype=torch.float32, device=v.device)
+        res = chunk(q, k, v, g=torch.exp(g), beta=beta, scale=resolve_scale(scale, D),
+                    initial_state=state, output_final_state=True, cu_seqlens=_i64(cu_seqlens),
+                    output=out, output_state=out_state)
+        if isinstance(res, tuple) and len(res) == 2:
+            return _bf16(res[0]), res[1]
+        return out, out_state
+
+    return flashinfer_prefill
+
+
+# --------------------------------------------------------------------------- torch
+
+
+def _torch_decode() -> Callable:
+    def torch_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
+        """Eager float32 PyTorch (the reference)."""
+        return decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale)
+
+    return torch_decode
+
+
+def _torch_prefill() -> Callable:
+    def torch_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
+        """Eager float32 PyTorch (the reference)."""
+        return prefill_reference(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale)
+
+    return torch_prefill
+
+
+_DECODE_BUILDERS = {
+    "fla": _fla_decode,
+    "flashinfer": lambda: _flashinfer_decode(copy_state=True),
+    "flashinfer_inplace": lambda: _flashinfer_decode(copy_state=False),
+    "torch": _torch_decode,
+}
+_PREFILL_BUILDERS = {
+    "fla": _fla_prefill,
+    "flashinfer": _flashinfer_prefill,
+    "torch": _torch_prefill,
+}
+
+
+def _build(builders: dict, names, op: str) -> Dict[str, Impl]:
+    if isinstance(names, str):
+        names = (names,)
+    out: Dict[str, Impl] = {}
+    for name in names:
+        if name not in builders:
+            out[name] = Unavailable(name, f"unknown {op} peer {name!r}; known: "
+                                          f"{', '.join(builders)}")
+            continue
+        try:
+            out[name] = builders[name]()
+        except _Missing as e:
+            out[name] = Unavailable(name, str(e))
+        except Exception as e:  # a peer must never take the caller down
+            out[name] = Unavailable(name, f"{type(e).__name__}: {e}")
+    return out
+
+
+def decode_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, Impl]:
+    """``{name: callable or Unavailable}`` for decode peers (see the module docstring)."""
+    return _build(_DECODE_BUILDERS, names, "decode")
+
+
+def prefill_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, Impl]:
+    """``{name: callable or Unavailable}`` for prefill peers (see the module docstring)."""
+    return _build(_PREFILL_BUILDERS, names, "prefill")
+
+
+def _version(name: str) -> str:
+    from .bench.provenance import package_version
+
+    module = {"fla": "fla", "flashinfer": "flashinfer", "flashinfer_inplace": "flashinfer",
+              "torch": "torch"}.get(name, name)
+    return package_version(module)
+
+
+def peer_status():
+    """One row per (op, peer): ``impl, op, available, reason, version``."""
+    import pandas as pd
+
+    rows = []
+    for op, impls in (("decode", decode_impls(DECODE_PEERS)),
+                      ("prefill", prefill_impls(PREFILL_PEERS))):
+        for name, fn in impls.items():
+            rows.append(dict(impl=name, op=op, available=bool(fn),
+                             reason="" if fn else fn.reason, version=_version(name)))
+    return pd.DataFrame(rows, columns=["impl", "op", "available", "reason", "version"])

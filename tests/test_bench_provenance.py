@@ -1,0 +1,47 @@
+"""Provenance: every field present, JSON-ready, sane without a GPU."""
+import datetime as dt
+import importlib.metadata
+import json
+
+import pytest
+import torch
+
+from kernels.bench.provenance import collect_provenance, git_info, package_version
+
+FIELDS = ("gpu", "gpu_slug", "sm_count", "l2_bytes", "driver", "cuda", "torch", "triton", "fla",
+          "flashinfer", "python", "git_sha", "git_dirty", "params", "timestamp", "hostname")
+
+
+def test_fields_and_json():
+    rec = collect_provenance({"B": (1, 4), "method": "event", "x": float("nan")})
+    assert set(FIELDS) <= set(rec)
+    json.dumps(rec)  # JSON-ready as is
+    assert rec["params"]["B"] == [1, 4]
+    assert rec["torch"] == importlib.metadata.version("torch")
+    ts = dt.datetime.fromisoformat(rec["timestamp"])
+    assert ts.utcoffset() == dt.timedelta(0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU values; this host has a GPU")
+def test_cpu_values():
+    rec = collect_provenance({})
+    assert rec["gpu"] == rec["sm_count"] == rec["l2_bytes"] == rec["driver"] == "none"
+    assert rec["gpu_slug"] == "cpu-interpreter"
+
+
+@pytest.mark.parametrize("module, want", [
+    pytest.param("pandas", None, id="installed"),
+    pytest.param("surely_not_a_module_xyz", "absent", id="absent"),
+])
+def test_package_version(module, want):
+    v = package_version(module)
+    assert v == want if want else v not in ("absent", "")
+
+
+def test_git_info_outside_a_checkout(tmp_path):
+    assert git_info(tmp_path) == {"git_sha": "unknown", "git_dirty": "unknown"}
+
+
+def test_git_info_here():
+    info = git_info()
+    assert info["git_sha"] == "unknown" or len(info["git_sha"]) == 40
