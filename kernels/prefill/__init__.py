@@ -1,0 +1,173 @@
+"""Triton chunked prefill of Gated DeltaNet (chunk size 64, WY/UT form).
+
+One module per stage, each readable and testable alone:
+
+- :mod:`.chunk_index`       chunk bookkeeping: host-built table (sync) or device lookup
+- :mod:`.gates`             stage 1: ``g``, ``beta``, per-chunk cumulative ``g``
+- :mod:`.intra_chunk`       stage 2: ``A = beta K K^T exp(gc_i - gc_j)``, its solve, ``w``/``u``
+- :mod:`.state_walk`        stage 3: inter-chunk state recurrence (optionally + outputs)
+- :mod:`.output`            stage 4: ``o = scale (q exp(gc) S + causal intra-chunk term)``
+- :mod:`.context_parallel`  segment summaries + combine for long sequences with few heads
+- :mod:`.pipeline`          the variants as compositions of the stages
+- :mod:`.graph`             the ``graph`` variant (CUDA graph per shape bucket)
+
+Public API: :func:`gdn_prefill`, :data:`VARIANTS`, :func:`make_prefill_impl`,
+:func:`launch_count_hint`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from .chunk_index import BT
+from .graph import clear_graph_cache, graph_cache_info, prefill_graph
+from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
+                       prefill_no_sync, prefill_unfused)
+
+__all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
+           "plan_fused", "graph_cache_info", "clear_graph_cache"]
+
+VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
+
+_IMPLS = {
+    "unfused": prefill_unfused,
+    "fused_gates": prefill_fused_gates,
+    "no_sync": prefill_no_sync,
+    "graph": prefill_graph,
+    "fused": prefill_fused,
+}
+_CP_VARIANTS = ("fused", "graph")
+
+
+def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                state: Optional[torch.Tensor], A_log: torch.Tensor, a: torch.Tensor,
+                dt_bias: torch.Tensor, b: torch.Tensor, cu_seqlens: torch.Tensor,
+                scale: Optional[float] = None, *, variant: str = "fused",
+                output: Optional[torch.Tensor] = None,
+                output_state: Optional[torch.Tensor] = None,
+                check_values: Optional[bool] = None,
+                cp: Union[None, bool, int] = None,
+                BV: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet chunked prefill over packed variable-length sequences.
+
+    Per sequence and value head ``h`` (float32), with ``S = state[h].T`` `[K, V]`::
+
+        decay = exp(-exp(A_log[h]) * softplus(a_t[h] + dt_bias[h]));  beta = sigmoid(b_t[h])
+        S = decay * S;  S = S + beta * k_t^T (v_t - k_t S);  o_t = scale * q_t S
+
+    Value head ``h`` uses q/k head ``h // (HV // HQ)``.
+
+    Args:
+        q: `[T, HQ, D]` bf16 queries (normalised by the caller).
+        k: `[T, HQ, D]` bf16 keys (normalised by the caller).
+        v: `[T, HV, D]` bf16 values; ``HV`` a multiple of ``HQ``.
+        state: `[N, HV, D, D]` f32 initial state, k-last (element ``(k, v)`` at
+            ``state[n, h, v, k]``), or None for zeros. Left untouched.
+        A_log: `[HV]` f32.
+        a: `[T, HV]` bf16 raw decay gate input.
+        dt_bias: `[HV]` f32.
+        b: `[T, HV]` bf16 raw beta gate input.
+        cu_seqlens: `[N+1]` int64 or int32, ``0 = cu[0] <= ... <= cu[N] = T``;
+            empty sequences allowed.
+        scale: output scale; None or 0 means ``1/sqrt(D)``.
+        variant: one of :data:`VARIANTS` (see :mod:`.pipeline` for what each launches).
+        output: optional preallocated `[T, HV, D]` bf16 output.
+        output_state: optional preallocated `[N, HV, D, D]` f32 final state.
+        check_values: check the values of ``cu_seqlens`` (a device-to-host copy on
+            CUDA). None: always for ``unfused``/``fused_gates`` (they sync anyway),
+            only off CUDA for ``no_sync``/``fused``/``graph``.
+        cp: context parallelism (``fused``/``graph`` only): None applies the rule
+            of :mod:`.context_parallel`, False turns it off, True forces it, an int
+            forces segments of that many chunks.
+        BV: state-walk tile width override (a power of two dividing ``D``, >= 16).
+
+    Returns:
+        ``(output [T, HV, D] bf16, new_state [N, HV, D, D] f32)``.
+
+    Raises:
+        TypeError / ValueError naming the offending argument, before anything is
+        allocated or launched; ValueError for an unknown ``variant``.
+    """
+    fn = _impl(variant)
+    kwargs = dict(output=output, output_state=output_state, BV=_check_bv(BV, q))
+    if check_values is not None:
+        kwargs["check_values"] = check_values
+    if variant in _CP_VARIANTS:
+        kwargs["cp"] = cp
+    elif cp not in (None, False):
+        raise ValueError(f"cp is only supported by the variants {_CP_VARIANTS}, got "
+                         f"variant={variant!r}")
+    return fn(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, **kwargs)
+
+
+def _impl(variant):
+    if variant not in _IMPLS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return _IMPLS[variant]
+
+
+def _check_bv(BV, q):
+    if BV is None:
+        return None
+    D = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else None
+    if not isinstance(BV, int) or BV < 16 or BV & (BV - 1) or (D is not None and BV > D):
+        raise ValueError(f"BV must be a power of two in [16, D], got {BV}")
+    return BV
+
+
+def make_prefill_impl(variant: str = "fused", **options):
+    """A callable with the calling convention ``fn(q, k, v, state, A_log, a, dt_bias, b,
+    cu_seqlens, scale=None) -> (output, new_state)`` running ``variant``.
+
+    ``options`` are passed to :func:`gdn_prefill` (e.g. ``cp=False``).
+    """
+    _impl(variant)
+
+    def impl(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
+        return gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                           variant=variant, **options)
+
+    impl.__name__ = f"gdn_prefill_{variant}"
+    impl.variant = variant
+    return impl
+
+
+def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = None,
+                      HV: int = 8, D: int = 128, device="cuda", cp=None) -> dict:
+    """What one call of ``variant`` launches on a GPU (excluding allocation).
+
+    Returns a dict: ``kernels`` (GPU kernels, torch elementwise ops included),
+    ``triton`` (our Triton kernels), ``torch_ops``, ``copies`` (memcpy D2H/H2D),
+    ``syncs`` (host waits on the device), ``graph_launches``, ``cp`` (whether the
+    fused walk uses context parallelism for this ``T``/``N``; needs both) and ``note``.
+    """
+    _impl(variant)
+    if variant in _CP_VARIANTS and T is not None and N is not None:
+        if variant == "graph":
+            from .graph import bucket_of
+            T, N = bucket_of(T, N)
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            dev = torch.device("cpu")   # the rule then assumes 132 SMs
+        _, seg = plan_fused(T, N, HV, D, dev, cp)
+        use_cp = bool(seg)
+    else:
+        use_cp = None
+    if variant == "graph":
+        inner = LAUNCHES["fused+cp" if use_cp else "fused"]["kernels"]
+        return dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, graph_launches=1,
+                    cp=use_cp, note=f"pack kernel + 1 graph replay ({inner} kernels inside) "
+                                    "+ unpack kernel; first call per bucket also captures")
+    key = "fused+cp" if (variant == "fused" and use_cp) else variant
+    out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
+    notes = {
+        "unfused": "8 torch gate ops + cumsum, intra, walk, output; cu_seqlens read on host "
+                   "twice (validation, chunk table) and the table copied back",
+        "fused_gates": "gates+cumsum, intra, walk, output; host-built chunk table as unfused",
+        "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup",
+        "fused": "intra (+gates, cumsum) and walk with inline outputs"
+                 + ("; CP: summary, combine, walk" if use_cp else ""),
+    }
+    out["note"] = notes["fused" if key == "fused+cp" else key]
+    return out

@@ -1,0 +1,195 @@
+"""Compositions of the stage kernels: each prefill variant is a function here.
+
+A variant is a composition, not a copy: every variant launches the same
+stage kernels (:mod:`.gates`, :mod:`.intra_chunk`, :mod:`.state_walk`,
+:mod:`.output`, :mod:`.context_parallel`) with different flags.
+
+==============  ===========================================================  =====================
+variant         stages                                                       GPU launches per call
+==============  ===========================================================  =====================
+``unfused``     gates as 8 torch ops; host-built chunk table (sync); cumsum  12 kernels + 3 copies
+                kernel; intra-chunk; state walk storing ``h``, ``v_new``;    (2 D2H syncs, 1 H2D)
+                output kernel
+``fused_gates`` one gates+cumsum kernel from raw inputs; host-built chunk    4 kernels + 3 copies
+                table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
+``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
+                host sync, no value check of ``cu_seqlens`` on CUDA
+``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u``;        2 kernels; 4 with CP
+                (2) state walk with the outputs computed inline; with
+                context parallelism (2) becomes summary, combine, walk
+``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
+==============  ===========================================================  =====================
+
+Validation (:func:`kernels.spec.validate_prefill_inputs`) runs before
+anything is allocated or launched. Metadata checks always; the value checks
+of ``cu_seqlens`` (start 0, non-decreasing, end ``T``) cost a device-to-host
+copy, so the host-sync variants always do them, while ``no_sync``, ``fused``
+and ``graph`` do them only when the tensors are not on CUDA (``check_values=None``,
+the default; pass True/False to force). On CUDA those variants trust
+``cu_seqlens``: invalid values give wrong results, not an error.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from ..spec import resolve_scale, validate_prefill_inputs
+from .chunk_index import BT, num_slots, prepare_chunk_indices
+from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
+from .gates import chunk_gates_fwd, gates_torch
+from .intra_chunk import intra_chunk_fwd
+from .output import chunk_output_fwd
+from .state_walk import default_bv, state_walk_fwd
+
+__all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
+           "plan_fused", "check_out_tensor", "LAUNCHES"]
+
+#: Launches per call on a GPU, by variant (``kernels``: GPU kernels incl. torch ops;
+#: ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device).
+LAUNCHES = {
+    "unfused": dict(kernels=12, triton=4, torch_ops=8, copies=3, syncs=2),
+    "fused_gates": dict(kernels=4, triton=4, torch_ops=0, copies=3, syncs=2),
+    "no_sync": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
+    "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
+    "fused+cp": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
+}
+
+
+def check_out_tensor(name: str, t, shape, dtype, device) -> None:
+    """Check a caller-provided output buffer (metadata only)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} (like q), got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {t.stride()})")
+
+
+def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
+           check_values):
+    """Validate, resolve the scale, allocate (or check) the outputs."""
+    if check_values is None:
+        check_values = q.device.type != "cuda" if isinstance(q, torch.Tensor) else True
+    shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                    check_values=check_values)
+    T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
+    N = cu_seqlens.numel() - 1
+    if output is not None:
+        check_out_tensor("output", output, (T, HV, D), torch.bfloat16, q.device)
+    if output_state is not None:
+        check_out_tensor("output_state", output_state, (N, HV, D, D), torch.float32, q.device)
+    o = output if output is not None else torch.empty(T, HV, D, dtype=torch.bfloat16,
+                                                      device=q.device)
+    ht = output_state if output_state is not None else torch.empty(
+        N, HV, D, D, dtype=torch.float32, device=q.device)
+    return shape, resolve_scale(scale, D), o, ht
+
+
+def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, BV):
+    """Stages 3 and 4 as separate kernels (the unfused compositions)."""
+    T, _, K = k.shape
+    H, V = u.shape[1], u.shape[2]
+    N = cu_seqlens.numel() - 1
+    BV = BV or default_bv(V, N * H, sm_count(q.device))
+    h = torch.empty(num_slots(T, N), H, K, V, dtype=torch.float32, device=q.device)
+    v_new = torch.empty(T, H, V, dtype=torch.float32, device=q.device)
+    state_walk_fwd(k, w, u, gc, cu_seqlens, initial_state=state, h=h, v_new=v_new,
+                   final_state=ht, BV=BV)
+    chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, output=o, chunk_indices=idx)
+    return o, ht
+
+
+def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
+                    output=None, output_state=None, check_values=True, BV=None):
+    """The seed's starting shape: torch gates, host-sync chunk table, 4 Triton kernels."""
+    _, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                             output_state, check_values)
+    g, beta = gates_torch(A_log, a, dt_bias, b)
+    idx = prepare_chunk_indices(cu_seqlens)
+    gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
+    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx)
+    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, BV)
+
+
+def _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                           output_state, check_values, use_indices, BV):
+    _, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                             output_state, check_values)
+    idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
+    gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                               chunk_indices=idx)
+    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx)
+    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, BV)
+
+
+def prefill_fused_gates(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
+                        output=None, output_state=None, check_values=True, BV=None):
+    """One gates+cumsum kernel from raw inputs; still a host-sync chunk table."""
+    return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                  output, output_state, check_values, True, BV)
+
+
+def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
+                    output=None, output_state=None, check_values=None, BV=None):
+    """As ``fused_gates`` with the device-side chunk lookup: no host sync."""
+    return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                  output, output_state, check_values, False, BV)
+
+
+def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, int] = None,
+               BV: Optional[int] = None) -> Tuple[int, int]:
+    """``(BV, seg_chunks)`` the fused variant uses; ``seg_chunks == 0`` means no CP.
+
+    ``cp``: None applies :func:`.context_parallel.cp_segment_chunks`; False/0 turns
+    CP off; True forces it (rule's segment size, at least 2 chunks); an int ``n``
+    forces segments of ``n`` chunks.
+    """
+    n_sm = sm_count(device)
+    BV_walk = BV or default_bv(D, N * HV, n_sm)
+    if cp is None:
+        seg = cp_segment_chunks(T, N, HV, D, BV_walk, n_sm)
+    elif cp is True:
+        seg = max(cp_segment_chunks(T, N, HV, D, BV_walk, 0), 2) if T > 0 else 2
+    elif cp is False or cp == 0:
+        seg = 0
+    else:
+        seg = int(cp)
+        if seg < 1:
+            raise ValueError(f"cp must be None, a bool or a segment size >= 1 (chunks), got {cp}")
+    if seg and BV is None:
+        BV_walk = min(D, 32)   # CP has programs to spare: wider tiles, fewer redundant loads
+    return BV_walk, seg
+
+
+def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
+                  output=None, output_state=None, check_values=None,
+                  cp: Union[None, bool, int] = None, BV: Optional[int] = None):
+    """Fewest launches: (1) gates+cumsum+solve+``w``/``u``, (2) walk + inline outputs.
+
+    With context parallelism (see :mod:`.context_parallel`), (2) becomes phase A
+    (segment summaries), phase B (combine) and phase C (walk + outputs).
+    """
+    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                 output, output_state, check_values)
+    T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
+    N = cu_seqlens.numel() - 1
+    BV, seg = plan_fused(T, N, HV, D, q.device, cp, BV)
+    w, u, gc = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    if seg == 0:
+        state_walk_fwd(k, w, u, gc, cu_seqlens, q=q, initial_state=state, output=o,
+                       final_state=ht, scale=scale, BV=BV)
+        return o, ht
+    seg_t = seg * BT
+    S = num_slots(T, N, seg_t)
+    summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
+    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
+    state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, BV=BV)
+    segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV)
+    state_walk_fwd(k, w, u, gc, cu_seqlens, q=q, s0=s0, output=o, final_state=ht,
+                   scale=scale, seg_t=seg_t, BV=BV)
+    return o, ht
