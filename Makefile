@@ -1,13 +1,36 @@
-# The two set-up commands (see README):
+# The two commands (see README.md):
 #   make run    - bootstrap an environment, run all notebooks through papermill
-#                 (profile `full` on a GPU, `smoke` on the CPU interpreter)
+#                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter)
 #   make test   - bootstrap an environment, run the whole test suite
+# and one helper:
+#   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
+#
+# scripts/bootstrap.sh prints the python to use (.venv/bin/python on a CPU
+# machine; the host's python3 where it already has a CUDA torch).
+# TRITON_INTERPRET: 1 when that python sees no CUDA GPU, unless already set;
+# tests/conftest.py and kernels/runner.py apply the same rule.
 PROFILE ?= auto
 NOTEBOOKS ?= all
+RUN_ARGS ?=
+PYTEST_ARGS ?= -q -rs --durations=15
+OUT ?= results/compare
 
-.PHONY: run test
+INTERPRET = TRITON_INTERPRET=$${TRITON_INTERPRET-$$($$PY -c 'import torch;print(0 if torch.cuda.is_available() else 1)')}
+
+.PHONY: run test compare bootstrap
+
+bootstrap:
+	@scripts/bootstrap.sh
+
 run:
-	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.runner --profile $(PROFILE) --notebooks $(NOTEBOOKS)
+	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
+	  $$PY -m kernels.runner --profile $(PROFILE) --notebooks $(NOTEBOOKS) $(RUN_ARGS)
 
 test:
-	@PY=$$(scripts/bootstrap.sh) && TRITON_INTERPRET=$${TRITON_INTERPRET-$$($$PY -c 'import torch;print(0 if torch.cuda.is_available() else 1)')} $$PY -m pytest -q tests
+	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
+	  { $$PY -c 'import pytest' 2>/dev/null || { echo "make test: $$PY has no pytest (on the offline GPU host put it on PYTHONPATH)" >&2; exit 1; }; } && \
+	  $$PY -m pytest $(PYTEST_ARGS) tests
+
+compare:
+	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=$(OUT)]" >&2; exit 2; }
+	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.compare $(A) $(B) --out $(OUT)
