@@ -1,0 +1,387 @@
+"""What the three experiments share: parameters, the run's result folder, the
+correctness gate of one call, timing dispatch, and figure helpers.
+
+A notebook does::
+
+    run = xp.start(xp.collect_params(globals()))   # device, result folder, provenance
+    ...                                             # gate -> measure -> plot, all in xp
+    run.finish()                                    # move the folder into place
+
+:class:`Run` wraps :class:`kernels.bench.results.ResultWriter` across
+notebook cells: ``start`` enters it, ``finish`` exits it, so a notebook that
+fails half-way leaves the last good results in place (the half-written
+temporary folder is what the writer leaves behind on failure).
+
+Timing methods: the GPU methods of :mod:`kernels.bench.timing`
+(``cupti_cold``, ``graph``, ``event``) and ``cpu_wall`` — host
+``time.perf_counter`` around each call (with a device synchronise on CUDA).
+``cpu_wall`` exists so the smoke profile exercises the CSV/plot plumbing on
+the CPU interpreter; its numbers say nothing about kernel performance and
+every title and CSV row that carries them names the method.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "Param", "COMMON_PARAMS", "render_param", "collect_params",
+    "GPU_METHODS", "CPU_WALL", "method_available", "time_call", "SimpleTiming",
+    "Run", "start_run",
+    "PASS", "FAIL", "ERROR", "UNAVAILABLE", "gate_call",
+    "new_figure", "fmt_us", "fmt_x", "short_reason", "gpu_name_of", "unique_in_order",
+]
+
+# --------------------------------------------------------------------------- parameters
+
+
+@dataclass(frozen=True)
+class Param:
+    """One notebook parameter: rendered as ``name: type = value  # help``."""
+
+    name: str
+    type: str
+    default: Any
+    help: str
+
+
+COMMON_PARAMS = (
+    Param("device", "str", "auto", "auto | cuda | cpu (cpu runs Triton on the interpreter, TRITON_INTERPRET set to 1)"),
+    Param("output_root", "str", "results", "results go to <output_root>/<gpu-slug>/<notebook>/"),
+    Param("profile", "str", "smoke",
+          "name of the profile that set these values (kernels/profiles/*.yaml); recorded in provenance"),
+)
+
+
+def _render_value(v) -> str:
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_render_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def render_param(p: Param) -> str:
+    """The parameters-cell line of ``p``: ``name: type = value  # help``."""
+    return f"{p.name}: {p.type} = {_render_value(p.default)}  # {p.help}"
+
+
+_CASTS = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
+
+
+def collect_params(namespace: dict, params: Sequence[Param]) -> dict:
+    """The values of ``params`` in ``namespace`` (a notebook's ``globals()``).
+
+    Checks each value against the declared type (ints are accepted for
+    floats) and raises ``ValueError`` naming a missing or mistyped parameter.
+    """
+    out = {}
+    for p in params:
+        if p.name not in namespace:
+            raise ValueError(f"parameter {p.name!r} is not defined (expected {p.type})")
+        v = namespace[p.name]
+        want = _CASTS.get(p.type)
+        if want is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if want is list and isinstance(v, tuple):
+            v = list(v)
+        if want is not None and not isinstance(v, want) or (want is int and isinstance(v, bool)):
+            raise ValueError(f"parameter {p.name!r} must be {p.type}, got {type(v).__name__}: {v!r}")
+        out[p.name] = v
+    return out
+
+
+# --------------------------------------------------------------------------- timing
+
+GPU_METHODS = ("cupti_cold", "graph", "event")
+CPU_WALL = "cpu_wall"
+
+
+@dataclass
+class SimpleTiming:
+    """Same fields as :class:`kernels.bench.timing.Timing`."""
+
+    method: str
+    median_us: float
+    p20_us: float
+    p80_us: float
+    n: int
+
+
+def method_available(method: str, device: str) -> Tuple[bool, str]:
+    """Whether ``method`` can time work on ``device``; the reason when not."""
+    if method == CPU_WALL:
+        return True, ""
+    if method in GPU_METHODS:
+        if not str(device).startswith("cuda"):
+            return False, f"method {method!r} needs a CUDA GPU (device is {device})"
+        return True, ""
+    return False, f"unknown timing method {method!r} (known: {', '.join(GPU_METHODS + (CPU_WALL,))})"
+
+
+def _cpu_wall(fn: Callable[[], Any], rep: int, warmup: int) -> SimpleTiming:
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
+    for _ in range(max(0, warmup)):
+        fn()
+    sync()
+    xs = []
+    for _ in range(max(1, rep)):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        xs.append((time.perf_counter() - t0) * 1e6)
+    q = np.quantile(np.asarray(xs), [0.2, 0.5, 0.8])
+    return SimpleTiming(CPU_WALL, float(q[1]), float(q[0]), float(q[2]), len(xs))
+
+
+def time_call(fn: Callable[[], Any], method: str, *, rep: int, warmup: int):
+    """Time ``fn`` (no arguments) with ``method`` via :func:`kernels.bench.timing.time_fn`
+    (which also knows ``cpu_wall``; measured here if the instrument is missing)."""
+    try:
+        from kernels.bench.timing import time_fn
+    except ImportError:
+        if method == CPU_WALL:
+            return _cpu_wall(fn, rep, warmup)
+        raise
+    return time_fn(fn, method, rep=rep, warmup=warmup)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _sync(device):
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def gpu_name_of(device: str) -> str:
+    """The device's name as the CSVs and titles print it."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu (Triton interpreter)"
+
+
+@dataclass
+class Run:
+    """One execution of a notebook: its parameters, device and result folder."""
+
+    stem: str
+    params: dict
+    device: str
+    gpu: str
+    writer: Any
+    dir: Path
+    skipped: List[dict] = field(default_factory=list)
+    state: dict = field(default_factory=dict)  # the experiment's cached inputs/references
+    extra_provenance: dict = field(default_factory=dict)
+    finished: Optional[Path] = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return str(self.device).startswith("cuda")
+
+    # -- writing
+    def write_csv(self, df: pd.DataFrame, name: str) -> Path:
+        """Write ``df`` as ``<name>.csv`` in the result folder."""
+        name = name if name.endswith(".csv") else name + ".csv"
+        res = self.writer.write_csv(df, name)
+        return Path(res) if res is not None else self.dir / name
+
+    def save_fig(self, fig, name: str) -> Path:
+        """Save ``fig`` as ``<name>.png`` in the result folder; returns the figure's path."""
+        name = name if name.endswith(".png") else name + ".png"
+        res = self.writer.save_fig(fig, name)
+        return Path(res) if res is not None else self.dir / name
+
+    def write_json(self, obj, name: str) -> Path:
+        name = name if name.endswith(".json") else name + ".json"
+        res = self.writer.write_json(obj, name)
+        return Path(res) if res is not None else self.dir / name
+
+    def show(self, fig, name: str):
+        """Save ``fig`` as ``<name>.png`` and display it once; ``fig`` None
+        (nothing to draw) prints that instead."""
+        if fig is None:
+            print(f"{name}: no figure (no data for it in this run)")
+            return None
+        path = self.save_fig(fig, name)
+        try:
+            from IPython.display import display
+
+            display(fig)
+        except ImportError:  # pragma: no cover - outside IPython
+            pass
+        return path
+
+    def write_text(self, text: str, name: str) -> Path:
+        p = self.dir / name
+        p.write_text(text)
+        return p
+
+    def path(self, name: str) -> Path:
+        """A path inside the result folder (for files an instrument writes itself)."""
+        return self.dir / name
+
+    # -- bookkeeping
+    def skip(self, what: str, reason: str) -> None:
+        """Record and print that ``what`` was not done, and why."""
+        print(f"SKIPPED {what}: {reason}")
+        self.skipped.append({"what": what, "reason": reason})
+
+    def finish(self) -> Path:
+        """Write provenance (+ skipped.csv) and move the folder into place."""
+        if self.finished is not None:
+            return self.finished
+        from kernels.bench.provenance import collect_provenance
+
+        prov = collect_provenance(dict(self.params))
+        prov["experiment"] = {"notebook": self.stem, "device": self.device, "gpu": self.gpu,
+                              "skipped": self.skipped, **self.extra_provenance}
+        self.write_json(_jsonable(prov), "provenance.json")
+        if self.skipped:
+            self.write_csv(pd.DataFrame(self.skipped), "skipped")
+        commit = getattr(self.writer, "commit", None)
+        if commit is not None:
+            final = commit()
+        else:  # a plain context manager
+            self.writer.__exit__(None, None, None)
+            final = getattr(self.writer, "final_dir", None)
+        self.finished = Path(final) if final is not None else self.dir
+        print(f"results written to {self.finished}")
+        return self.finished
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return _jsonable(float(obj))
+    return str(obj)
+
+
+def start_run(stem: str, params: dict) -> Run:
+    """Resolve the device, open the result folder and print where results go."""
+    import torch  # noqa: F401  (resolve_device may need it)
+    from kernels.bench.device import resolve_device
+    from kernels.bench.results import ResultWriter
+
+    device = str(resolve_device(params.get("device", "auto")))
+    gpu = gpu_name_of(device)
+    writer = ResultWriter(stem, root=params.get("output_root", "results"))
+    opened = writer.open() if hasattr(writer, "open") else writer.__enter__()
+    w = opened if opened is not None else writer
+    run = Run(stem=stem, params=dict(params), device=device, gpu=gpu, writer=w,
+              dir=Path(w.dir))
+    print(f"{stem}: device={device} ({gpu}), profile={params.get('profile')}")
+    final = getattr(w, "final_dir", None)
+    print(f"writing into {run.dir}; run.finish() moves it to {final or 'its place'}")
+    return run
+
+
+# --------------------------------------------------------------------------- the gate
+
+PASS, FAIL, ERROR, UNAVAILABLE = "pass", "fail", "error", "unavailable"
+
+
+def short_reason(e: BaseException, limit: int = 300) -> str:
+    msg = f"{type(e).__name__}: {e}".strip().replace("\n", " ")
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def gate_call(fn: Callable, inputs: dict, reference, device: str) -> dict:
+    """Run ``fn(**inputs)`` once and check it against ``reference`` (out, state).
+
+    Returns a dict: ``status`` (pass/fail/error), ``ok``, the error numbers of
+    :func:`kernels.checks.check_outputs`, ``input_untouched`` (whether the
+    input ``state`` survived; it is restored when it did not) and ``reason``.
+    """
+    import torch
+    from kernels.checks import check_outputs
+
+    state = inputs.get("state")
+    before = state.clone() if isinstance(state, torch.Tensor) else None
+    row = dict(status=ERROR, ok=False, max_abs_err=float("nan"), rel_l2_err=float("nan"),
+               n_bad=-1, n_total=-1, input_untouched=None, reason="")
+    try:
+        out = fn(**inputs)
+        _sync(device)
+        res = check_outputs(tuple(out), tuple(reference))
+        row.update(res.as_dict())
+        row["status"] = PASS if res.ok else FAIL
+    except Exception as e:  # an implementation that raises is reported, not fatal
+        row["reason"] = short_reason(e)
+        row["traceback"] = traceback.format_exc(limit=4)
+    if before is not None:
+        untouched = bool(torch.equal(state, before))
+        row["input_untouched"] = untouched
+        if not untouched:
+            state.copy_(before)
+            if row["status"] == PASS:
+                row["reason"] = "outputs correct, but the input state was modified (restored)"
+    row.pop("traceback", None)
+    return row
+
+
+# --------------------------------------------------------------------------- figures & text
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(5.0, 3.6), squeeze=False, **kw):
+    """A pyplot-free :class:`~matplotlib.figure.Figure` and its axes grid.
+
+    Pyplot-free so a notebook shows each figure exactly once (``display(fig)``)
+    and no figure stays alive in pyplot's registry.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(panel[0] * ncols, panel[1] * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=squeeze, **kw)
+    return fig, axes
+
+
+def fmt_us(x: float) -> str:
+    """A time in µs with 3 significant digits."""
+    if x is None or not np.isfinite(x):
+        return "n/a"
+    if x >= 100:
+        return f"{x:.0f} µs"
+    if x >= 10:
+        return f"{x:.1f} µs"
+    return f"{x:.2f} µs"
+
+
+def fmt_x(x: float) -> str:
+    """A ratio like ``1.23×``."""
+    if x is None or not np.isfinite(x):
+        return "n/a"
+    return f"{x:.2f}×"
+
+
+def unique_in_order(xs: Iterable) -> list:
+    seen, out = set(), []
+    for x in xs:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out

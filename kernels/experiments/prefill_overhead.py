@@ -1,0 +1,555 @@
+"""Notebook 02 — why does a chunked prefill spend most of its wall time idle?
+
+The seed measured (RTX 3090 and B200, CUPTI) that a FLA-style chunked
+prefill of a 6-token sequence is ~93 % GPU idle: ~51 launches per call with
+launch gaps between them, 8.3× slower than FlashInfer's single-kernel
+prefill (1536 µs vs 185 µs on B200); fusing the gate computation saved 31 %
+and CUDA graphs / fewer launches were the next steps. Our prefill exposes
+each step as a variant (:data:`kernels.prefill.VARIANTS`: ``unfused →
+fused_gates → no_sync → graph → fused``). This module measures them and the
+peers:
+
+1. :func:`run_gate` — every variant/peer × shape against
+   :func:`kernels.reference.prefill_reference` (``gate.csv``).
+2. :func:`run_measurements` — per passing variant and shape: one recorded
+   timeline (launches, GPU busy, wall span, idle fraction —
+   :func:`kernels.bench.timeline.record_timeline`) and the timing methods
+   (``cupti_cold`` span, ``graph`` replay) → ``prefill_times.csv``; Chrome
+   traces of the Gantt shape's call beside the CSVs. Needs a CUDA GPU: on
+   the CPU it prints why and writes nothing (no placeholder rows).
+3. Figures: :func:`plot_gantt_shape`, :func:`plot_waterfall`
+   (:func:`waterfall_table`), :func:`plot_time_vs_T`, :func:`plot_busy_idle`,
+   and on any device :func:`plot_gate_errors`.
+4. :func:`conclusion_markdown` from the tables.
+
+Shapes are names of :data:`kernels.spec.PREFILL_SHAPES` (``"T6"``,
+``"4x1024"``), compact strings (``"100+28"``, ``"3x5"``) or lists of lengths.
+The ``lens`` column holds the compact form (:func:`lens_label`).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from .common import (COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
+                     collect_params as _collect, fmt_us, fmt_x, gate_call, method_available,
+                     new_figure, short_reason, start_run, time_call, unique_in_order)
+
+STEM = "02_prefill_launch_overhead"
+DEFAULT_VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
+PEERS = ("fla", "flashinfer")
+SEED_IDLE_FRAC = 0.93   # seed: 93 % of prefill wall time GPU idle (RTX 3090, T=6)
+SEED_LAUNCHES = 51      # seed: kernel launches per forward pass
+SEED_GAP_VS_FI = 8.3    # seed, B200 CUPTI: fla-chunk 1536 µs vs fi-baseline 185 µs
+
+PARAMS = COMMON_PARAMS + (
+    Param("shapes", "list",
+          ["T6", "T64", "100+28", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"],
+          "prefill shapes: names of kernels.spec.PREFILL_SHAPES, '100+28', '4x1024' or lists of lengths"),
+    Param("impls", "list", ["ours", "fla", "flashinfer"], "implementations: ours, fla, flashinfer"),
+    Param("variants", "list", list(DEFAULT_VARIANTS), "our pipeline variants (kernels.prefill.VARIANTS)"),
+    Param("methods", "list", ["cupti_cold", "graph"], "timing methods (cupti_cold span, graph replay)"),
+    Param("repetitions", "int", 50, "timed calls per point"),
+    Param("warmup", "int", 5, "untimed calls before timing"),
+    Param("seed", "int", 0, "seed of the inputs"),
+    Param("with_state", "bool", True, "pass an initial state (else None, i.e. zeros)"),
+    Param("gantt_shape", "str", "T6", "shape whose single call is drawn as a Gantt chart and traced"),
+    Param("waterfall_shapes", "list", ["T6", "T8192"], "shapes of the unfused → fused waterfall"),
+    Param("num_q_heads", "int", 4, "HQ query/key heads (HK equals it)"),
+    Param("num_v_heads", "int", 8, "HV value heads"),
+    Param("head_dim", "int", 128, "head size D (K and V equal it)"),
+)
+
+TIMES_COLUMNS = ["impl", "variant", "lens", "T", "N", "method", "median_us", "launches",
+                 "p20_us", "p80_us", "n", "busy_us", "span_us", "idle_frac", "gpu", "label"]
+
+
+def collect_params(namespace: dict) -> dict:
+    """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
+    return _collect(namespace, PARAMS)
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def lens_label(lens: Sequence[int]) -> str:
+    """Compact name of a list of lengths: ``[6]``→``"6"``, ``[1024]*4``→``"4x1024"``,
+    ``[100, 28]``→``"100+28"``."""
+    lens = [int(n) for n in lens]
+    if len(lens) > 1 and len(set(lens)) == 1:
+        return f"{len(lens)}x{lens[0]}"
+    return "+".join(str(n) for n in lens)
+
+
+def parse_shape(spec) -> Tuple[str, List[int]]:
+    """``(lens_label, lens)`` of a shape spec (see the module docstring)."""
+    from kernels.spec import PREFILL_SHAPES
+
+    if isinstance(spec, (list, tuple)):
+        lens = [int(n) for n in spec]
+    elif isinstance(spec, int):
+        lens = [spec]
+    elif spec in PREFILL_SHAPES:
+        lens = list(PREFILL_SHAPES[spec])
+    else:
+        s = str(spec).strip().lstrip("T")
+        if re.fullmatch(r"\d+x\d+", s):
+            n, l = s.split("x")
+            lens = [int(l)] * int(n)
+        elif re.fullmatch(r"\d+(\+\d+)*", s):
+            lens = [int(x) for x in s.split("+")]
+        else:
+            raise ValueError(f"not a prefill shape: {spec!r} (a name of PREFILL_SHAPES, "
+                             f"'100+28', '4x1024' or a list of lengths)")
+    if not lens or any(n < 0 for n in lens):
+        raise ValueError(f"prefill shape {spec!r}: lengths must be >= 0, got {lens}")
+    return lens_label(lens), lens
+
+
+def start(params: dict) -> Run:
+    """Open the run and resolve shapes and implementations."""
+    from kernels.spec import GDNShape
+
+    run = start_run(STEM, params)
+    shape = GDNShape(params["num_q_heads"], params["num_v_heads"], params["head_dim"])
+    shapes = [parse_shape(s) for s in params["shapes"]]
+    run.state.update(shape=shape, shapes=shapes, inputs={}, refs={}, timelines={})
+    print(f"shape: HQ={shape.num_q_heads} HV={shape.num_v_heads} D={shape.head_dim}; "
+          f"sequences: {[l for l, _ in shapes]}")
+    return run
+
+
+def _inputs(run: Run, label: str, lens):
+    from kernels.reference import prefill_reference
+    from kernels.spec import make_prefill_inputs
+
+    if label not in run.state["inputs"]:
+        inputs = make_prefill_inputs(lens, run.state["shape"], seed=run.params["seed"],
+                                     device=run.device, with_state=run.params["with_state"])
+        run.state["inputs"][label] = inputs
+        run.state["refs"][label] = prefill_reference(**inputs)
+    return run.state["inputs"][label], run.state["refs"][label]
+
+
+def resolve_impls(run: Run) -> Dict[str, Tuple[str, str, object]]:
+    """``label → (impl, variant, callable or Unavailable)`` in plotting order."""
+    p = run.params
+    unknown = [n for n in p["impls"] if n != "ours" and n not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}")
+    out = {}
+    if "ours" in p["impls"]:
+        from kernels.prefill import VARIANTS, make_prefill_impl
+
+        for v in p["variants"]:
+            if v not in VARIANTS:
+                raise ValueError(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
+            try:
+                fn = make_prefill_impl(v)
+            except Exception as e:
+                fn = _Unavailable(f"ours-{v}", short_reason(e))
+            out[f"ours-{v}"] = ("ours", v, fn)
+    peers = [n for n in p["impls"] if n in PEERS]
+    if peers:
+        from kernels.peers import prefill_impls
+
+        for name, fn in prefill_impls(tuple(peers)).items():
+            out[name] = (name, "default", fn)
+    return out
+
+
+class _Unavailable:
+    def __init__(self, name, reason):
+        self.name, self.reason = name, reason
+
+    def __bool__(self):
+        return False
+
+
+# --------------------------------------------------------------------------- 1. gate
+
+
+def run_gate(run: Run) -> pd.DataFrame:
+    """Every variant/peer × shape against the float32 reference (``gate.csv``).
+
+    The reference is a token loop: long shapes take seconds on a GPU and far
+    longer on the CPU, so CPU profiles use tiny shapes.
+    """
+    impls = resolve_impls(run)
+    run.state["impls"] = impls
+    rows = []
+    for lab, lens in run.state["shapes"]:
+        inputs, ref = _inputs(run, lab, lens)
+        for label, (impl, variant, fn) in impls.items():
+            base = dict(label=label, impl=impl, variant=variant, lens=lab, T=sum(lens),
+                        N=len(lens), gpu=run.gpu)
+            if not fn:
+                rows.append(dict(base, status=UNAVAILABLE, ok=False,
+                                 reason=getattr(fn, "reason", "not available")))
+                continue
+            rows.append(dict(base, **gate_call(fn, inputs, ref, run.device)))
+    gate = pd.DataFrame(rows)
+    for label, g in gate[gate.status == UNAVAILABLE].groupby("label", sort=False):
+        run.skip(f"{label} (all shapes)", str(g.reason.iloc[0]))
+    for _, r in gate[gate.status.isin([FAIL, ERROR])].iterrows():
+        print(f"GATE {r.status.upper()}: {r.label} lens={r.lens}: {r.reason}")
+    run.write_csv(gate, "gate")
+    return gate
+
+
+def gate_summary(gate: pd.DataFrame) -> pd.DataFrame:
+    """Status per implementation (rows) and shape (columns)."""
+    out = gate.pivot_table(index="label", columns="lens", values="status", aggfunc="first",
+                           sort=False)
+    return out.loc[unique_in_order(gate.label), unique_in_order(gate.lens)]
+
+
+def plot_gate_errors(gate: pd.DataFrame):
+    """Max abs and relative-L2 error per implementation and shape (log scale),
+    the contest tolerance marked."""
+    if gate is None or not gate.status.isin([PASS, FAIL]).any():
+        return None
+    g = gate[gate.status.isin([PASS, FAIL])]
+    fig, axes = new_figure(1, 2, panel=(6.0, 3.6))
+    labels = unique_in_order(g.label)
+    shapes = unique_in_order(g.lens)
+    w = 0.8 / max(1, len(labels))
+    for ax, col, title in ((axes[0][0], "max_abs_err", "max |x - ref|"),
+                           (axes[0][1], "rel_l2_err", "relative L2 error")):
+        for i, label in enumerate(labels):
+            s = g[g.label == label].set_index("lens").reindex(shapes)
+            vals = s[col].astype(float).clip(lower=1e-12)
+            ax.bar(np.arange(len(shapes)) + i * w, vals, w, label=label)
+        ax.set_yscale("log")
+        ax.set_xticks(np.arange(len(shapes)) + w * (len(labels) - 1) / 2, shapes, rotation=30)
+        ax.set_title(title, fontsize=9)
+        if col == "max_abs_err":
+            ax.axhline(1e-2, color="k", ls="--", lw=0.8, label="atol 1e-2")
+        ax.legend(fontsize=7)
+    gpu = str(gate.gpu.iloc[0]) if len(gate) else ""
+    fig.suptitle(f"Prefill correctness gate vs float32 reference — {gpu}")
+    return fig
+
+
+# --------------------------------------------------------------------------- 2. measurements
+
+
+def _timelines_available(run: Run) -> Tuple[bool, str]:
+    if not run.on_gpu:
+        return False, f"timelines and GPU timings need a CUDA GPU (device is {run.device})"
+    try:
+        from kernels.bench.timeline import record_timeline  # noqa: F401
+    except Exception as e:
+        return False, f"kernels.bench.timeline unavailable: {short_reason(e)}"
+    return True, ""
+
+
+def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
+    """Timeline + timing methods of every passing implementation × shape.
+
+    Returns the ``prefill_times`` frame (written as ``prefill_times.csv`` only
+    when it has rows). On the CPU nothing is measured: the reason is printed
+    and an empty frame returned.
+    """
+    p = run.params
+    ok, why = _timelines_available(run)
+    if not ok:
+        run.skip("timelines and timings (all shapes)", why)
+        return pd.DataFrame(columns=TIMES_COLUMNS)
+    from kernels.bench.timeline import record_timeline
+
+    methods = []
+    for m in p["methods"]:
+        good, reason = method_available(m, run.device)
+        if good:
+            methods.append(m)
+        else:
+            run.skip(f"timing with {m}", reason)
+    gantt_label = parse_shape(p["gantt_shape"])[0] if p["gantt_shape"] else None
+    impls = run.state["impls"]
+    rows = []
+    for lab, lens in run.state["shapes"]:
+        inputs, _ = _inputs(run, lab, lens)
+        for label, (impl, variant, fn) in impls.items():
+            g = gate[(gate.label == label) & (gate.lens == lab)]
+            if g.empty or g.status.iloc[0] != PASS:
+                if not g.empty and g.status.iloc[0] != UNAVAILABLE:
+                    run.skip(f"{label} lens={lab}", f"gate {g.status.iloc[0]}")
+                continue
+            call = (lambda f=fn: f(**inputs))
+            summ = {}
+            try:
+                tl = record_timeline(call)
+                summ = dict(tl.summary())
+                if lab == gantt_label:
+                    run.state["timelines"][label] = tl
+                    path = run.path(f"trace_{lab}_{label}.json")
+                    tl.export_chrome_trace(path)
+            except Exception as e:
+                run.skip(f"timeline {label} lens={lab}", short_reason(e))
+            base = dict(impl=impl, variant=variant, lens=lab, T=sum(lens), N=len(lens),
+                        launches=summ.get("launches", np.nan), busy_us=summ.get("busy_us", np.nan),
+                        span_us=summ.get("span_us", np.nan), idle_frac=summ.get("idle_frac", np.nan),
+                        gpu=run.gpu, label=label)
+            for method in methods:
+                try:
+                    t = time_call(call, method, rep=p["repetitions"], warmup=p["warmup"])
+                except Exception as e:
+                    run.skip(f"{label} lens={lab} {method}", short_reason(e))
+                    continue
+                rows.append(dict(base, method=t.method, median_us=t.median_us, p20_us=t.p20_us,
+                                 p80_us=t.p80_us, n=t.n))
+    times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
+    if len(times):
+        run.write_csv(times, "prefill_times")
+    else:
+        print("no timings in this run: prefill_times.csv not written")
+    return times
+
+
+def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
+                   method: str = "cupti_cold") -> pd.DataFrame:
+    """Per implementation at one shape: launches, busy, span, idle fraction, time."""
+    t = times[times.method == method] if method in set(times.method) else times
+    if lens is not None:
+        t = t[t.lens == lens]
+    cols = ["label", "lens", "launches", "busy_us", "span_us", "idle_frac", "median_us"]
+    return t[cols].drop_duplicates(["label", "lens"]).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- 3. analysis & figures
+
+
+def waterfall_table(times: pd.DataFrame, lens: str, method: str = "cupti_cold",
+                    order: Sequence[str] = DEFAULT_VARIANTS) -> pd.DataFrame:
+    """What each step of our pipeline saved at one shape.
+
+    Rows in ``order`` (variants not measured are left out): ``median_us`` of
+    the variant, ``saved_us`` = previous step's time − this one's (negative:
+    the step cost time), ``saved_frac`` = ``saved_us`` / the first step's time,
+    ``launches``.
+    """
+    t = times[(times.impl == "ours") & (times.lens == lens) & (times.method == method)]
+    t = t.set_index("variant")
+    rows, prev, first = [], None, None
+    for v in order:
+        if v not in t.index:
+            continue
+        r = t.loc[v]
+        cur = float(r.median_us)
+        first = cur if first is None else first
+        saved = float("nan") if prev is None else prev - cur
+        rows.append(dict(lens=lens, method=method, step=len(rows), variant=v, median_us=cur,
+                         saved_us=saved, saved_frac=saved / first if prev is not None else float("nan"),
+                         launches=r.get("launches", np.nan)))
+        prev = cur
+    return pd.DataFrame(rows, columns=["lens", "method", "step", "variant", "median_us",
+                                       "saved_us", "saved_frac", "launches"])
+
+
+def waterfalls(run: Run, times: pd.DataFrame) -> List[pd.DataFrame]:
+    """:func:`waterfall_table` of every ``waterfall_shapes`` entry that was
+    measured (``waterfall.csv``); the contest method when it ran."""
+    if times.empty:
+        return []
+    method = "cupti_cold" if "cupti_cold" in set(times.method) else times.method.iloc[0]
+    out = []
+    for spec in run.params["waterfall_shapes"]:
+        lab = parse_shape(spec)[0]
+        w = waterfall_table(times, lab, method)
+        if w.empty:
+            run.skip(f"waterfall lens={lab}", "no timings of our variants at this shape")
+        else:
+            out.append(w)
+    if out:
+        run.write_csv(pd.concat(out, ignore_index=True), "waterfall")
+    return out
+
+
+def plot_waterfall(tables: Sequence[pd.DataFrame]):
+    """One panel per waterfall table: the first variant's time, each step's
+    change (green: saved, red: cost), the last variant's time."""
+    tables = [w for w in tables if len(w)]
+    if not tables:
+        return None
+    fig, axes = new_figure(1, len(tables), panel=(5.6, 3.8))
+    for ax, w in zip(axes.flat, tables):
+        xs, names = [], []
+        t0 = float(w.median_us.iloc[0])
+        ax.bar(0, t0, color="0.55")
+        ax.text(0, t0, fmt_us(t0), ha="center", va="bottom", fontsize=7)
+        names.append(w.variant.iloc[0])
+        for i in range(1, len(w)):
+            prev, cur = float(w.median_us.iloc[i - 1]), float(w.median_us.iloc[i])
+            lo, hi = min(prev, cur), max(prev, cur)
+            ax.bar(i, hi - lo, bottom=lo, color="tab:green" if cur <= prev else "tab:red")
+            ax.text(i, hi, f"{'−' if cur <= prev else '+'}{fmt_us(abs(prev - cur))}",
+                    ha="center", va="bottom", fontsize=7)
+            names.append("→" + w.variant.iloc[i])
+        n = len(w)
+        tl = float(w.median_us.iloc[-1])
+        ax.bar(n, tl, color="tab:blue")
+        ax.text(n, tl, fmt_us(tl), ha="center", va="bottom", fontsize=7)
+        names.append(f"{w.variant.iloc[-1]} (total)")
+        ax.set_xticks(range(n + 1), names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("time per call (µs)")
+        ax.set_title(f"lens={w.lens.iloc[0]} ({w.method.iloc[0]})", fontsize=9)
+    fig.suptitle("Prefill: what each step of the pipeline saves")
+    return fig
+
+
+def plot_time_vs_T(times: pd.DataFrame):
+    """Time vs total tokens T (log-log), one line per implementation (single
+    sequences joined, multi-sequence shapes as ×), one panel per method."""
+    if times is None or times.empty:
+        return None
+    methods = unique_in_order(times.method)
+    fig, axes = new_figure(1, max(1, len(methods)), panel=(5.6, 4.0))
+    gpu = str(times.gpu.iloc[0]) if len(times) else ""
+    for ax, method in zip(axes.flat, methods):
+        t = times[times.method == method]
+        for k, label in enumerate(unique_in_order(t.label)):
+            s = t[t.label == label].sort_values(["T", "N"])
+            one = s[s.N == 1]
+            line, = ax.plot(one["T"], one.median_us, marker="o", ms=3, label=label)
+            many = s[s.N > 1]
+            ax.scatter(many["T"], many.median_us, marker="x", color=line.get_color())
+            if k == 0:
+                for r in many.itertuples():
+                    ax.annotate(r.lens, (r.T, r.median_us), fontsize=6, xytext=(3, -8),
+                                textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("total tokens T")
+        ax.set_ylabel("time per call (µs)")
+        ax.set_title(f"{method} — {gpu}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("GDN prefill: time vs total length (× = several sequences)")
+    return fig
+
+
+def plot_busy_idle(times: pd.DataFrame, shapes: Optional[Sequence[str]] = None):
+    """Per shape: GPU busy and idle time of one call per implementation, stacked
+    (from the recorded timeline: idle = wall span − busy)."""
+    if times is None or times.empty or not times.busy_us.notna().any():
+        return None
+    t = times.drop_duplicates(["label", "lens"])
+    shapes = list(shapes) if shapes else unique_in_order(t.lens)
+    ncols = min(3, max(1, len(shapes)))
+    nrows = max(1, math.ceil(len(shapes) / ncols))
+    fig, axes = new_figure(nrows, ncols, panel=(4.6, 3.4))
+    for ax in axes.flat[len(shapes):]:
+        ax.set_axis_off()
+    for ax, lens in zip(axes.flat, shapes):
+        s = t[t.lens == lens]
+        labels = list(s.label)
+        busy = s.busy_us.to_numpy(float)
+        idle = (s.span_us - s.busy_us).to_numpy(float)
+        x = np.arange(len(labels))
+        ax.bar(x, busy, color="tab:blue", label="GPU busy")
+        ax.bar(x, idle, bottom=busy, color="0.8", hatch="//", label="GPU idle")
+        for i, f in enumerate(s.idle_frac.to_numpy(float)):
+            if np.isfinite(f):
+                ax.text(i, busy[i] + idle[i], f"{f:.0%}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=7)
+        ax.set_ylabel("µs (one call)")
+        ax.set_title(f"lens={lens}", fontsize=9)
+        ax.legend(fontsize=6)
+    fig.suptitle("Prefill: GPU busy vs idle within one call's wall span (% idle on top)")
+    return fig
+
+
+def plot_gantt_shape(run: Run):
+    """Gantt chart of the recorded call of ``gantt_shape`` per implementation
+    (:func:`kernels.bench.timeline.plot_gantt`); None when nothing was recorded."""
+    tls = run.state.get("timelines") or {}
+    if not tls:
+        print("no timelines recorded: no Gantt chart")
+        return None
+    from kernels.bench.timeline import plot_gantt
+
+    fig, axes = new_figure(1, 1, panel=(11.0, 0.5 * len(tls) + 1.8))
+    res = plot_gantt(tls, ax=axes[0][0])
+    fig = getattr(res, "figure", None) or (res if hasattr(res, "savefig") else fig)
+    lab = parse_shape(run.params["gantt_shape"])[0]
+    fig.suptitle(f"Prefill lens={lab}: one call per implementation — {run.gpu}")
+    return fig
+
+
+# --------------------------------------------------------------------------- 4. conclusion
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None or not np.isfinite(x) else f"{x:.0%}"
+
+
+def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
+    """The notebook's conclusion from ``dfs``: ``gate`` and ``times``
+    (``prefill_times``; may be empty), optional ``gantt_lens`` / ``waterfall``
+    (a list of :func:`waterfall_table` frames) — computed, never typed."""
+    gate = dfs.get("gate")
+    times = dfs.get("times")
+    times = times if times is not None else pd.DataFrame(columns=TIMES_COLUMNS)
+    gpu = (str(times.gpu.iloc[0]) if len(times) else
+           str(gate.gpu.iloc[0]) if gate is not None and len(gate) else "")
+    lines = [f"### Conclusion — {gpu}"]
+    if gate is not None and len(gate):
+        ran = gate[gate.status != UNAVAILABLE]
+        bad = ran[ran.status != PASS]
+        unav = unique_in_order(gate[gate.status == UNAVAILABLE].label)
+        txt = (f"**Gate:** {ran.label.nunique()} implementations × {gate.lens.nunique()} shapes "
+               f"({', '.join(unique_in_order(gate.lens))}) against the float32 reference; ")
+        if bad.empty:
+            txt += "all passed (atol = rtol = 1e-2)."
+        else:
+            txt += "failing (not measured): " + "; ".join(
+                f"{r.label} at {r.lens} ({r.status}: {r.reason})" for r in bad.itertuples()) + "."
+        if unav:
+            txt += f" Not available here: {', '.join(unav)}."
+        lines.append(txt)
+    if times.empty:
+        lines.append("**No timelines or timings** in this run (they need a CUDA GPU); the "
+                     "launch-overhead questions stay open until the GPU profile runs.")
+        return "\n\n".join(lines)
+    method = "cupti_cold" if "cupti_cold" in set(times.method) else times.method.iloc[0]
+    lens0 = dfs.get("gantt_lens") or times.sort_values("T").lens.iloc[0]
+    ov = overhead_table(times, lens0, method)
+    if len(ov):
+        items = [f"{r.label}: {_pct(r.idle_frac)} idle, {r.launches:.0f} launches, "
+                 f"busy {fmt_us(r.busy_us)} of a {fmt_us(r.span_us)} span; {method} "
+                 f"{fmt_us(r.median_us)}" for r in ov.itertuples()]
+        lines.append(f"**One call at lens={lens0}:**\n" + "\n".join(f"- {i}" for i in items))
+        unf = ov[ov.label == "ours-unfused"]
+        if len(unf):
+            f = float(unf.idle_frac.iloc[0])
+            lines.append(f"Seed check: the seed found a FLA-style chunked prefill ~"
+                         f"{SEED_IDLE_FRAC:.0%} idle with ~{SEED_LAUNCHES} launches at T=6; our "
+                         f"unfused pipeline here is {_pct(f)} idle with "
+                         f"{unf.launches.iloc[0]:.0f} launches.")
+        fi = ov[ov.label == "flashinfer"]
+        if len(fi):
+            ratios = [f"{r.label} {fmt_x(r.median_us / float(fi.median_us.iloc[0]))}"
+                      for r in ov.itertuples() if r.label != "flashinfer"]
+            lines.append(f"Time relative to FlashInfer at lens={lens0} ({method}; seed on B200: "
+                         f"FLA-chunk {SEED_GAP_VS_FI:g}× FlashInfer): " + ", ".join(ratios) + ".")
+    for w in dfs.get("waterfall") or []:
+        if len(w) < 2:
+            continue
+        steps = [f"{r.variant} {'saved' if r.saved_us >= 0 else 'cost'} "
+                 f"{fmt_us(abs(r.saved_us))} ({abs(r.saved_frac):.0%} of {w.variant.iloc[0]})"
+                 for r in w.iloc[1:].itertuples()]
+        total = w.median_us.iloc[0] / w.median_us.iloc[-1]
+        lines.append(f"**Steps at lens={w.lens.iloc[0]}** ({w.method.iloc[0]}): "
+                     + "; ".join(steps) + f" → {w.variant.iloc[-1]} is {fmt_x(total)} "
+                     f"faster than {w.variant.iloc[0]}.")
+    t = times[times.method == method]
+    big = t[t["T"] == t["T"].max()]
+    if len(big):
+        b = big.loc[big.median_us.idxmin()]
+        lines.append(f"**Longest shape** (lens={b.lens}, T={int(b['T'])}): fastest is {b.label} "
+                     f"at {fmt_us(b.median_us)} ({method}).")
+    return "\n\n".join(lines)
