@@ -10,7 +10,8 @@ calls) with torch.profiler and returns a :class:`Timeline`:
   copies, synchronisations ...): ``name, api, kind (launch|memcpy|memset|sync|
   other), pid, tid, start_us, end_us, dur_us, correlation`` on the same clock (a
   launch before the first kernel has a negative start).
-* ``.summary()`` - ``launches`` (host calls that enqueued GPU work, each once),
+* ``.summary()`` - ``launches`` (host calls that enqueued GPU work, each once,
+  plus one per GPU activity whose launch call is missing from the trace),
   ``kernels``, ``gpu_ops``, ``busy_us`` (length of the union of GPU intervals),
   ``span_us`` (first start to last end), ``idle_frac = 1 - busy/span``,
   ``largest_gaps_us`` (the 5 longest idle gaps), ``host_syncs``.
@@ -78,7 +79,11 @@ class Timeline:
         iv = self.intervals()
         busy = float(sum(e - s for s, e in iv))
         span = float(iv[-1][1] - iv[0][0]) if iv else 0.0
-        launches = count_launches(self.cpu) if len(self.cpu) else len(self.gpu)
+        # host calls that enqueued work, plus one per GPU activity whose launch
+        # the trace lacks (e.g. a driver-API launch the profiler did not record)
+        seen = set(self.cpu["correlation"][self.cpu["correlation"] >= 0]) if len(self.cpu) else set()
+        unlinked = int((~self.gpu["correlation"].isin(seen)).sum())
+        launches = (count_launches(self.cpu) if len(self.cpu) else 0) + unlinked
         return dict(
             launches=int(launches),
             kernels=int((self.gpu["kind"] == "kernel").sum()),
@@ -229,7 +234,7 @@ def plot_gantt(timelines: Dict[str, Timeline], ax=None, title: Optional[str] = N
         y = len(labels) - 1 - row
         for kind, g in tl.gpu.groupby("kind"):
             ax.broken_barh(list(zip(g["start_us"], g["dur_us"].clip(lower=1e-3))),
-                           (y - 0.3, 0.5), facecolors=_KIND_COLOR.get(kind, "gray"),
+                           (y - 0.25, 0.5), facecolors=_KIND_COLOR.get(kind, "gray"),
                            edgecolor="none")
         if show_launches and len(tl.cpu):
             launches = tl.cpu[tl.cpu["kind"].isin(["launch", "memcpy", "memset"])]
@@ -237,10 +242,10 @@ def plot_gantt(timelines: Dict[str, Timeline], ax=None, title: Optional[str] = N
             syncs = tl.cpu[tl.cpu["kind"] == "sync"]
             ax.vlines(syncs["start_us"], y - 0.42, y - 0.32, colors="red", linewidth=1.2)
         s = tl.summary()
-        ax.text(s["span_us"], y + 0.25, f"  {s['span_us']:.0f} µs, {s['launches']} launches, "
-                f"{100 * s['idle_frac']:.0f}% idle", va="center", fontsize=8)
+        ax.text(0, y + 0.27, f"{s['span_us']:.0f} µs span, {s['launches']} launches, "
+                f"{100 * s['idle_frac']:.0f}% idle", va="bottom", ha="left", fontsize=8)
     ax.set_yticks(range(len(labels)), labels[::-1])
-    ax.set_ylim(-0.7, len(labels) - 0.3)
+    ax.set_ylim(-0.55, len(labels) - 0.3)
     ax.set_xlabel("µs since the first GPU activity")
     handles = [Patch(color=c, label=k) for k, c in _KIND_COLOR.items()]
     if show_launches:
@@ -248,7 +253,8 @@ def plot_gantt(timelines: Dict[str, Timeline], ax=None, title: Optional[str] = N
 
         handles += [Line2D([], [], color="black", lw=0.8, label="host launch"),
                     Line2D([], [], color="red", lw=1.2, label="host sync")]
-    ax.legend(handles=handles, loc="lower right", fontsize=7, ncols=len(handles))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7,
+              frameon=False)
     ax.set_title(title or "GPU timeline of one call")
-    ax.margins(x=0.15)
+    ax.margins(x=0.02)
     return fig
