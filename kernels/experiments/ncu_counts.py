@@ -495,15 +495,19 @@ def conclusion_markdown(dfs: Dict[str, object]) -> str:
                  if np.isfinite(r.dram_per_state_byte)]
         d = main.dram_per_state_byte.dropna()
         spread = float(d.max() / d.min()) if len(d) and d.min() > 0 else float("nan")
-        verdict = ("every implementation moves about the minimum bytes (each state byte read "
-                   "and written once): their time differences come from instructions and "
-                   "latency, not from DRAM traffic"
+        who = "every implementation moves" if len(d) > 1 else f"{main.label.iloc[0]} moves"
+        verdict = (f"{who} about the minimum bytes (each state byte read and written once)"
+                   + (": their time differences come from instructions and latency, not from "
+                      "DRAM traffic" if len(d) > 1 else ": it is not wasting DRAM bandwidth")
                    if d.max() <= 1.15 else
                    "some implementations move noticeably more than the state itself "
                    f"(max {d.max():.2f}× the state bytes): extra DRAM traffic costs bandwidth")
         lines.append(f"**DRAM bytes (read + write) per state byte:** " + ", ".join(parts)
                      + f" (spread {spread:.2f}×) → {verdict}.")
     fit = dfs.get("fit")
+    if not fit:
+        lines.append("**V-tile model:** not fitted — this data has fewer than two BV-sweep "
+                     "points of our kernel.")
     if isinstance(fit, dict) and fit:
         tab = fit["table"]
         lines.append(
