@@ -411,3 +411,24 @@ def test_ncu_targets():
     assert ts["ours"]["target"]["config"] == "BV16-w2-s1-t1"
     assert ts["ours-sweep-BV64-w4-s1-t1"]["config"] == "BV64-w4-s1-t1"
     assert all(t["target"]["B"] == 64 for t in ts.values())
+
+
+def test_run_writes_and_moves_into_place(tmp_path, capsys):
+    from kernels.experiments.common import start_run
+
+    params = dict(device="cpu", output_root=str(tmp_path), profile="smoke", x=1)
+    run = start_run("99_unit", params)
+    run.write_csv(pd.DataFrame(dict(a=[1])), "table")
+    run.show(dx.plot_heatmaps(_sweep(), gpu="g"), "heat")
+    run.show(None, "nothing")
+    run.skip("a step", "a reason")
+    assert not any(p.name == "99_unit" for p in tmp_path.rglob("99_unit"))  # not yet in place
+    final = run.finish()
+    assert final.name == "99_unit" and final.is_dir()
+    names = {p.name for p in final.iterdir()}
+    assert {"table.csv", "heat.png", "provenance.json", "skipped.csv"} <= names
+    import json
+    prov = json.loads((final / "provenance.json").read_text())
+    assert prov["params"]["x"] == 1 and prov["experiment"]["skipped"][0]["reason"] == "a reason"
+    out = capsys.readouterr().out
+    assert "SKIPPED a step: a reason" in out and "nothing: no figure" in out

@@ -212,20 +212,21 @@ class Run:
         res = self.writer.write_json(obj, name)
         return Path(res) if res is not None else self.dir / name
 
-    def show(self, fig, name: str):
-        """Save ``fig`` as ``<name>.png`` and display it once; ``fig`` None
-        (nothing to draw) prints that instead."""
+    def show(self, fig, name: str) -> None:
+        """Save ``fig`` as ``<name>.png`` and display that PNG once (whatever the
+        matplotlib backend: the runner uses Agg). ``fig`` None (nothing to draw)
+        prints that instead."""
         if fig is None:
             print(f"{name}: no figure (no data for it in this run)")
             return None
         path = self.save_fig(fig, name)
         try:
-            from IPython.display import display
+            from IPython.display import Image, display
 
-            display(fig)
+            display(Image(filename=str(path)))
         except ImportError:  # pragma: no cover - outside IPython
             pass
-        return path
+        return None
 
     def write_text(self, text: str, name: str) -> Path:
         p = self.dir / name
