@@ -1,0 +1,303 @@
+"""Every prefill variant against the float32 reference under the contest rule.
+
+CPU runs use the Triton interpreter (small head sizes, sequences <= ~300
+tokens; chunk size stays 64). GPU-only checks (T = 8192, sync-free on CUDA,
+graph replays) are marked ``gpu`` and skip with a reason elsewhere.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from unittest import mock
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.checks import check_outputs  # noqa: E402
+from kernels.prefill import (VARIANTS, clear_graph_cache, gdn_prefill, graph_cache_info,  # noqa: E402,E501
+                             launch_count_hint, make_prefill_impl, plan_fused)
+from kernels.prefill import graph as graph_mod  # noqa: E402
+from kernels.reference import prefill_reference  # noqa: E402
+from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+S16 = GDNShape(1, 2, 16)
+S32 = GDNShape(2, 4, 32)
+S128 = GDNShape(1, 2, 128)
+
+
+def _id(D, lens, cu, state, extra=""):
+    return (f"D{D}-lens[{','.join(map(str, lens))}]-{'int32' if cu == torch.int32 else 'int64'}"
+            f"-{'state' if state else 'nostate'}{extra}")
+
+
+CASES = [(S16, [1], torch.int64, True), (S16, [130], torch.int32, False),
+         (S32, [100, 0, 28], torch.int32, True), (S16, [64, 64, 5, 0], torch.int64, False),
+         (GDNShape(2, 2, 16), [3, 70], torch.int64, True)]
+CASE_PARAMS = [pytest.param(s, l, c, st, id=_id(s.head_dim, l, c, st,
+                                                  "-G1" if s.group == 1 else ""))
+               for s, l, c, st in CASES]
+
+
+@functools.lru_cache(maxsize=None)
+def _case(shape, lens, cu_dtype, with_state, seed=0):
+    x = make_prefill_inputs(list(lens), shape, seed=seed, cu_dtype=cu_dtype,
+                            with_state=with_state, device=DEV)
+    return x, prefill_reference(**x)
+
+
+def case(shape, lens, cu_dtype=torch.int64, with_state=True, seed=0):
+    return _case(shape, tuple(lens), cu_dtype, with_state, seed)
+
+
+def assert_ok(out, ref):
+    r = check_outputs(out, ref)
+    assert r.ok, f"{r.reason} (max abs {r.max_abs_err:.3e}, rel L2 {r.rel_l2_err:.3e})"
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:graph variant. no CUDA device")
+
+
+# --------------------------------------------------------------------------- variants
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape, lens, cu_dtype, with_state", CASE_PARAMS)
+def test_variant_matches_reference(variant, shape, lens, cu_dtype, with_state):
+    x, ref = case(shape, lens, cu_dtype, with_state)
+    before = {n: t.clone() for n, t in x.items() if torch.is_tensor(t)}
+    out = gdn_prefill(**x, variant=variant)
+    assert_ok(out, ref)
+    for n, t in before.items():
+        assert torch.equal(x[n], t), f"{variant} modified input {n}"
+
+
+@pytest.mark.parametrize("variant", ["unfused", "fused"])
+@pytest.mark.parametrize("lens, with_state", [
+    pytest.param([70], True, id=_id(128, [70], torch.int64, True)),
+    pytest.param([5, 64], False, id=_id(128, [5, 64], torch.int64, False)),
+])
+def test_variant_D128(variant, lens, with_state):
+    x, ref = case(S128, lens, torch.int64, with_state)
+    assert_ok(gdn_prefill(**x, variant=variant), ref)
+
+
+@pytest.mark.parametrize("variant", ["no_sync", "fused"])
+def test_scale_and_preallocated_outputs(variant):
+    x, _ = case(S16, [40, 0, 9], torch.int32, True)
+    x = dict(x, scale=0.3)
+    ref = prefill_reference(**x)
+    o = torch.full((49, 2, 16), float("nan"), dtype=torch.bfloat16, device=DEV)
+    st = torch.full((3, 2, 16, 16), float("nan"), device=DEV)
+    out = gdn_prefill(**x, variant=variant, output=o, output_state=st)
+    assert out[0] is o and out[1] is st
+    assert_ok(out, ref)
+
+
+def test_make_prefill_impl_calling_convention():
+    x, ref = case(S16, [1], torch.int64, True)
+    for variant in VARIANTS:
+        fn = make_prefill_impl(variant)
+        assert fn.variant == variant
+        assert_ok(fn(**x), ref)
+
+
+# --------------------------------------------------------------------------- context parallel
+
+@pytest.mark.parametrize("shape, lens, with_state", [
+    pytest.param(S16, [300, 0, 129, 1], True, id=_id(16, [300, 0, 129, 1], torch.int64, True)),
+    pytest.param(S32, [200], False, id=_id(32, [200], torch.int64, False)),
+])
+def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
+    x, ref = case(shape, lens, torch.int64, with_state)
+    off = gdn_prefill(**x, variant="fused", cp=False)
+    assert_ok(off, ref)
+    for seg in (1, 2):
+        on = gdn_prefill(**x, variant="fused", cp=seg)
+        assert_ok(on, ref)
+        torch.testing.assert_close(on[1], off[1], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(on[0].float(), off[0].float(), atol=1e-2, rtol=0)
+
+
+def test_context_parallel_rule():
+    """Documented rule: CP only for long average sequences that underfill the SMs."""
+    cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
+    assert plan_fused(8192, 1, 8, 128, cpu)[1] == 8       # 128 chunks -> 16 segments of 8
+    assert plan_fused(2048, 1, 8, 128, cpu)[1] == 4
+    assert plan_fused(1024, 1, 8, 128, cpu)[1] == 0       # too short
+    assert plan_fused(57 * 64, 57, 8, 128, cpu)[1] == 0   # many sequences: enough programs
+    assert plan_fused(8192, 1, 8, 128, cpu, cp=False)[1] == 0
+    assert plan_fused(6, 1, 8, 128, cpu, cp=True)[1] >= 2
+    assert plan_fused(8192, 1, 8, 128, cpu, cp=3)[1] == 3
+
+
+# --------------------------------------------------------------------------- graph variant
+
+def test_graph_bucket_reuse_and_padding():
+    """Calls in one bucket reuse its buffers; stale rows/sequences never leak."""
+    clear_graph_cache()
+    big, ref_big = case(S16, [90, 30, 7], torch.int64, True, seed=1)     # T=127, N=3
+    small, ref_small = case(S16, [100], torch.int64, True, seed=2)       # T=100, N=1
+    mid, ref_mid = case(S16, [60, 0, 50], torch.int64, True, seed=3)     # T=110, N=3
+    assert_ok(gdn_prefill(**big, variant="graph"), ref_big)
+    assert_ok(gdn_prefill(**mid, variant="graph"), ref_mid)      # same bucket (128, 4)
+    assert_ok(gdn_prefill(**small, variant="graph"), ref_small)  # bucket (128, 1)
+    info = graph_cache_info()
+    assert [(b["T_pad"], b["N_pad"]) for b in info] == [(128, 4), (128, 1)]
+    assert all(b["bytes"] > 0 for b in info)
+    assert all(b["captured"] == (DEV == "cuda") for b in info)
+    assert graph_mod.bucket_of(6, 1) == (64, 1) and graph_mod.bucket_of(8192, 57) == (8192, 64)
+    clear_graph_cache()
+    assert graph_cache_info() == []
+
+
+# --------------------------------------------------------------------------- no host sync
+
+_SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__",
+                 "__index__")
+_PREFILL_DIR = os.path.join("kernels", "prefill")
+
+
+@pytest.fixture
+def forbid_host_reads():
+    """Make any device-to-host read issued from kernels/prefill code raise."""
+    originals = {m: getattr(torch.Tensor, m) for m in _SYNC_METHODS}
+    calls = []
+
+    def guard(name):
+        orig = originals[name]
+
+        def wrapper(self, *args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if _PREFILL_DIR in caller:
+                calls.append((name, caller))
+                raise AssertionError(f"host read Tensor.{name} from {caller}")
+            return orig(self, *args, **kwargs)
+        return wrapper
+
+    with mock.patch.multiple(torch.Tensor, **{m: guard(m) for m in _SYNC_METHODS}):
+        yield calls
+
+
+@pytest.mark.parametrize("variant, options", [
+    pytest.param("no_sync", {}, id="no_sync"),
+    pytest.param("fused", {}, id="fused"),
+    pytest.param("fused", {"cp": 1}, id="fused-cp"),
+])
+def test_no_sync_variants_never_read_device_values(forbid_host_reads, variant, options):
+    x, ref = case(S16, [100, 0, 28], torch.int32, True)
+    out = gdn_prefill(**x, variant=variant, check_values=False, **options)
+    assert forbid_host_reads == []
+    assert_ok(out, ref)
+
+
+def test_host_sync_guard_catches_the_unfused_chunk_table(forbid_host_reads):
+    """The guard above is live: the host-built chunk table trips it."""
+    x, _ = case(S16, [100, 0, 28], torch.int32, True)
+    with pytest.raises(AssertionError, match="host read"):
+        gdn_prefill(**x, variant="unfused", check_values=False)
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+def _bad(name, value):
+    def edit(x):
+        x = dict(x)
+        x[name] = value(x) if callable(value) else value
+        return x
+    return edit
+
+
+BAD = [
+    pytest.param(_bad("q", lambda x: x["q"].float()), TypeError, "q", id="q-float32"),
+    pytest.param(_bad("v", lambda x: x["v"][:, :1].contiguous()), ValueError, "v",
+                 id="v-heads-not-multiple"),
+    pytest.param(_bad("cu_seqlens", lambda x: x["cu_seqlens"].float()), TypeError,
+                 "cu_seqlens", id="cu-float"),
+    pytest.param(_bad("cu_seqlens", lambda x: torch.tensor([0, 20, 10, 49],
+                                                          device=DEV)), ValueError,
+                 "cu_seqlens", id="cu-decreasing"),
+    pytest.param(_bad("cu_seqlens", lambda x: torch.tensor([0, 20, 30, 48], device=DEV)),
+                 ValueError, "cu_seqlens", id="cu-end-not-T"),
+    pytest.param(_bad("state", lambda x: x["state"][:2].contiguous()), ValueError, "state",
+                 id="state-wrong-N"),
+    pytest.param(_bad("a", lambda x: x["a"].float()), TypeError, "a", id="a-float32"),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("edit, exc, name", BAD)
+def test_bad_inputs_raise_named_error_and_leave_inputs(variant, edit, exc, name):
+    x, _ = case(S16, [20, 10, 19], torch.int64, True)
+    x = edit(x)
+    before = {n: t.clone() for n, t in x.items() if torch.is_tensor(t)}
+    with pytest.raises(exc, match=name):
+        gdn_prefill(**x, variant=variant, check_values=True)
+    for n, t in before.items():
+        assert torch.equal(x[n], t)
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    pytest.param(dict(variant="nope"), ValueError, "variant", id="unknown-variant"),
+    pytest.param(dict(variant="unfused", cp=True), ValueError, "cp", id="cp-on-unfused"),
+    pytest.param(dict(BV=24), ValueError, "BV", id="BV-not-pow2"),
+    pytest.param(dict(output=torch.empty(49, 2, 16)), TypeError, "output", id="output-dtype"),
+    pytest.param(dict(output_state=torch.empty(3, 2, 16, 8)), ValueError, "output_state",
+                 id="output_state-shape"),
+])
+def test_bad_options(kwargs, exc, match):
+    x, _ = case(S16, [20, 10, 19], torch.int64, True)
+    kwargs = {n: (t.to(DEV) if torch.is_tensor(t) else t) for n, t in kwargs.items()}
+    with pytest.raises(exc, match=match):
+        gdn_prefill(**x, **kwargs)
+
+
+# --------------------------------------------------------------------------- launch counts
+
+def test_launch_count_hint():
+    hints = {v: launch_count_hint(v, T=64, N=1) for v in VARIANTS}
+    assert hints["fused"]["kernels"] <= 3 and hints["fused"]["syncs"] == 0
+    assert hints["no_sync"]["syncs"] == 0 and hints["no_sync"]["copies"] == 0
+    assert hints["unfused"]["syncs"] > 0 and hints["unfused"]["torch_ops"] == 8
+    assert hints["graph"]["graph_launches"] == 1
+    assert launch_count_hint("fused", T=8192, N=1, device="cpu")["cp"] is True
+    assert launch_count_hint("fused", T=8192, N=1, device="cpu")["kernels"] == 4
+    with pytest.raises(ValueError):
+        launch_count_hint("nope")
+
+
+# --------------------------------------------------------------------------- GPU only
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["fused", "graph", "no_sync"])
+def test_gpu_contest_shape_T8192(variant):
+    x, ref = case(GDNShape(4, 8, 128), [8192], torch.int64, True)
+    assert_ok(gdn_prefill(**x, variant=variant), ref)
+    assert_ok(gdn_prefill(**x, variant=variant), ref)   # graph: the replay
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", [[6], [64], [64] * 57, [100, 28], [1024] * 4, [2048]],
+                         ids=["T6", "T64", "57x64", "100+28", "4x1024", "T2048"])
+def test_gpu_contest_shapes_fused_and_cp(lens):
+    x, ref = case(GDNShape(4, 8, 128), lens, torch.int64, True)
+    assert_ok(gdn_prefill(**x, variant="fused"), ref)
+    assert_ok(gdn_prefill(**x, variant="fused", cp=True), ref)
+
+
+@pytest.mark.gpu
+def test_gpu_no_sync_under_cuda_sync_debug_mode():
+    x, ref = case(GDNShape(4, 8, 128), [100, 0, 28], torch.int32, True)
+    gdn_prefill(**x, variant="fused")   # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out_ns = gdn_prefill(**x, variant="no_sync")
+        out_f = gdn_prefill(**x, variant="fused")
+        out_cp = gdn_prefill(**x, variant="fused", cp=1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for out in (out_ns, out_f, out_cp):
+        assert_ok(out, ref)

@@ -1,0 +1,254 @@
+"""Each prefill stage alone against a float64 PyTorch formulation of the same stage.
+
+The float64 formulations below restate the math of each module's docstring
+with explicit per-chunk loops (and ``torch.linalg`` for the solve), so a
+stage can be read and checked without the others. Small shapes: the kernels
+run on the Triton interpreter on CPU.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernels.prefill import chunk_index, context_parallel, gates, intra_chunk, output  # noqa: E402
+from kernels.prefill import state_walk  # noqa: E402
+from kernels.spec import GDNShape, make_prefill_inputs, resolve_scale  # noqa: E402
+
+BT = chunk_index.BT
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+CASES = [
+    pytest.param([100, 0, 28], GDNShape(1, 2, 16), torch.int64, id="D16-lens[100,0,28]-int64"),
+    pytest.param([130, 1], GDNShape(2, 4, 32), torch.int32, id="D32-lens[130,1]-int32"),
+    pytest.param([64, 5, 0], GDNShape(2, 2, 16), torch.int32, id="D16-G1-lens[64,5,0]-int32"),
+]
+
+
+# --------------------------------------------------------------------------- float64 stages
+
+def chunks(cu, block=BT):
+    """(n, c, start, end) of every block of every sequence."""
+    bounds = cu.tolist()
+    for n in range(len(bounds) - 1):
+        for c, s in enumerate(range(bounds[n], bounds[n + 1], block)):
+            yield n, c, s, min(s + block, bounds[n + 1])
+
+
+def ref_gates(x):
+    g = -torch.exp(x["A_log"].double()) * F.softplus(x["a"].double() + x["dt_bias"].double())
+    beta = torch.sigmoid(x["b"].double())
+    gc = torch.empty_like(g)
+    for _, _, s, e in chunks(x["cu_seqlens"]):
+        gc[s:e] = g[s:e].cumsum(0)
+    return g, beta, gc
+
+
+def expand(t, group):
+    return t.double().repeat_interleave(group, dim=1)
+
+
+def ref_wy(k, v, gc, beta, cu):
+    """w = (I + A)^-1 (beta exp(gc) k), u = (I + A)^-1 (beta v) per chunk and head."""
+    w = torch.zeros(k.shape[0], v.shape[1], k.shape[2], dtype=torch.float64)
+    u = torch.zeros(v.shape, dtype=torch.float64)
+    for _, _, s, e in chunks(cu):
+        for h in range(v.shape[1]):
+            kk, g, bb = k[s:e, h], gc[s:e, h], beta[s:e, h]
+            A = torch.tril(bb[:, None] * (kk @ kk.T) * torch.exp(g[:, None] - g[None, :]), -1)
+            Ti = torch.eye(e - s, dtype=torch.float64) + A
+            w[s:e, h] = torch.linalg.solve_triangular(
+                Ti, kk * (bb * torch.exp(g))[:, None], upper=False)
+            u[s:e, h] = torch.linalg.solve_triangular(Ti, v[s:e, h].double() * bb[:, None],
+                                                      upper=False)
+    return w, u
+
+
+def ref_walk(k, w, u, gc, h0, cu):
+    """Chunk states (at their slots), residuals and final states (k-last)."""
+    T, H, K = w.shape
+    V = u.shape[2]
+    N = cu.numel() - 1
+    h = torch.full((chunk_index.num_slots(T, N), H, K, V), float("nan"), dtype=torch.float64)
+    v_new = torch.zeros(T, H, V, dtype=torch.float64)
+    S = (h0.double().transpose(-1, -2).clone() if h0 is not None
+         else torch.zeros(N, H, K, V, dtype=torch.float64))
+    bounds = cu.tolist()
+    for n, c, s, e in chunks(cu):
+        slot = bounds[n] // BT + n + c
+        for hh in range(H):
+            h[slot, hh] = S[n, hh]
+            vn = u[s:e, hh] - w[s:e, hh] @ S[n, hh]
+            v_new[s:e, hh] = vn
+            gl = gc[e - 1, hh]
+            kd = k[s:e, hh] * torch.exp(gl - gc[s:e, hh])[:, None]
+            S[n, hh] = torch.exp(gl) * S[n, hh] + kd.T @ vn
+    return h, v_new, S.transpose(-1, -2)
+
+
+def ref_output(q, k, gc, h, v_new, cu, scale):
+    o = torch.zeros(v_new.shape, dtype=torch.float64)
+    bounds = cu.tolist()
+    for n, c, s, e in chunks(cu):
+        slot = bounds[n] // BT + n + c
+        for hh in range(v_new.shape[1]):
+            qq, kk, g = q[s:e, hh], k[s:e, hh], gc[s:e, hh]
+            A = torch.tril((qq @ kk.T) * torch.exp(g[:, None] - g[None, :]))
+            o[s:e, hh] = scale * (torch.exp(g)[:, None] * (qq @ h[slot, hh]) + A @ v_new[s:e, hh])
+    return o
+
+
+def assert_close(actual, expected, tol, name):
+    err = (actual.double().cpu() - expected).abs().max().item() if expected.numel() else 0.0
+    assert err <= tol, f"{name}: max abs error {err:.3e} > {tol:.1e}"
+
+
+def make(lens, shape, cu_dtype, with_state=True):
+    return make_prefill_inputs(lens, shape, seed=3, cu_dtype=cu_dtype, with_state=with_state,
+                               device=DEV)
+
+
+# --------------------------------------------------------------------------- chunk index
+
+@pytest.mark.parametrize("lens", [
+    pytest.param([100, 0, 28, 64, 1], id="lens[100,0,28,64,1]"),
+    pytest.param([0, 0], id="lens[0,0]"),
+    pytest.param([64, 128, 63, 65], id="lens[64,128,63,65]"),
+])
+@pytest.mark.parametrize("block", [64, 128], ids=["BT64", "SEG128"])
+def test_chunk_index_host_table_and_slots(lens, block):
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+    table = chunk_index.prepare_chunk_indices(cu, block).cpu().tolist()
+    expect = [[n, c] for n, c, _, _ in chunks(cu.cpu(), block)]
+    assert table == expect
+    T, N = sum(lens), len(lens)
+    slots = [cu[n].item() // block + n + c for n, c in expect]
+    assert len(set(slots)) == len(slots), "slot rule must be injective"
+    assert all(0 <= s < chunk_index.num_slots(T, N, block) for s in slots)
+
+
+def test_chunk_index_device_lookup_matches_table():
+    """The no-sync grid: every real (sequence, chunk) found once, gap programs exit."""
+    lens = [100, 0, 28, 64, 1, 0, 200]
+    x = make(lens, GDNShape(1, 1, 16), torch.int32)
+    cu = x["cu_seqlens"]
+    g = torch.randn(sum(lens), 1, device=DEV)
+    by_table = gates.chunk_cumsum(g, cu, chunk_indices=chunk_index.prepare_chunk_indices(cu))
+    by_lookup = gates.chunk_cumsum(g, cu)
+    torch.testing.assert_close(by_lookup, by_table, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- stages
+
+@pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
+def test_gates_stage(lens, shape, cu_dtype):
+    x = make(lens, shape, cu_dtype)
+    g, beta, gc = ref_gates({n: t.cpu() for n, t in x.items() if torch.is_tensor(t)})
+    gc_k, beta_k = gates.chunk_gates(x["A_log"], x["a"], x["dt_bias"], x["b"], x["cu_seqlens"])
+    assert_close(beta_k, beta, 1e-6, "beta")
+    assert_close(gc_k, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (fused gates)")
+    g_t, beta_t = gates.gates_torch(x["A_log"], x["a"], x["dt_bias"], x["b"])
+    assert_close(beta_t, beta, 1e-6, "beta (torch)")
+    gc_t = gates.chunk_cumsum(g_t, x["cu_seqlens"])
+    assert_close(gc_t, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (cumsum)")
+
+
+@pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
+def test_intra_chunk_stage(lens, shape, cu_dtype):
+    x = make(lens, shape, cu_dtype)
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
+    _, beta, gc = ref_gates(cpu)
+    k = expand(cpu["k"], shape.group)
+    w_ref, u_ref = ref_wy(k, cpu["v"], gc, beta, cpu["cu_seqlens"])
+    # from precomputed gates, fp32 storage: only the kernel's arithmetic differs
+    w, u = intra_chunk.intra_chunk(x["k"], x["v"], gc.float().to(DEV), beta.float().to(DEV),
+                                   x["cu_seqlens"], wu_dtype=torch.float32)
+    assert_close(w, w_ref, 1e-4, "w")
+    assert_close(u, u_ref, 1e-4 * max(1.0, u_ref.abs().max().item()), "u")
+    # raw gates fused in (the fused variant's first kernel), default storage dtypes
+    w2, u2, gc2 = intra_chunk.intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], a=x["a"],
+                                              b=x["b"], A_log=x["A_log"],
+                                              dt_bias=x["dt_bias"])
+    assert w2.dtype == intra_chunk.W_DTYPE and u2.dtype == intra_chunk.U_DTYPE
+    assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (fused in)")
+    assert_close(w2, w_ref, 1e-2, "w (fused gates, bf16)")
+    assert_close(u2, u_ref, 1e-4 * max(1.0, u_ref.abs().max().item()), "u (fused gates)")
+
+
+@pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
+@pytest.mark.parametrize("with_state", [True, False], ids=["state", "nostate"])
+def test_state_walk_stage(lens, shape, cu_dtype, with_state):
+    x = make(lens, shape, cu_dtype, with_state)
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
+    _, beta, gc = ref_gates(cpu)
+    k = expand(cpu["k"], shape.group)
+    w, u = ref_wy(k, cpu["v"], gc, beta, cpu["cu_seqlens"])
+    h_ref, vn_ref, ht_ref = ref_walk(k, w, u, gc, cpu["state"], cpu["cu_seqlens"])
+    h, v_new, ht = state_walk.state_walk(x["k"], w.float().to(DEV), u.float().to(DEV),
+                                         gc.float().to(DEV), x["cu_seqlens"], x["state"])
+    real = ~torch.isnan(h_ref[:, 0, 0, 0])   # gap slots are never written
+    assert_close(h[real.to(h.device)], h_ref[real], 1e-4, "h (chunk states)")
+    assert_close(v_new, vn_ref, 1e-4, "v_new")
+    assert_close(ht, ht_ref, 1e-4, "final state")
+
+
+@pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
+def test_output_stage(lens, shape, cu_dtype):
+    x = make(lens, shape, cu_dtype)
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
+    _, beta, gc = ref_gates(cpu)
+    k = expand(cpu["k"], shape.group)
+    q = expand(cpu["q"], shape.group)
+    w, u = ref_wy(k, cpu["v"], gc, beta, cpu["cu_seqlens"])
+    h, v_new, _ = ref_walk(k, w, u, gc, cpu["state"], cpu["cu_seqlens"])
+    scale = resolve_scale(None, shape.head_dim)
+    o_ref = ref_output(q, k, gc, torch.nan_to_num(h), v_new, cpu["cu_seqlens"], scale)
+    o = output.chunk_output_stage(x["q"], x["k"], gc.float().to(DEV),
+                                  torch.nan_to_num(h).float().to(DEV), v_new.float().to(DEV),
+                                  x["cu_seqlens"], scale)
+    assert o.dtype == torch.bfloat16
+    assert_close(o, o_ref, 1e-2 * max(1.0, o_ref.abs().max().item()), "o")
+
+
+@pytest.mark.parametrize("seg_chunks", [1, 2], ids=["SEG1", "SEG2"])
+def test_context_parallel_summary_and_combine(seg_chunks):
+    """Phase A gives each segment's affine map; phase B the true entering states."""
+    lens, shape = [300, 0, 129, 1], GDNShape(1, 2, 16)
+    x = make(lens, shape, torch.int64)
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
+    _, beta, gc = ref_gates(cpu)
+    k = expand(cpu["k"], shape.group)
+    w, u = ref_wy(k, cpu["v"], gc, beta, cpu["cu_seqlens"])
+    cu = cpu["cu_seqlens"]
+    T, N, H, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
+    seg_t = seg_chunks * BT
+    S = chunk_index.num_slots(T, N, seg_t)
+    summ = torch.full((S, H, D, 2 * D), float("nan"), device=DEV)
+    s0 = torch.full((S, H, D, D), float("nan"), device=DEV)
+    wf, uf, gcf = (t.float().to(DEV) for t in (w, u, gc))
+    state_walk.state_walk_fwd(x["k"], wf, uf, gcf, x["cu_seqlens"], summary=summ, seg_t=seg_t,
+                              BV=16)
+    context_parallel.segment_combine_fwd(summ, s0, x["cu_seqlens"], x["state"], seg_t=seg_t,
+                                         T=T, BV=16)
+    # float64: walk each segment from [I | 0] and from the true state
+    h_ref, _, _ = ref_walk(k, w, u, gc, cpu["state"], cu)   # states at chunk slots
+    bounds = cu.tolist()
+    for n, s, start, end in chunks(cu, seg_t):
+        slot = bounds[n] // seg_t + n + s
+        chunk_slot = bounds[n] // BT + n + (start - bounds[n]) // BT
+        assert_close(s0[slot], h_ref[chunk_slot], 1e-4, f"entering state seq {n} seg {s}")
+        if end < bounds[n + 1]:  # not the last segment: check the transition
+            S_in = torch.randn(H, D, D, dtype=torch.float64)
+            cu_one = torch.tensor([0, end - start])
+            _, _, S_out = ref_walk(k[start:end], w[start:end], u[start:end], gc[start:end],
+                                   S_in.transpose(-1, -2)[None], cu_one)
+            M, X = summ[slot, :, :, :D].double().cpu(), summ[slot, :, :, D:].double().cpu()
+            assert_close(M @ S_in + X, S_out[0].transpose(-1, -2), 1e-4,
+                         f"transition seq {n} seg {s}")
+    # empty sequence: segment 0 hands the initial state through
+    assert_close(s0[bounds[1] // seg_t + 1], cpu["state"][1].double().transpose(-1, -2), 0,
+                 "empty sequence")
