@@ -23,6 +23,12 @@ as ``<output_root>/<gpu-slug>/failed-<stem>.ipynb`` (the last good results
 stay untouched), goes on with the next notebook unless ``--fail-fast``, and
 exits non-zero.
 
+The kernel (Jupyter ``python3``, run in the notebook's folder) inherits:
+``TRITON_INTERPRET`` (1 without a CUDA GPU unless set, as the Makefile does),
+the repository on ``PYTHONPATH``, ``MPLBACKEND=Agg`` (the notebooks display
+the PNGs they save) and ``JUPYTER_PREFER_ENV_PATH=1`` (this environment's
+kernelspec wins over a user-wide one).
+
 Importing this module imports neither torch nor papermill.
 """
 from __future__ import annotations
