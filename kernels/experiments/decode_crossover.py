@@ -60,8 +60,9 @@ PARAMS = COMMON_PARAMS + (
           "timing methods (cupti_cold, graph, event; cpu_wall is interpreter plumbing only)"),
     Param("sweep_BV", "list", [8, 16, 32, 64, 128], "config sweep: BV values"),
     Param("sweep_num_warps", "list", [1, 2, 4, 8], "config sweep: num_warps values"),
-    Param("sweep_num_stages", "list", [1, 2], "config sweep: num_stages values"),
+    Param("sweep_num_stages", "list", [1], "config sweep: num_stages values"),
     Param("sweep_V_TILES", "list", [1, 2, 4], "config sweep: V_TILES values (tiles per program)"),
+    Param("sweep_BK", "list", [16, 32, 128], "config sweep: BK values (K chunk width of the thread layout)"),
     Param("sweep_PREFETCH", "list", [False, True], "config sweep: PREFETCH values (V_TILES > 1 only)"),
     Param("sweep_method", "str", "cupti_cold", "timing method of the config sweep"),
     Param("sweep_repetitions", "int", 30, "timed calls per config of the sweep"),
@@ -123,11 +124,12 @@ def config_grid_from_params(params: dict) -> list:
     """The sweep's valid configs (:func:`kernels.decode.config_grid`)."""
     from kernels import decode
 
-    return list(decode.config_grid(
-        BVs=tuple(params["sweep_BV"]), warps=tuple(params["sweep_num_warps"]),
-        stages=tuple(params["sweep_num_stages"]), v_tiles=tuple(params["sweep_V_TILES"]),
-        prefetch=tuple(bool(x) for x in params["sweep_PREFETCH"]),
-        head_dim=params["head_dim"]))
+    levers = dict(BVs=tuple(params["sweep_BV"]), warps=tuple(params["sweep_num_warps"]),
+                  stages=tuple(params["sweep_num_stages"]), v_tiles=tuple(params["sweep_V_TILES"]),
+                  BKs=tuple(params["sweep_BK"]),
+                  prefetch=tuple(bool(x) for x in params["sweep_PREFETCH"]),
+                  head_dim=params["head_dim"])
+    return list(decode.config_grid(**levers))
 
 
 def _ours(config):
@@ -324,12 +326,13 @@ def plot_heatmaps(sweep: pd.DataFrame, *, gpu: str = ""):
     for ax in axes.flat[len(Bs):]:
         ax.set_axis_off()
     method = sweep.method.iloc[0] if len(sweep) else ""
+    worst = sweep.groupby("B").median_us.agg(lambda x: x.max() / x.min())
+    vmax = float(min(3.0, max(1.5, worst.max())))  # one colour scale for every panel
     for ax, B in zip(axes.flat, Bs):
         s = sweep[sweep.B == B]
         piv = s.pivot_table(index="BV", columns="num_warps", values="median_us", aggfunc="min")
         best = float(np.nanmin(piv.values))
-        im = ax.imshow(piv.values / best, cmap="viridis_r", vmin=1.0,
-                       vmax=max(1.5, float(np.nanmax(piv.values / best))), aspect="auto")
+        im = ax.imshow(piv.values / best, cmap="viridis_r", vmin=1.0, vmax=vmax, aspect="auto")
         ax.set_xticks(range(len(piv.columns)), [str(c) for c in piv.columns])
         ax.set_yticks(range(len(piv.index)), [str(i) for i in piv.index])
         ax.set_xlabel("num_warps")
@@ -343,7 +346,8 @@ def plot_heatmaps(sweep: pd.DataFrame, *, gpu: str = ""):
                             color="white" if v / best > 1.25 else "black")
         bc = s.loc[s.median_us.idxmin(), "config"]
         ax.set_title(f"B={B}: best {bc}", fontsize=9)
-    fig.colorbar(im, ax=axes.ravel().tolist(), label="time / best at this B", shrink=0.8)
+    fig.colorbar(im, ax=axes.ravel().tolist(), label=f"time / best at this B (capped at {vmax:.2g})",
+                 shrink=0.8)
     fig.suptitle(f"Decode config sweep, µs, method: {method} — {gpu}{_cpu_notes([method])}")
     return fig
 
