@@ -56,6 +56,9 @@ SPECS = (
 
 
 NUMERIC_KEYS = ("B", "T", "N")
+# matched on too when both sets have it: the notebook's name of the implementation
+# (``ours-adaptive``, ``ours-fla-like``, ``fla`` ...), finer than ``impl``
+OPTIONAL_KEYS = ("label",)
 
 # --------------------------------------------------------------------------- loading
 
@@ -80,7 +83,8 @@ def load_set(root: Path, spec: NotebookSpec):
     missing = [c for c in spec.keys + (spec.value,) if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: missing columns {', '.join(missing)}")
-    for k in spec.keys:  # one key type on both sides, or rows would never match
+    for k in spec.keys + tuple(k for k in OPTIONAL_KEYS if k in df.columns):
+        # one key type on both sides, or rows would never match
         if k in NUMERIC_KEYS:
             df[k] = pd.to_numeric(df[k], errors="raise")
         else:  # NaN (e.g. no config for a peer) -> ""; "6" and 6 alike
@@ -96,13 +100,14 @@ def ratio_table(a, b, spec: NotebookSpec, labels: Tuple[str, str]):
 
     la, lb = labels
     cols = [c for c in (spec.value,) + spec.extra]
+    keys = list(spec.keys) + [k for k in OPTIONAL_KEYS if k in a.columns and k in b.columns]
 
     def prep(df):
         df = df.copy()
-        df["_occurrence"] = df.groupby(list(spec.keys), sort=False, dropna=False).cumcount()
-        return df[list(spec.keys) + ["_occurrence"] + [c for c in cols if c in df.columns]]
+        df["_occurrence"] = df.groupby(keys, sort=False, dropna=False).cumcount()
+        return df[keys + ["_occurrence"] + [c for c in cols if c in df.columns]]
 
-    merged = prep(a).merge(prep(b), on=list(spec.keys) + ["_occurrence"], how="inner",
+    merged = prep(a).merge(prep(b), on=keys + ["_occurrence"], how="inner",
                            suffixes=(f" [{la}]", f" [{lb}]"))
     va, vb = merged[f"{spec.value} [{la}]"], merged[f"{spec.value} [{lb}]"]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -144,11 +149,14 @@ def _plot_decode(sets, labels, fig_factory):
     methods = sorted(set().union(*(set(d.method) for d in sets)))
     fig, axes = fig_factory(len(methods))
     xs = sorted(set().union(*(set(d.B) for d in sets)))
+    names = sorted(set().union(*(set(d["label"] if "label" in d.columns else d.impl) for d in sets)))
+    color = {n: f"C{i % 10}" for i, n in enumerate(names)}
     for ax, method in zip(axes, methods):
         for df, lab in zip(sets, labels):
-            d = _best_per_point(df[df.method == method].dropna(subset=["median_us"]), ["impl"], "B")
-            for i, (impl, g) in enumerate(d.groupby("impl", sort=True)):
-                line, = ax.plot(g.B, g.median_us, label=f"{impl} [{lab}]", color=f"C{i}",
+            name = "label" if "label" in df.columns else "impl"
+            d = _best_per_point(df[df.method == method].dropna(subset=["median_us"]), [name], "B")
+            for impl, g in d.groupby(name, sort=True):
+                line, = ax.plot(g.B, g.median_us, label=f"{impl} [{lab}]", color=color[impl],
                                 **_styles(labels)[lab])
                 if {"p20_us", "p80_us"} <= set(g.columns):
                     ax.fill_between(g.B, g.p20_us, g.p80_us, color=line.get_color(), alpha=0.12)
@@ -157,6 +165,7 @@ def _plot_decode(sets, labels, fig_factory):
                 ax.plot(fl.index, fl.values, color="k", lw=0.8, ls=_styles(labels)[lab]["ls"],
                         label=f"bandwidth floor [{lab}]")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.set_xlabel("batch size B")
         ax.set_ylabel("median time per call (µs)")

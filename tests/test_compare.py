@@ -173,3 +173,16 @@ def test_cli_in_subprocess(two_sets):
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert (out / "README.md").exists()
+
+
+def test_label_column_is_matched_when_both_sides_have_it():
+    """``ours-adaptive`` may pick the FLA-like config: same impl/config/B/method, other label."""
+    spec = compare.SPECS[0]
+    rows = dict(impl="ours", config="BV8-w1-s1-t1", B=[4, 4], method="graph",
+                label=["ours-fla-like", "ours-adaptive"])
+    a = pd.DataFrame(dict(rows, median_us=[10.0, 20.0]))
+    b = pd.DataFrame(dict(rows, label=["ours-adaptive", "ours-fla-like"], median_us=[40.0, 30.0]))
+    t = compare.ratio_table(a, b, spec, ("A", "B"))
+    assert "occurrence" not in t.columns
+    got = dict(zip(t.label, t.iloc[:, -1]))
+    assert got == {"ours-fla-like": 3.0, "ours-adaptive": 2.0}
