@@ -75,16 +75,14 @@ def test_profiles_only_set_known_parameters(profile):
     if not path.exists():
         pytest.skip(f"{path} not there yet")
     doc = yaml.safe_load(path.read_text()) or {}
-    common = {"device", "output_root", "profile"}
-    for key in doc.get("defaults") or {}:
-        for stem, module in STEMS.items():
-            mod = importlib.import_module(f"kernels.experiments.{module}")
-            # defaults go to every notebook: papermill ignores unknown ones, but ours should exist
-            del mod
     for stem, module in STEMS.items():
         mod = importlib.import_module(f"kernels.experiments.{module}")
         names = {p.name for p in mod.PARAMS}
+        assert {"device", "output_root", "profile"} <= names
         vals = doc.get(stem) or {}
         unknown = set(vals) - names
         assert not unknown, f"{profile}.yaml sets unknown parameters of {stem}: {unknown}"
-        assert common <= names
+        types = {p.name: p.type for p in mod.PARAMS}
+        for name, value in vals.items():
+            want = {"int": int, "str": str, "bool": bool, "list": list, "float": (int, float)}
+            assert isinstance(value, want[types[name]]), (stem, name, value)

@@ -65,7 +65,7 @@ PARAMS = COMMON_PARAMS + (
     Param("sweep_BK", "list", [16, 32, 128], "config sweep: BK values (K chunk width of the thread layout)"),
     Param("sweep_PREFETCH", "list", [False, True], "config sweep: PREFETCH values (V_TILES > 1 only)"),
     Param("sweep_method", "str", "cupti_cold", "timing method of the config sweep"),
-    Param("sweep_repetitions", "int", 30, "timed calls per config of the sweep"),
+    Param("sweep_repetitions", "int", 20, "timed calls per config of the sweep"),
     Param("speedup_baselines", "list", ["flashinfer", "fla"],
           "implementations the speedup/crossover figure compares against"),
     Param("repetitions", "int", 100, "timed calls per point"),
