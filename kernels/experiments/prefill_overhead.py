@@ -65,7 +65,8 @@ PARAMS = COMMON_PARAMS + (
 )
 
 TIMES_COLUMNS = ["impl", "variant", "lens", "T", "N", "method", "median_us", "launches",
-                 "p20_us", "p80_us", "n", "busy_us", "span_us", "idle_frac", "gpu", "label"]
+                 "p20_us", "p80_us", "n", "busy_us", "span_us", "idle_frac", "largest_gap_us",
+                 "gpu", "label"]
 
 
 def collect_params(namespace: dict) -> dict:
@@ -294,6 +295,7 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
             base = dict(impl=impl, variant=variant, lens=lab, T=sum(lens), N=len(lens),
                         launches=summ.get("launches", np.nan), busy_us=summ.get("busy_us", np.nan),
                         span_us=summ.get("span_us", np.nan), idle_frac=summ.get("idle_frac", np.nan),
+                        largest_gap_us=max(summ.get("largest_gaps_us") or [np.nan]),
                         gpu=run.gpu, label=label)
             for method in methods:
                 try:
@@ -317,7 +319,8 @@ def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
     t = times[times.method == method] if method in set(times.method) else times
     if lens is not None:
         t = t[t.lens == lens]
-    cols = ["label", "lens", "launches", "busy_us", "span_us", "idle_frac", "median_us"]
+    cols = ["label", "lens", "launches", "busy_us", "span_us", "idle_frac", "largest_gap_us",
+            "median_us"]
     return t[cols].drop_duplicates(["label", "lens"]).reset_index(drop=True)
 
 
@@ -520,8 +523,10 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     ov = overhead_table(times, lens0, method)
     if len(ov):
         items = [f"{r.label}: {_pct(r.idle_frac)} idle, {r.launches:.0f} launches, "
-                 f"busy {fmt_us(r.busy_us)} of a {fmt_us(r.span_us)} span; {method} "
-                 f"{fmt_us(r.median_us)}" for r in ov.itertuples()]
+                 f"busy {fmt_us(r.busy_us)} of a {fmt_us(r.span_us)} span"
+                 + (f" (largest gap {fmt_us(r.largest_gap_us)})"
+                    if np.isfinite(r.largest_gap_us) else "")
+                 + f"; {method} {fmt_us(r.median_us)}" for r in ov.itertuples()]
         lines.append(f"**One call at lens={lens0}:**\n" + "\n".join(f"- {i}" for i in items))
         unf = ov[ov.label == "ours-unfused"]
         if len(unf):
