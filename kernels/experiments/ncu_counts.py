@@ -223,7 +223,12 @@ def fixture_target(path, default_B: int, kernels: Sequence[str] = ()) -> dict:
 
 
 def load_fixtures(run: Run) -> pd.DataFrame:
-    """Parse the fixture CSVs with :func:`kernels.bench.ncu.parse_ncu_csv`."""
+    """Parse the fixture CSVs with :func:`kernels.bench.ncu.parse_ncu_csv`.
+
+    One file per target (label and B): when several files map to the same
+    one, a GPU recording (``ncu_decode_<impl>_B<B>_<gpu>.csv``) wins over a
+    synthetic file, and the others are reported as skipped.
+    """
     from kernels.bench.ncu import parse_ncu_csv
 
     pat = run.params["fixture_glob"]
@@ -231,21 +236,33 @@ def load_fixtures(run: Run) -> pd.DataFrame:
     if not files:
         run.skip("ncu fixtures", f"no files match {pat}")
         return pd.DataFrame(columns=METRIC_COLUMNS)
-    print(f"NOT A MEASUREMENT: parsing {len(files)} committed fixture file(s) instead "
-          f"({', '.join(Path(f).name for f in files)}); the numbers below are the fixture's, "
-          f"not this machine's.")
-    frames = []
+    parsed = []
     for f in files:
         raw = parse_ncu_csv(Path(f).read_text())
         t = fixture_target(Path(f), run.params["B"], list(raw.get("kernel", [])))
-        print(f"  {Path(f).name}: {t['label']} ({t['config']}), B={t['B']}, "
+        recorded = bool(_RECORDED_RE.match(Path(f).name))
+        parsed.append((not recorded, Path(f), raw, t))
+    chosen = {}
+    for rank, f, raw, t in sorted(parsed, key=lambda x: (x[0], x[1].name)):
+        key = (t["label"], t["B"])
+        if key in chosen:
+            run.skip(f"fixture {f.name}", f"{t['label']} at B={t['B']} already comes from "
+                                         f"{chosen[key][0].name}")
+            continue
+        chosen[key] = (f, raw, t)
+    print(f"NOT A MEASUREMENT: parsing {len(chosen)} committed fixture file(s) instead; "
+          f"the numbers below are the fixture's, not this machine's:")
+    frames = []
+    (run.path("raw")).mkdir(exist_ok=True)
+    for f, raw, t in chosen.values():
+        print(f"  {f.name}: {t['label']} ({t['config']}), B={t['B']}, "
               f"{raw['kernel'].nunique() if 'kernel' in raw else 0} kernel(s)")
         frames.append(tidy(raw, impl=t["impl"], config=t["config"], B=t["B"], label=t["label"],
-                           source=f"fixture:{Path(f).name}"))
-        (run.path("raw")).mkdir(exist_ok=True)
-        (run.path("raw") / Path(f).name).write_text(Path(f).read_text())
+                           source=f"fixture:{f.name}"))
+        (run.path("raw") / f.name).write_text(f.read_text())
     df = pd.concat(frames, ignore_index=True)
-    run.extra_provenance["ncu_source"] = "fixtures: " + ", ".join(Path(f).name for f in files)
+    run.extra_provenance["ncu_source"] = "fixtures: " + ", ".join(f.name for f, _, _ in
+                                                                    chosen.values())
     _write(run, df)
     return df
 
@@ -291,7 +308,14 @@ def state_bytes(B: int, num_v_heads: int = 8, head_dim: int = 128) -> int:
 
 
 def per_state_byte(totals: pd.DataFrame, num_v_heads: int = 8, head_dim: int = 128) -> pd.DataFrame:
-    """Executed instructions and DRAM bytes (read + write) per state byte."""
+    """Executed instructions and DRAM bytes per state byte.
+
+    ``state_bytes`` counts the state read + written (:func:`state_bytes`);
+    ``dram_per_state_byte`` = DRAM (read + write) / that, and separately
+    ``dram_read_per_state`` / ``dram_write_per_state`` against one copy of
+    the state. ncu counts DRAM traffic during the kernel: written lines still
+    in L2 when it ends are not counted, so the write ratio can be below 1.
+    """
     t = totals.copy()
     sb = t.B.map(lambda b: state_bytes(b, num_v_heads, head_dim))
     t["state_bytes"] = sb
@@ -299,9 +323,12 @@ def per_state_byte(totals: pd.DataFrame, num_v_heads: int = 8, head_dim: int = 1
     if DRAM_READ in t and DRAM_WRITE in t:
         t["dram_bytes"] = t[DRAM_READ] + t[DRAM_WRITE]
         t["dram_per_state_byte"] = t.dram_bytes / sb
+        t["dram_read_per_state"] = t[DRAM_READ] / (sb / 2)
+        t["dram_write_per_state"] = t[DRAM_WRITE] / (sb / 2)
     else:
-        t["dram_bytes"] = np.nan
-        t["dram_per_state_byte"] = np.nan
+        for c in ("dram_bytes", "dram_per_state_byte", "dram_read_per_state",
+                  "dram_write_per_state"):
+            t[c] = np.nan
     return t
 
 
@@ -418,6 +445,10 @@ def plot_per_state_byte(psb: pd.DataFrame):
         ax.set_title(title, fontsize=9)
         if col == "dram_per_state_byte":
             ax.axhline(1.0, color="k", ls="--", lw=0.8)
+            rd = t["dram_read_per_state"].to_numpy(float) / 2  # the read half of the bar
+            ax.bar(range(len(t)), rd, fill=False, hatch="//", edgecolor="k", lw=0,
+                   label="of which reads")
+            ax.legend(fontsize=7)
     fig.suptitle("Work and traffic per byte of state" + _source_note(psb))
     return fig
 
@@ -457,6 +488,36 @@ def _ratio(t: pd.DataFrame, num: str, den: str, col: str) -> float:
     return float(a[col].iloc[0]) / float(b[col].iloc[0])
 
 
+def _dram_verdict(main: pd.DataFrame) -> str:
+    """What DRAM reads and writes per copy of the state say (see :func:`per_state_byte`)."""
+    m = main[main.dram_read_per_state.notna()]
+    parts = [f"{r.label}: read {r.dram_read_per_state:.2f}, write {r.dram_write_per_state:.2f}"
+             for r in m.itertuples()]
+    rd, wr = m.dram_read_per_state, m.dram_write_per_state
+    notes = []
+    if (rd.between(0.9, 1.15)).all():
+        notes.append("every profiled kernel reads the state from DRAM about once" if len(m) > 1
+                     else f"{m.label.iloc[0]} reads the state from DRAM about once")
+    for r in m[rd > 1.15].itertuples():
+        notes.append(f"{r.label} reads {r.dram_read_per_state:.2f}× the state: extra DRAM "
+                     f"traffic that costs bandwidth")
+    for r in m[rd < 0.9].itertuples():
+        notes.append(f"{r.label} reads only {r.dram_read_per_state:.2f}× the state from DRAM "
+                     f"(part of it was still in L2 from earlier work)")
+    low = m[wr < 0.9]
+    if len(low):
+        notes.append(", ".join(low.label) + " wrote less than the state to DRAM during the kernel:"
+                     " the rest was still in L2 (write-back) when it ended, not avoided traffic")
+    for r in m[wr > 1.15].itertuples():
+        notes.append(f"{r.label} writes {r.dram_write_per_state:.2f}× the state: extra traffic")
+    if len(m) > 1 and (rd.between(0.9, 1.15)).all():
+        notes.append("so the time differences between them come from instructions and latency,"
+                     " not from DRAM traffic")
+    text = "; ".join(notes)
+    return ("**DRAM bytes per copy of the state** (1.00 = each byte once): " + "; ".join(parts)
+            + ". " + text[:1].upper() + text[1:] + ".")
+
+
 def conclusion_markdown(dfs: Dict[str, object]) -> str:
     """Conclusion from ``dfs``: ``totals`` (:func:`per_state_byte` frame) and
     optionally ``fit`` (the dict of :func:`fit_vtile_model`)."""
@@ -486,24 +547,15 @@ def conclusion_markdown(dfs: Dict[str, object]) -> str:
                             else "not reproduced (outside ±25 %)"))
         if np.isfinite(r_ours):
             items.append(f"ours / FlashInfer = {fmt_x(r_ours)}")
+        r_of = _ratio(main, "ours", "fla", INST)
+        if np.isfinite(r_of):
+            items.append(f"ours / FLA = {fmt_x(r_of)}")
+        if "flashinfer" not in set(main.label):
+            items.append("FlashInfer was not profiled: no ratio against it")
         if items:
             lines.append("**Instruction ratios:**\n" + "\n".join(f"- {i}" for i in items))
-        elif "flashinfer" not in set(main.label):
-            lines.append("FlashInfer was not profiled: no instruction ratio against it.")
-    if "dram_per_state_byte" in t and main.dram_per_state_byte.notna().any():
-        parts = [f"{r.label}: {r.dram_per_state_byte:.2f}" for r in main.itertuples()
-                 if np.isfinite(r.dram_per_state_byte)]
-        d = main.dram_per_state_byte.dropna()
-        spread = float(d.max() / d.min()) if len(d) and d.min() > 0 else float("nan")
-        who = "every implementation moves" if len(d) > 1 else f"{main.label.iloc[0]} moves"
-        verdict = (f"{who} about the minimum bytes (each state byte read and written once)"
-                   + (": their time differences come from instructions and latency, not from "
-                      "DRAM traffic" if len(d) > 1 else ": it is not wasting DRAM bandwidth")
-                   if d.max() <= 1.15 else
-                   "some implementations move noticeably more than the state itself "
-                   f"(max {d.max():.2f}× the state bytes): extra DRAM traffic costs bandwidth")
-        lines.append(f"**DRAM bytes (read + write) per state byte:** " + ", ".join(parts)
-                     + f" (spread {spread:.2f}×) → {verdict}.")
+    if "dram_read_per_state" in t and main.dram_read_per_state.notna().any():
+        lines.append(_dram_verdict(main))
     fit = dfs.get("fit")
     if not fit:
         lines.append("**V-tile model:** not fitted — this data has fewer than two BV-sweep "
