@@ -321,7 +321,7 @@ def test_ncu_conclusion_from_data():
     md = nx.conclusion_markdown(dict(totals=t, fit=fit))
     assert "FLA / FlashInfer = 2.20×" in md and "reproduced" in md
     assert "ours / FlashInfer = 1.20×" in md
-    assert "Every profiled kernel reads the state from DRAM about once" in md
+    assert "every profiled kernel reads the state from DRAM about once" in md
     assert "not from DRAM traffic" in md
     # writes still in L2 at the kernel's end (seen on H200): said so, not called a saving
     low = t.copy()

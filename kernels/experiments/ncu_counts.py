@@ -511,11 +511,10 @@ def _dram_verdict(main: pd.DataFrame) -> str:
     for r in m[wr > 1.15].itertuples():
         notes.append(f"{r.label} writes {r.dram_write_per_state:.2f}× the state: extra traffic")
     if len(m) > 1 and (rd.between(0.9, 1.15)).all():
-        notes.append("so the time differences between them come from instructions and latency,"
-                     " not from DRAM traffic")
-    text = "; ".join(notes)
+        notes.append("so the time differences between them come from instructions and "
+                     "latency, not from DRAM traffic")
     return ("**DRAM bytes per copy of the state** (1.00 = each byte once): " + "; ".join(parts)
-            + ". " + text[:1].upper() + text[1:] + ".")
+            + ".\n" + "\n".join(f"- {n}" for n in notes))
 
 
 def conclusion_markdown(dfs: Dict[str, object]) -> str:
