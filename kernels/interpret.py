@@ -6,7 +6,9 @@ on a GPU :func:`install` does nothing. Two interpreter bugs are patched:
 1. bf16 ``tl.dot`` and bf16 elementwise arithmetic operate on the raw uint16
    bits (triton issue 11584). We convert bf16 operands to float32, compute,
    and round back to bf16 where the result type is bf16.
-2. ``@triton.autotune`` with more than one config fails ("0 active drivers").
+2. float32 -> bf16 conversion truncates (round toward zero); GPUs and torch
+   round to nearest even. We wrap the conversion to round to nearest even.
+3. ``@triton.autotune`` with more than one config fails ("0 active drivers").
    Under the interpreter ``triton.autotune`` keeps only the first config.
 """
 from __future__ import annotations
@@ -35,7 +37,19 @@ def install() -> None:
     from triton.runtime import interpreter as interp
 
     builder = interp.InterpreterBuilder
-    to_float = interp._convert_float
+    orig_convert = interp._convert_float
+
+    def convert_float(x, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.bfloat16 and rounding_mode is None:
+            u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+            bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            nan = np.isnan(np.asarray(x, dtype=np.float32))
+            bits = np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), bits)
+            return bits.view(np.uint16)
+        return orig_convert(x, src, dst, rounding_mode)
+
+    interp._convert_float = convert_float
+    to_float = convert_float
 
     def _f32(h):
         if h.dtype.scalar == tl.bfloat16:

@@ -96,10 +96,6 @@ def test_bf16_arithmetic_matches_torch(n):
     torch.testing.assert_close(mixed, a.float() * b.float() + 1.0)
 
 
-@pytest.mark.xfail(INTERPRET, strict=True, reason=(
-    "known: triton's interpreter converts f32->bf16 by truncation (round toward zero; "
-    "_convert_float with rounding_mode=None, also in cast_impl), torch and GPUs round to "
-    "nearest even; kernels/interpret.py rounds its bf16 results the same way. Error <= 1 ulp."))
 def test_bf16_rounding_is_round_to_nearest_even():
     a, b, out, _, _ = _run_arith(64)
     assert torch.equal(out, a * b + a - b)
