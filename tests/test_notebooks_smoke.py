@@ -3,8 +3,10 @@
 Marked ``slow`` (a few minutes on 2 CPU cores under the Triton interpreter);
 it still runs in CI. One module-scoped run of ``python -m kernels.runner
 --profile smoke --notebooks all`` into ``tmp_path``, then per notebook: it
-completed, its CSVs carry the DESIGN.md §5 columns, every implementation that
-ran passed the correctness gate, its PNGs, conclusion and provenance exist.
+completed, its CSVs carry the DESIGN.md §5 columns, no implementation produced a
+wrong result, ours passed the gate everywhere (a GPU peer may refuse the
+smoke profile's small head size: reported, not failed), its PNGs, conclusion
+and provenance exist.
 
 On the CPU nothing is timed on a GPU and nothing pretends it was: decode
 timings use the ``cpu_wall`` method only, the prefill notebook writes no
@@ -98,9 +100,19 @@ def test_gate_passed_for_every_impl_that_ran(smoke, stem):
     gate = pd.read_csv(out / stem / "gate.csv")
     ran = gate[gate.status != "unavailable"]
     assert len(ran), f"{stem}: no implementation ran"
-    bad = ran[ran.status != "pass"]
-    assert bad.empty, f"{stem}: gate failures:\n{bad.to_string()}"
-    assert "ours" in set(ran.impl), f"{stem}: our implementation did not run"
+    # a wrong result fails, whoever produced it
+    wrong = ran[ran.status == "fail"]
+    assert wrong.empty, f"{stem}: gate failures:\n{wrong.to_string()}"
+    # ours must run everywhere; a peer may refuse the smoke profile's small head size
+    # (status "error" with its exception, reported in gate.csv and the conclusion)
+    ours = ran[ran.impl == "ours"]
+    assert len(ours) and (ours.status == "pass").all(), ours[ours.status != "pass"].to_string()
+    peers_err = ran[(ran.impl != "ours") & (ran.status == "error")]
+    if len(peers_err):
+        print(f"{stem}: peers that raised on the smoke shape:\n"
+              f"{peers_err[['label', 'reason']].drop_duplicates().to_string()}")
+    if not _has_gpu():
+        assert peers_err.empty, peers_err.to_string()
 
 
 def test_decode_smoke_specifics(smoke):
