@@ -128,8 +128,9 @@ kernel finishes in microseconds and the GPU waits for the next launch. The
 seed investigation (`seed/subit-prefill-pr.txt`) measured, for the contest's
 workload 0 (one sequence of T=6):
 
-* **93 %** of prefill wall time GPU idle, **51 launches** per call (RTX 3090);
-* fusing the gate computation saved **31 %** (1742 → 1201 µs);
+* **93 %** of prefill wall time GPU idle, **51 launches** per call, 82–150 µs
+  gaps before each Triton kernel;
+* fusing the gate computation saved **31 %** (1742 → 1201 µs, RTX 3090);
 * on B200 (CUPTI) the FLA-style chunk prefill took 1536 µs vs FlashInfer's
   185 µs (**8.3×**); next steps: no host syncs, CUDA graphs, fewer kernels.
 
@@ -158,7 +159,7 @@ shape's call are saved beside the CSVs (open them in Perfetto)."""),
     ("code", """\
 times = xp.run_measurements(run, gate)
 xp.overhead_table(times)"""),
-    ("md", "## 3. One call at the smallest shape, per implementation"),
+    ("md", "## 3. One call of `gantt_shape` (T=6 by default), per implementation"),
     ("code", """\
 run.show(xp.plot_gantt_shape(run), "gantt")"""),
     ("md", "## 4. What each step of the pipeline saves"),

@@ -1,6 +1,7 @@
 """Notebook 02 — why does a chunked prefill spend most of its wall time idle?
 
-The seed measured (RTX 3090 and B200, CUPTI) that a FLA-style chunked
+The seed measured (T=6; gate fusion on an RTX 3090, the peer gap on a B200 with
+CUPTI) that a FLA-style chunked
 prefill of a 6-token sequence is ~93 % GPU idle: ~51 launches per call with
 launch gaps between them, 8.3× slower than FlashInfer's single-kernel
 prefill (1536 µs vs 185 µs on B200); fusing the gate computation saved 31 %
@@ -42,7 +43,7 @@ from .common import (COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
 STEM = "02_prefill_launch_overhead"
 DEFAULT_VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
 PEERS = ("fla", "flashinfer")
-SEED_IDLE_FRAC = 0.93   # seed: 93 % of prefill wall time GPU idle (RTX 3090, T=6)
+SEED_IDLE_FRAC = 0.93   # seed: 93 % of prefill wall time GPU idle (T=6; GPU not stated)
 SEED_LAUNCHES = 51      # seed: kernel launches per forward pass
 SEED_GAP_VS_FI = 8.3    # seed, B200 CUPTI: fla-chunk 1536 µs vs fi-baseline 185 µs
 
