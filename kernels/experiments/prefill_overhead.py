@@ -1,12 +1,11 @@
 """Notebook 02 — why does a chunked prefill spend most of its wall time idle?
 
-The seed measured (T=6; gate fusion on an RTX 3090, the peer gap on a B200 with
-CUPTI) that a FLA-style chunked
-prefill of a 6-token sequence is ~93 % GPU idle: ~51 launches per call with
-launch gaps between them, 8.3× slower than FlashInfer's single-kernel
-prefill (1536 µs vs 185 µs on B200); fusing the gate computation saved 31 %
-and CUDA graphs / fewer launches were the next steps. Our prefill exposes
-each step as a variant (:data:`kernels.prefill.VARIANTS`: ``unfused →
+The seed measured, for one 6-token sequence, that a FLA-style chunked
+prefill is ~93 % GPU idle with ~51 launches per call and launch gaps between
+them; fusing the gate computation saved 31 % (RTX 3090); on a B200 (CUPTI)
+it was 8.3× slower than FlashInfer's prefill (1536 µs vs 185 µs); CUDA
+graphs and fewer launches were the next steps. Our prefill exposes each
+step as a variant (:data:`kernels.prefill.VARIANTS`: ``unfused →
 fused_gates → no_sync → graph → fused``). This module measures them and the
 peers:
 
