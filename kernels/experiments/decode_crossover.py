@@ -42,6 +42,7 @@ from .common import (CPU_WALL, COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Pa
 STEM = "01_decode_crossover"
 SEED_CROSSOVER_B = 8         # seed, B200, CUPTI: fla-recurrent (BV=8) vs FlashInfer
 SEED_ADAPTIVE_CROSSOVER_B = 16  # seed, B200, after per-batch num_warps
+SEED_SPEEDUP = {1: 1.30, 64: 1 / 1.43}  # seed, B200: fla-recurrent vs FlashInfer (>1: faster)
 CONTEST_METHOD = "cupti_cold"
 FLA_LIKE_NAME = "BV8-w1-s1-t1"  # kernels.decode.FLA_LIKE.name
 PEERS = ("fla", "flashinfer", "torch")
@@ -674,6 +675,14 @@ def _seed_verdict(cx: pd.DataFrame, method: str, challenger: str, expected: floa
     if row.empty:
         return f"{challenger} vs flashinfer not measured with {method}: cannot check"
     r = row.iloc[0]
+    ends = [f"{sp:.2f}× at B={b} (seed {SEED_SPEEDUP[b]:.2f}×)"
+            for b, sp in ((r.B_min, r.speedup_at_B_min), (r.B_max, r.speedup_at_B_max))
+            if b in SEED_SPEEDUP and challenger != "ours-adaptive"]
+    return _crossing_verdict(r, challenger, expected) + (
+        "; speedup " + ", ".join(ends) if ends else "")
+
+
+def _crossing_verdict(r, challenger: str, expected: float) -> str:
     if np.isfinite(r.crossover_B):
         holds = expected / 2 <= r.crossover_B <= expected * 2
         return (f"{challenger} vs flashinfer crosses at B≈{r.crossover_B:.3g} ({r.direction}) → "
