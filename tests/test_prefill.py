@@ -124,7 +124,7 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
 def test_context_parallel_rule():
     """Documented rule: CP only for long average sequences that underfill the SMs."""
     cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
-    assert plan_fused(8192, 1, 8, 128, cpu)[1] == 8       # 128 chunks -> 16 segments of 8
+    assert plan_fused(8192, 1, 8, 128, cpu) == (32, 8)      # 128 chunks -> 16 segments of 8
     assert plan_fused(2048, 1, 8, 128, cpu)[1] == 4
     assert plan_fused(1024, 1, 8, 128, cpu)[1] == 0       # too short
     assert plan_fused(57 * 64, 57, 8, 128, cpu)[1] == 0   # many sequences: enough programs

@@ -68,6 +68,22 @@ def ref_wy(k, v, gc, beta, cu):
     return w, u
 
 
+def ref_output_terms(q, k, v, gc, beta, cu, scale):
+    """P = scale (exp(gc) q - B (beta exp(gc) k)), ob = scale B (beta v), B = Aqk (I + A)^-1."""
+    P = torch.zeros(q.shape[0], v.shape[1], q.shape[2], dtype=torch.float64)
+    ob = torch.zeros(v.shape, dtype=torch.float64)
+    for _, _, s, e in chunks(cu):
+        for h in range(v.shape[1]):
+            qq, kk, g, bb = q[s:e, h], k[s:e, h], gc[s:e, h], beta[s:e, h]
+            dec = torch.exp(g[:, None] - g[None, :])
+            A = torch.tril(bb[:, None] * (kk @ kk.T) * dec, -1)
+            Tm = torch.linalg.inv(torch.eye(e - s, dtype=torch.float64) + A)
+            B = torch.tril((qq @ kk.T) * dec) @ Tm
+            P[s:e, h] = scale * (torch.exp(g)[:, None] * qq - B @ (kk * (bb * torch.exp(g))[:, None]))
+            ob[s:e, h] = scale * B @ (v[s:e, h].double() * bb[:, None])
+    return P, ob
+
+
 def ref_walk(k, w, u, gc, h0, cu):
     """Chunk states (at their slots), residuals and final states (k-last)."""
     T, H, K = w.shape
@@ -169,14 +185,19 @@ def test_intra_chunk_stage(lens, shape, cu_dtype):
                                    x["cu_seqlens"], wu_dtype=torch.float32)
     assert_close(w, w_ref, 1e-4, "w")
     assert_close(u, u_ref, 1e-4 * max(1.0, u_ref.abs().max().item()), "u")
-    # raw gates fused in (the fused variant's first kernel), default storage dtypes
-    w2, u2, gc2 = intra_chunk.intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], a=x["a"],
-                                              b=x["b"], A_log=x["A_log"],
-                                              dt_bias=x["dt_bias"])
-    assert w2.dtype == intra_chunk.W_DTYPE and u2.dtype == intra_chunk.U_DTYPE
+    # raw gates fused in + output terms (the fused variant's first kernel), default storage
+    scale = resolve_scale(None, shape.head_dim)
+    w2, u2, gc2, P, ob = intra_chunk.intra_chunk_fwd(
+        x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"], A_log=x["A_log"],
+        dt_bias=x["dt_bias"], q=x["q"], scale=scale)
+    assert w2.shape == (2,) + tuple(w_ref.shape) and w2.dtype == torch.bfloat16  # (hi, lo)
     assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (fused in)")
-    assert_close(w2, w_ref, 1e-2, "w (fused gates, bf16)")
+    assert_close(w2[0].float() + w2[1].float(), w_ref, 1e-4, "w (hi + lo)")
     assert_close(u2, u_ref, 1e-4 * max(1.0, u_ref.abs().max().item()), "u (fused gates)")
+    P_ref, ob_ref = ref_output_terms(expand(cpu["q"], shape.group), k, cpu["v"], gc, beta,
+                                     cpu["cu_seqlens"], scale)
+    assert_close(P, P_ref, 1e-2 * max(1.0, P_ref.abs().max().item()), "P")
+    assert_close(ob, ob_ref, 1e-3 * max(1.0, ob_ref.abs().max().item()), "ob")
 
 
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)

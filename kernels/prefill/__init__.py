@@ -10,23 +10,27 @@ One module per stage, each readable and testable alone:
 - :mod:`.context_parallel`  segment summaries + combine for long sequences with few heads
 - :mod:`.pipeline`          the variants as compositions of the stages
 - :mod:`.graph`             the ``graph`` variant (CUDA graph per shape bucket)
+- :mod:`.config`            :class:`PrefillConfig`, the launch levers (no autotuning)
 
 Public API: :func:`gdn_prefill`, :data:`VARIANTS`, :func:`make_prefill_impl`,
 :func:`launch_count_hint`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional, Tuple, Union
 
 import torch
 
 from .chunk_index import BT
+from .config import DEFAULT_CONFIG, PrefillConfig, sweep_configs
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
                        prefill_no_sync, prefill_unfused)
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
-           "plan_fused", "graph_cache_info", "clear_graph_cache"]
+           "plan_fused", "graph_cache_info", "clear_graph_cache", "PrefillConfig",
+           "DEFAULT_CONFIG", "sweep_configs"]
 
 VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
 
@@ -48,6 +52,7 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 output_state: Optional[torch.Tensor] = None,
                 check_values: Optional[bool] = None,
                 cp: Union[None, bool, int] = None,
+                config: Optional[PrefillConfig] = None,
                 BV: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet chunked prefill over packed variable-length sequences.
 
@@ -80,7 +85,9 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         cp: context parallelism (``fused``/``graph`` only): None applies the rule
             of :mod:`.context_parallel`, False turns it off, True forces it, an int
             forces segments of that many chunks.
-        BV: state-walk tile width override (a power of two dividing ``D``, >= 16).
+        config: a :class:`PrefillConfig` (launch levers); None: the defaults.
+        BV: shorthand for the state-walk tile width (``walk_BV`` and ``split_BV``
+            of ``config``), a power of two in ``[16, D]``.
 
     Returns:
         ``(output [T, HV, D] bf16, new_state [N, HV, D, D] f32)``.
@@ -90,7 +97,7 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         allocated or launched; ValueError for an unknown ``variant``.
     """
     fn = _impl(variant)
-    kwargs = dict(output=output, output_state=output_state, BV=_check_bv(BV, q))
+    kwargs = dict(output=output, output_state=output_state, config=_resolve(config, BV, q))
     if check_values is not None:
         kwargs["check_values"] = check_values
     if variant in _CP_VARIANTS:
@@ -107,13 +114,15 @@ def _impl(variant):
     return _IMPLS[variant]
 
 
-def _check_bv(BV, q):
+def _resolve(config, BV, q):
+    if config is not None and not isinstance(config, PrefillConfig):
+        raise TypeError(f"config must be a PrefillConfig or None, got {type(config).__name__}")
     if BV is None:
-        return None
+        return config
     D = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else None
     if not isinstance(BV, int) or BV < 16 or BV & (BV - 1) or (D is not None and BV > D):
         raise ValueError(f"BV must be a power of two in [16, D], got {BV}")
-    return BV
+    return replace(config or DEFAULT_CONFIG, walk_BV=BV, split_BV=BV)
 
 
 def make_prefill_impl(variant: str = "fused", **options):

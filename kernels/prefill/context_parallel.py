@@ -65,11 +65,12 @@ def sm_count(device) -> int:
     return 132
 
 
-def cp_segment_chunks(T: int, N: int, HV: int, V: int, BV: int, n_sm: int) -> int:
+def cp_segment_chunks(T: int, N: int, HV: int, V: int, BV: int, n_sm: int,
+                      min_avg_chunks: int = CP_MIN_AVG_CHUNKS) -> int:
     """Chunks per context-parallel segment, or 0 for no CP (the rule in the module doc)."""
     n_chunks = -(-int(T) // 64)
     avg = n_chunks / max(int(N), 1)
-    if N * HV * (V // BV) >= n_sm or avg < CP_MIN_AVG_CHUNKS:
+    if N * HV * (V // BV) >= n_sm or avg < min_avg_chunks:
         return 0
     seg = 2 ** round(math.log2(math.sqrt(avg / 2)))
     return int(min(max(seg, 2), 64))

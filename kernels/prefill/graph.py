@@ -2,7 +2,7 @@
 
 Bucket rule (the cache key)::
 
-    (device, T_pad, N_pad, HQ, HV, D, state given, cu_seqlens dtype, scale, cp, BV)
+    (device, T_pad, N_pad, HQ, HV, D, state given, cu_seqlens dtype, scale, cp, config)
     T_pad = max(64, next power of two >= T)       N_pad = next power of two >= N
 
 A call copies its inputs into the bucket's static buffers with **one** pack
@@ -107,12 +107,12 @@ class _Bucket:
     """Static buffers (+ the captured graph on CUDA) of one bucket."""
 
     def __init__(self, key, q, k, v, state, A_log, dt_bias, cu_seqlens, T_pad, N_pad, scale,
-                 cp, BV):
+                 cp, config):
         dev = q.device
         HQ, D = q.shape[1], q.shape[2]
         HV = v.shape[1]
         self.key, self.T_pad, self.N_pad = key, T_pad, N_pad
-        self.scale, self.cp, self.BV = scale, cp, BV
+        self.scale, self.cp, self.config = scale, cp, config
         self.q = torch.empty(T_pad, HQ, D, dtype=q.dtype, device=dev)
         self.k = torch.empty_like(self.q)
         self.v = torch.empty(T_pad, HV, D, dtype=v.dtype, device=dev)
@@ -127,7 +127,7 @@ class _Bucket:
         self.o = torch.empty(T_pad, HV, D, dtype=torch.bfloat16, device=dev)
         self.ht = torch.empty(N_pad, HV, D, D, dtype=torch.float32, device=dev)
         self.graph = None
-        _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, BV)
+        _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
         ws = T_pad * HV * (D * 2 + D * 4 + 4)          # w bf16, u f32, gc f32
         if seg:
             S = T_pad // (seg * 64) + N_pad
@@ -158,7 +158,7 @@ class _Bucket:
         """The padded fused prefill on the static buffers (what the graph captures)."""
         prefill_fused(self.q, self.k, self.v, self.state, self.A_log, self.a, self.dt_bias,
                       self.b, self.cu, self.scale, output=self.o, output_state=self.ht,
-                      check_values=False, cp=self.cp, BV=self.BV)
+                      check_values=False, cp=self.cp, config=self.config)
 
     def capture(self):
         stream = torch.cuda.Stream(device=self.q.device)
@@ -179,7 +179,7 @@ class _Bucket:
 
 
 def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                  output=None, output_state=None, check_values=None, cp=None, BV=None):
+                  output=None, output_state=None, check_values=None, cp=None, config=None):
     """``fused`` through a per-bucket CUDA graph (eager padded bucket off CUDA)."""
     global _warned
     shape, scale_r, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
@@ -188,11 +188,11 @@ def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     T_pad, N_pad = bucket_of(T, N)
     on_cuda = q.device.type == "cuda"
     key = (str(q.device), T_pad, N_pad, shape.num_q_heads, shape.num_v_heads, shape.head_dim,
-           state is not None, cu_seqlens.dtype, scale_r, cp, BV)
+           state is not None, cu_seqlens.dtype, scale_r, cp, config)
     bucket = _CACHE.get(key)
     if bucket is None:
         bucket = _Bucket(key, q, k, v, state, A_log, dt_bias, cu_seqlens, T_pad, N_pad,
-                         scale_r, cp, BV)
+                         scale_r, cp, config)
         _CACHE[key] = bucket
         while len(_CACHE) > MAX_BUCKETS:
             _CACHE.popitem(last=False)

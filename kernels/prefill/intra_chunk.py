@@ -14,15 +14,32 @@ included): the serial token recurrence becomes two matrix products (the UT /
 WY form). Derivation: unrolling ``S_t = d_t S_{t-1} + beta_t k_t^T (v_t -
 k_t d_t S_{t-1})`` gives ``(I + A) v_new = beta v - beta exp(gc) k S0``.
 
-The solve works on 16 x 16 blocks (``BC``). Diagonal blocks are inverted
-with a product of Neumann factors, exact for a strictly lower 16 x 16 ``A``
-(``A^16 = 0``)::
+Per ``(chunk, value head)`` program:
 
-    (I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)
+1. ``A = beta K K^T * exp(gc_i - gc_j)`` (strictly lower) as one bf16 product,
+   written to a per-token scratch ``[T, HV, 64]`` (like FLA's ``A``);
+2. the solve on 16 x 16 blocks (``BC``) read back from it: diagonal blocks by
+   a product of Neumann factors, exact for a strictly lower 16 x 16 block
+   (``A^16 = 0``)::
 
-and off-diagonal blocks follow from ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj``.
-Everything is ``tl.dot``: ``k k^T`` in bf16 with fp32 accumulation, the solve
-in fp32 (``ieee``), ``w`` / ``u`` in ``DOT_PREC`` (tf32 by default).
+       (I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)
+
+   and off-diagonal blocks from ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj``
+   (fp32 ``ieee`` products); ``Tm`` overwrites ``A`` in the scratch;
+3. ``Tm`` reloaded as one ``[64, 64]`` tile: ``w = (Tm * beta exp(gc)) @ k`` and
+   ``u = (Tm * beta) @ v`` with the fp32 factor split into bf16 hi + lo
+   (:mod:`.dots`, ``"bf16x2"``; k and v are exact in bf16).
+
+With ``OUT_PREP`` (the ``fused`` variant) it also folds the chunk's outputs
+into two per-token terms so the state walk needs neither ``q`` nor the
+causal ``q k^T`` product::
+
+    Aqk = (q k^T * exp(gc_i - gc_j)) for j <= i, else 0;   B = Aqk @ Tm
+    P   = scale * (exp(gc) q - (B * beta exp(gc)) @ k)     # [64, K]
+    ob  = scale * (B * beta) @ v                           # [64, V]
+    o   = P @ S0 + ob                                      # in the walk
+
+(``o = scale (exp(gc) q S0 + Aqk v_new)`` with ``v_new = u - w S0``.)
 
 With ``RAW_GATES`` the kernel also computes ``g``, ``beta`` and the
 per-chunk cumulative sum from ``a``, ``b``, ``A_log``, ``dt_bias`` (stage 1
@@ -42,21 +59,29 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices  # noqa: E402
+from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
 
-__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "BC", "WU_DOT_PRECISION",
-           "W_DTYPE", "U_DTYPE"]
+__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "BC", "WU_PRECISION",
+           "OUT_PRECISION", "W_SPLIT", "U_DTYPE", "P_DTYPE", "OB_DTYPE"]
 
 #: Sub-block size of the solve.
 BC = 16
-#: ``input_precision`` of the ``Tm @ (...)`` products forming ``w`` / ``u``.
-WU_DOT_PRECISION = "tf32"
-#: Storage dtypes of ``w`` and ``u``. ``u`` feeds the residuals (and so the state)
-#: directly: bf16 there costs ~4e-3 abs state error on long-memory heads (CPU, T=1000,
-#: D=128), fp32 ~2e-3 with ``w`` in bf16 (``w`` is scaled by ``exp(gc)`` and multiplies
-#: the state, so its rounding matters less).
-W_DTYPE = torch.bfloat16
+#: Precision (:mod:`.dots`) of ``w`` / ``u`` (they feed the state).
+WU_PRECISION = "bf16x2"
+#: Precision of the output terms ``B = Aqk @ Tm``, ``P``, ``ob`` (outputs only; "bf16"
+#: raises the output's relative L2 error from ~5e-3 to ~9e-3).
+OUT_PRECISION = "bf16x2"
+#: Storage of ``w`` and ``u``. Both feed the state: on long-memory heads (decay
+#: ~0.998/token, CPU, T=1000, D=128) bf16 ``w`` costs ~4e-3 abs state error against a
+#: float64 recurrence, fp32 ``w`` ~5e-5; bf16 ``u`` ~2e-3. ``W_SPLIT``: ``w`` is stored
+#: as a bf16 (hi, lo) pair ``[2, T, HV, K]`` (fp32 bytes, fp32-like accuracy) so the
+#: walk loads MMA operands directly instead of splitting fp32 tiles in registers.
+W_SPLIT = True
 U_DTYPE = torch.float32
+#: Storage dtypes of the output terms ``P`` (read by every V tile of the walk) and ``ob``.
+P_DTYPE = torch.bfloat16
+OB_DTYPE = torch.float32
 
 
 @triton.jit
@@ -66,40 +91,21 @@ def _mm(x, y):
 
 
 @triton.jit
-def _sub_gates(a, b, gc, beta, b_A_log, b_dt, o_t, m_t, i_h, b_carry,
-               H: tl.constexpr, RAW_GATES: tl.constexpr):
-    """Gates of one ``BC``-row sub-block: ``(gc, beta, carry)``.
-
-    RAW: compute ``g`` and ``beta`` from raw inputs, continue the chunk's
-    cumulative sum from ``b_carry`` and write ``gc``; else load ``gc``, ``beta``.
-    Rows past the sequence end get ``g = 0`` and ``beta = 0``.
-    """
-    o = o_t * H + i_h
-    if RAW_GATES:
-        b_a = tl.load(a + o, mask=m_t, other=0.0)
-        b_g = tl.where(m_t, log_decay(b_a, b_A_log, b_dt), 0.0)
-        b_gc = tl.cumsum(b_g, axis=0) + b_carry
-        b_beta = tl.sigmoid(tl.load(b + o, mask=m_t, other=0.0).to(tl.float32))
-        b_beta = tl.where(m_t, b_beta, 0.0)
-        tl.store(gc + o, b_gc, mask=m_t)
-        b_carry = b_carry + tl.sum(b_g, axis=0)
-    else:
-        b_gc = tl.load(gc + o, mask=m_t, other=0.0)
-        b_beta = tl.load(beta + o, mask=m_t, other=0.0)
-    return b_gc, b_beta, b_carry
+def _blk(p_At, I: tl.constexpr, J: tl.constexpr, n_t, H: tl.constexpr, BT: tl.constexpr,
+         BC: tl.constexpr):
+    """Block ``(I, J)`` (``[BC, BC]``) of the chunk's scratch matrix; rows past the end 0."""
+    o_c = tl.arange(0, BC)
+    return tl.load(p_At + (I * BC + o_c)[:, None] * (H * BT) + J * BC + o_c[None, :],
+                   mask=(I * BC + o_c)[:, None] < n_t, other=0.0)
 
 
 @triton.jit
-def _kkt(b_ki, b_kj, b_gci, b_gcj, b_betai, BC: tl.constexpr, DIAG: tl.constexpr):
-    """Block ``(i, j)`` of ``A``: ``beta_i (k_i . k_j) exp(gc_i - gc_j)``, strictly
-    lower when ``DIAG``. The exponent is clamped at 0 (it is <= 0 on every kept entry;
-    the clamp only guards rows past the sequence end from overflowing)."""
-    b_A = tl.dot(b_ki, tl.trans(b_kj))
-    b_A = b_A * b_betai[:, None] * tl.exp(tl.minimum(b_gci[:, None] - b_gcj[None, :], 0.0))
-    if DIAG:
-        o_c = tl.arange(0, BC)
-        b_A = tl.where(o_c[:, None] > o_c[None, :], b_A, 0.0)
-    return b_A
+def _put(p_At, b_X, I: tl.constexpr, J: tl.constexpr, n_t, H: tl.constexpr, BT: tl.constexpr,
+         BC: tl.constexpr):
+    """Write block ``(I, J)`` of the chunk's scratch matrix (rows past the end skipped)."""
+    o_c = tl.arange(0, BC)
+    tl.store(p_At + (I * BC + o_c)[:, None] * (H * BT) + J * BC + o_c[None, :], b_X,
+             mask=(I * BC + o_c)[:, None] < n_t)
 
 
 @triton.jit
@@ -117,6 +123,7 @@ def _inv_unit_lower(b_A, BC: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "N"])
 def intra_chunk_kernel(
+    q,              # [T, HQ, K] bf16 queries (OUT_PREP) or None
     k,              # [T, HQ, K] bf16 keys
     v,              # [T, H, V] bf16 values
     a,              # [T, H] bf16 raw decay input (RAW_GATES) or None
@@ -125,10 +132,14 @@ def intra_chunk_kernel(
     dt_bias,        # [H] f32 (RAW_GATES) or None
     gc,             # [T, H] f32 per-chunk cumulative log decay: written (RAW_GATES) or read
     beta,           # [T, H] f32 sigmoid(b), read (not RAW_GATES) or None
-    w,              # [T, H, K] out (bf16 or f32)
-    u,              # [T, H, V] out (bf16 or f32)
+    w,              # [T, H, K] out, or [2, T, H, K] bf16 hi/lo pair (W_SPLIT)
+    u,              # [T, H, V] out
+    p,              # [T, H, K] out: output term P (OUT_PREP) or None
+    ob,             # [T, H, V] out: output term ob (OUT_PREP) or None
+    At,             # [T, H, BT] f32 scratch: A, then Tm
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
+    scale,          # output scale (OUT_PREP)
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -136,10 +147,13 @@ def intra_chunk_kernel(
     K: tl.constexpr,            # key head size
     V: tl.constexpr,            # value head size
     BT: tl.constexpr,           # chunk size (64)
-    BC: tl.constexpr,           # sub-block size (16)
+    BC: tl.constexpr,           # sub-block size of the solve (16)
     RAW_GATES: tl.constexpr,    # stage 1 fused in
     USE_INDICES: tl.constexpr,  # chunk from the host table (else device lookup)
-    DOT_PREC: tl.constexpr,     # input_precision of the w/u products
+    OUT_PREP: tl.constexpr,     # also write the output terms P and ob
+    W_SPLIT: tl.constexpr,      # store w as a bf16 (hi, lo) pair
+    WU_PREC: tl.constexpr,      # precision of w / u (see .dots)
+    OUT_PREC: tl.constexpr,     # precision of the output terms
 ):
     tl.static_assert(BT == 4 * BC)
     i_p, i_h = tl.program_id(0), tl.program_id(1)
@@ -148,144 +162,138 @@ def intra_chunk_kernel(
         return
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
-    t0 = bos + i_c * BT
-    if RAW_GATES:
-        b_A_log = tl.load(A_log + i_h)
-        b_dt = tl.load(dt_bias + i_h)
-    else:
-        b_A_log = 0.0
-        b_dt = 0.0
-
-    o_c = tl.arange(0, BC)
+    t0 = bos + i_c * BT                 # first token of the chunk (int64)
+    n_t = eos - t0                      # rows of the chunk that are real (>= 1)
+    o_r = tl.arange(0, BT)
+    m_r = o_r < n_t
     o_k = tl.arange(0, K)
     o_v = tl.arange(0, V)
-    o_t0 = t0 + o_c
-    o_t1 = o_t0 + BC
-    o_t2 = o_t0 + 2 * BC
-    o_t3 = o_t0 + 3 * BC
-    m_t0 = o_t0 < eos
-    m_t1 = o_t1 < eos
-    m_t2 = o_t2 < eos
-    m_t3 = o_t3 < eos
+    # scalar base pointers at the chunk's first token; int32 tile offsets
+    o_hr = o_r * H                                      # [BT] rows of [T, H] tensors
+    o_qk = o_r[:, None] * (HQ * K) + o_k[None, :]       # [BT, K] rows of q, k
+    o_wk = o_r[:, None] * (H * K) + o_k[None, :]        # [BT, K] rows of w, p
+    o_hv = o_r[:, None] * (H * V) + o_v[None, :]        # [BT, V] rows of v, u, ob
+    o_at = o_r[:, None] * (H * BT) + o_r[None, :]       # [BT, BT] rows of the scratch
+    p_At = At + (t0 * H + i_h) * BT
 
-    # gates of the four sub-blocks (cumulative sum carried across them)
-    b_carry = tl.zeros([], dtype=tl.float32)
-    b_gc0, b_be0, b_carry = _sub_gates(a, b, gc, beta, b_A_log, b_dt, o_t0, m_t0, i_h, b_carry,
-                                       H, RAW_GATES)
-    b_gc1, b_be1, b_carry = _sub_gates(a, b, gc, beta, b_A_log, b_dt, o_t1, m_t1, i_h, b_carry,
-                                       H, RAW_GATES)
-    b_gc2, b_be2, b_carry = _sub_gates(a, b, gc, beta, b_A_log, b_dt, o_t2, m_t2, i_h, b_carry,
-                                       H, RAW_GATES)
-    b_gc3, b_be3, b_carry = _sub_gates(a, b, gc, beta, b_A_log, b_dt, o_t3, m_t3, i_h, b_carry,
-                                       H, RAW_GATES)
+    # gates: g, beta and the chunk's cumulative sum (rows past the end: g = 0, beta = 0)
+    if RAW_GATES:
+        b_a = tl.load(a + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
+        b_g = tl.where(m_r, log_decay(b_a, tl.load(A_log + i_h), tl.load(dt_bias + i_h)), 0.0)
+        b_gc = tl.cumsum(b_g, axis=0)
+        tl.store(gc + t0 * H + i_h + o_hr, b_gc, mask=m_r)
+        b_beta = tl.sigmoid(tl.load(b + t0 * H + i_h + o_hr, mask=m_r, other=0.0).to(tl.float32))
+        b_beta = tl.where(m_r, b_beta, 0.0)
+    else:
+        b_gc = tl.load(gc + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
+        b_beta = tl.load(beta + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
+    # exponent clamped at 0: <= 0 on every kept entry; guards rows past the end
+    b_decay = tl.exp(tl.minimum(b_gc[:, None] - b_gc[None, :], 0.0))
 
-    # keys of the four sub-blocks, [BC, K] bf16 (rows past eos are 0)
-    p_k = k + i_hk * K + o_k[None, :]
-    b_k0 = tl.load(p_k + o_t0[:, None] * (HQ * K), mask=m_t0[:, None], other=0.0)
-    b_k1 = tl.load(p_k + o_t1[:, None] * (HQ * K), mask=m_t1[:, None], other=0.0)
-    b_k2 = tl.load(p_k + o_t2[:, None] * (HQ * K), mask=m_t2[:, None], other=0.0)
-    b_k3 = tl.load(p_k + o_t3[:, None] * (HQ * K), mask=m_t3[:, None], other=0.0)
+    # 1. A = beta K K^T exp(gc_i - gc_j), strictly lower, into the scratch
+    b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
+    b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
+    b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
+    tl.store(p_At + o_at, b_A, mask=m_r[:, None])
+    tl.debug_barrier()   # the blocks below are read by other threads
 
-    # A in blocks (i >= j)
-    b_A00 = _kkt(b_k0, b_k0, b_gc0, b_gc0, b_be0, BC, True)
-    b_A11 = _kkt(b_k1, b_k1, b_gc1, b_gc1, b_be1, BC, True)
-    b_A22 = _kkt(b_k2, b_k2, b_gc2, b_gc2, b_be2, BC, True)
-    b_A33 = _kkt(b_k3, b_k3, b_gc3, b_gc3, b_be3, BC, True)
-    b_A10 = _kkt(b_k1, b_k0, b_gc1, b_gc0, b_be1, BC, False)
-    b_A20 = _kkt(b_k2, b_k0, b_gc2, b_gc0, b_be2, BC, False)
-    b_A21 = _kkt(b_k2, b_k1, b_gc2, b_gc1, b_be2, BC, False)
-    b_A30 = _kkt(b_k3, b_k0, b_gc3, b_gc0, b_be3, BC, False)
-    b_A31 = _kkt(b_k3, b_k1, b_gc3, b_gc1, b_be3, BC, False)
-    b_A32 = _kkt(b_k3, b_k2, b_gc3, b_gc2, b_be3, BC, False)
-
-    # Tm = (I + A)^-1 in blocks
-    b_T00 = _inv_unit_lower(b_A00, BC)
-    b_T11 = _inv_unit_lower(b_A11, BC)
-    b_T22 = _inv_unit_lower(b_A22, BC)
-    b_T33 = _inv_unit_lower(b_A33, BC)
+    # 2. Tm = (I + A)^-1 in 16 x 16 blocks
+    b_A10 = _blk(p_At, 1, 0, n_t, H, BT, BC)
+    b_A20 = _blk(p_At, 2, 0, n_t, H, BT, BC)
+    b_A21 = _blk(p_At, 2, 1, n_t, H, BT, BC)
+    b_A30 = _blk(p_At, 3, 0, n_t, H, BT, BC)
+    b_A31 = _blk(p_At, 3, 1, n_t, H, BT, BC)
+    b_A32 = _blk(p_At, 3, 2, n_t, H, BT, BC)
+    b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC)
+    b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC)
+    b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC)
+    b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC)
     b_T10 = -_mm(_mm(b_T11, b_A10), b_T00)
     b_T21 = -_mm(_mm(b_T22, b_A21), b_T11)
     b_T32 = -_mm(_mm(b_T33, b_A32), b_T22)
     b_T20 = -_mm(b_T22, _mm(b_A20, b_T00) + _mm(b_A21, b_T10))
     b_T31 = -_mm(b_T33, _mm(b_A31, b_T11) + _mm(b_A32, b_T21))
     b_T30 = -_mm(b_T33, _mm(b_A30, b_T00) + _mm(b_A31, b_T10) + _mm(b_A32, b_T20))
+    tl.debug_barrier()   # all reads of A done before Tm overwrites it
+    _put(p_At, b_T00, 0, 0, n_t, H, BT, BC)
+    _put(p_At, b_T10, 1, 0, n_t, H, BT, BC)
+    _put(p_At, b_T11, 1, 1, n_t, H, BT, BC)
+    _put(p_At, b_T20, 2, 0, n_t, H, BT, BC)
+    _put(p_At, b_T21, 2, 1, n_t, H, BT, BC)
+    _put(p_At, b_T22, 2, 2, n_t, H, BT, BC)
+    _put(p_At, b_T30, 3, 0, n_t, H, BT, BC)
+    _put(p_At, b_T31, 3, 1, n_t, H, BT, BC)
+    _put(p_At, b_T32, 3, 2, n_t, H, BT, BC)
+    _put(p_At, b_T33, 3, 3, n_t, H, BT, BC)
+    tl.debug_barrier()
 
-    # w = Tm @ (beta exp(gc) k)
-    b_x0 = b_k0.to(tl.float32) * (b_be0 * tl.exp(b_gc0))[:, None]
-    b_x1 = b_k1.to(tl.float32) * (b_be1 * tl.exp(b_gc1))[:, None]
-    b_x2 = b_k2.to(tl.float32) * (b_be2 * tl.exp(b_gc2))[:, None]
-    b_x3 = b_k3.to(tl.float32) * (b_be3 * tl.exp(b_gc3))[:, None]
-    p_w = w + i_h * K + o_k[None, :]
-    b_w = tl.dot(b_T00, b_x0, input_precision=DOT_PREC)
-    tl.store(p_w + o_t0[:, None] * (H * K), b_w.to(w.dtype.element_ty), mask=m_t0[:, None])
-    b_w = tl.dot(b_T10, b_x0, input_precision=DOT_PREC)
-    b_w += tl.dot(b_T11, b_x1, input_precision=DOT_PREC)
-    tl.store(p_w + o_t1[:, None] * (H * K), b_w.to(w.dtype.element_ty), mask=m_t1[:, None])
-    b_w = tl.dot(b_T20, b_x0, input_precision=DOT_PREC)
-    b_w += tl.dot(b_T21, b_x1, input_precision=DOT_PREC)
-    b_w += tl.dot(b_T22, b_x2, input_precision=DOT_PREC)
-    tl.store(p_w + o_t2[:, None] * (H * K), b_w.to(w.dtype.element_ty), mask=m_t2[:, None])
-    b_w = tl.dot(b_T30, b_x0, input_precision=DOT_PREC)
-    b_w += tl.dot(b_T31, b_x1, input_precision=DOT_PREC)
-    b_w += tl.dot(b_T32, b_x2, input_precision=DOT_PREC)
-    b_w += tl.dot(b_T33, b_x3, input_precision=DOT_PREC)
-    tl.store(p_w + o_t3[:, None] * (H * K), b_w.to(w.dtype.element_ty), mask=m_t3[:, None])
+    # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v   (blocks above the diagonal
+    #    of the scratch still hold A's zeros)
+    b_T = tl.load(p_At + o_at, mask=m_r[:, None], other=0.0)
+    b_bg = b_beta * tl.exp(b_gc)
+    b_w = mm(b_T * b_bg[None, :], b_k, WU_PREC)
+    if W_SPLIT:   # stored as a bf16 hi + lo pair: the walk feeds both to the tensor cores
+        b_wh, b_wl = split(b_w)
+        tl.store(w + (t0 * H + i_h) * K + o_wk, b_wh, mask=m_r[:, None])
+        tl.store(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wk, b_wl, mask=m_r[:, None])
+    else:
+        tl.store(w + (t0 * H + i_h) * K + o_wk, b_w.to(w.dtype.element_ty), mask=m_r[:, None])
+    b_v = tl.load(v + (t0 * H + i_h) * V + o_hv, mask=m_r[:, None], other=0.0)
+    b_u = mm(b_T * b_beta[None, :], b_v, WU_PREC)
+    tl.store(u + (t0 * H + i_h) * V + o_hv, b_u.to(u.dtype.element_ty), mask=m_r[:, None])
 
-    # u = Tm @ (beta v)
-    p_v = v + i_h * V + o_v[None, :]
-    b_y0 = tl.load(p_v + o_t0[:, None] * (H * V), mask=m_t0[:, None], other=0.0).to(tl.float32)
-    b_y1 = tl.load(p_v + o_t1[:, None] * (H * V), mask=m_t1[:, None], other=0.0).to(tl.float32)
-    b_y2 = tl.load(p_v + o_t2[:, None] * (H * V), mask=m_t2[:, None], other=0.0).to(tl.float32)
-    b_y3 = tl.load(p_v + o_t3[:, None] * (H * V), mask=m_t3[:, None], other=0.0).to(tl.float32)
-    b_y0 = b_y0 * b_be0[:, None]
-    b_y1 = b_y1 * b_be1[:, None]
-    b_y2 = b_y2 * b_be2[:, None]
-    b_y3 = b_y3 * b_be3[:, None]
-    p_u = u + i_h * V + o_v[None, :]
-    b_u = tl.dot(b_T00, b_y0, input_precision=DOT_PREC)
-    tl.store(p_u + o_t0[:, None] * (H * V), b_u.to(u.dtype.element_ty), mask=m_t0[:, None])
-    b_u = tl.dot(b_T10, b_y0, input_precision=DOT_PREC)
-    b_u += tl.dot(b_T11, b_y1, input_precision=DOT_PREC)
-    tl.store(p_u + o_t1[:, None] * (H * V), b_u.to(u.dtype.element_ty), mask=m_t1[:, None])
-    b_u = tl.dot(b_T20, b_y0, input_precision=DOT_PREC)
-    b_u += tl.dot(b_T21, b_y1, input_precision=DOT_PREC)
-    b_u += tl.dot(b_T22, b_y2, input_precision=DOT_PREC)
-    tl.store(p_u + o_t2[:, None] * (H * V), b_u.to(u.dtype.element_ty), mask=m_t2[:, None])
-    b_u = tl.dot(b_T30, b_y0, input_precision=DOT_PREC)
-    b_u += tl.dot(b_T31, b_y1, input_precision=DOT_PREC)
-    b_u += tl.dot(b_T32, b_y2, input_precision=DOT_PREC)
-    b_u += tl.dot(b_T33, b_y3, input_precision=DOT_PREC)
-    tl.store(p_u + o_t3[:, None] * (H * V), b_u.to(u.dtype.element_ty), mask=m_t3[:, None])
+    if OUT_PREP:
+        b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
+        b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
+        b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
+        b_B = mm(b_Aqk, b_T, OUT_PREC)
+        b_p = b_q.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_B * b_bg[None, :], b_k, OUT_PREC)
+        tl.store(p + (t0 * H + i_h) * K + o_wk, (scale * b_p).to(p.dtype.element_ty),
+                 mask=m_r[:, None])
+        b_ob = mm(b_B * b_beta[None, :], b_v, OUT_PREC)
+        tl.store(ob + (t0 * H + i_h) * V + o_hv, (scale * b_ob).to(ob.dtype.element_ty),
+                 mask=m_r[:, None])
 
 
 def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, *,
                     gc: Optional[torch.Tensor] = None, beta: Optional[torch.Tensor] = None,
-                    a=None, b=None, A_log=None, dt_bias=None,
+                    a=None, b=None, A_log=None, dt_bias=None, q=None, scale: float = 1.0,
                     chunk_indices: Optional[torch.Tensor] = None,
-                    wu_dtype: Optional[torch.dtype] = None, num_warps: int = 4
-                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Allocate ``w``, ``u`` (and ``gc`` in raw mode), launch :func:`intra_chunk_kernel` once.
+                    wu_dtype: Optional[torch.dtype] = None, num_warps: int = 8):
+    """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
-    Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``,
-    ``dt_bias`` are required). Returns ``(w, u, gc)``.
+    Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
+    are required); output terms when ``q`` is given. Returns ``(w, u, gc)``, or
+    ``(w, u, gc, P, ob)`` when ``q`` is given.
     """
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
     raw = gc is None
+    dev = k.device
     if raw:
-        gc = torch.empty(T, H, dtype=torch.float32, device=k.device)
-    w = torch.empty(T, H, K, dtype=wu_dtype or W_DTYPE, device=k.device)
-    u = torch.empty(T, H, V, dtype=wu_dtype or U_DTYPE, device=k.device)
+        gc = torch.empty(T, H, dtype=torch.float32, device=dev)
+    w_split = wu_dtype is None and W_SPLIT
+    if w_split:
+        w = torch.empty(2, T, H, K, dtype=torch.bfloat16, device=dev)
+    else:
+        w = torch.empty(T, H, K, dtype=wu_dtype or torch.float32, device=dev)
+    u = torch.empty(T, H, V, dtype=wu_dtype or U_DTYPE, device=dev)
+    At = torch.empty(T, H, BT, dtype=torch.float32, device=dev)
+    out_prep = q is not None
+    P = torch.empty(T, H, K, dtype=P_DTYPE, device=dev) if out_prep else None
+    ob = torch.empty(T, H, V, dtype=OB_DTYPE, device=dev) if out_prep else None
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
     if grid[0] > 0:
         intra_chunk_kernel[grid](
-            k, v, a, b, A_log, dt_bias, gc, beta, w, u, cu_seqlens, chunk_indices, T, N,
+            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, cu_seqlens,
+            chunk_indices, scale, T, N,
             H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, RAW_GATES=raw, USE_INDICES=use_indices,
-            DOT_PREC=WU_DOT_PRECISION, num_warps=num_warps,
+            OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=WU_PRECISION, OUT_PREC=OUT_PRECISION,
+            num_warps=num_warps,
         )
-    return w, u, gc
+    return (w, u, gc, P, ob) if out_prep else (w, u, gc)
 
 
 def intra_chunk(k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, beta: torch.Tensor,
@@ -300,9 +308,11 @@ def intra_chunk(k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, beta: torch.
         beta: `[T, HV]` f32.
         cu_seqlens: `[N+1]` int32/int64.
         use_indices: host-built chunk table (syncs) instead of the device lookup.
-        wu_dtype: storage dtype of ``w`` and ``u`` (default :data:`W_DTYPE`, :data:`U_DTYPE`).
+        wu_dtype: storage dtype of ``w`` and ``u``; None: ``w`` as a bf16 hi/lo pair
+            (:data:`W_SPLIT`) and ``u`` in :data:`U_DTYPE`.
     Returns:
-        ``(w [T, HV, K], u [T, HV, V])``.
+        ``(w, u)``: ``w`` `[T, HV, K]` in ``wu_dtype`` or `[2, T, HV, K]` bf16 (hi, lo);
+        ``u`` `[T, HV, V]`.
     """
     idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,

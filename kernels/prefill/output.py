@@ -8,8 +8,9 @@ per-chunk cumulative log decay::
 
 :func:`chunk_output` is the block computation; :func:`chunk_output_kernel`
 runs it per ``(chunk, value head, V tile)`` reading the chunk states the
-state walk stored (the unfused compositions), and the ``fused`` state walk
-calls :func:`chunk_output` inline as it walks.
+state walk stored (the unfused compositions). The ``fused`` variant instead
+folds ``q`` and the causal term into two per-token terms in the intra-chunk
+kernel (``o = P @ S0 + ob``, see :mod:`.intra_chunk`) and the walk applies them.
 """
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices, slot_of  # noqa: E402,E501
+from .dots import mm  # noqa: E402
 
 __all__ = ["chunk_output", "chunk_output_kernel", "chunk_output_fwd", "chunk_output_stage",
            "OUTPUT_DOT_PRECISION"]
 
-#: ``input_precision`` of the fp32 products ``q @ S0`` and ``A_qk @ v_new``.
-OUTPUT_DOT_PRECISION = "tf32"
+#: Precision of ``q @ S0`` and ``A_qk @ v_new`` in the output kernel (see :func:`chunk_output`).
+OUTPUT_DOT_PRECISION = "bf16x2"
 
 
 @triton.jit
@@ -38,15 +40,16 @@ def chunk_output(b_q, b_k, b_gc, b_S, b_v, scale, DOT_PREC: tl.constexpr):
 
     Args (blocks): ``b_q``, ``b_k`` `[BT, K]` bf16 (rows past the end are 0),
     ``b_gc`` `[BT]` f32, ``b_S`` `[K, BV]` f32 entering state, ``b_v`` `[BT, BV]` f32
-    residuals (0 past the end).
+    residuals (0 past the end). ``DOT_PREC``: precision of the products with the
+    state and the residuals (:mod:`.dots`).
     """
     BT_: tl.constexpr = b_q.shape[0]
     o_i = tl.arange(0, BT_)
     b_A = tl.dot(b_q, tl.trans(b_k))                                 # q k^T, bf16 -> f32
     b_A = b_A * tl.exp(tl.minimum(b_gc[:, None] - b_gc[None, :], 0.0))
     b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A, 0.0)           # causal, diagonal kept
-    b_o = tl.dot(b_q.to(tl.float32), b_S, input_precision=DOT_PREC) * tl.exp(b_gc)[:, None]
-    b_o += tl.dot(b_A, b_v, input_precision=DOT_PREC)
+    b_o = mm(b_q, b_S, DOT_PREC) * tl.exp(b_gc)[:, None]
+    b_o += mm(b_A, b_v, DOT_PREC)
     return b_o * scale
 
 

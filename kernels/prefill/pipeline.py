@@ -14,9 +14,10 @@ variant         stages                                                       GPU
                 table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
-``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u``;        2 kernels; 4 with CP
-                (2) state walk with the outputs computed inline; with
-                context parallelism (2) becomes summary, combine, walk
+``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u`` + the     2 kernels; 4 with CP
+                output terms ``P``, ``ob``; (2) state walk with the outputs
+                ``P @ S + ob`` inline; with context parallelism (2) becomes
+                summary, combine, walk
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
 ==============  ===========================================================  =====================
 
@@ -36,6 +37,7 @@ import torch
 
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
+from .config import DEFAULT_CONFIG, PrefillConfig
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
@@ -90,85 +92,97 @@ def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, outp
     return shape, resolve_scale(scale, D), o, ht
 
 
-def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, BV):
+def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg):
     """Stages 3 and 4 as separate kernels (the unfused compositions)."""
     T, _, K = k.shape
     H, V = u.shape[1], u.shape[2]
     N = cu_seqlens.numel() - 1
-    BV = BV or default_bv(V, N * H, sm_count(q.device))
+    BV = cfg.split_BV or default_bv(V, N * H, sm_count(q.device))
     h = torch.empty(num_slots(T, N), H, K, V, dtype=torch.float32, device=q.device)
     v_new = torch.empty(T, H, V, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, initial_state=state, h=h, v_new=v_new,
-                   final_state=ht, BV=BV)
-    chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, output=o, chunk_indices=idx)
+                   final_state=ht, BV=BV, num_warps=cfg.walk_warps,
+                   num_stages=cfg.walk_stages)
+    chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, output=o, chunk_indices=idx,
+                     BV=cfg.output_BV, num_warps=cfg.output_warps)
     return o, ht
 
 
+def _config(config, D) -> PrefillConfig:
+    if config is None:
+        config = DEFAULT_CONFIG
+    if not isinstance(config, PrefillConfig):
+        raise TypeError(f"config must be a PrefillConfig or None, got {type(config).__name__}")
+    return config.fit(D)
+
+
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                    output=None, output_state=None, check_values=True, BV=None):
+                    output=None, output_state=None, check_values=True, config=None):
     """The seed's starting shape: torch gates, host-sync chunk table, 4 Triton kernels."""
-    _, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
-                             output_state, check_values)
+    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                 output, output_state, check_values)
+    cfg = _config(config, shape.head_dim)
     g, beta = gates_torch(A_log, a, dt_bias, b)
     idx = prepare_chunk_indices(cu_seqlens)
     gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
-    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx)
-    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, BV)
+    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
+                              num_warps=cfg.intra_warps)
+    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
 
 
 def _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
-                           output_state, check_values, use_indices, BV):
-    _, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
-                             output_state, check_values)
+                           output_state, check_values, use_indices, config):
+    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                 output, output_state, check_values)
+    cfg = _config(config, shape.head_dim)
     idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
     gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                chunk_indices=idx)
-    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx)
-    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, BV)
+    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
+                              num_warps=cfg.intra_warps)
+    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
 
 
 def prefill_fused_gates(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                        output=None, output_state=None, check_values=True, BV=None):
+                        output=None, output_state=None, check_values=True, config=None):
     """One gates+cumsum kernel from raw inputs; still a host-sync chunk table."""
     return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                  output, output_state, check_values, True, BV)
+                                  output, output_state, check_values, True, config)
 
 
 def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                    output=None, output_state=None, check_values=None, BV=None):
+                    output=None, output_state=None, check_values=None, config=None):
     """As ``fused_gates`` with the device-side chunk lookup: no host sync."""
     return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                  output, output_state, check_values, False, BV)
+                                  output, output_state, check_values, False, config)
 
 
 def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, int] = None,
-               BV: Optional[int] = None) -> Tuple[int, int]:
+               config: Optional[PrefillConfig] = None) -> Tuple[int, int]:
     """``(BV, seg_chunks)`` the fused variant uses; ``seg_chunks == 0`` means no CP.
 
     ``cp``: None applies :func:`.context_parallel.cp_segment_chunks`; False/0 turns
-    CP off; True forces it (rule's segment size, at least 2 chunks); an int ``n``
-    forces segments of ``n`` chunks.
+    CP off; True forces it (the rule's segment size, at least 2 chunks); an int
+    ``n`` forces segments of ``n`` chunks.
     """
-    n_sm = sm_count(device)
-    BV_walk = BV or default_bv(D, N * HV, n_sm)
+    cfg = _config(config, D)
+    BV = cfg.walk_BV
     if cp is None:
-        seg = cp_segment_chunks(T, N, HV, D, BV_walk, n_sm)
+        seg = cp_segment_chunks(T, N, HV, D, BV, sm_count(device), cfg.cp_min_avg_chunks)
     elif cp is True:
-        seg = max(cp_segment_chunks(T, N, HV, D, BV_walk, 0), 2) if T > 0 else 2
+        seg = max(cp_segment_chunks(T, N, HV, D, BV, 0, 1), 2)
     elif cp is False or cp == 0:
         seg = 0
-    else:
+    elif isinstance(cp, int) and cp >= 1:
         seg = int(cp)
-        if seg < 1:
-            raise ValueError(f"cp must be None, a bool or a segment size >= 1 (chunks), got {cp}")
-    if seg and BV is None:
-        BV_walk = min(D, 32)   # CP has programs to spare: wider tiles, fewer redundant loads
-    return BV_walk, seg
+    else:
+        raise ValueError(f"cp must be None, a bool or a segment size >= 1 (chunks), got {cp!r}")
+    return BV, seg
 
 
 def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                   output=None, output_state=None, check_values=None,
-                  cp: Union[None, bool, int] = None, BV: Optional[int] = None):
+                  cp: Union[None, bool, int] = None, config=None):
     """Fewest launches: (1) gates+cumsum+solve+``w``/``u``, (2) walk + inline outputs.
 
     With context parallelism (see :mod:`.context_parallel`), (2) becomes phase A
@@ -178,18 +192,24 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                                  output, output_state, check_values)
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
-    BV, seg = plan_fused(T, N, HV, D, q.device, cp, BV)
-    w, u, gc = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    cfg = _config(config, D)
+    BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
+    w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
+                                      dt_bias=dt_bias, q=q, scale=scale,
+                                      num_warps=cfg.intra_warps)
+    walk = dict(BV=BV, num_warps=cfg.walk_warps, num_stages=cfg.walk_stages)
     if seg == 0:
-        state_walk_fwd(k, w, u, gc, cu_seqlens, q=q, initial_state=state, output=o,
-                       final_state=ht, scale=scale, BV=BV)
+        state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
+                       final_state=ht, **walk)
         return o, ht
     seg_t = seg * BT
     S = num_slots(T, N, seg_t)
     summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
-    state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, BV=BV)
-    segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV)
-    state_walk_fwd(k, w, u, gc, cu_seqlens, q=q, s0=s0, output=o, final_state=ht,
-                   scale=scale, seg_t=seg_t, BV=BV)
+    state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t,
+                   **dict(walk, BV=cfg.summary_BV, num_warps=cfg.summary_warps))
+    segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
+                        num_warps=cfg.combine_warps)
+    state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
+                   seg_t=seg_t, **walk)
     return o, ht

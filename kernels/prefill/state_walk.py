@@ -14,8 +14,10 @@ what else happens:
 * ``STORE_H`` / ``STORE_VNEW``: store the state entering each chunk (at its
   slot, :mod:`.chunk_index`) and the residuals, for the separate output
   kernel (:mod:`.output`) -- the unfused compositions;
-* ``FUSE_OUTPUT``: compute the chunk's outputs inline with
-  :func:`.output.chunk_output` -- the ``fused`` variant, no ``h`` round trip;
+* ``FUSE_OUTPUT``: compute the chunk's outputs inline as ``o = P @ S + ob``
+  from the two output terms the intra-chunk kernel prepared (``q`` and the
+  causal ``q k^T`` product are folded into them) -- the ``fused`` variant, no
+  ``h`` round trip, and only one extra product on the walk;
 * ``SUMMARY`` (context parallelism, phase A): walk the segment from
   ``[I | 0]`` over ``K + V`` columns, producing its affine transition
   ``S_end = M S_start + X`` (``M`` in the first ``K`` columns, ``X`` in the
@@ -38,13 +40,17 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .chunk_index import BT, locate_block, num_slots  # noqa: E402
-from .output import chunk_output  # noqa: E402
+from .dots import mm, mm_pair  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "state_walk", "load_state_tile",
-           "WALK_DOT_PRECISION", "default_bv"]
+           "WALK_DOT_PRECISION", "OUTPUT_INLINE_PRECISION", "default_bv"]
 
-#: ``input_precision`` of the fp32 products with the state (``w @ S``, ``k^T @ v_new``).
-WALK_DOT_PRECISION = "tf32"
+#: Precision (:mod:`.dots`) of the products with the state (``w @ S``, ``k^T @ v_new``).
+WALK_DOT_PRECISION = "bf16x2"
+#: Precision of the inline output product ``P @ S`` of the fused walk. With "bf16" the
+#: output's relative L2 error against the reference grows from ~5e-3 to ~6.5e-3 (CPU,
+#: D=128, T=300; the bf16 rounding of the output alone gives ~4e-3).
+OUTPUT_INLINE_PRECISION = "bf16x2"
 
 
 def default_bv(V: int, programs_per_tile: int, n_sm: int = 132) -> int:
@@ -61,14 +67,16 @@ def load_state_tile(h0, i_n, i_h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.c
     """``[K, BV]`` fp32 tile (columns ``i_v*BV ...``) of the k-last state ``h0[i_n, i_h]``."""
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
-    return tl.load(h0 + ((i_n * H + i_h) * V + o_v[None, :]) * K + o_k[:, None])
+    p_h0 = h0 + (i_n * H + i_h).to(tl.int64) * (V * K)
+    return tl.load(p_h0 + o_v[None, :] * K + o_k[:, None])
 
 
 @triton.jit(do_not_specialize=["T", "N"])
 def state_walk_kernel(
-    q,              # [T, HQ, K] bf16 (FUSE_OUTPUT) or None
+    p,              # [T, H, K] output term P, scale folded in (FUSE_OUTPUT) or None
+    ob,             # [T, H, V] output term ob, scale folded in (FUSE_OUTPUT) or None
     k,              # [T, HQ, K] bf16
-    w,              # [T, H, K] WY factor (bf16 or f32)
+    w,              # [T, H, K] WY factor (bf16 or f32), or [2, T, H, K] bf16 (hi, lo) (W_SPLIT)
     u,              # [T, H, V] WY factor (bf16 or f32)
     gc,             # [T, H] f32 per-chunk cumulative log decay
     h0,             # [N, H, V, K] f32 initial state, k-last (USE_H0) or None
@@ -79,7 +87,6 @@ def state_walk_kernel(
     v_new,          # [T, H, V] f32 out: residuals (STORE_VNEW) or None
     ht,             # [N, H, V, K] f32 out: final state, k-last (not SUMMARY) or None
     summ,           # [S, H, K, K+V] f32 out: segment transitions [M | X] (SUMMARY) or None
-    scale,          # output scale
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -95,7 +102,9 @@ def state_walk_kernel(
     STORE_VNEW: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr,
     SUMMARY: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    W_SPLIT: tl.constexpr,      # w is a bf16 (hi, lo) pair
+    DOT_PREC: tl.constexpr,     # products with the state (see .dots)
+    OUT_PREC: tl.constexpr,     # P @ S of the inline outputs (see .dots)
 ):
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HQ: tl.constexpr = H // G
@@ -118,16 +127,22 @@ def state_walk_kernel(
             return
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)   # columns: of S, or of [M | X] when SUMMARY
+    o_bt = tl.arange(0, BT)
+    # Addressing: int64 scalar base pointers per chunk + loop-invariant int32 tile
+    # offsets (int64 offset tensors would cost two registers per element).
+    o_kv = o_k[:, None] * V + o_v[None, :]                 # [K, BV] in a [K, V] state
+    o_wk = o_bt[:, None] * (H * K) + o_k[None, :]          # [BT, K] rows of w
+    o_qk = o_bt[:, None] * (HQ * K) + o_k[None, :]         # [BT, K] rows of k
 
     if SUMMARY:
         b_S = tl.where(o_k[:, None] == o_v[None, :], 1.0, 0.0)   # [I | 0]
         m_u = o_v >= K
-        o_u = o_v - K
+        o_tv = o_bt[:, None] * (H * V) + (o_v - K)[None, :]      # [BT, BV] rows of u (X part)
     else:
         m_u = o_v < V
-        o_u = o_v
+        o_tv = o_bt[:, None] * (H * V) + o_v[None, :]            # [BT, BV] rows of u, o, v_new
         if FROM_S0:
-            b_S = tl.load(s0 + ((i_u * H + i_h) * K + o_k[:, None]) * V + o_v[None, :])
+            b_S = tl.load(s0 + (i_u * H + i_h).to(tl.int64) * (K * V) + o_kv)
         elif USE_H0:
             b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BV)
         else:
@@ -135,46 +150,50 @@ def state_walk_kernel(
 
     n_ch = tl.cdiv(ueos - ubos, BT)
     for i_c in range(0, n_ch):
-        t0 = ubos + i_c * BT
-        o_t = t0 + tl.arange(0, BT)
-        m_t = o_t < ueos
-        b_w = tl.load(w + (o_t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None],
+        t0 = ubos + i_c * BT                       # first token of the chunk (int64)
+        m_t = o_bt < (ueos - t0)
+        b_w = tl.load(w + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
+        b_u = tl.load(u + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None] & m_u[None, :],
                       other=0.0).to(tl.float32)
-        b_u = tl.load(u + (o_t[:, None] * H + i_h) * V + o_u[None, :],
-                      mask=m_t[:, None] & m_u[None, :], other=0.0).to(tl.float32)
-        b_v = b_u - tl.dot(b_w, b_S, input_precision=DOT_PREC)
+        if W_SPLIT:   # w stored as a bf16 (hi, lo) pair
+            b_wl = tl.load(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None],
+                           other=0.0)
+            b_v = b_u - mm_pair(b_w, b_wl, b_S)
+        else:
+            b_v = b_u - mm(b_w, b_S, DOT_PREC)
         if STORE_H:
             slot_c = bos // BT + i_n + (t0 - bos) // BT
-            tl.store(h + ((slot_c * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], b_S)
+            tl.store(h + (slot_c * H + i_h) * (K * V) + o_kv, b_S)
         if STORE_VNEW:
-            tl.store(v_new + (o_t[:, None] * H + i_h) * V + o_v[None, :], b_v,
-                     mask=m_t[:, None])
-        b_gc = tl.load(gc + o_t * H + i_h, mask=m_t, other=0.0)
+            tl.store(v_new + (t0 * H + i_h) * V + o_tv, b_v, mask=m_t[:, None])
+        b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
         b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
-        b_k = tl.load(k + (o_t[:, None] * HQ + i_hk) * K + o_k[None, :], mask=m_t[:, None],
-                      other=0.0)
-        if FUSE_OUTPUT:
-            b_q = tl.load(q + (o_t[:, None] * HQ + i_hk) * K + o_k[None, :],
-                          mask=m_t[:, None], other=0.0)
-            b_o = chunk_output(b_q, b_k, b_gc, b_S, b_v, scale, DOT_PREC)
-            tl.store(o + (o_t[:, None] * H + i_h) * V + o_v[None, :],
-                     b_o.to(o.dtype.element_ty), mask=m_t[:, None])
-        b_kd = b_k.to(tl.float32) * tl.exp(b_gl - b_gc)[:, None]
-        b_S = b_S * tl.exp(b_gl) + tl.dot(tl.trans(b_kd), b_v, input_precision=DOT_PREC)
+        b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+        if FUSE_OUTPUT:   # o = P @ S + ob (see .intra_chunk)
+            b_p = tl.load(p + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
+            b_ob = tl.load(ob + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None], other=0.0)
+            b_o = mm(b_p, b_S, OUT_PREC) + b_ob.to(tl.float32)
+            tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty),
+                     mask=m_t[:, None])
+        # S = exp(gc_last) S + k^T (exp(gc_last - gc) v_new): the decay goes on the
+        # small [BT, BV] residual tile, k stays bf16
+        b_vd = b_v * tl.exp(b_gl - b_gc)[:, None]
+        b_S = b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
 
     if SUMMARY:
-        tl.store(summ + ((i_u * H + i_h) * K + o_k[:, None]) * (K + V) + o_v[None, :], b_S)
+        p_summ = summ + (i_u * H + i_h).to(tl.int64) * (K * (K + V))
+        tl.store(p_summ + o_k[:, None] * (K + V) + o_v[None, :], b_S)
     else:
-        p_ht = ht + ((i_n * H + i_h) * V + o_v[None, :]) * K + o_k[:, None]
+        p_ht = ht + (i_n * H + i_h).to(tl.int64) * (V * K) + o_v[None, :] * K + o_k[:, None]
         if SEG_T == 0:
             tl.store(p_ht, b_S)
         else:
             tl.store(p_ht, b_S, mask=(o_k[:, None] < K) & (ueos >= eos))
 
 
-def state_walk_fwd(k, w, u, gc, cu_seqlens, *, q=None, initial_state=None, s0=None,
+def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=None, s0=None,
                    output=None, h=None, v_new=None, final_state=None, summary=None,
-                   scale: float = 1.0, seg_t: int = 0, BV: int = 32,
+                   seg_t: int = 0, BV: int = 32,
                    num_warps: int = 4, num_stages: int = 2) -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
@@ -190,12 +209,14 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, q=None, initial_state=None, s0=No
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
     state_walk_kernel[grid](
-        q, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state, summary,
-        scale, T, N,
+        p, ob, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
+        summary, T, N,
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
         USE_H0=initial_state is not None, FROM_S0=s0 is not None, STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
-        DOT_PREC=WALK_DOT_PRECISION, num_warps=num_warps, num_stages=num_stages,
+        W_SPLIT=w.dim() == 4,
+        DOT_PREC=WALK_DOT_PRECISION, OUT_PREC=OUTPUT_INLINE_PRECISION,
+        num_warps=num_warps, num_stages=num_stages,
     )
 
 
@@ -206,7 +227,8 @@ def state_walk(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gc: torch.Tens
 
     Args:
         k: `[T, HQ, K]` bf16 keys.
-        w: `[T, HV, K]`, u: `[T, HV, V]` WY factors (stage 2).
+        w: `[T, HV, K]` (or a `[2, T, HV, K]` bf16 hi/lo pair), u: `[T, HV, V]` WY
+            factors (stage 2).
         gc: `[T, HV]` f32 per-chunk cumulative log decay.
         cu_seqlens: `[N+1]` int32/int64.
         initial_state: `[N, HV, V, K]` f32 k-last, or None (zeros).

@@ -1,0 +1,107 @@
+"""Launch levers of the prefill kernels: explicit, no autotuning.
+
+Defaults were chosen without GPU timing, from what compiles without register
+spills for sm_90 (ptxas of triton 3.7, ``D = 128``, ``HV = 8``):
+
+* fused walk (outputs inline), ``BV = 32``, 8 warps, 2 stages: 240 registers,
+  no spill, 160 KB shared memory (``BV = 16``, 4 warps: 229 registers; ``BV =
+  64`` spills hundreds of bytes). Wider tiles mean fewer programs re-reading
+  the chunk's ``w``, ``k``, ``P`` (one read per V tile);
+* CP summary walk over ``K + V`` columns, ``BV = 32``, 4 warps: 245 registers;
+* intra-chunk kernel with the output terms, 8 warps: ~32 bytes of spill
+  (160 bytes at 4 warps).
+
+Sweep them on the GPU with ``gdn_prefill(..., config=PrefillConfig(...))``;
+:func:`sweep_configs` lists a small grid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import List, Optional
+
+__all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs"]
+
+
+def _pow2(x) -> bool:
+    return isinstance(x, int) and x >= 1 and not (x & (x - 1))
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Launch configuration of the prefill stage kernels.
+
+    Args:
+        walk_BV: state tile width of the fused walk (outputs inline) and of CP
+            phase C; None: 32 (capped at ``D``).
+        walk_warps, walk_stages: ``num_warps`` / ``num_stages`` of the state walks
+            (``walk_stages`` also for the CP summary walk).
+        split_BV: tile width of the walk that stores chunk states (unfused
+            compositions); None: :func:`.state_walk.default_bv`.
+        intra_warps: ``num_warps`` of the intra-chunk (+ gates) kernel.
+        output_BV, output_warps: the separate output kernel (unfused compositions).
+        summary_BV, summary_warps: tile width over the ``K + V`` columns and
+            ``num_warps`` of CP phase A.
+        combine_warps: ``num_warps`` of CP phase B.
+        cp_min_avg_chunks: CP is considered from this many chunks per sequence
+            on average (see :mod:`.context_parallel`).
+    """
+
+    walk_BV: Optional[int] = None
+    walk_warps: int = 8
+    walk_stages: int = 2
+    split_BV: Optional[int] = None
+    intra_warps: int = 8
+    output_BV: int = 64
+    output_warps: int = 4
+    summary_BV: int = 32
+    summary_warps: int = 4
+    combine_warps: int = 4
+    cp_min_avg_chunks: int = 32
+
+    def __post_init__(self):
+        for f in ("walk_BV", "split_BV"):
+            v = getattr(self, f)
+            if v is not None and (not _pow2(v) or v < 16):
+                raise ValueError(f"{f} must be None or a power of two >= 16, got {v}")
+        for f in ("output_BV", "summary_BV"):
+            v = getattr(self, f)
+            if not _pow2(v) or v < 16:
+                raise ValueError(f"{f} must be a power of two >= 16, got {v}")
+        for f in ("walk_warps", "intra_warps", "output_warps", "summary_warps",
+                  "combine_warps"):
+            if not _pow2(getattr(self, f)):
+                raise ValueError(f"{f} must be a power of two, got {getattr(self, f)}")
+        if self.walk_stages < 1 or self.cp_min_avg_chunks < 1:
+            raise ValueError("walk_stages and cp_min_avg_chunks must be >= 1")
+
+    @property
+    def name(self) -> str:
+        """Non-default fields as ``field=value`` joined by ``,`` (``"default"`` if none)."""
+        d = DEFAULT_CONFIG if "DEFAULT_CONFIG" in globals() else PrefillConfig()
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                 if getattr(self, f.name) != getattr(d, f.name)]
+        return ",".join(parts) or "default"
+
+    def fit(self, D: int) -> "PrefillConfig":
+        """Tile widths capped at the head size ``D`` (and ``2 D`` for ``summary_BV``)."""
+        return replace(
+            self,
+            walk_BV=min(self.walk_BV or 32, D),
+            split_BV=None if self.split_BV is None else min(self.split_BV, D),
+            output_BV=min(self.output_BV, D),
+            summary_BV=min(self.summary_BV, 2 * D),
+        )
+
+
+DEFAULT_CONFIG = PrefillConfig()
+
+
+def sweep_configs() -> List[PrefillConfig]:
+    """A small grid for a GPU sweep of the ``fused`` variant (walk and intra levers)."""
+    out = []
+    for bv, warps in ((16, 4), (16, 8), (32, 4), (32, 8), (64, 8)):
+        for stages in (1, 2, 3):
+            for iw in (4, 8):
+                out.append(PrefillConfig(walk_BV=bv, walk_warps=warps, walk_stages=stages,
+                                         intra_warps=iw))
+    return out
