@@ -249,12 +249,11 @@ def test_context_parallel_summary_and_combine(seg_chunks):
     seg_t = seg_chunks * BT
     S = chunk_index.num_slots(T, N, seg_t)
     summ = torch.full((S, H, D, 2 * D), float("nan"), device=DEV)
-    s0 = torch.full((S, H, D, D), float("nan"), device=DEV)
     wf, uf, gcf = (t.float().to(DEV) for t in (w, u, gc))
     state_walk.state_walk_fwd(x["k"], wf, uf, gcf, x["cu_seqlens"], summary=summ, seg_t=seg_t,
                               BV=16)
-    context_parallel.segment_combine_fwd(summ, s0, x["cu_seqlens"], x["state"], seg_t=seg_t,
-                                         T=T, BV=16)
+    s0 = context_parallel.segment_combine(summ, x["cu_seqlens"], x["state"], seg_chunks,
+                                          BV=16)
     # float64: walk each segment from [I | 0] and from the true state
     h_ref, _, _ = ref_walk(k, w, u, gc, cpu["state"], cu)   # states at chunk slots
     bounds = cu.tolist()

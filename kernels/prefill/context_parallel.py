@@ -1,4 +1,4 @@
-"""Context parallelism for long sequences: split the serial state walk into segments.
+"""Context parallelism (CP) for long sequences: split the serial state walk into segments.
 
 Without it the state walk runs ``N * HV * V/BV`` programs, each walking all
 ``ceil(len/64)`` chunks of its sequence in order: one long sequence with
@@ -26,8 +26,9 @@ columns instead of ``V`` (about 2x the walk's work) and phase B adds
 
 The rule (:func:`cp_segment_chunks`, host metadata only, so no sync): use
 CP when the walk would have fewer programs than the GPU has SMs
-(``N * HV * V/BV < n_sm``) and the average sequence has at least
-``CP_MIN_AVG_CHUNKS`` chunks (``ceil(T/64) / N >= 32``, i.e. 2048 tokens);
+(``N * HV * V/BV < n_sm``; 32 < 132 for one contest sequence at ``BV = 32``)
+and the average sequence has at least ``CP_MIN_AVG_CHUNKS`` chunks
+(``ceil(T/64) / N >= 32``, i.e. 2048 tokens; ``PrefillConfig.cp_min_avg_chunks``);
 then ``SEG_CHUNKS`` is the power of two nearest ``sqrt(avg_chunks / 2)``,
 clamped to ``[2, 64]`` (8 at T = 8192, N = 1: 16 segments). Individual
 lengths are unknown without a sync, so a batch of one long and many short
@@ -48,7 +49,7 @@ import triton.language as tl  # noqa: E402
 
 from .state_walk import load_state_tile  # noqa: E402
 
-__all__ = ["CP_MIN_AVG_CHUNKS", "cp_segment_chunks", "segment_combine_kernel",
+__all__ = ["CP_MIN_AVG_CHUNKS", "cp_segment_chunks", "segment_combine_kernel", "segment_combine",
            "segment_combine_fwd", "COMBINE_DOT_PRECISION", "sm_count"]
 
 #: Average chunks per sequence from which CP is considered.
@@ -132,3 +133,27 @@ def segment_combine_fwd(summary: torch.Tensor, s0: torch.Tensor, cu_seqlens: tor
         H=H, K=K, V=V, BV=BV, BK=min(BK, K), SEG_T=seg_t, USE_H0=initial_state is not None,
         DOT_PREC=COMBINE_DOT_PRECISION, num_warps=num_warps,
     )
+
+
+def segment_combine(summary: torch.Tensor, cu_seqlens: torch.Tensor,
+                    initial_state: Optional[torch.Tensor], seg_chunks: int, *,
+                    BV: int = 32) -> torch.Tensor:
+    """Phase B alone: the state entering every segment, from the segment transitions.
+
+    Args:
+        summary: `[T // (64 seg_chunks) + N, HV, K, K + V]` f32 per segment slot
+            ``[M | X]`` (phase A; the last segment of each sequence is not read).
+        cu_seqlens: `[N+1]` int32/int64.
+        initial_state: `[N, HV, V, K]` f32 k-last, or None (zeros).
+        seg_chunks: chunks per segment.
+        BV: state tile width (a power of two dividing ``V``, >= 16).
+    Returns:
+        `[T // (64 seg_chunks) + N, HV, K, V]` f32 entering state per segment slot
+        (gap slots unwritten).
+    """
+    S, H, K, KV = summary.shape
+    s0 = torch.empty(S, H, K, KV - K, dtype=torch.float32, device=summary.device)
+    T = (S - (cu_seqlens.numel() - 1)) * 64 * seg_chunks   # any T with the same slot count
+    segment_combine_fwd(summary, s0, cu_seqlens, initial_state, seg_t=64 * seg_chunks, T=T,
+                        BV=min(BV, KV - K))
+    return s0

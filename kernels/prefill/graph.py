@@ -23,6 +23,10 @@ head; with CP the segment summaries ``[S, HV, D, 2D]`` and entering states
 is about 130 MB. The cache keeps the ``MAX_BUCKETS`` most recently used
 buckets (LRU); :func:`clear_graph_cache` frees them.
 
+Called while the current stream is being captured (e.g. a benchmark that
+graphs the whole call), it records pack -> fused -> unpack into that capture
+instead of replaying its own graph.
+
 Off CUDA (CPU / Triton interpreter) there is nothing to capture: the same
 pack -> padded ``fused`` -> unpack path runs eagerly (see
 :data:`FALLBACK_NOTE`), so the bucketing and padding logic is what CPU tests check.
@@ -52,7 +56,7 @@ FALLBACK_NOTE = ("graph variant: no CUDA device, running the padded bucket eager
                  "(pack -> fused -> unpack) without capture")
 _CACHE: "OrderedDict[tuple, _Bucket]" = OrderedDict()
 _warned = False
-PACK_BLOCK = 4096
+PACK_BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["n_qk", "n_v", "n_ab", "n_cu", "n_cu_pad", "n_h0", "n_hv", "T"])
@@ -198,7 +202,9 @@ def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
             _CACHE.popitem(last=False)
     _CACHE.move_to_end(key)
     bucket.load(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens)
-    if on_cuda:
+    if on_cuda and torch.cuda.is_current_stream_capturing():
+        bucket.run()   # inside someone else's capture: let it record the kernels
+    elif on_cuda:
         if bucket.graph is None:
             bucket.capture()
         bucket.graph.replay()
