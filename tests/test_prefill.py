@@ -17,8 +17,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.checks import check_outputs  # noqa: E402
-from kernels.prefill import (VARIANTS, clear_graph_cache, gdn_prefill, graph_cache_info,  # noqa: E402,E501
-                             launch_count_hint, make_prefill_impl, plan_fused)
+from kernels.prefill import (VARIANTS, PrefillConfig, clear_graph_cache, gdn_prefill,  # noqa: E402,E501
+                             graph_cache_info, launch_count_hint, make_prefill_impl, plan_fused,
+                             sweep_configs)
 from kernels.prefill import graph as graph_mod  # noqa: E402
 from kernels.reference import prefill_reference  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
@@ -94,6 +95,37 @@ def test_scale_and_preallocated_outputs(variant):
     out = gdn_prefill(**x, variant=variant, output=o, output_state=st)
     assert out[0] is o and out[1] is st
     assert_ok(out, ref)
+
+
+@pytest.mark.parametrize("variant, options", [
+    pytest.param("fused", dict(cp=1), id="fused-cp"),
+    pytest.param("fused", dict(cp=False), id="fused"),
+    pytest.param("no_sync", {}, id="no_sync"),
+])
+def test_config_levers_keep_results(variant, options):
+    """Tile widths / warps / stages change the launch, never the result."""
+    x, ref = case(S32, [100, 0, 28], torch.int32, True)
+    cfg = PrefillConfig(walk_BV=16, walk_warps=4, walk_stages=1, split_BV=16, intra_warps=4,
+                        output_BV=16, summary_BV=16, summary_stages=2)
+    assert cfg.name != "default"
+    assert_ok(gdn_prefill(**x, variant=variant, config=cfg, **options), ref)
+    assert_ok(gdn_prefill(**x, variant=variant, BV=16, **options), ref)
+    compact = PrefillConfig(storage="compact")
+    assert_ok(gdn_prefill(**x, variant=variant, config=compact, **options), ref)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="walk_BV"):
+        PrefillConfig(walk_BV=24)
+    with pytest.raises(ValueError, match="warps"):
+        PrefillConfig(walk_warps=3)
+    with pytest.raises(ValueError, match="storage"):
+        PrefillConfig(storage="fp8")
+    assert PrefillConfig().name == "default"
+    assert len(sweep_configs()) > 1
+    x, _ = case(S16, [20, 10, 19], torch.int64, True)
+    with pytest.raises(TypeError, match="config"):
+        gdn_prefill(**x, config="fast")
 
 
 def test_make_prefill_impl_calling_convention():

@@ -7,7 +7,9 @@ spills for sm_90 (ptxas of triton 3.7, ``D = 128``, ``HV = 8``):
   no spill, 160 KB shared memory (``BV = 16``, 4 warps: 229 registers; ``BV =
   64`` spills hundreds of bytes). Wider tiles mean fewer programs re-reading
   the chunk's ``w``, ``k``, ``P`` (one read per V tile);
-* CP summary walk over ``K + V`` columns, ``BV = 32``, 4 warps: 245 registers;
+* CP summary walk over ``K + V`` columns, ``BV = 32``, 4 warps, 1 stage: 255
+  registers, no spill, 48 KB shared memory (two programs per SM; it launches
+  ``~2 * segments * HV * 4`` programs);
 * intra-chunk kernel with the output terms, 8 warps: ~32 bytes of spill
   (160 bytes at 4 warps).
 
@@ -33,17 +35,20 @@ class PrefillConfig:
     Args:
         walk_BV: state tile width of the fused walk (outputs inline) and of CP
             phase C; None: 32 (capped at ``D``).
-        walk_warps, walk_stages: ``num_warps`` / ``num_stages`` of the state walks
-            (``walk_stages`` also for the CP summary walk).
+        walk_warps, walk_stages: ``num_warps`` / ``num_stages`` of the state walks.
         split_BV: tile width of the walk that stores chunk states (unfused
             compositions); None: :func:`.state_walk.default_bv`.
         intra_warps: ``num_warps`` of the intra-chunk (+ gates) kernel.
         output_BV, output_warps: the separate output kernel (unfused compositions).
-        summary_BV, summary_warps: tile width over the ``K + V`` columns and
-            ``num_warps`` of CP phase A.
+        summary_BV, summary_warps, summary_stages: tile width over the ``K + V``
+            columns, ``num_warps`` and ``num_stages`` of CP phase A (many
+            programs: 1 stage keeps shared memory at 48 KB so two fit per SM).
         combine_warps: ``num_warps`` of CP phase B.
         cp_min_avg_chunks: CP is considered from this many chunks per sequence
             on average (see :mod:`.context_parallel`).
+        storage: ``"precise"`` or ``"compact"`` storage of the per-token
+            intermediates ``w``, ``u``, ``P``, ``ob`` (:data:`.intra_chunk.STORAGE`):
+            compact halves their bytes at ~4e-3 state error on long-memory heads.
     """
 
     walk_BV: Optional[int] = None
@@ -55,8 +60,10 @@ class PrefillConfig:
     output_warps: int = 4
     summary_BV: int = 32
     summary_warps: int = 4
+    summary_stages: int = 1
     combine_warps: int = 4
     cp_min_avg_chunks: int = 32
+    storage: str = "precise"
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
@@ -71,8 +78,10 @@ class PrefillConfig:
                   "combine_warps"):
             if not _pow2(getattr(self, f)):
                 raise ValueError(f"{f} must be a power of two, got {getattr(self, f)}")
-        if self.walk_stages < 1 or self.cp_min_avg_chunks < 1:
-            raise ValueError("walk_stages and cp_min_avg_chunks must be >= 1")
+        if self.storage not in ("precise", "compact"):
+            raise ValueError(f"storage must be 'precise' or 'compact', got {self.storage!r}")
+        if self.walk_stages < 1 or self.summary_stages < 1 or self.cp_min_avg_chunks < 1:
+            raise ValueError("walk_stages, summary_stages and cp_min_avg_chunks must be >= 1")
 
     @property
     def name(self) -> str:
@@ -99,9 +108,10 @@ DEFAULT_CONFIG = PrefillConfig()
 def sweep_configs() -> List[PrefillConfig]:
     """A small grid for a GPU sweep of the ``fused`` variant (walk and intra levers)."""
     out = []
-    for bv, warps in ((16, 4), (16, 8), (32, 4), (32, 8), (64, 8)):
-        for stages in (1, 2, 3):
-            for iw in (4, 8):
-                out.append(PrefillConfig(walk_BV=bv, walk_warps=warps, walk_stages=stages,
-                                         intra_warps=iw))
+    for storage in ("precise", "compact"):
+        for bv, warps in ((16, 4), (32, 4), (32, 8), (64, 8)):
+            for stages in (1, 2):
+                for iw in (4, 8):
+                    out.append(PrefillConfig(walk_BV=bv, walk_warps=warps, walk_stages=stages,
+                                             intra_warps=iw, storage=storage))
     return out

@@ -17,10 +17,12 @@ computed from stale rows of the state buffer and dropped.
 
 Memory held per bucket (see :func:`graph_cache_info`): the static inputs and
 outputs at ``T_pad``/``N_pad`` plus the graph's private pool holding the
-intermediates of ``fused`` (``w`` bf16, ``u`` f32, ``gc`` f32 per token and
-head; with CP the segment summaries ``[S, HV, D, 2D]`` and entering states
-``[S, HV, D, D]`` f32). At T_pad = 8192, N_pad = 1 and the contest shape that
-is about 130 MB. The cache keeps the ``MAX_BUCKETS`` most recently used
+intermediates of ``fused`` (:func:`.pipeline.workspace_bytes`: ``w``, ``u``,
+``P``, ``ob``, ``gc`` and the solve scratch per token and head; with CP the
+segment summaries ``[S, HV, D, 2D]`` and entering states ``[S, HV, D, D]``
+f32). At T_pad = 8192, N_pad = 1, the contest shape and "precise" storage
+that is about 210 MB (static buffers ~52 MB, intermediates ~160 MB; ~110 MB
+with "compact" storage). The cache keeps the ``MAX_BUCKETS`` most recently used
 buckets (LRU); :func:`clear_graph_cache` frees them.
 
 Called while the current stream is being captured (e.g. a benchmark that
@@ -46,7 +48,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ..spec import resolve_scale  # noqa: E402
-from .pipeline import _begin, plan_fused, prefill_fused  # noqa: E402
+from .config import DEFAULT_CONFIG  # noqa: E402
+from .pipeline import _begin, plan_fused, prefill_fused, workspace_bytes  # noqa: E402
 
 __all__ = ["prefill_graph", "bucket_of", "graph_cache_info", "clear_graph_cache",
            "MAX_BUCKETS", "FALLBACK_NOTE", "pack_kernel", "unpack_kernel"]
@@ -132,10 +135,8 @@ class _Bucket:
         self.ht = torch.empty(N_pad, HV, D, D, dtype=torch.float32, device=dev)
         self.graph = None
         _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
-        ws = T_pad * HV * (D * 2 + D * 4 + 4)          # w bf16, u f32, gc f32
-        if seg:
-            S = T_pad // (seg * 64) + N_pad
-            ws += S * HV * D * 3 * D * 4              # summaries [D, 2D] + entering states
+        ws = workspace_bytes(T_pad, N_pad, HV, D, seg,
+                             (config or DEFAULT_CONFIG).storage)   # the graph's pool
         static = sum(t.numel() * t.element_size() for t in self._tensors())
         self.nbytes = static + ws
         self.seg_chunks = seg

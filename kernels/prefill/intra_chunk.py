@@ -63,7 +63,7 @@ from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
 
 __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "BC", "WU_PRECISION",
-           "OUT_PRECISION", "W_SPLIT", "U_DTYPE", "P_DTYPE", "OB_DTYPE"]
+           "OUT_PRECISION", "STORAGE"]
 
 #: Sub-block size of the solve.
 BC = 16
@@ -72,16 +72,18 @@ WU_PRECISION = "bf16x2"
 #: Precision of the output terms ``B = Aqk @ Tm``, ``P``, ``ob`` (outputs only; "bf16"
 #: raises the output's relative L2 error from ~5e-3 to ~9e-3).
 OUT_PRECISION = "bf16x2"
-#: Storage of ``w`` and ``u``. Both feed the state: on long-memory heads (decay
-#: ~0.998/token, CPU, T=1000, D=128) bf16 ``w`` costs ~4e-3 abs state error against a
-#: float64 recurrence, fp32 ``w`` ~5e-5; bf16 ``u`` ~2e-3. ``W_SPLIT``: ``w`` is stored
-#: as a bf16 (hi, lo) pair ``[2, T, HV, K]`` (fp32 bytes, fp32-like accuracy) so the
-#: walk loads MMA operands directly instead of splitting fp32 tiles in registers.
-W_SPLIT = True
-U_DTYPE = torch.float32
-#: Storage dtypes of the output terms ``P`` (read by every V tile of the walk) and ``ob``.
-P_DTYPE = torch.bfloat16
-OB_DTYPE = torch.float32
+#: Storage of the per-token intermediates, by name (``PrefillConfig.storage``):
+#: ``w`` as a bf16 (hi, lo) pair ``[2, T, HV, K]`` ("pair") or a dtype, ``u``, ``P``, ``ob``.
+#: "precise": fp32-like ``w``/``u``/``ob`` -- on a long-memory head (decay ~0.998/token,
+#: CPU, T=1000, D=128) the final state is within ~1e-5 of a float64 recurrence;
+#: "compact": all bf16 (like FLA's ``w``/``u``), about half the bytes per token and head
+#: written here and read by the walk, ~4e-3 state error on that head (bf16 ``w`` ~4e-3,
+#: bf16 ``u`` ~2e-3; the contest tolerance is 1e-2). The pair lets the walk feed both
+#: halves to the tensor cores instead of splitting fp32 tiles in registers.
+STORAGE = {
+    "precise": dict(w="pair", u=torch.float32, p=torch.bfloat16, ob=torch.float32),
+    "compact": dict(w=torch.bfloat16, u=torch.bfloat16, p=torch.bfloat16, ob=torch.bfloat16),
+}
 
 
 @triton.jit
@@ -259,7 +261,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     gc: Optional[torch.Tensor] = None, beta: Optional[torch.Tensor] = None,
                     a=None, b=None, A_log=None, dt_bias=None, q=None, scale: float = 1.0,
                     chunk_indices: Optional[torch.Tensor] = None,
-                    wu_dtype: Optional[torch.dtype] = None, num_warps: int = 8):
+                    wu_dtype: Optional[torch.dtype] = None, storage: str = "precise",
+                    num_warps: int = 8):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -273,16 +276,17 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     dev = k.device
     if raw:
         gc = torch.empty(T, H, dtype=torch.float32, device=dev)
-    w_split = wu_dtype is None and W_SPLIT
+    st = STORAGE[storage]
+    w_split = wu_dtype is None and st["w"] == "pair"
     if w_split:
         w = torch.empty(2, T, H, K, dtype=torch.bfloat16, device=dev)
     else:
-        w = torch.empty(T, H, K, dtype=wu_dtype or torch.float32, device=dev)
-    u = torch.empty(T, H, V, dtype=wu_dtype or U_DTYPE, device=dev)
+        w = torch.empty(T, H, K, dtype=wu_dtype or st["w"], device=dev)
+    u = torch.empty(T, H, V, dtype=wu_dtype or st["u"], device=dev)
     At = torch.empty(T, H, BT, dtype=torch.float32, device=dev)
     out_prep = q is not None
-    P = torch.empty(T, H, K, dtype=P_DTYPE, device=dev) if out_prep else None
-    ob = torch.empty(T, H, V, dtype=OB_DTYPE, device=dev) if out_prep else None
+    P = torch.empty(T, H, K, dtype=st["p"], device=dev) if out_prep else None
+    ob = torch.empty(T, H, V, dtype=st["ob"], device=dev) if out_prep else None
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
     if grid[0] > 0:
@@ -308,8 +312,8 @@ def intra_chunk(k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, beta: torch.
         beta: `[T, HV]` f32.
         cu_seqlens: `[N+1]` int32/int64.
         use_indices: host-built chunk table (syncs) instead of the device lookup.
-        wu_dtype: storage dtype of ``w`` and ``u``; None: ``w`` as a bf16 hi/lo pair
-            (:data:`W_SPLIT`) and ``u`` in :data:`U_DTYPE`.
+        wu_dtype: storage dtype of ``w`` and ``u``; None: :data:`STORAGE` ``"precise"``
+            (``w`` as a bf16 hi/lo pair, ``u`` fp32).
     Returns:
         ``(w, u)``: ``w`` `[T, HV, K]` in ``wu_dtype`` or `[2, T, HV, K]` bf16 (hi, lo);
         ``u`` `[T, HV, V]`.

@@ -45,7 +45,7 @@ from .output import chunk_output_fwd
 from .state_walk import default_bv, state_walk_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
-           "plan_fused", "check_out_tensor", "LAUNCHES"]
+           "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
 
 #: Launches per call on a GPU, by variant (``kernels``: GPU kernels incl. torch ops;
 #: ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device).
@@ -126,7 +126,7 @@ def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
     idx = prepare_chunk_indices(cu_seqlens)
     gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
-                              num_warps=cfg.intra_warps)
+                              storage=cfg.storage, num_warps=cfg.intra_warps)
     return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
 
 
@@ -139,7 +139,7 @@ def _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sca
     gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
-                              num_warps=cfg.intra_warps)
+                              storage=cfg.storage, num_warps=cfg.intra_warps)
     return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
 
 
@@ -155,6 +155,17 @@ def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
     """As ``fused_gates`` with the device-side chunk lookup: no host sync."""
     return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                                   output, output_state, check_values, False, config)
+
+
+def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
+                    storage: str = "precise") -> int:
+    """Bytes of intermediates one ``fused`` call allocates (outputs excluded)."""
+    per = {"precise": 4 + 4 + 2 + 4, "compact": 2 + 2 + 2 + 2}[storage]   # w, u, P, ob
+    ws = T * HV * (D * per + 4 + BT * 4)          # + gc f32 + the A/Tm scratch
+    if seg_chunks:
+        S = num_slots(T, N, seg_chunks * BT)
+        ws += S * HV * D * 3 * D * 4              # summaries [D, 2D] + entering states
+    return ws
 
 
 def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, int] = None,
@@ -196,7 +207,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
                                       dt_bias=dt_bias, q=q, scale=scale,
-                                      num_warps=cfg.intra_warps)
+                                      storage=cfg.storage, num_warps=cfg.intra_warps)
     walk = dict(BV=BV, num_warps=cfg.walk_warps, num_stages=cfg.walk_stages)
     if seg == 0:
         state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
@@ -207,7 +218,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t,
-                   **dict(walk, BV=cfg.summary_BV, num_warps=cfg.summary_warps))
+                   BV=cfg.summary_BV, num_warps=cfg.summary_warps,
+                   num_stages=cfg.summary_stages)
     segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
                         num_warps=cfg.combine_warps)
     state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
