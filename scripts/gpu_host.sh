@@ -17,6 +17,9 @@ gpu_heavy_unpack() {
 }
 gpu_env() {
   export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
+  # nbconvert's HTML templates ship as wheel data files: point Jupyter at them
+  JUPYTER_PATH=$(ls -d "$SITE"/*.data/data/share/jupyter 2>/dev/null | paste -sd:)
+  export JUPYTER_PATH
   python3 -m ipykernel install --user --name python3 >/dev/null 2>&1
   python3 -m pip install -q -e . --no-deps --no-build-isolation >/dev/null 2>&1 || echo "editable install failed" >&2
 }
