@@ -17,9 +17,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.checks import check_outputs  # noqa: E402
-from kernels.prefill import (VARIANTS, PrefillConfig, clear_graph_cache, gdn_prefill,  # noqa: E402,E501
-                             graph_cache_info, launch_count_hint, make_prefill_impl, plan_fused,
-                             sweep_configs)
+from kernels.prefill import (VARIANTS, PrefillConfig, clear_graph_cache,  # noqa: E402
+                             gdn_prefill, graph_cache_info, launch_count_hint,
+                             make_prefill_impl, plan_fused, sweep_configs)
 from kernels.prefill import graph as graph_mod  # noqa: E402
 from kernels.reference import prefill_reference  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402

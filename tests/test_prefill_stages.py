@@ -79,7 +79,8 @@ def ref_output_terms(q, k, v, gc, beta, cu, scale):
             A = torch.tril(bb[:, None] * (kk @ kk.T) * dec, -1)
             Tm = torch.linalg.inv(torch.eye(e - s, dtype=torch.float64) + A)
             B = torch.tril((qq @ kk.T) * dec) @ Tm
-            P[s:e, h] = scale * (torch.exp(g)[:, None] * qq - B @ (kk * (bb * torch.exp(g))[:, None]))
+            x_ = kk * (bb * torch.exp(g))[:, None]
+            P[s:e, h] = scale * (torch.exp(g)[:, None] * qq - B @ x_)
             ob[s:e, h] = scale * B @ (v[s:e, h].double() * bb[:, None])
     return P, ob
 

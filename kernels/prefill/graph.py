@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from typing import Optional
 
 from .. import interpret
 
@@ -47,7 +46,6 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ..spec import resolve_scale  # noqa: E402
 from .config import DEFAULT_CONFIG  # noqa: E402
 from .pipeline import _begin, plan_fused, prefill_fused, workspace_bytes  # noqa: E402
 

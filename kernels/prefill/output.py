@@ -24,7 +24,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices, slot_of  # noqa: E402,E501
+from .chunk_index import (BT, chunk_of_program, num_slots, prepare_chunk_indices,  # noqa: E402
+                          slot_of)
 from .dots import mm  # noqa: E402
 
 __all__ = ["chunk_output", "chunk_output_kernel", "chunk_output_fwd", "chunk_output_stage",

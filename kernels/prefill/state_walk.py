@@ -156,8 +156,8 @@ def state_walk_kernel(
         b_u = tl.load(u + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None] & m_u[None, :],
                       other=0.0).to(tl.float32)
         if W_SPLIT:   # w stored as a bf16 (hi, lo) pair
-            b_wl = tl.load(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None],
-                           other=0.0)
+            p_wl = w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K
+            b_wl = tl.load(p_wl + o_wk, mask=m_t[:, None], other=0.0)
             b_v = b_u - mm_pair(b_w, b_wl, b_S)
         else:
             b_v = b_u - mm(b_w, b_S, DOT_PREC)
