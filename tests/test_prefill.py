@@ -105,7 +105,7 @@ def test_scale_and_preallocated_outputs(variant):
 def test_config_levers_keep_results(variant, options):
     """Tile widths / warps / stages change the launch, never the result."""
     x, ref = case(S32, [100, 0, 28], torch.int32, True)
-    cfg = PrefillConfig(walk_BV=16, walk_warps=4, walk_stages=1, split_BV=16, intra_warps=4,
+    cfg = PrefillConfig(walk_BV=16, walk_warps=4, walk_stages=2, split_BV=16, intra_warps=4,
                         output_BV=16, summary_BV=16, summary_stages=2)
     assert cfg.name != "default"
     assert_ok(gdn_prefill(**x, variant=variant, config=cfg, **options), ref)

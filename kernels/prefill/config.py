@@ -41,8 +41,8 @@ class PrefillConfig:
         intra_warps: ``num_warps`` of the intra-chunk (+ gates) kernel.
         output_BV, output_warps: the separate output kernel (unfused compositions).
         summary_BV, summary_warps, summary_stages: tile width over the ``K + V``
-            columns, ``num_warps`` and ``num_stages`` of CP phase A (many
-            programs: 1 stage keeps shared memory at 48 KB so two fit per SM).
+            columns, ``num_warps`` and ``num_stages`` of CP phase A. Stages must be
+            >= 2: with 1 the walks hit an illegal memory access on triton 3.6 (H200).
         combine_warps: ``num_warps`` of CP phase B.
         cp_min_avg_chunks: CP is considered from this many chunks per sequence
             on average (see :mod:`.context_parallel`).
@@ -60,7 +60,7 @@ class PrefillConfig:
     output_warps: int = 4
     summary_BV: int = 32
     summary_warps: int = 4
-    summary_stages: int = 1
+    summary_stages: int = 2
     combine_warps: int = 4
     cp_min_avg_chunks: int = 32
     storage: str = "precise"
@@ -80,8 +80,14 @@ class PrefillConfig:
                 raise ValueError(f"{f} must be a power of two, got {getattr(self, f)}")
         if self.storage not in ("precise", "compact"):
             raise ValueError(f"storage must be 'precise' or 'compact', got {self.storage!r}")
-        if self.walk_stages < 1 or self.summary_stages < 1 or self.cp_min_avg_chunks < 1:
-            raise ValueError("walk_stages, summary_stages and cp_min_avg_chunks must be >= 1")
+        if self.cp_min_avg_chunks < 1:
+            raise ValueError(f"cp_min_avg_chunks must be >= 1, got {self.cp_min_avg_chunks}")
+        for f in ("walk_stages", "summary_stages"):
+            if getattr(self, f) < 2:
+                # Seen on an H200 with triton 3.6 (docs/notes.md, 2026-11-22): every walk
+                # launched with num_stages=1 died with an illegal memory access.
+                raise ValueError(f"{f} must be >= 2 (num_stages=1 crashed the state walks with "
+                                 f"an illegal memory access on triton 3.6), got {getattr(self, f)}")
 
     @property
     def name(self) -> str:
@@ -110,7 +116,7 @@ def sweep_configs() -> List[PrefillConfig]:
     out = []
     for storage in ("precise", "compact"):
         for bv, warps in ((16, 4), (32, 4), (32, 8), (64, 8)):
-            for stages in (1, 2):
+            for stages in (2, 3):
                 for iw in (4, 8):
                     out.append(PrefillConfig(walk_BV=bv, walk_warps=warps, walk_stages=stages,
                                              intra_warps=iw, storage=storage))
