@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.checks import check_outputs  # noqa: E402
-from kernels.prefill import (VARIANTS, PrefillConfig, clear_graph_cache,  # noqa: E402
+from kernels.prefill import (DEFAULT_CONFIG, VARIANTS, PrefillConfig, clear_graph_cache,  # noqa: E402
                              gdn_prefill, graph_cache_info, launch_count_hint,
                              make_prefill_impl, plan_fused, sweep_configs)
 from kernels.prefill import graph as graph_mod  # noqa: E402
@@ -156,7 +156,7 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
 def test_context_parallel_rule():
     """Documented rule: CP only for long average sequences that underfill the SMs."""
     cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
-    assert plan_fused(8192, 1, 8, 128, cpu) == (32, 8)      # 128 chunks -> 16 segments of 8
+    assert plan_fused(8192, 1, 8, 128, cpu) == (DEFAULT_CONFIG.fit(128).walk_BV, 8)  # 16 x 8 chunks
     assert plan_fused(2048, 1, 8, 128, cpu)[1] == 4
     assert plan_fused(1024, 1, 8, 128, cpu)[1] == 0       # too short
     assert plan_fused(57 * 64, 57, 8, 128, cpu)[1] == 0   # many sequences: enough programs

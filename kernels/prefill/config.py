@@ -1,7 +1,10 @@
 """Launch levers of the prefill kernels: explicit, no autotuning.
 
-Defaults were chosen without GPU timing, from what compiles without register
-spills for sm_90 (ptxas of triton 3.7, ``D = 128``, ``HV = 8``):
+Defaults (``walk_BV=16, walk_warps=4, intra_warps=4, storage="compact"``) come
+from a probe on an H200 (scripts/prefill_config_probe.py, docs/notes.md): each
+lever alone beat the first defaults below at T=8192, 57x64 and 4x1024 (graph
+replay); the first defaults were chosen from ptxas reports alone (sm_90,
+triton 3.7, ``D = 128``, ``HV = 8``):
 
 * fused walk (outputs inline), ``BV = 32``, 8 warps, 2 stages: 240 registers,
   no spill, 160 KB shared memory (``BV = 16``, 4 warps: 229 registers; ``BV =
@@ -51,11 +54,11 @@ class PrefillConfig:
             compact halves their bytes at ~4e-3 state error on long-memory heads.
     """
 
-    walk_BV: Optional[int] = None
-    walk_warps: int = 8
+    walk_BV: Optional[int] = 16
+    walk_warps: int = 4
     walk_stages: int = 2
     split_BV: Optional[int] = None
-    intra_warps: int = 8
+    intra_warps: int = 4
     output_BV: int = 64
     output_warps: int = 4
     summary_BV: int = 32
@@ -63,7 +66,7 @@ class PrefillConfig:
     summary_stages: int = 2
     combine_warps: int = 4
     cp_min_avg_chunks: int = 32
-    storage: str = "precise"
+    storage: str = "compact"
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
