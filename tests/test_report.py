@@ -1,0 +1,54 @@
+"""kernels.report: target tables computed from result CSVs (synthetic folders)."""
+import pandas as pd
+import pytest
+
+from kernels.report import decode_targets, main, prefill_targets
+
+
+def _write(tmp_path):
+    gpu = tmp_path / "gpu-x"
+    (gpu / "01_decode_crossover").mkdir(parents=True)
+    (gpu / "02_prefill_launch_overhead").mkdir(parents=True)
+    rows = []
+    for label, impl, t1, t64 in [("fla", "fla", 2.6, 18.3), ("flashinfer", "flashinfer", 2.7, 18.4),
+                                 ("ours-adaptive", "ours", 2.0, 18.0),
+                                 ("ours-fla-like", "ours", 2.3, 18.1)]:
+        for B, t in ((1, t1), (64, t64)):
+            rows.append(dict(impl=impl, config="c", B=B, method="cupti_cold", median_us=t,
+                             p20_us=t, p80_us=t, floor_us=0.25 * B, label=label))
+    pd.DataFrame(rows).to_csv(gpu / "01_decode_crossover" / "decode_times.csv", index=False)
+    rows = []
+    for label, impl, variant, g, c, n in [("fla", "fla", "default", 34.0, 700.0, 15),
+                                          ("flashinfer", "flashinfer", "default", 46.0, 400.0, 13),
+                                          ("ours-fused", "ours", "fused", 20.0, 42.0, 2),
+                                          ("ours-no_sync", "ours", "no_sync", 25.0, 190.0, 4)]:
+        for method, t in (("graph", g), ("cupti_cold", c)):
+            rows.append(dict(impl=impl, variant=variant, lens="6", T=6, N=1, method=method,
+                             median_us=t, launches=n, label=label))
+    pd.DataFrame(rows).to_csv(gpu / "02_prefill_launch_overhead" / "prefill_times.csv", index=False)
+    return gpu
+
+
+def test_decode_target_is_the_larger_of_peer_and_floor(tmp_path):
+    d = decode_targets(_write(tmp_path)).set_index("B")
+    assert d.loc[1, "target"] == pytest.approx(0.9 * 2.6)          # peer-bound
+    assert d.loc[64, "target"] == pytest.approx(16.0 / 0.95)       # floor-bound
+    assert bool(d.loc[1, "met"]) and not bool(d.loc[64, "met"])
+
+
+def test_prefill_best_variant_and_eager_ratio(tmp_path):
+    p = prefill_targets(_write(tmp_path)).iloc[0]
+    assert p["ours variant"] == "fused" and p["ours best"] == 20.0
+    assert p["target"] == pytest.approx(0.9 * 34.0) and bool(p["met"])
+    assert p["span / graph"] == pytest.approx(42.0 / 20.0) and p["fused launches"] == 2
+
+
+def test_update_readme_rewrites_only_the_block(tmp_path):
+    _write(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results:begin -->\nSTALE-TABLE\n<!-- results:end -->\noutro\n")
+    main(["--results", str(tmp_path), "--gpus", "gpu-x", "--update-readme",
+          "--readme", str(readme)])
+    s = readme.read_text()
+    assert s.startswith("intro\n") and s.endswith("outro\n") and "STALE-TABLE" not in s
+    assert "| 64 |" in s and "Decode, gpu-x" in s
