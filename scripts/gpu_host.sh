@@ -22,4 +22,6 @@ gpu_env() {
   export JUPYTER_PATH
   python3 -m ipykernel install --user --name python3 >/dev/null 2>&1
   python3 -m pip install -q -e . --no-deps --no-build-isolation >/dev/null 2>&1 || echo "editable install failed" >&2
+  # the tree arrives without .git: set GDN_GIT_SHA/GDN_GIT_DIRTY in the call (provenance)
+  [ -n "${GDN_GIT_SHA:-}" ] || echo "GDN_GIT_SHA not set: provenance will say git_sha=unknown" >&2
 }

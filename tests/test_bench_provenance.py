@@ -45,3 +45,13 @@ def test_git_info_outside_a_checkout(tmp_path):
 def test_git_info_here():
     info = git_info()
     assert info["git_sha"] == "unknown" or len(info["git_sha"]) == 40
+
+
+def test_git_sha_from_the_environment_outside_a_checkout(tmp_path, monkeypatch):
+    from kernels.bench.provenance import git_info
+
+    monkeypatch.setenv("GDN_GIT_SHA", "abc123")
+    monkeypatch.setenv("GDN_GIT_DIRTY", "False")
+    assert git_info(tmp_path) == {"git_sha": "abc123", "git_dirty": "False"}
+    monkeypatch.delenv("GDN_GIT_SHA")
+    assert git_info(tmp_path)["git_sha"] == "unknown"
