@@ -333,3 +333,16 @@ def test_gpu_no_sync_under_cuda_sync_debug_mode():
         torch.cuda.set_sync_debug_mode("default")
     for out in (out_ns, out_f, out_cp):
         assert_ok(out, ref)
+
+
+_MANY = [0, 1, 63, 64, 65, 200, 7, 0, 128, 300] * 6 + [5, 0, 77, 64]   # N = 64, with empties
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens, cu_dtype", [([16384], torch.int64), (_MANY, torch.int32)],
+                         ids=["T16384-int64", "N64-mixed-int32"])
+@pytest.mark.parametrize("variant", ["fused", "no_sync"])
+def test_gpu_long_sequence_and_many_sequences(lens, cu_dtype, variant):
+    """The issue's range: T up to >= 16384, N up to >= 64 (empty and ragged sequences)."""
+    x, ref = case(GDNShape(4, 8, 128), lens, cu_dtype, True)
+    assert_ok(gdn_prefill(**x, variant=variant), ref)
