@@ -120,12 +120,20 @@ def test_each_method_times_a_kernel(method):
 
 
 @pytest.mark.gpu
-def test_cupti_cold_and_event_agree_on_one_kernel():
-    x = torch.randn(1 << 24, device="cuda")  # 64 MiB read + 64 MiB written: tens of µs
+@pytest.mark.parametrize("numel", [1 << 24, 1 << 26], ids=["128MiB-traffic", "512MiB-traffic"])
+def test_cupti_cold_and_event_agree_on_one_kernel(numel):
+    """Both measure one kernel on a cold L2; ``event`` also carries a fixed few-µs
+    offset (event records + the kernel's launch latency after the first event):
+    seen on an H200, 2026-11-22, 33.5 µs cupti_cold vs 37.3 µs event at 2^24
+    floats (11 %). So: within 5 µs always, and within 10 % once the kernel is
+    long enough (~130 µs) for that offset to be small."""
+    x = torch.randn(numel, device="cuda")
     fn = lambda: torch.mul(x, 2.0)  # noqa: E731
     cupti = time_fn(fn, "cupti_cold", rep=50, warmup=5)
     event = time_fn(fn, "event", rep=50, warmup=5)
-    assert cupti.median_us == pytest.approx(event.median_us, rel=0.10)
+    assert abs(cupti.median_us - event.median_us) < 5.0
+    if numel >= 1 << 26:
+        assert cupti.median_us == pytest.approx(event.median_us, rel=0.10)
 
 
 @pytest.mark.gpu
