@@ -112,6 +112,10 @@ def test_config_levers_keep_results(variant, options):
     assert_ok(gdn_prefill(**x, variant=variant, BV=16, **options), ref)
     compact = PrefillConfig(storage="compact")
     assert_ok(gdn_prefill(**x, variant=variant, config=compact, **options), ref)
+    for other in (PrefillConfig(solve="blocks", storage="precise"),
+                  PrefillConfig(walk_precision="bf16", inline_precision="bf16",
+                                intra_precision="bf16")):
+        assert_ok(gdn_prefill(**x, variant=variant, config=other, **options), ref)
 
 
 def test_config_validation():
@@ -121,6 +125,10 @@ def test_config_validation():
         PrefillConfig(walk_warps=3)
     with pytest.raises(ValueError, match="storage"):
         PrefillConfig(storage="fp8")
+    with pytest.raises(ValueError, match="solve"):
+        PrefillConfig(solve="lu")
+    with pytest.raises(ValueError, match="walk_precision"):
+        PrefillConfig(walk_precision="fp8")
     assert PrefillConfig().name == "default"
     assert len(sweep_configs()) > 1
     x, _ = case(S16, [20, 10, 19], torch.int64, True)

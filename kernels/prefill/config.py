@@ -24,7 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import List, Optional
 
-__all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs"]
+__all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS"]
+
+
+#: Precisions a product may take (:mod:`.dots`).
+PRECISIONS = ("bf16x2", "bf16", "tf32", "tf32x3", "ieee")
 
 
 def _pow2(x) -> bool:
@@ -52,6 +56,12 @@ class PrefillConfig:
         storage: ``"precise"`` or ``"compact"`` storage of the per-token
             intermediates ``w``, ``u``, ``P``, ``ob`` (:data:`.intra_chunk.STORAGE`):
             compact halves their bytes at ~4e-3 state error on long-memory heads.
+        solve: the intra-chunk solve, ``"tile"`` (registers) or ``"blocks"`` (scratch).
+        walk_precision: products with the state in the walks (``w @ S``,
+            ``k^T @ v_new``; :mod:`.dots`): ``"bf16x2"`` (~fp32) or ``"bf16"``
+            (one tensor-core product, like FLA's walk).
+        inline_precision: the fused walk's inline ``P @ S``.
+        intra_precision: ``w``, ``u`` and the output terms in the intra-chunk kernel.
     """
 
     walk_BV: Optional[int] = 16
@@ -67,6 +77,10 @@ class PrefillConfig:
     combine_warps: int = 4
     cp_min_avg_chunks: int = 32
     storage: str = "compact"
+    solve: str = "tile"
+    walk_precision: str = "bf16x2"
+    inline_precision: str = "bf16x2"
+    intra_precision: str = "bf16x2"
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
@@ -83,6 +97,12 @@ class PrefillConfig:
                 raise ValueError(f"{f} must be a power of two, got {getattr(self, f)}")
         if self.storage not in ("precise", "compact"):
             raise ValueError(f"storage must be 'precise' or 'compact', got {self.storage!r}")
+        if self.solve not in ("tile", "blocks"):
+            raise ValueError(f"solve must be 'tile' or 'blocks', got {self.solve!r}")
+        for f in ("walk_precision", "inline_precision", "intra_precision"):
+            if getattr(self, f) not in PRECISIONS:
+                raise ValueError(f"{f} must be one of {', '.join(PRECISIONS)}, "
+                                 f"got {getattr(self, f)!r}")
         if self.cp_min_avg_chunks < 1:
             raise ValueError(f"cp_min_avg_chunks must be >= 1, got {self.cp_min_avg_chunks}")
         for f in ("walk_stages", "summary_stages"):

@@ -16,30 +16,36 @@ k_t d_t S_{t-1})`` gives ``(I + A) v_new = beta v - beta exp(gc) k S0``.
 
 Per ``(chunk, value head)`` program:
 
-1. ``A = beta K K^T * exp(gc_i - gc_j)`` (strictly lower) as one bf16 product,
-   written to a per-token scratch ``[T, HV, 64]`` (like FLA's ``A``);
-2. the solve on 16 x 16 blocks (``BC``) read back from it: diagonal blocks by
-   a product of Neumann factors, exact for a strictly lower 16 x 16 block
-   (``A^16 = 0``)::
+1. ``A = beta K K^T * exp(gc_i - gc_j)`` (strictly lower) as one bf16 product;
+2. the solve, by ``SOLVE``:
 
-       (I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)
+   * ``"tile"`` (default): on the ``[64, 64]`` register tile,
+     :func:`solve_unit_lower` -- the 16 x 16 diagonal blocks ``D`` by a product
+     of Neumann factors, exact because ``D^16 = 0``, then the block-lower rest
+     ``N = (I + D)^-1 (A - D)`` with ``N^4 = 0``::
 
-   and off-diagonal blocks from ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj``
-   (fp32 ``ieee`` products); ``Tm`` overwrites ``A`` in the scratch;
-3. ``Tm`` reloaded as one ``[64, 64]`` tile: ``w = (Tm * beta exp(gc)) @ k`` and
-   ``u = (Tm * beta) @ v`` with the fp32 factor split into bf16 hi + lo
-   (:mod:`.dots`, ``"bf16x2"``; k and v are exact in bf16).
+         (I + A)^-1 = (I - N)(I + N^2) (I - D)(I + D^2)(I + D^4)(I + D^8)
+
+     ten ``[64, 64]`` products (``tf32x3``, ~fp32), no memory traffic;
+   * ``"blocks"`` (the first version): ``A`` through a per-token scratch
+     ``[T, HV, 64]``, the same Neumann product on each diagonal block, the
+     off-diagonal blocks by ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj`` (fp32
+     ``ieee`` products), ``Tm`` written back and reloaded as one tile;
+3. ``w = (Tm * beta exp(gc)) @ k`` and ``u = (Tm * beta) @ v`` with the fp32
+   factor split into bf16 hi + lo (:mod:`.dots`, ``"bf16x2"``; k and v are
+   exact in bf16).
 
 With ``OUT_PREP`` (the ``fused`` variant) it also folds the chunk's outputs
 into two per-token terms so the state walk needs neither ``q`` nor the
-causal ``q k^T`` product::
+causal ``q k^T`` product. Since ``o = scale (exp(gc) q S0 + Aqk v_new)`` and
+``v_new = u - w S0``::
 
-    Aqk = (q k^T * exp(gc_i - gc_j)) for j <= i, else 0;   B = Aqk @ Tm
-    P   = scale * (exp(gc) q - (B * beta exp(gc)) @ k)     # [64, K]
-    ob  = scale * (B * beta) @ v                           # [64, V]
+    Aqk = (q k^T * exp(gc_i - gc_j)) for j <= i, else 0
+    P   = scale * (exp(gc) q - Aqk @ w)                    # [64, K]
+    ob  = scale * Aqk @ u                                  # [64, V]
     o   = P @ S0 + ob                                      # in the walk
 
-(``o = scale (exp(gc) q S0 + Aqk v_new)`` with ``v_new = u - w S0``.)
+with ``w`` and ``u`` exactly as stored (the walk's ``v_new`` uses the same).
 
 With ``RAW_GATES`` the kernel also computes ``g``, ``beta`` and the
 per-chunk cumulative sum from ``a``, ``b``, ``A_log``, ``dt_bias`` (stage 1
@@ -62,16 +68,19 @@ from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices 
 from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
 
-__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "BC", "WU_PRECISION",
-           "OUT_PRECISION", "STORAGE"]
+__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "solve_unit_lower", "BC",
+           "WU_PRECISION", "OUT_PRECISION", "SOLVE", "SOLVE_PRECISION", "STORAGE"]
 
 #: Sub-block size of the solve.
 BC = 16
 #: Precision (:mod:`.dots`) of ``w`` / ``u`` (they feed the state).
 WU_PRECISION = "bf16x2"
-#: Precision of the output terms ``B = Aqk @ Tm``, ``P``, ``ob`` (outputs only; "bf16"
-#: raises the output's relative L2 error from ~5e-3 to ~9e-3).
+#: Precision of the output terms ``Aqk @ w`` and ``Aqk @ u`` (outputs only).
 OUT_PRECISION = "bf16x2"
+#: Default solve: ``"tile"`` (registers) or ``"blocks"`` (scratch; the first version).
+SOLVE = "tile"
+#: Precision of the products of the ``"tile"`` solve (fp32 operands: ~fp32 accuracy).
+SOLVE_PRECISION = "tf32x3"
 #: Storage of the per-token intermediates, by name (``PrefillConfig.storage``):
 #: ``w`` as a bf16 (hi, lo) pair ``[2, T, HV, K]`` ("pair") or a dtype, ``u``, ``P``, ``ob``.
 #: "precise": fp32-like ``w``/``u``/``ob`` -- on a long-memory head (decay ~0.998/token,
@@ -123,6 +132,36 @@ def _inv_unit_lower(b_A, BC: tl.constexpr):
     return b_T
 
 
+@triton.jit
+def solve_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
+    """``(I + A)^-1`` of a strictly lower ``[BT, BT]`` tile (``BT = 4 BC``), in registers.
+
+    With ``D`` the ``BC x BC`` diagonal blocks of ``A`` and ``L = A - D``:
+    ``(I + A) = (I + D)(I + N)`` with ``N = (I + D)^-1 L``, strictly block lower over
+    4 blocks (``N^4 = 0``), hence::
+
+        (I + D)^-1 = (I - D)(I + D^2)(I + D^4)(I + D^8)      # D^16 = 0 (BC = 16)
+        (I + A)^-1 = (I - N)(I + N^2) (I + D)^-1
+
+    Ten ``[BT, BT]`` products in precision ``PREC`` (:mod:`.dots`), no scratch memory.
+    """
+    BT_: tl.constexpr = b_A.shape[0]
+    tl.static_assert(BT_ == 4 * BC)
+    tl.static_assert(BC == 16)
+    o = tl.arange(0, BT_)
+    b_I = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    b_D = tl.where((o[:, None] // BC) == (o[None, :] // BC), b_A, 0.0)
+    b_L = b_A - b_D
+    b_Ti = b_I - b_D
+    b_P = b_D
+    for _ in tl.static_range(3):
+        b_P = mm(b_P, b_P, PREC)
+        b_Ti = mm(b_Ti, b_I + b_P, PREC)
+    b_N = mm(b_Ti, b_L, PREC)
+    b_N2 = mm(b_N, b_N, PREC)
+    return mm(mm(b_I - b_N, b_I + b_N2, PREC), b_Ti, PREC)
+
+
 @triton.jit(do_not_specialize=["T", "N"])
 def intra_chunk_kernel(
     q,              # [T, HQ, K] bf16 queries (OUT_PREP) or None
@@ -156,6 +195,8 @@ def intra_chunk_kernel(
     W_SPLIT: tl.constexpr,      # store w as a bf16 (hi, lo) pair
     WU_PREC: tl.constexpr,      # precision of w / u (see .dots)
     OUT_PREC: tl.constexpr,     # precision of the output terms
+    SOLVE: tl.constexpr,        # "tile": registers (solve_unit_lower); "blocks": scratch
+    SOLVE_PREC: tl.constexpr,   # precision of the "tile" solve's products
 ):
     tl.static_assert(BT == 4 * BC)
     i_p, i_h = tl.program_id(0), tl.program_id(1)
@@ -176,7 +217,6 @@ def intra_chunk_kernel(
     o_wk = o_r[:, None] * (H * K) + o_k[None, :]        # [BT, K] rows of w, p
     o_hv = o_r[:, None] * (H * V) + o_v[None, :]        # [BT, V] rows of v, u, ob
     o_at = o_r[:, None] * (H * BT) + o_r[None, :]       # [BT, BT] rows of the scratch
-    p_At = At + (t0 * H + i_h) * BT
 
     # gates: g, beta and the chunk's cumulative sum (rows past the end: g = 0, beta = 0)
     if RAW_GATES:
@@ -192,46 +232,50 @@ def intra_chunk_kernel(
     # exponent clamped at 0: <= 0 on every kept entry; guards rows past the end
     b_decay = tl.exp(tl.minimum(b_gc[:, None] - b_gc[None, :], 0.0))
 
-    # 1. A = beta K K^T exp(gc_i - gc_j), strictly lower, into the scratch
+    # 1. A = beta K K^T exp(gc_i - gc_j), strictly lower
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
     b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
     b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
-    tl.store(p_At + o_at, b_A, mask=m_r[:, None])
-    tl.debug_barrier()   # the blocks below are read by other threads
+    if SOLVE == "tile":
+        # 2. Tm = (I + A)^-1 on the register tile (no scratch, no barriers)
+        b_T = solve_unit_lower(b_A, BC, SOLVE_PREC)
+    else:
+        # 2. Tm = (I + A)^-1 in 16 x 16 blocks through the scratch
+        p_At = At + (t0 * H + i_h) * BT
+        tl.store(p_At + o_at, b_A, mask=m_r[:, None])
+        tl.debug_barrier()   # the blocks below are read by other threads
+        b_A10 = _blk(p_At, 1, 0, n_t, H, BT, BC)
+        b_A20 = _blk(p_At, 2, 0, n_t, H, BT, BC)
+        b_A21 = _blk(p_At, 2, 1, n_t, H, BT, BC)
+        b_A30 = _blk(p_At, 3, 0, n_t, H, BT, BC)
+        b_A31 = _blk(p_At, 3, 1, n_t, H, BT, BC)
+        b_A32 = _blk(p_At, 3, 2, n_t, H, BT, BC)
+        b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC)
+        b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC)
+        b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC)
+        b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC)
+        b_T10 = -_mm(_mm(b_T11, b_A10), b_T00)
+        b_T21 = -_mm(_mm(b_T22, b_A21), b_T11)
+        b_T32 = -_mm(_mm(b_T33, b_A32), b_T22)
+        b_T20 = -_mm(b_T22, _mm(b_A20, b_T00) + _mm(b_A21, b_T10))
+        b_T31 = -_mm(b_T33, _mm(b_A31, b_T11) + _mm(b_A32, b_T21))
+        b_T30 = -_mm(b_T33, _mm(b_A30, b_T00) + _mm(b_A31, b_T10) + _mm(b_A32, b_T20))
+        tl.debug_barrier()   # all reads of A done before Tm overwrites it
+        _put(p_At, b_T00, 0, 0, n_t, H, BT, BC)
+        _put(p_At, b_T10, 1, 0, n_t, H, BT, BC)
+        _put(p_At, b_T11, 1, 1, n_t, H, BT, BC)
+        _put(p_At, b_T20, 2, 0, n_t, H, BT, BC)
+        _put(p_At, b_T21, 2, 1, n_t, H, BT, BC)
+        _put(p_At, b_T22, 2, 2, n_t, H, BT, BC)
+        _put(p_At, b_T30, 3, 0, n_t, H, BT, BC)
+        _put(p_At, b_T31, 3, 1, n_t, H, BT, BC)
+        _put(p_At, b_T32, 3, 2, n_t, H, BT, BC)
+        _put(p_At, b_T33, 3, 3, n_t, H, BT, BC)
+        tl.debug_barrier()
+        # blocks above the diagonal of the scratch still hold A's zeros
+        b_T = tl.load(p_At + o_at, mask=m_r[:, None], other=0.0)
 
-    # 2. Tm = (I + A)^-1 in 16 x 16 blocks
-    b_A10 = _blk(p_At, 1, 0, n_t, H, BT, BC)
-    b_A20 = _blk(p_At, 2, 0, n_t, H, BT, BC)
-    b_A21 = _blk(p_At, 2, 1, n_t, H, BT, BC)
-    b_A30 = _blk(p_At, 3, 0, n_t, H, BT, BC)
-    b_A31 = _blk(p_At, 3, 1, n_t, H, BT, BC)
-    b_A32 = _blk(p_At, 3, 2, n_t, H, BT, BC)
-    b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC)
-    b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC)
-    b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC)
-    b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC)
-    b_T10 = -_mm(_mm(b_T11, b_A10), b_T00)
-    b_T21 = -_mm(_mm(b_T22, b_A21), b_T11)
-    b_T32 = -_mm(_mm(b_T33, b_A32), b_T22)
-    b_T20 = -_mm(b_T22, _mm(b_A20, b_T00) + _mm(b_A21, b_T10))
-    b_T31 = -_mm(b_T33, _mm(b_A31, b_T11) + _mm(b_A32, b_T21))
-    b_T30 = -_mm(b_T33, _mm(b_A30, b_T00) + _mm(b_A31, b_T10) + _mm(b_A32, b_T20))
-    tl.debug_barrier()   # all reads of A done before Tm overwrites it
-    _put(p_At, b_T00, 0, 0, n_t, H, BT, BC)
-    _put(p_At, b_T10, 1, 0, n_t, H, BT, BC)
-    _put(p_At, b_T11, 1, 1, n_t, H, BT, BC)
-    _put(p_At, b_T20, 2, 0, n_t, H, BT, BC)
-    _put(p_At, b_T21, 2, 1, n_t, H, BT, BC)
-    _put(p_At, b_T22, 2, 2, n_t, H, BT, BC)
-    _put(p_At, b_T30, 3, 0, n_t, H, BT, BC)
-    _put(p_At, b_T31, 3, 1, n_t, H, BT, BC)
-    _put(p_At, b_T32, 3, 2, n_t, H, BT, BC)
-    _put(p_At, b_T33, 3, 3, n_t, H, BT, BC)
-    tl.debug_barrier()
-
-    # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v   (blocks above the diagonal
-    #    of the scratch still hold A's zeros)
-    b_T = tl.load(p_At + o_at, mask=m_r[:, None], other=0.0)
+    # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v
     b_bg = b_beta * tl.exp(b_gc)
     b_w = mm(b_T * b_bg[None, :], b_k, WU_PREC)
     if W_SPLIT:   # stored as a bf16 hi + lo pair: the walk feeds both to the tensor cores
@@ -239,20 +283,21 @@ def intra_chunk_kernel(
         tl.store(w + (t0 * H + i_h) * K + o_wk, b_wh, mask=m_r[:, None])
         tl.store(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wk, b_wl, mask=m_r[:, None])
     else:
-        tl.store(w + (t0 * H + i_h) * K + o_wk, b_w.to(w.dtype.element_ty), mask=m_r[:, None])
+        b_w = b_w.to(w.dtype.element_ty)   # the walk reads w as stored
+        tl.store(w + (t0 * H + i_h) * K + o_wk, b_w, mask=m_r[:, None])
     b_v = tl.load(v + (t0 * H + i_h) * V + o_hv, mask=m_r[:, None], other=0.0)
-    b_u = mm(b_T * b_beta[None, :], b_v, WU_PREC)
-    tl.store(u + (t0 * H + i_h) * V + o_hv, b_u.to(u.dtype.element_ty), mask=m_r[:, None])
+    b_u = mm(b_T * b_beta[None, :], b_v, WU_PREC).to(u.dtype.element_ty)
+    tl.store(u + (t0 * H + i_h) * V + o_hv, b_u, mask=m_r[:, None])
 
     if OUT_PREP:
+        # o = scale (exp(gc) q S0 + Aqk (u - w S0)) = P @ S0 + ob, with w and u as stored
         b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
         b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
         b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
-        b_B = mm(b_Aqk, b_T, OUT_PREC)
-        b_p = b_q.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_B * b_bg[None, :], b_k, OUT_PREC)
+        b_p = b_q.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_Aqk, b_w, OUT_PREC)
         tl.store(p + (t0 * H + i_h) * K + o_wk, (scale * b_p).to(p.dtype.element_ty),
                  mask=m_r[:, None])
-        b_ob = mm(b_B * b_beta[None, :], b_v, OUT_PREC)
+        b_ob = mm(b_Aqk, b_u, OUT_PREC)
         tl.store(ob + (t0 * H + i_h) * V + o_hv, (scale * b_ob).to(ob.dtype.element_ty),
                  mask=m_r[:, None])
 
@@ -262,13 +307,19 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     a=None, b=None, A_log=None, dt_bias=None, q=None, scale: float = 1.0,
                     chunk_indices: Optional[torch.Tensor] = None,
                     wu_dtype: Optional[torch.dtype] = None, storage: str = "precise",
+                    solve: str = SOLVE, solve_precision: str = SOLVE_PRECISION,
+                    wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
                     num_warps: int = 8):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
-    are required); output terms when ``q`` is given. Returns ``(w, u, gc)``, or
-    ``(w, u, gc, P, ob)`` when ``q`` is given.
+    are required); output terms when ``q`` is given. ``solve``: ``"tile"``
+    (registers, :func:`solve_unit_lower`) or ``"blocks"`` (16 x 16 blocks through a
+    ``[T, HV, 64]`` f32 scratch). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
+    when ``q`` is given.
     """
+    if solve not in ("tile", "blocks"):
+        raise ValueError(f"solve must be 'tile' or 'blocks', got {solve!r}")
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
@@ -283,7 +334,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     else:
         w = torch.empty(T, H, K, dtype=wu_dtype or st["w"], device=dev)
     u = torch.empty(T, H, V, dtype=wu_dtype or st["u"], device=dev)
-    At = torch.empty(T, H, BT, dtype=torch.float32, device=dev)
+    At = torch.empty(T, H, BT, dtype=torch.float32, device=dev) if solve == "blocks" else None
     out_prep = q is not None
     P = torch.empty(T, H, K, dtype=st["p"], device=dev) if out_prep else None
     ob = torch.empty(T, H, V, dtype=st["ob"], device=dev) if out_prep else None
@@ -294,15 +345,16 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
             q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, cu_seqlens,
             chunk_indices, scale, T, N,
             H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, RAW_GATES=raw, USE_INDICES=use_indices,
-            OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=WU_PRECISION, OUT_PREC=OUT_PRECISION,
-            num_warps=num_warps,
+            OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision, OUT_PREC=out_precision,
+            SOLVE=solve, SOLVE_PREC=solve_precision, num_warps=num_warps,
         )
     return (w, u, gc, P, ob) if out_prep else (w, u, gc)
 
 
 def intra_chunk(k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, beta: torch.Tensor,
                 cu_seqlens: torch.Tensor, *, use_indices: bool = False,
-                wu_dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                wu_dtype: Optional[torch.dtype] = None,
+                solve: str = SOLVE) -> Tuple[torch.Tensor, torch.Tensor]:
     """WY factors of every chunk from keys, values and precomputed gates.
 
     Args:
@@ -314,11 +366,12 @@ def intra_chunk(k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, beta: torch.
         use_indices: host-built chunk table (syncs) instead of the device lookup.
         wu_dtype: storage dtype of ``w`` and ``u``; None: :data:`STORAGE` ``"precise"``
             (``w`` as a bf16 hi/lo pair, ``u`` fp32).
+        solve: ``"tile"`` or ``"blocks"`` (see the module doc).
     Returns:
         ``(w, u)``: ``w`` `[T, HV, K]` in ``wu_dtype`` or `[2, T, HV, K]` bf16 (hi, lo);
         ``u`` `[T, HV, V]`.
     """
     idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
-                              wu_dtype=wu_dtype)
+                              wu_dtype=wu_dtype, solve=solve)
     return w, u

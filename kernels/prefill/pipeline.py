@@ -102,10 +102,16 @@ def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
     v_new = torch.empty(T, H, V, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, initial_state=state, h=h, v_new=v_new,
                    final_state=ht, BV=BV, num_warps=cfg.walk_warps,
-                   num_stages=cfg.walk_stages)
+                   num_stages=cfg.walk_stages, dot_precision=cfg.walk_precision)
     chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, output=o, chunk_indices=idx,
                      BV=cfg.output_BV, num_warps=cfg.output_warps)
     return o, ht
+
+
+def _intra(cfg: PrefillConfig) -> dict:
+    """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config."""
+    return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
+                out_precision=cfg.intra_precision, num_warps=cfg.intra_warps)
 
 
 def _config(config, D) -> PrefillConfig:
@@ -126,7 +132,7 @@ def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
     idx = prepare_chunk_indices(cu_seqlens)
     gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
-                              storage=cfg.storage, num_warps=cfg.intra_warps)
+                              **_intra(cfg))
     return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
 
 
@@ -139,7 +145,7 @@ def _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sca
     gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
-                              storage=cfg.storage, num_warps=cfg.intra_warps)
+                              **_intra(cfg))
     return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
 
 
@@ -207,8 +213,9 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
                                       dt_bias=dt_bias, q=q, scale=scale,
-                                      storage=cfg.storage, num_warps=cfg.intra_warps)
-    walk = dict(BV=BV, num_warps=cfg.walk_warps, num_stages=cfg.walk_stages)
+                                      **_intra(cfg))
+    walk = dict(BV=BV, num_warps=cfg.walk_warps, num_stages=cfg.walk_stages,
+                dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     if seg == 0:
         state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
                        final_state=ht, **walk)
@@ -219,7 +226,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t,
                    BV=cfg.summary_BV, num_warps=cfg.summary_warps,
-                   num_stages=cfg.summary_stages)
+                   num_stages=cfg.summary_stages, dot_precision=cfg.walk_precision)
     segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
                         num_warps=cfg.combine_warps)
     state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,

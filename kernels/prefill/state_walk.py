@@ -194,12 +194,15 @@ def state_walk_kernel(
 def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=None, s0=None,
                    output=None, h=None, v_new=None, final_state=None, summary=None,
                    seg_t: int = 0, BV: int = 32,
-                   num_warps: int = 4, num_stages: int = 2) -> None:
+                   num_warps: int = 4, num_stages: int = 2,
+                   dot_precision: str = WALK_DOT_PRECISION,
+                   out_precision: str = OUTPUT_INLINE_PRECISION) -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
     ``T // seg_t + N`` segment slots; columns ``V``, or ``K + V`` when ``summary``
-    is given. Writes into the given output tensors; returns nothing.
+    is given. ``dot_precision``: products with the state; ``out_precision``: the inline
+    ``P @ S`` (:mod:`.dots`). Writes into the given output tensors; returns nothing.
     """
     T, HQ, K = k.shape
     H, V = u.shape[1], u.shape[2]
@@ -215,7 +218,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         USE_H0=initial_state is not None, FROM_S0=s0 is not None, STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
         W_SPLIT=w.dim() == 4,
-        DOT_PREC=WALK_DOT_PRECISION, OUT_PREC=OUTPUT_INLINE_PRECISION,
+        DOT_PREC=dot_precision, OUT_PREC=out_precision,
         num_warps=num_warps, num_stages=num_stages,
     )
 

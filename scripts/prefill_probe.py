@@ -1,0 +1,122 @@
+"""Probe prefill configs on a GPU: correctness, graph time and per-kernel durations.
+
+    python scripts/prefill_probe.py [--out probe.csv] [--budget-s 480] [--quick]
+
+For every (shape, config, cp) row: the contest check against the float32
+reference (a failing row is reported, not timed), the ``graph`` median (warm
+L2, the README's method) and the GPU duration of each kernel of one call
+(torch.profiler). At the end, registers / spills / shared memory of every
+compiled prefill kernel. Rows stream to stdout and to the CSV as they finish;
+the run stops cleanly when ``--budget-s`` is used up.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+
+import torch
+
+from kernels.bench.timeline import record_timeline
+from kernels.bench.timing import time_fn
+from kernels.checks import check_outputs
+from kernels.prefill import PrefillConfig, gdn_prefill, plan_fused
+from kernels.reference import prefill_reference
+from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
+
+SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
+CONFIGS = {
+    "blocks": PrefillConfig(solve="blocks"),
+    "tile": PrefillConfig(),
+    "tile-iw8": PrefillConfig(intra_warps=8),
+    "tile-walkbf16": PrefillConfig(walk_precision="bf16"),
+    "tile-allbf16": PrefillConfig(walk_precision="bf16", inline_precision="bf16",
+                                  intra_precision="bf16"),
+    "tile-bv32w4": PrefillConfig(walk_BV=32, walk_warps=4),
+    "tile-bv32w8": PrefillConfig(walk_BV=32, walk_warps=8),
+    "tile-bv64w8": PrefillConfig(walk_BV=64, walk_warps=8),
+    "tile-walkbf16-bv32w8": PrefillConfig(walk_precision="bf16", walk_BV=32, walk_warps=8),
+}
+CPS = {"T2048": [None, False, 2, 4, 8], "T8192": [None, False, 4, 8, 16]}
+
+
+def short(name: str) -> str:
+    for key in ("intra_chunk", "state_walk", "segment_combine", "chunk_output", "gates"):
+        if key in name:
+            return key
+    return name[:24]
+
+
+def kernel_stats():
+    """(kernel, n_regs, n_spills, shared bytes, constexprs summary) of compiled prefill kernels."""
+    from kernels.prefill import context_parallel, intra_chunk, state_walk
+    out = []
+    for fn in (intra_chunk.intra_chunk_kernel, state_walk.state_walk_kernel,
+               context_parallel.segment_combine_kernel):
+        caches = getattr(fn, "device_caches", {})
+        for dev, entry in caches.items():
+            cache = entry[0] if isinstance(entry, tuple) else entry
+            for key, k in cache.items():
+                md = getattr(k, "metadata", None)
+                out.append((fn.__name__, getattr(k, "n_regs", "?"), getattr(k, "n_spills", "?"),
+                            getattr(md, "shared", "?"), getattr(md, "num_warps", "?"),
+                            str(key)[:160]))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="probe.csv")
+    ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--shapes", nargs="+", default=SHAPES)
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS))
+    args = ap.parse_args()
+    t_start = time.time()
+    f = open(args.out, "w", newline="")
+    wr = None
+    for shape in args.shapes:
+        lens = PREFILL_SHAPES[shape]
+        x = make_prefill_inputs(lens, CONTEST, seed=0, device="cuda", with_state=True)
+        ref = prefill_reference(**x)
+        T, N = sum(lens), len(lens)
+        for cname in args.configs:
+            cfg = CONFIGS[cname]
+            for cp in CPS.get(shape, [None]) if cname in ("tile", "tile-walkbf16") else [None]:
+                if time.time() - t_start > args.budget_s:
+                    print("budget used up; stopping", flush=True)
+                    break
+                row = dict(shape=shape, config=cname, cp=cp,
+                           seg=plan_fused(T, N, 8, 128, torch.device("cuda"), cp, cfg)[1])
+                call = lambda: gdn_prefill(**x, variant="fused", config=cfg, cp=cp)  # noqa: E731
+                try:
+                    r = check_outputs(call(), ref)
+                    row.update(ok=r.ok, max_abs=r.max_abs_err, rel_l2=r.rel_l2_err)
+                    if r.ok:
+                        row["graph_us"] = time_fn(call, "graph", rep=30, warmup=3).median_us
+                        tl = record_timeline(call)
+                        for i, g in enumerate(tl.gpu.itertuples()):
+                            row[f"k{i}"] = f"{short(g.name)}={g.dur_us:.1f}"
+                        row["span_us"] = tl.summary()["span_us"]
+                    else:
+                        row["reason"] = r.reason[:120]
+                except Exception as e:  # report, keep going
+                    row.update(ok=False, reason=f"{type(e).__name__}: {str(e)[:160]}")
+                print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                for k, v in row.items()), flush=True)
+                if wr is None:
+                    wr = csv.DictWriter(f, fieldnames=["shape", "config", "cp", "seg", "ok",
+                                                       "max_abs", "rel_l2", "graph_us", "span_us",
+                                                       "k0", "k1", "k2", "k3", "reason"],
+                                        extrasaction="ignore")
+                    wr.writeheader()
+                wr.writerow(row)
+                f.flush()
+        del x, ref
+        torch.cuda.empty_cache()
+    for s in kernel_stats():
+        print("STATS", *s, flush=True)
+    print(f"done in {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
