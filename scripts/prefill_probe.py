@@ -26,18 +26,20 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 
 SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
-    "blocks": PrefillConfig(solve="blocks"),
-    "tile": PrefillConfig(),
-    "tile-iw8": PrefillConfig(intra_warps=8),
-    "tile-walkbf16": PrefillConfig(walk_precision="bf16"),
-    "tile-allbf16": PrefillConfig(walk_precision="bf16", inline_precision="bf16",
-                                  intra_precision="bf16"),
-    "tile-bv32w4": PrefillConfig(walk_BV=32, walk_warps=4),
-    "tile-bv32w8": PrefillConfig(walk_BV=32, walk_warps=8),
-    "tile-bv64w8": PrefillConfig(walk_BV=64, walk_warps=8),
-    "tile-walkbf16-bv32w8": PrefillConfig(walk_precision="bf16", walk_BV=32, walk_warps=8),
+    "default": PrefillConfig(),
+    "cb1": PrefillConfig(intra_col_blocks=1),
+    "cb4": PrefillConfig(intra_col_blocks=4),
+    "iw8": PrefillConfig(intra_warps=8),
+    "tile": PrefillConfig(solve="tile"),
+    "wbf16": PrefillConfig(walk_precision="bf16"),
+    "wbf16-ibf16": PrefillConfig(walk_precision="bf16", inline_precision="bf16"),
+    "wbf16-s3": PrefillConfig(walk_precision="bf16", walk_stages=3),
+    "wbf16-bv64w8": PrefillConfig(walk_precision="bf16", walk_BV=64, walk_warps=8),
+    "wbf16-bv128w8": PrefillConfig(walk_precision="bf16", walk_BV=128, walk_warps=8),
+    "wbf16-combk": PrefillConfig(walk_precision="bf16", cp_combine="kernel"),
 }
-CPS = {"T2048": [None, False, 2, 4, 8], "T8192": [None, False, 4, 8, 16]}
+CPS = {"T2048": [None, False, 4, 16], "T8192": [None, False, 8, 32]}
+CP_CONFIGS = ("default", "wbf16")
 
 
 def short(name: str) -> str:
@@ -81,7 +83,7 @@ def main():
         T, N = sum(lens), len(lens)
         for cname in args.configs:
             cfg = CONFIGS[cname]
-            for cp in CPS.get(shape, [None]) if cname in ("tile", "tile-walkbf16") else [None]:
+            for cp in CPS.get(shape, [None]) if cname in CP_CONFIGS else [None]:
                 if time.time() - t_start > args.budget_s:
                     print("budget used up; stopping", flush=True)
                     break

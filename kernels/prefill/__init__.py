@@ -176,7 +176,7 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         "fused_gates": "gates+cumsum, intra, walk, output; host-built chunk table as unfused",
         "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup",
         "fused": "intra (+gates, cumsum) and walk with inline outputs"
-                 + ("; CP: summary, combine, walk" if use_cp else ""),
+                 + ("; CP: segment summaries, then the walk chaining them" if use_cp else ""),
     }
     out["note"] = notes["fused" if key == "fused+cp" else key]
     return out

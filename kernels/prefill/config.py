@@ -62,6 +62,11 @@ class PrefillConfig:
             (one tensor-core product, like FLA's walk).
         inline_precision: the fused walk's inline ``P @ S``.
         intra_precision: ``w``, ``u`` and the output terms in the intra-chunk kernel.
+        intra_col_blocks: the intra-chunk kernel's products with ``k``, ``v``, ``q`` in
+            that many blocks of columns (fewer live registers).
+        cp_combine: how CP finds each segment's entering state: ``"inline"`` (each
+            phase-C program chains the transitions of the segments before it: 3
+            launches) or ``"kernel"`` (a separate serial combine kernel: 4 launches).
     """
 
     walk_BV: Optional[int] = 16
@@ -77,10 +82,12 @@ class PrefillConfig:
     combine_warps: int = 4
     cp_min_avg_chunks: int = 32
     storage: str = "compact"
-    solve: str = "tile"
+    solve: str = "blocks"
     walk_precision: str = "bf16x2"
     inline_precision: str = "bf16x2"
     intra_precision: str = "bf16x2"
+    intra_col_blocks: int = 2
+    cp_combine: str = "inline"
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
@@ -103,6 +110,10 @@ class PrefillConfig:
             if getattr(self, f) not in PRECISIONS:
                 raise ValueError(f"{f} must be one of {', '.join(PRECISIONS)}, "
                                  f"got {getattr(self, f)!r}")
+        if not _pow2(self.intra_col_blocks):
+            raise ValueError(f"intra_col_blocks must be a power of two, got {self.intra_col_blocks}")
+        if self.cp_combine not in ("inline", "kernel"):
+            raise ValueError(f"cp_combine must be 'inline' or 'kernel', got {self.cp_combine!r}")
         if self.cp_min_avg_chunks < 1:
             raise ValueError(f"cp_min_avg_chunks must be >= 1, got {self.cp_min_avg_chunks}")
         for f in ("walk_stages", "summary_stages"):

@@ -29,8 +29,9 @@ CP when the walk would have fewer programs than the GPU has SMs
 (``N * HV * V/BV < n_sm``; 32 < 132 for one contest sequence at ``BV = 32``)
 and the average sequence has at least ``CP_MIN_AVG_CHUNKS`` chunks
 (``ceil(T/64) / N >= 32``, i.e. 2048 tokens; ``PrefillConfig.cp_min_avg_chunks``);
-then ``SEG_CHUNKS`` is the power of two nearest ``sqrt(avg_chunks / 2)``,
-clamped to ``[2, 64]`` (8 at T = 8192, N = 1: 16 segments). Individual
+then ``SEG_CHUNKS`` is the power of two nearest ``sqrt(2 * avg_chunks)``,
+clamped to ``[2, 64]`` (16 at T = 8192, N = 1: 8 segments; measured on an H200,
+16 beat 8 and 4, docs/notes.md). Individual
 lengths are unknown without a sync, so a batch of one long and many short
 sequences is judged by its average; CP is correct for any lengths.
 """
@@ -73,7 +74,7 @@ def cp_segment_chunks(T: int, N: int, HV: int, V: int, BV: int, n_sm: int,
     avg = n_chunks / max(int(N), 1)
     if N * HV * (V // BV) >= n_sm or avg < min_avg_chunks:
         return 0
-    seg = 2 ** round(math.log2(math.sqrt(avg / 2)))
+    seg = 2 ** round(math.log2(math.sqrt(2 * avg)))
     return int(min(max(seg, 2), 64))
 
 

@@ -19,7 +19,7 @@ Per ``(chunk, value head)`` program:
 1. ``A = beta K K^T * exp(gc_i - gc_j)`` (strictly lower) as one bf16 product;
 2. the solve, by ``SOLVE``:
 
-   * ``"tile"`` (default): on the ``[64, 64]`` register tile,
+   * ``"tile"``: on the ``[64, 64]`` register tile,
      :func:`solve_unit_lower` -- the 16 x 16 diagonal blocks ``D`` by a product
      of Neumann factors, exact because ``D^16 = 0``, then the block-lower rest
      ``N = (I + D)^-1 (A - D)`` with ``N^4 = 0``::
@@ -27,7 +27,7 @@ Per ``(chunk, value head)`` program:
          (I + A)^-1 = (I - N)(I + N^2) (I - D)(I + D^2)(I + D^4)(I + D^8)
 
      ten ``[64, 64]`` products (``tf32x3``, ~fp32), no memory traffic;
-   * ``"blocks"`` (the first version): ``A`` through a per-token scratch
+   * ``"blocks"`` (default; measured 2x faster than ``"tile"``): ``A`` through a per-token scratch
      ``[T, HV, 64]``, the same Neumann product on each diagonal block, the
      off-diagonal blocks by ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj`` (fp32
      ``ieee`` products), ``Tm`` written back and reloaded as one tile;
@@ -77,8 +77,9 @@ BC = 16
 WU_PRECISION = "bf16x2"
 #: Precision of the output terms ``Aqk @ w`` and ``Aqk @ u`` (outputs only).
 OUT_PRECISION = "bf16x2"
-#: Default solve: ``"tile"`` (registers) or ``"blocks"`` (scratch; the first version).
-SOLVE = "tile"
+#: Default solve: ``"blocks"`` (scratch) or ``"tile"`` (registers; measured 2x slower on
+#: an H200: ten dependent [64, 64] tf32x3 products, docs/notes.md).
+SOLVE = "blocks"
 #: Precision of the products of the ``"tile"`` solve (fp32 operands: ~fp32 accuracy).
 SOLVE_PRECISION = "tf32x3"
 #: Storage of the per-token intermediates, by name (``PrefillConfig.storage``):
@@ -197,6 +198,7 @@ def intra_chunk_kernel(
     OUT_PREC: tl.constexpr,     # precision of the output terms
     SOLVE: tl.constexpr,        # "tile": registers (solve_unit_lower); "blocks": scratch
     SOLVE_PREC: tl.constexpr,   # precision of the "tile" solve's products
+    COL_BLOCKS: tl.constexpr,   # column blocks of step 3 (divides K and V)
 ):
     tl.static_assert(BT == 4 * BC)
     i_p, i_h = tl.program_id(0), tl.program_id(1)
@@ -210,12 +212,9 @@ def intra_chunk_kernel(
     o_r = tl.arange(0, BT)
     m_r = o_r < n_t
     o_k = tl.arange(0, K)
-    o_v = tl.arange(0, V)
     # scalar base pointers at the chunk's first token; int32 tile offsets
     o_hr = o_r * H                                      # [BT] rows of [T, H] tensors
     o_qk = o_r[:, None] * (HQ * K) + o_k[None, :]       # [BT, K] rows of q, k
-    o_wk = o_r[:, None] * (H * K) + o_k[None, :]        # [BT, K] rows of w, p
-    o_hv = o_r[:, None] * (H * V) + o_v[None, :]        # [BT, V] rows of v, u, ob
     o_at = o_r[:, None] * (H * BT) + o_r[None, :]       # [BT, BT] rows of the scratch
 
     # gates: g, beta and the chunk's cumulative sum (rows past the end: g = 0, beta = 0)
@@ -275,31 +274,45 @@ def intra_chunk_kernel(
         # blocks above the diagonal of the scratch still hold A's zeros
         b_T = tl.load(p_At + o_at, mask=m_r[:, None], other=0.0)
 
-    # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v
+    # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v, and the output terms, in
+    #    COL_BLOCKS blocks of columns (fewer live registers: no [64, K] fp32 pair at once)
     b_bg = b_beta * tl.exp(b_gc)
-    b_w = mm(b_T * b_bg[None, :], b_k, WU_PREC)
-    if W_SPLIT:   # stored as a bf16 hi + lo pair: the walk feeds both to the tensor cores
-        b_wh, b_wl = split(b_w)
-        tl.store(w + (t0 * H + i_h) * K + o_wk, b_wh, mask=m_r[:, None])
-        tl.store(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wk, b_wl, mask=m_r[:, None])
-    else:
-        b_w = b_w.to(w.dtype.element_ty)   # the walk reads w as stored
-        tl.store(w + (t0 * H + i_h) * K + o_wk, b_w, mask=m_r[:, None])
-    b_v = tl.load(v + (t0 * H + i_h) * V + o_hv, mask=m_r[:, None], other=0.0)
-    b_u = mm(b_T * b_beta[None, :], b_v, WU_PREC).to(u.dtype.element_ty)
-    tl.store(u + (t0 * H + i_h) * V + o_hv, b_u, mask=m_r[:, None])
-
+    b_Tw = b_T * b_bg[None, :]
+    b_Tu = b_T * b_beta[None, :]
     if OUT_PREP:
         # o = scale (exp(gc) q S0 + Aqk (u - w S0)) = P @ S0 + ob, with w and u as stored
         b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
         b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
         b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
-        b_p = b_q.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_Aqk, b_w, OUT_PREC)
-        tl.store(p + (t0 * H + i_h) * K + o_wk, (scale * b_p).to(p.dtype.element_ty),
-                 mask=m_r[:, None])
-        b_ob = mm(b_Aqk, b_u, OUT_PREC)
-        tl.store(ob + (t0 * H + i_h) * V + o_hv, (scale * b_ob).to(ob.dtype.element_ty),
-                 mask=m_r[:, None])
+    BKC: tl.constexpr = K // COL_BLOCKS
+    BVC: tl.constexpr = V // COL_BLOCKS
+    o_kc = tl.arange(0, BKC)
+    o_vc = tl.arange(0, BVC)
+    for i_b in tl.static_range(COL_BLOCKS):
+        o_qkc = o_r[:, None] * (HQ * K) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of q, k
+        o_wkc = o_r[:, None] * (H * K) + i_b * BKC + o_kc[None, :]    # [BT, BKC] of w, p
+        o_hvc = o_r[:, None] * (H * V) + i_b * BVC + o_vc[None, :]    # [BT, BVC] of v, u, ob
+        b_kc = tl.load(k + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
+        b_w = mm(b_Tw, b_kc, WU_PREC)
+        if W_SPLIT:   # stored as a bf16 hi + lo pair: the walk feeds both to the tensor cores
+            b_wh, b_wl = split(b_w)
+            tl.store(w + (t0 * H + i_h) * K + o_wkc, b_wh, mask=m_r[:, None])
+            tl.store(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wkc, b_wl,
+                     mask=m_r[:, None])
+        else:
+            b_w = b_w.to(w.dtype.element_ty)   # the walk reads w as stored
+            tl.store(w + (t0 * H + i_h) * K + o_wkc, b_w, mask=m_r[:, None])
+        b_vc = tl.load(v + (t0 * H + i_h) * V + o_hvc, mask=m_r[:, None], other=0.0)
+        b_u = mm(b_Tu, b_vc, WU_PREC).to(u.dtype.element_ty)
+        tl.store(u + (t0 * H + i_h) * V + o_hvc, b_u, mask=m_r[:, None])
+        if OUT_PREP:
+            b_qc = tl.load(q + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
+            b_p = b_qc.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_Aqk, b_w, OUT_PREC)
+            tl.store(p + (t0 * H + i_h) * K + o_wkc, (scale * b_p).to(p.dtype.element_ty),
+                     mask=m_r[:, None])
+            b_ob = mm(b_Aqk, b_u, OUT_PREC)
+            tl.store(ob + (t0 * H + i_h) * V + o_hvc, (scale * b_ob).to(ob.dtype.element_ty),
+                     mask=m_r[:, None])
 
 
 def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, *,
@@ -309,13 +322,14 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     wu_dtype: Optional[torch.dtype] = None, storage: str = "precise",
                     solve: str = SOLVE, solve_precision: str = SOLVE_PRECISION,
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
-                    num_warps: int = 8):
+                    col_blocks: int = 1, num_warps: int = 8):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
     are required); output terms when ``q`` is given. ``solve``: ``"tile"``
     (registers, :func:`solve_unit_lower`) or ``"blocks"`` (16 x 16 blocks through a
-    ``[T, HV, 64]`` f32 scratch). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
+    ``[T, HV, 64]`` f32 scratch). ``col_blocks``: step 3 in that many column blocks
+    (a power of two dividing ``K`` and ``V``; fewer live registers). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
     when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
@@ -346,7 +360,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
             chunk_indices, scale, T, N,
             H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, RAW_GATES=raw, USE_INDICES=use_indices,
             OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision, OUT_PREC=out_precision,
-            SOLVE=solve, SOLVE_PREC=solve_precision, num_warps=num_warps,
+            SOLVE=solve, SOLVE_PREC=solve_precision,
+            COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), num_warps=num_warps,
         )
     return (w, u, gc, P, ob) if out_prep else (w, u, gc)
 

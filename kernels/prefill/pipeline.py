@@ -14,10 +14,11 @@ variant         stages                                                       GPU
                 table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
-``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u`` + the     2 kernels; 4 with CP
+``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u`` + the     2 kernels; 3 with CP
                 output terms ``P``, ``ob``; (2) state walk with the outputs
                 ``P @ S + ob`` inline; with context parallelism (2) becomes
-                summary, combine, walk
+                segment summaries, then the walk that chains them (a
+                separate combine kernel with ``cp_combine="kernel"``: 4)
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
 ==============  ===========================================================  =====================
 
@@ -38,7 +39,8 @@ import torch
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import DEFAULT_CONFIG, PrefillConfig
-from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
+from .context_parallel import (COMBINE_DOT_PRECISION, cp_segment_chunks, segment_combine_fwd,
+                               sm_count)
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
 from .output import chunk_output_fwd
@@ -54,7 +56,7 @@ LAUNCHES = {
     "fused_gates": dict(kernels=4, triton=4, torch_ops=0, copies=3, syncs=2),
     "no_sync": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
     "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
-    "fused+cp": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
+    "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
 }
 
 
@@ -111,7 +113,8 @@ def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
 def _intra(cfg: PrefillConfig) -> dict:
     """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config."""
     return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
-                out_precision=cfg.intra_precision, num_warps=cfg.intra_warps)
+                out_precision=cfg.intra_precision, col_blocks=cfg.intra_col_blocks,
+                num_warps=cfg.intra_warps)
 
 
 def _config(config, D) -> PrefillConfig:
@@ -203,7 +206,9 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     """Fewest launches: (1) gates+cumsum+solve+``w``/``u``, (2) walk + inline outputs.
 
     With context parallelism (see :mod:`.context_parallel`), (2) becomes phase A
-    (segment summaries), phase B (combine) and phase C (walk + outputs).
+    (segment summaries) and phase C (walk + outputs), phase C chaining the earlier
+    segments' transitions itself (``cp_combine="inline"``) or reading the entering
+    states of a phase-B combine kernel (``"kernel"``).
     """
     shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                                  output, output_state, check_values)
@@ -223,10 +228,15 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     seg_t = seg * BT
     S = num_slots(T, N, seg_t)
     summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
-    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t,
                    BV=cfg.summary_BV, num_warps=cfg.summary_warps,
                    num_stages=cfg.summary_stages, dot_precision=cfg.walk_precision)
+    if cfg.cp_combine == "inline":
+        state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
+                       summary=summary, chain=True, output=o, final_state=ht, seg_t=seg_t,
+                       chain_precision=COMBINE_DOT_PRECISION, **walk)
+        return o, ht
+    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
     segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
                         num_warps=cfg.combine_warps)
     state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,

@@ -23,7 +23,11 @@ what else happens:
   ``S_end = M S_start + X`` (``M`` in the first ``K`` columns, ``X`` in the
   last ``V``), stored per segment slot; the last segment of a sequence is skipped;
 * ``FROM_S0`` (phase C): start from the segment's true entering state,
-  computed by :mod:`.context_parallel`.
+  computed by :mod:`.context_parallel`'s combine kernel;
+* ``CHAIN`` (phase C without that kernel): each program computes its
+  segment's entering state itself, ``S <- M_j S + X_j`` over the sequence's
+  earlier segments ``j`` (their ``[M | X]`` in ``summ``), from the initial
+  state: redundant across segments but parallel, and one launch fewer.
 
 The final state (k-last) is written by the program owning a sequence's last unit.
 """
@@ -86,7 +90,7 @@ def state_walk_kernel(
     h,              # [C, H, K, V] f32 out: state entering each chunk slot (STORE_H) or None
     v_new,          # [T, H, V] f32 out: residuals (STORE_VNEW) or None
     ht,             # [N, H, V, K] f32 out: final state, k-last (not SUMMARY) or None
-    summ,           # [S, H, K, K+V] f32 out: segment transitions [M | X] (SUMMARY) or None
+    summ,           # [S, H, K, K+V] f32 segment transitions [M | X]: out (SUMMARY), in (CHAIN)
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -98,6 +102,7 @@ def state_walk_kernel(
     SEG_T: tl.constexpr,        # tokens per unit (segment); 0: a unit is a whole sequence
     USE_H0: tl.constexpr,
     FROM_S0: tl.constexpr,
+    CHAIN: tl.constexpr,        # entering state from the earlier segments' [M | X] (summ)
     STORE_H: tl.constexpr,
     STORE_VNEW: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr,
@@ -105,6 +110,7 @@ def state_walk_kernel(
     W_SPLIT: tl.constexpr,      # w is a bf16 (hi, lo) pair
     DOT_PREC: tl.constexpr,     # products with the state (see .dots)
     OUT_PREC: tl.constexpr,     # P @ S of the inline outputs (see .dots)
+    CHAIN_PREC: tl.constexpr,   # M @ S of CHAIN
 ):
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HQ: tl.constexpr = H // G
@@ -143,6 +149,18 @@ def state_walk_kernel(
         o_tv = o_bt[:, None] * (H * V) + o_v[None, :]            # [BT, BV] rows of u, o, v_new
         if FROM_S0:
             b_S = tl.load(s0 + (i_u * H + i_h).to(tl.int64) * (K * V) + o_kv)
+        elif CHAIN:
+            # S_start(j+1) = M_j S_start(j) + X_j over the sequence's earlier segments
+            if USE_H0:
+                b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BV)
+            else:
+                b_S = tl.zeros([K, BV], dtype=tl.float32)
+            slot0 = (bos // SEG_T).to(tl.int32) + i_n
+            for j in range(0, i_s):
+                p_m = summ + ((slot0 + j) * H + i_h).to(tl.int64) * (K * (K + V))
+                b_M = tl.load(p_m + o_k[:, None] * (K + V) + o_k[None, :])
+                b_X = tl.load(p_m + o_k[:, None] * (K + V) + K + o_v[None, :])
+                b_S = mm(b_M, b_S, CHAIN_PREC) + b_X
         elif USE_H0:
             b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BV)
         else:
@@ -196,18 +214,20 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    seg_t: int = 0, BV: int = 32,
                    num_warps: int = 4, num_stages: int = 2,
                    dot_precision: str = WALK_DOT_PRECISION,
-                   out_precision: str = OUTPUT_INLINE_PRECISION) -> None:
+                   out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
+                   chain_precision: str = "tf32x3") -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
     ``T // seg_t + N`` segment slots; columns ``V``, or ``K + V`` when ``summary``
-    is given. ``dot_precision``: products with the state; ``out_precision``: the inline
+    is given (``chain``: ``summary`` is read, phase C without the combine kernel).
+    ``dot_precision``: products with the state; ``out_precision``: the inline
     ``P @ S`` (:mod:`.dots`). Writes into the given output tensors; returns nothing.
     """
     T, HQ, K = k.shape
     H, V = u.shape[1], u.shape[2]
     N = cu_seqlens.numel() - 1
-    is_summary = summary is not None
+    is_summary = summary is not None and not chain
     units = N if seg_t == 0 else num_slots(T, N, seg_t)
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
@@ -215,10 +235,11 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         p, ob, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
         summary, T, N,
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
-        USE_H0=initial_state is not None, FROM_S0=s0 is not None, STORE_H=h is not None,
+        USE_H0=initial_state is not None, FROM_S0=s0 is not None, CHAIN=chain,
+        STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
         W_SPLIT=w.dim() == 4,
-        DOT_PREC=dot_precision, OUT_PREC=out_precision,
+        DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         num_warps=num_warps, num_stages=num_stages,
     )
 
