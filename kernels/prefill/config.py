@@ -110,8 +110,10 @@ class PrefillConfig:
             if getattr(self, f) not in PRECISIONS:
                 raise ValueError(f"{f} must be one of {', '.join(PRECISIONS)}, "
                                  f"got {getattr(self, f)!r}")
-        if not _pow2(self.intra_col_blocks):
-            raise ValueError(f"intra_col_blocks must be a power of two, got {self.intra_col_blocks}")
+        if self.intra_col_blocks not in (1, 2):
+            # 4 (32-column blocks at D = 128) gave wrong results on an H200 with triton 3.6
+            # while passing on the CPU interpreter (docs/notes.md); not investigated.
+            raise ValueError(f"intra_col_blocks must be 1 or 2, got {self.intra_col_blocks}")
         if self.cp_combine not in ("inline", "kernel"):
             raise ValueError(f"cp_combine must be 'inline' or 'kernel', got {self.cp_combine!r}")
         if self.cp_min_avg_chunks < 1:

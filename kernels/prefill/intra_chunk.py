@@ -199,6 +199,7 @@ def intra_chunk_kernel(
     SOLVE: tl.constexpr,        # "tile": registers (solve_unit_lower); "blocks": scratch
     SOLVE_PREC: tl.constexpr,   # precision of the "tile" solve's products
     COL_BLOCKS: tl.constexpr,   # column blocks of step 3 (divides K and V)
+    STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
 ):
     tl.static_assert(BT == 4 * BC)
     i_p, i_h = tl.program_id(0), tl.program_id(1)
@@ -235,6 +236,9 @@ def intra_chunk_kernel(
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
     b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
     b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
+    if STOP_AFTER == 1:   # instrument: stage timing (keeps A alive through a row sum)
+        tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_A, axis=1), mask=m_r)
+        return
     if SOLVE == "tile":
         # 2. Tm = (I + A)^-1 on the register tile (no scratch, no barriers)
         b_T = solve_unit_lower(b_A, BC, SOLVE_PREC)
@@ -273,6 +277,9 @@ def intra_chunk_kernel(
         tl.debug_barrier()
         # blocks above the diagonal of the scratch still hold A's zeros
         b_T = tl.load(p_At + o_at, mask=m_r[:, None], other=0.0)
+    if STOP_AFTER == 2:   # instrument: stage timing
+        tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_T, axis=1), mask=m_r)
+        return
 
     # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v, and the output terms, in
     #    COL_BLOCKS blocks of columns (fewer live registers: no [64, K] fp32 pair at once)
@@ -322,14 +329,16 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     wu_dtype: Optional[torch.dtype] = None, storage: str = "precise",
                     solve: str = SOLVE, solve_precision: str = SOLVE_PRECISION,
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
-                    col_blocks: int = 1, num_warps: int = 8):
+                    col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
     are required); output terms when ``q`` is given. ``solve``: ``"tile"``
     (registers, :func:`solve_unit_lower`) or ``"blocks"`` (16 x 16 blocks through a
     ``[T, HV, 64]`` f32 scratch). ``col_blocks``: step 3 in that many column blocks
-    (a power of two dividing ``K`` and ``V``; fewer live registers). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
+    (a power of two dividing ``K`` and ``V``; fewer live registers). ``stop_after``
+    (instrument for stage timing, results then invalid): end each program after step
+    1 or 2. Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
     when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
@@ -361,7 +370,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
             H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, RAW_GATES=raw, USE_INDICES=use_indices,
             OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision, OUT_PREC=out_precision,
             SOLVE=solve, SOLVE_PREC=solve_precision,
-            COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), num_warps=num_warps,
+            COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), STOP_AFTER=stop_after,
+            num_warps=num_warps,
         )
     return (w, u, gc, P, ob) if out_prep else (w, u, gc)
 
