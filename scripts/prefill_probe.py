@@ -28,18 +28,15 @@ SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
     "cb1": PrefillConfig(intra_col_blocks=1),
-    "cb4": PrefillConfig(intra_col_blocks=4),
     "iw8": PrefillConfig(intra_warps=8),
-    "tile": PrefillConfig(solve="tile"),
-    "wbf16": PrefillConfig(walk_precision="bf16"),
-    "wbf16-ibf16": PrefillConfig(walk_precision="bf16", inline_precision="bf16"),
-    "wbf16-s3": PrefillConfig(walk_precision="bf16", walk_stages=3),
-    "wbf16-bv64w8": PrefillConfig(walk_precision="bf16", walk_BV=64, walk_warps=8),
-    "wbf16-bv128w8": PrefillConfig(walk_precision="bf16", walk_BV=128, walk_warps=8),
-    "wbf16-combk": PrefillConfig(walk_precision="bf16", cp_combine="kernel"),
+    "combk": PrefillConfig(cp_combine="kernel"),
+    "inbf16": PrefillConfig(inline_precision="bf16"),
+    "intrabf16": PrefillConfig(intra_precision="bf16"),
+    "bv32": PrefillConfig(walk_BV=32),
+    "precise-walk": PrefillConfig(walk_precision="bf16x2"),
 }
-CPS = {"T2048": [None, False, 4, 16], "T8192": [None, False, 8, 32]}
-CP_CONFIGS = ("default", "wbf16")
+CPS = {"T2048": [None, 8], "T8192": [None, False, 32]}
+CP_CONFIGS = ("default", "combk")
 
 
 def short(name: str) -> str:
@@ -72,8 +69,17 @@ def main():
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--shapes", nargs="+", default=SHAPES)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS))
+    ap.add_argument("--stages1", action="store_true",
+                    help="only: the fused walk with num_stages=1 (bypasses the config check; "
+                         "it crashed on triton 3.6 before -- run in its own process)")
     args = ap.parse_args()
     t_start = time.time()
+    if args.stages1:
+        CONFIGS.clear()
+        cfg = PrefillConfig()
+        object.__setattr__(cfg, "walk_stages", 1)
+        CONFIGS["stages1"] = cfg
+        args.configs = ["stages1"]
     f = open(args.out, "w", newline="")
     wr = None
     for shape in args.shapes:

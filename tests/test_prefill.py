@@ -7,6 +7,7 @@ graph replays) are marked ``gpu`` and skip with a reason elsewhere.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import os
 import sys
 from unittest import mock
@@ -151,21 +152,30 @@ def test_make_prefill_impl_calling_convention():
     pytest.param(S32, [200], False, id=_id(32, [200], torch.int64, False)),
 ])
 def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
+    """CP is exact algebra: with ~fp32 walk products it matches the plain walk to 1e-4;
+    the default bf16 walk products only need to pass the contest check."""
     x, ref = case(shape, lens, torch.int64, with_state)
-    off = gdn_prefill(**x, variant="fused", cp=False)
+    precise = PrefillConfig(walk_precision="bf16x2")
+    off = gdn_prefill(**x, variant="fused", cp=False, config=precise)
     assert_ok(off, ref)
     for seg, combine in ((1, "inline"), (2, "inline"), (2, "kernel")):
-        on = gdn_prefill(**x, variant="fused", cp=seg, config=PrefillConfig(cp_combine=combine))
+        on = gdn_prefill(**x, variant="fused", cp=seg,
+                         config=replace(precise, cp_combine=combine))
         assert_ok(on, ref)
         torch.testing.assert_close(on[1], off[1], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(on[0].float(), off[0].float(), atol=1e-2, rtol=0)
+        assert_ok(gdn_prefill(**x, variant="fused", cp=seg,
+                              config=PrefillConfig(cp_combine=combine)), ref)
 
 
 def test_context_parallel_rule():
     """Documented rule: CP only for long average sequences that underfill the SMs."""
     cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
-    assert plan_fused(8192, 1, 8, 128, cpu) == (DEFAULT_CONFIG.fit(128).walk_BV, 16)  # 8 x 16
-    assert plan_fused(2048, 1, 8, 128, cpu)[1] == 8
+    assert plan_fused(8192, 1, 8, 128, cpu) == (64, 16)      # 8 segments x 16 chunks
+    assert plan_fused(4096, 1, 8, 128, cpu)[1] == 16
+    assert plan_fused(2048, 1, 8, 128, cpu) == (16, 0)       # too short: no CP, narrow tiles
+    assert plan_fused(16 * 256, 16, 8, 128, cpu) == (64, 0)  # many programs: wide tiles
+    assert plan_fused(4 * 1024, 4, 8, 128, cpu) == (16, 0)
     assert plan_fused(1024, 1, 8, 128, cpu)[1] == 0       # too short
     assert plan_fused(57 * 64, 57, 8, 128, cpu)[1] == 0   # many sequences: enough programs
     assert plan_fused(8192, 1, 8, 128, cpu, cp=False)[1] == 0

@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import List, Optional
 
-__all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS"]
+__all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
+           "walk_warps_rule"]
 
 
 #: Precisions a product may take (:mod:`.dots`).
@@ -41,8 +42,9 @@ class PrefillConfig:
 
     Args:
         walk_BV: state tile width of the fused walk (outputs inline) and of CP
-            phase C; None: 32 (capped at ``D``).
-        walk_warps, walk_stages: ``num_warps`` / ``num_stages`` of the state walks.
+            phase C; None: :func:`walk_tile_rule`.
+        walk_warps, walk_stages: ``num_warps`` / ``num_stages`` of the state walks;
+            ``walk_warps`` None: 8 for ``BV >= 64``, else 4.
         split_BV: tile width of the walk that stores chunk states (unfused
             compositions); None: :func:`.state_walk.default_bv`.
         intra_warps: ``num_warps`` of the intra-chunk (+ gates) kernel.
@@ -69,8 +71,8 @@ class PrefillConfig:
             launches) or ``"kernel"`` (a separate serial combine kernel: 4 launches).
     """
 
-    walk_BV: Optional[int] = 16
-    walk_warps: int = 4
+    walk_BV: Optional[int] = None
+    walk_warps: Optional[int] = None
     walk_stages: int = 2
     split_BV: Optional[int] = None
     intra_warps: int = 4
@@ -80,10 +82,10 @@ class PrefillConfig:
     summary_warps: int = 4
     summary_stages: int = 2
     combine_warps: int = 4
-    cp_min_avg_chunks: int = 32
+    cp_min_avg_chunks: int = 64
     storage: str = "compact"
     solve: str = "blocks"
-    walk_precision: str = "bf16x2"
+    walk_precision: str = "bf16"
     inline_precision: str = "bf16x2"
     intra_precision: str = "bf16x2"
     intra_col_blocks: int = 2
@@ -100,6 +102,8 @@ class PrefillConfig:
                 raise ValueError(f"{f} must be a power of two >= 16, got {v}")
         for f in ("walk_warps", "intra_warps", "output_warps", "summary_warps",
                   "combine_warps"):
+            if f == "walk_warps" and self.walk_warps is None:
+                continue
             if not _pow2(getattr(self, f)):
                 raise ValueError(f"{f} must be a power of two, got {getattr(self, f)}")
         if self.storage not in ("precise", "compact"):
@@ -137,7 +141,7 @@ class PrefillConfig:
         """Tile widths capped at the head size ``D`` (and ``2 D`` for ``summary_BV``)."""
         return replace(
             self,
-            walk_BV=min(self.walk_BV or 32, D),
+            walk_BV=None if self.walk_BV is None else min(self.walk_BV, D),
             split_BV=None if self.split_BV is None else min(self.split_BV, D),
             output_BV=min(self.output_BV, D),
             summary_BV=min(self.summary_BV, 2 * D),
@@ -145,6 +149,30 @@ class PrefillConfig:
 
 
 DEFAULT_CONFIG = PrefillConfig()
+
+
+def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
+    """State tile width of the fused walk when ``walk_BV`` is None.
+
+    With context parallelism 64 (each phase-C program first chains the earlier
+    segments' ``[K, K]`` transitions: fewer, wider programs repeat that less).
+    Otherwise the widest of 64, 32, 16 that still launches ``units * HV * V / BV
+    >= 1.5 * n_sm`` programs (a wide tile reads each chunk's ``w``, ``k``, ``P``
+    once per tile, a narrow one has more programs for few sequences), else 16.
+    Measured on an H200 (docs/notes.md): 4x1024 best at 16, 16x256 and 57x64 at
+    64, T=8192 with CP at 64. Capped at ``V``.
+    """
+    if cp:
+        return min(64, V)
+    for bv in (64, 32):
+        if bv <= V and units * HV * (V // bv) >= 1.5 * n_sm:
+            return bv
+    return min(16, V)
+
+
+def walk_warps_rule(BV: int) -> int:
+    """``num_warps`` of the fused walk when ``walk_warps`` is None: 8 for ``BV >= 64``."""
+    return 8 if BV >= 64 else 4
 
 
 def sweep_configs() -> List[PrefillConfig]:

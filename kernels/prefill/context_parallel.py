@@ -28,7 +28,8 @@ The rule (:func:`cp_segment_chunks`, host metadata only, so no sync): use
 CP when the walk would have fewer programs than the GPU has SMs
 (``N * HV * V/BV < n_sm``; 32 < 132 for one contest sequence at ``BV = 32``)
 and the average sequence has at least ``CP_MIN_AVG_CHUNKS`` chunks
-(``ceil(T/64) / N >= 32``, i.e. 2048 tokens; ``PrefillConfig.cp_min_avg_chunks``);
+(``ceil(T/64) / N >= 64``, i.e. 4096 tokens; ``PrefillConfig.cp_min_avg_chunks``;
+at T = 2048 the walk without CP measured faster on an H200);
 then ``SEG_CHUNKS`` is the power of two nearest ``sqrt(2 * avg_chunks)``,
 clamped to ``[2, 64]`` (16 at T = 8192, N = 1: 8 segments; measured on an H200,
 16 beat 8 and 4, docs/notes.md). Individual
@@ -54,7 +55,7 @@ __all__ = ["CP_MIN_AVG_CHUNKS", "cp_segment_chunks", "segment_combine_kernel", "
            "segment_combine_fwd", "COMBINE_DOT_PRECISION", "sm_count"]
 
 #: Average chunks per sequence from which CP is considered.
-CP_MIN_AVG_CHUNKS = 32
+CP_MIN_AVG_CHUNKS = 64
 #: ``input_precision`` of ``M_s @ S`` in phase B (3 tf32 passes: ~fp32 accuracy).
 COMBINE_DOT_PRECISION = "tf32x3"
 

@@ -236,6 +236,12 @@ def intra_chunk_kernel(
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
     b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
     b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
+    if OUT_PREP:
+        # the causal q k^T term now, while k is loaded (k, q and the decays die before
+        # the solve: fewer live registers through it)
+        b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
+        b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
+        b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
     if STOP_AFTER == 1:   # instrument: stage timing (keeps A alive through a row sum)
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_A, axis=1), mask=m_r)
         return
@@ -286,11 +292,7 @@ def intra_chunk_kernel(
     b_bg = b_beta * tl.exp(b_gc)
     b_Tw = b_T * b_bg[None, :]
     b_Tu = b_T * b_beta[None, :]
-    if OUT_PREP:
-        # o = scale (exp(gc) q S0 + Aqk (u - w S0)) = P @ S0 + ob, with w and u as stored
-        b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
-        b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
-        b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
+    # with OUT_PREP: o = scale (exp(gc) q S0 + Aqk (u - w S0)) = P @ S0 + ob, w, u as stored
     BKC: tl.constexpr = K // COL_BLOCKS
     BVC: tl.constexpr = V // COL_BLOCKS
     o_kc = tl.arange(0, BKC)

@@ -38,7 +38,7 @@ import torch
 
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
-from .config import DEFAULT_CONFIG, PrefillConfig
+from .config import DEFAULT_CONFIG, PrefillConfig, walk_tile_rule, walk_warps_rule
 from .context_parallel import (COMBINE_DOT_PRECISION, cp_segment_chunks, segment_combine_fwd,
                                sm_count)
 from .gates import chunk_gates_fwd, gates_torch
@@ -103,7 +103,7 @@ def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
     h = torch.empty(num_slots(T, N), H, K, V, dtype=torch.float32, device=q.device)
     v_new = torch.empty(T, H, V, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, initial_state=state, h=h, v_new=v_new,
-                   final_state=ht, BV=BV, num_warps=cfg.walk_warps,
+                   final_state=ht, BV=BV, num_warps=cfg.walk_warps or 4,
                    num_stages=cfg.walk_stages, dot_precision=cfg.walk_precision)
     chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, output=o, chunk_indices=idx,
                      BV=cfg.output_BV, num_warps=cfg.output_warps)
@@ -186,7 +186,7 @@ def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, in
     ``n`` forces segments of ``n`` chunks.
     """
     cfg = _config(config, D)
-    BV = cfg.walk_BV
+    BV = cfg.walk_BV or 16
     if cp is None:
         seg = cp_segment_chunks(T, N, HV, D, BV, sm_count(device), cfg.cp_min_avg_chunks)
     elif cp is True:
@@ -197,6 +197,9 @@ def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, in
         seg = int(cp)
     else:
         raise ValueError(f"cp must be None, a bool or a segment size >= 1 (chunks), got {cp!r}")
+    if cfg.walk_BV is None:
+        units = num_slots(T, N, seg * BT) if seg else N
+        BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg))
     return BV, seg
 
 
@@ -219,7 +222,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
                                       dt_bias=dt_bias, q=q, scale=scale,
                                       **_intra(cfg))
-    walk = dict(BV=BV, num_warps=cfg.walk_warps, num_stages=cfg.walk_stages,
+    walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV),
+                num_stages=cfg.walk_stages,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     if seg == 0:
         state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
