@@ -62,7 +62,9 @@ class PrefillConfig:
         walk_precision: products with the state in the walks (``w @ S``,
             ``k^T @ v_new``; :mod:`.dots`): ``"bf16x2"`` (~fp32) or ``"bf16"``
             (one tensor-core product, like FLA's walk).
-        inline_precision: the fused walk's inline ``P @ S``.
+        inline_precision: the fused walk's inline ``P @ S`` (outputs only).
+        Defaults measured on an H200 (scripts/prefill_probe.py, docs/notes.md): bf16 walk
+        and inline products cut the walk by 10-25 % at output rel-L2 ~3.4e-3 (vs 3.2e-3).
         intra_precision: ``w``, ``u`` and the output terms in the intra-chunk kernel.
         intra_col_blocks: the intra-chunk kernel's products with ``k``, ``v``, ``q`` in
             that many blocks of columns (fewer live registers).
@@ -86,7 +88,7 @@ class PrefillConfig:
     storage: str = "compact"
     solve: str = "blocks"
     walk_precision: str = "bf16"
-    inline_precision: str = "bf16x2"
+    inline_precision: str = "bf16"
     intra_precision: str = "bf16x2"
     intra_col_blocks: int = 2
     cp_combine: str = "inline"
