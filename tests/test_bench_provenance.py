@@ -55,3 +55,12 @@ def test_git_sha_from_the_environment_outside_a_checkout(tmp_path, monkeypatch):
     assert git_info(tmp_path) == {"git_sha": "abc123", "git_dirty": "False"}
     monkeypatch.delenv("GDN_GIT_SHA")
     assert git_info(tmp_path)["git_sha"] == "unknown"
+
+
+def test_git_sha_from_the_environment_wins_over_a_checkout(monkeypatch):
+    """The GPU host's copy of the tree can carry a stale .git: the stated commit wins."""
+    from kernels.bench.provenance import git_info
+
+    monkeypatch.setenv("GDN_GIT_SHA", "abc123")
+    monkeypatch.setenv("GDN_GIT_DIRTY", "False")
+    assert git_info() == {"git_sha": "abc123", "git_dirty": "False"}

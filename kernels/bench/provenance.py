@@ -65,14 +65,15 @@ def _run(cmd, cwd=None, timeout=10) -> Optional[str]:
 
 def git_info(root: Path = _REPO_ROOT) -> dict:
     """``{"git_sha": ..., "git_dirty": bool}`` (tracked files modified), or
-    ``"unknown"`` for both outside a git checkout unless ``GDN_GIT_SHA`` (and
-    ``GDN_GIT_DIRTY``) name the commit of a copied tree."""
-    sha = _run(["git", "rev-parse", "HEAD"], cwd=root)
-    if not sha and os.environ.get("GDN_GIT_SHA"):
-        # a copy of the tree without .git (the offline GPU host): the caller
-        # states which commit it sent, and whether its tree was dirty
+    ``"unknown"`` for both outside a git checkout. ``GDN_GIT_SHA`` (and
+    ``GDN_GIT_DIRTY``), when set, name the commit of a copied tree and take precedence."""
+    if os.environ.get("GDN_GIT_SHA"):
+        # a copy of the tree (the offline GPU host): the caller states which commit it
+        # sent, and whether its tree was dirty. It wins over a .git found in the copy,
+        # which on that host can be a stale checkout (seen: an older HEAD, "dirty").
         return {"git_sha": os.environ["GDN_GIT_SHA"],
                 "git_dirty": os.environ.get("GDN_GIT_DIRTY", "unknown")}
+    sha = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if not sha:
         return {"git_sha": "unknown", "git_dirty": "unknown"}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
