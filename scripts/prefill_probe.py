@@ -27,16 +27,14 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "cb1": PrefillConfig(intra_col_blocks=1),
-    "iw8": PrefillConfig(intra_warps=8),
-    "combk": PrefillConfig(cp_combine="kernel"),
-    "inbf16": PrefillConfig(inline_precision="bf16"),
-    "intrabf16": PrefillConfig(intra_precision="bf16"),
-    "bv32": PrefillConfig(walk_BV=32),
-    "precise-walk": PrefillConfig(walk_precision="bf16x2"),
+    "nreg168": PrefillConfig(intra_maxnreg=168),
+    "nreg128": PrefillConfig(intra_maxnreg=128),
+    "solve-tf32x3": PrefillConfig(intra_solve_precision="tf32x3"),
+    "solve-bf16x2": PrefillConfig(intra_solve_precision="bf16x2"),
+    "nreg168-tf32x3": PrefillConfig(intra_maxnreg=168, intra_solve_precision="tf32x3"),
 }
-CPS = {"T2048": [None, 8], "T8192": [None, False, 32]}
-CP_CONFIGS = ("default", "combk")
+CPS = {}
+CP_CONFIGS = ()
 
 
 def short(name: str) -> str:
@@ -75,10 +73,9 @@ def main():
     args = ap.parse_args()
     t_start = time.time()
     if args.stages1:
+        PrefillConfig.__post_init__ = lambda self: None   # let walk_stages=1 through
         CONFIGS.clear()
-        cfg = PrefillConfig()
-        object.__setattr__(cfg, "walk_stages", 1)
-        CONFIGS["stages1"] = cfg
+        CONFIGS["stages1"] = PrefillConfig(walk_stages=1)
         args.configs = ["stages1"]
     f = open(args.out, "w", newline="")
     wr = None

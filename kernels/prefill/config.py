@@ -68,6 +68,10 @@ class PrefillConfig:
         intra_precision: ``w``, ``u`` and the output terms in the intra-chunk kernel.
         intra_col_blocks: the intra-chunk kernel's products with ``k``, ``v``, ``q`` in
             that many blocks of columns (fewer live registers).
+        intra_solve_precision: products of the solve; None: ``"ieee"`` (blocks) /
+            ``"tf32x3"`` (tile).
+        intra_maxnreg, walk_maxnreg: register cap per thread of the intra-chunk kernel /
+            the fused walk (None: the compiler's choice, 255 for the intra kernel).
         cp_combine: how CP finds each segment's entering state: ``"inline"`` (each
             phase-C program chains the transitions of the segments before it: 3
             launches) or ``"kernel"`` (a separate serial combine kernel: 4 launches).
@@ -91,6 +95,9 @@ class PrefillConfig:
     inline_precision: str = "bf16"
     intra_precision: str = "bf16x2"
     intra_col_blocks: int = 2
+    intra_solve_precision: Optional[str] = None
+    intra_maxnreg: Optional[int] = None
+    walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
 
     def __post_init__(self):
@@ -116,6 +123,13 @@ class PrefillConfig:
             if getattr(self, f) not in PRECISIONS:
                 raise ValueError(f"{f} must be one of {', '.join(PRECISIONS)}, "
                                  f"got {getattr(self, f)!r}")
+        if self.intra_solve_precision not in (None,) + PRECISIONS:
+            raise ValueError(f"intra_solve_precision must be None or one of {PRECISIONS}, "
+                             f"got {self.intra_solve_precision!r}")
+        for f in ("intra_maxnreg", "walk_maxnreg"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or not 32 <= v <= 255):
+                raise ValueError(f"{f} must be None or an int in [32, 255], got {v!r}")
         if self.intra_col_blocks not in (1, 2):
             # 4 (32-column blocks at D = 128) gave wrong results on an H200 with triton 3.6
             # while passing on the CPU interpreter (docs/notes.md); not investigated.

@@ -80,8 +80,8 @@ OUT_PRECISION = "bf16x2"
 #: Default solve: ``"blocks"`` (scratch) or ``"tile"`` (registers; measured 2x slower on
 #: an H200: ten dependent [64, 64] tf32x3 products, docs/notes.md).
 SOLVE = "blocks"
-#: Precision of the products of the ``"tile"`` solve (fp32 operands: ~fp32 accuracy).
-SOLVE_PRECISION = "tf32x3"
+#: Precision of the solve's products by solve (fp32 operands: ~fp32 accuracy either way).
+SOLVE_PRECISION = {"tile": "tf32x3", "blocks": "ieee"}
 #: Storage of the per-token intermediates, by name (``PrefillConfig.storage``):
 #: ``w`` as a bf16 (hi, lo) pair ``[2, T, HV, K]`` ("pair") or a dtype, ``u``, ``P``, ``ob``.
 #: "precise": fp32-like ``w``/``u``/``ob`` -- on a long-memory head (decay ~0.998/token,
@@ -97,9 +97,13 @@ STORAGE = {
 
 
 @triton.jit
-def _mm(x, y):
-    """fp32 product of two small blocks (the solve), full fp32 precision."""
-    return tl.dot(x, y, input_precision="ieee")
+def _mm(x, y, PREC: tl.constexpr):
+    """fp32 product of two small blocks of the ``"blocks"`` solve (``PREC``: ``"ieee"``
+    FMA products, or a tensor-core precision of :mod:`.dots`)."""
+    if PREC == "ieee":
+        return tl.dot(x, y, input_precision="ieee")
+    else:
+        return mm(x, y, PREC)
 
 
 @triton.jit
@@ -121,15 +125,15 @@ def _put(p_At, b_X, I: tl.constexpr, J: tl.constexpr, n_t, H: tl.constexpr, BT: 
 
 
 @triton.jit
-def _inv_unit_lower(b_A, BC: tl.constexpr):
+def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[16, 16]`` block: ``(I-A)(I+A^2)(I+A^4)(I+A^8)``."""
     o_c = tl.arange(0, BC)
     b_I = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
     b_T = b_I - b_A
     b_P = b_A
     for _ in tl.static_range(3):
-        b_P = _mm(b_P, b_P)
-        b_T = _mm(b_T, b_I + b_P)
+        b_P = _mm(b_P, b_P, PREC)
+        b_T = _mm(b_T, b_I + b_P, PREC)
     return b_T
 
 
@@ -259,16 +263,18 @@ def intra_chunk_kernel(
         b_A30 = _blk(p_At, 3, 0, n_t, H, BT, BC)
         b_A31 = _blk(p_At, 3, 1, n_t, H, BT, BC)
         b_A32 = _blk(p_At, 3, 2, n_t, H, BT, BC)
-        b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC)
-        b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC)
-        b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC)
-        b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC)
-        b_T10 = -_mm(_mm(b_T11, b_A10), b_T00)
-        b_T21 = -_mm(_mm(b_T22, b_A21), b_T11)
-        b_T32 = -_mm(_mm(b_T33, b_A32), b_T22)
-        b_T20 = -_mm(b_T22, _mm(b_A20, b_T00) + _mm(b_A21, b_T10))
-        b_T31 = -_mm(b_T33, _mm(b_A31, b_T11) + _mm(b_A32, b_T21))
-        b_T30 = -_mm(b_T33, _mm(b_A30, b_T00) + _mm(b_A31, b_T10) + _mm(b_A32, b_T20))
+        SP: tl.constexpr = SOLVE_PREC
+        b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC, SP)
+        b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC, SP)
+        b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC, SP)
+        b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC, SP)
+        b_T10 = -_mm(_mm(b_T11, b_A10, SP), b_T00, SP)
+        b_T21 = -_mm(_mm(b_T22, b_A21, SP), b_T11, SP)
+        b_T32 = -_mm(_mm(b_T33, b_A32, SP), b_T22, SP)
+        b_T20 = -_mm(b_T22, _mm(b_A20, b_T00, SP) + _mm(b_A21, b_T10, SP), SP)
+        b_T31 = -_mm(b_T33, _mm(b_A31, b_T11, SP) + _mm(b_A32, b_T21, SP), SP)
+        b_T30 = -_mm(b_T33, _mm(b_A30, b_T00, SP) + _mm(b_A31, b_T10, SP)
+                     + _mm(b_A32, b_T20, SP), SP)
         tl.debug_barrier()   # all reads of A done before Tm overwrites it
         _put(p_At, b_T00, 0, 0, n_t, H, BT, BC)
         _put(p_At, b_T10, 1, 0, n_t, H, BT, BC)
@@ -329,9 +335,10 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     a=None, b=None, A_log=None, dt_bias=None, q=None, scale: float = 1.0,
                     chunk_indices: Optional[torch.Tensor] = None,
                     wu_dtype: Optional[torch.dtype] = None, storage: str = "precise",
-                    solve: str = SOLVE, solve_precision: str = SOLVE_PRECISION,
+                    solve: str = SOLVE, solve_precision: Optional[str] = None,
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
-                    col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0):
+                    col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
+                    maxnreg: Optional[int] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -340,7 +347,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``[T, HV, 64]`` f32 scratch). ``col_blocks``: step 3 in that many column blocks
     (a power of two dividing ``K`` and ``V``; fewer live registers). ``stop_after``
     (instrument for stage timing, results then invalid): end each program after step
-    1 or 2. Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
+    1 or 2. ``maxnreg``: register cap per thread (more programs per SM; spills). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
     when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
@@ -371,9 +378,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
             chunk_indices, scale, T, N,
             H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, RAW_GATES=raw, USE_INDICES=use_indices,
             OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision, OUT_PREC=out_precision,
-            SOLVE=solve, SOLVE_PREC=solve_precision,
+            SOLVE=solve, SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve],
             COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), STOP_AFTER=stop_after,
-            num_warps=num_warps,
+            num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
         )
     return (w, u, gc, P, ob) if out_prep else (w, u, gc)
 

@@ -114,6 +114,7 @@ def _intra(cfg: PrefillConfig) -> dict:
     """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config."""
     return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
                 out_precision=cfg.intra_precision, col_blocks=cfg.intra_col_blocks,
+                solve_precision=cfg.intra_solve_precision, maxnreg=cfg.intra_maxnreg,
                 num_warps=cfg.intra_warps)
 
 
@@ -223,7 +224,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                                       dt_bias=dt_bias, q=q, scale=scale,
                                       **_intra(cfg))
     walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV),
-                num_stages=cfg.walk_stages,
+                num_stages=cfg.walk_stages, maxnreg=cfg.walk_maxnreg,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     if seg == 0:
         state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,

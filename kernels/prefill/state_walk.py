@@ -215,7 +215,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    num_warps: int = 4, num_stages: int = 2,
                    dot_precision: str = WALK_DOT_PRECISION,
                    out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
-                   chain_precision: str = "tf32x3") -> None:
+                   chain_precision: str = "tf32x3", maxnreg: Optional[int] = None) -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -240,7 +240,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
         W_SPLIT=w.dim() == 4,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
 
 
