@@ -27,11 +27,7 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "nreg168": PrefillConfig(intra_maxnreg=168),
-    "nreg128": PrefillConfig(intra_maxnreg=128),
-    "solve-tf32x3": PrefillConfig(intra_solve_precision="tf32x3"),
-    "solve-bf16x2": PrefillConfig(intra_solve_precision="bf16x2"),
-    "nreg168-tf32x3": PrefillConfig(intra_maxnreg=168, intra_solve_precision="tf32x3"),
+    "nofirst": PrefillConfig(first_chunk_inline=False),
 }
 CPS = {}
 CP_CONFIGS = ()

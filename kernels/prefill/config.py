@@ -75,6 +75,10 @@ class PrefillConfig:
         cp_combine: how CP finds each segment's entering state: ``"inline"`` (each
             phase-C program chains the transitions of the segments before it: 3
             launches) or ``"kernel"`` (a separate serial combine kernel: 4 launches).
+        first_chunk_inline: without CP, the intra-chunk program of each sequence's
+            first chunk also walks that chunk (outputs and the state after it), so
+            one-chunk sequences never reach the walk kernel and longer ones start at
+            chunk 1.
     """
 
     walk_BV: Optional[int] = None
@@ -99,6 +103,7 @@ class PrefillConfig:
     intra_maxnreg: Optional[int] = None
     walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
+    first_chunk_inline: bool = True
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):

@@ -67,6 +67,7 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices  # noqa: E402
 from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
+from .state_walk import fused_chunk_step, load_state_tile, store_state_tile  # noqa: E402
 
 __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "solve_unit_lower", "BC",
            "WU_PRECISION", "OUT_PRECISION", "SOLVE", "SOLVE_PRECISION", "STORAGE"]
@@ -182,7 +183,10 @@ def intra_chunk_kernel(
     u,              # [T, H, V] out
     p,              # [T, H, K] out: output term P (OUT_PREP) or None
     ob,             # [T, H, V] out: output term ob (OUT_PREP) or None
-    At,             # [T, H, BT] f32 scratch: A, then Tm
+    At,             # [T, H, BT] f32 scratch: A, then Tm ("blocks" solve) or None
+    h0,             # [N, H, V, K] f32 initial state, k-last (FIRST_STEP and USE_H0) or None
+    ht,             # [N, H, V, K] f32 out: state after chunk 0 (FIRST_STEP) or None
+    o,              # [T, H, V] bf16 out: outputs of chunk 0 (FIRST_STEP) or None
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
     scale,          # output scale (OUT_PREP)
@@ -203,6 +207,11 @@ def intra_chunk_kernel(
     SOLVE: tl.constexpr,        # "tile": registers (solve_unit_lower); "blocks": scratch
     SOLVE_PREC: tl.constexpr,   # precision of the "tile" solve's products
     COL_BLOCKS: tl.constexpr,   # column blocks of step 3 (divides K and V)
+    FIRST_STEP: tl.constexpr = False,   # also walk each sequence's chunk 0 (fused, no CP)
+    USE_H0: tl.constexpr = False,       # FIRST_STEP from h0 (else zeros)
+    BVF: tl.constexpr = 32,             # state tile width of FIRST_STEP
+    WALK_PREC: tl.constexpr = "bf16",   # FIRST_STEP: products with the state
+    INLINE_PREC: tl.constexpr = "bf16",  # FIRST_STEP: P @ S
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
 ):
     tl.static_assert(BT == 4 * BC)
@@ -210,6 +219,7 @@ def intra_chunk_kernel(
     i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
         return
+    tl.static_assert(not FIRST_STEP or OUT_PREP)
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
     t0 = bos + i_c * BT                 # first token of the chunk (int64)
@@ -328,6 +338,19 @@ def intra_chunk_kernel(
             b_ob = mm(b_Aqk, b_u, OUT_PREC)
             tl.store(ob + (t0 * H + i_h) * V + o_hvc, (scale * b_ob).to(ob.dtype.element_ty),
                      mask=m_r[:, None])
+    if FIRST_STEP:
+        if i_c == 0:
+            # the state walk's first step for this sequence, from w, u, P, ob as stored
+            tl.debug_barrier()   # written above by other threads of this program
+            for i_v in tl.static_range(V // BVF):
+                if USE_H0:
+                    b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVF)
+                else:
+                    b_S = tl.zeros([K, BVF], dtype=tl.float32)
+                b_S = fused_chunk_step(b_S, w, u, k, p, ob, gc, o, T, t0, tl.minimum(n_t, BT),
+                                       i_h, i_hk, i_v, H, HQ, K, V, BT, BVF, W_SPLIT,
+                                       WALK_PREC, INLINE_PREC)
+                store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
 
 
 def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, *,
@@ -338,7 +361,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     solve: str = SOLVE, solve_precision: Optional[str] = None,
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
                     col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
-                    maxnreg: Optional[int] = None):
+                    maxnreg: Optional[int] = None, first_step: Optional[dict] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -347,7 +370,12 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``[T, HV, 64]`` f32 scratch). ``col_blocks``: step 3 in that many column blocks
     (a power of two dividing ``K`` and ``V``; fewer live registers). ``stop_after``
     (instrument for stage timing, results then invalid): end each program after step
-    1 or 2. ``maxnreg``: register cap per thread (more programs per SM; spills). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
+    1 or 2. ``maxnreg``: register cap per thread (more programs per SM; spills).
+    ``first_step`` (needs ``q``): ``dict(initial_state=, final_state=, output=,
+    walk_precision=, inline_precision=)`` -- the program owning a sequence's first
+    chunk also walks it (outputs into ``output``, the state after it into
+    ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
+    ``FROM_FIRST``). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
     when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
@@ -372,14 +400,21 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ob = torch.empty(T, H, V, dtype=st["ob"], device=dev) if out_prep else None
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
+    fs = dict(first_step or {})
+    if fs and not out_prep:
+        raise ValueError("first_step needs q (the output terms)")
+    h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
+    first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(32, V),
+                 WALK_PREC=fs.get("walk_precision", "bf16"),
+                 INLINE_PREC=fs.get("inline_precision", "bf16")) if fs else {}
     if grid[0] > 0:
         intra_chunk_kernel[grid](
-            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, cu_seqlens,
+            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
             chunk_indices, scale, T, N,
             H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, RAW_GATES=raw, USE_INDICES=use_indices,
             OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision, OUT_PREC=out_precision,
             SOLVE=solve, SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve],
-            COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), STOP_AFTER=stop_after,
+            COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), STOP_AFTER=stop_after, **first,
             num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
         )
     return (w, u, gc, P, ob) if out_prep else (w, u, gc)

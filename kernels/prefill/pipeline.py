@@ -220,15 +220,19 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     N = cu_seqlens.numel() - 1
     cfg = _config(config, D)
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
+    first = seg == 0 and cfg.first_chunk_inline
+    first_step = dict(initial_state=state, final_state=ht, output=o,
+                      walk_precision=cfg.walk_precision,
+                      inline_precision=cfg.inline_precision) if first else None
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
-                                      dt_bias=dt_bias, q=q, scale=scale,
+                                      dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
                                       **_intra(cfg))
     walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV),
                 num_stages=cfg.walk_stages, maxnreg=cfg.walk_maxnreg,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     if seg == 0:
         state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
-                       final_state=ht, **walk)
+                       final_state=ht, from_first=first, **walk)
         return o, ht
     seg_t = seg * BT
     S = num_slots(T, N, seg_t)

@@ -22,6 +22,10 @@ what else happens:
   ``[I | 0]`` over ``K + V`` columns, producing its affine transition
   ``S_end = M S_start + X`` (``M`` in the first ``K`` columns, ``X`` in the
   last ``V``), stored per segment slot; the last segment of a sequence is skipped;
+* ``FROM_FIRST`` (the ``fused`` variant without CP): the intra-chunk kernel
+  already walked each sequence's first chunk (:func:`fused_chunk_step`) and left
+  the state after it in ``ht``: one-chunk sequences exit, longer ones start at
+  chunk 1 from ``ht``;
 * ``FROM_S0`` (phase C): start from the segment's true entering state,
   computed by :mod:`.context_parallel`'s combine kernel;
 * ``CHAIN`` (phase C without that kernel): each program computes its
@@ -47,6 +51,7 @@ from .chunk_index import BT, locate_block, num_slots  # noqa: E402
 from .dots import mm, mm_pair  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "state_walk", "load_state_tile",
+           "store_state_tile", "fused_chunk_step",
            "WALK_DOT_PRECISION", "OUTPUT_INLINE_PRECISION", "default_bv"]
 
 #: Precision (:mod:`.dots`) of the products with the state (``w @ S``, ``k^T @ v_new``).
@@ -73,6 +78,52 @@ def load_state_tile(h0, i_n, i_h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.c
     o_v = i_v * BV + tl.arange(0, BV)
     p_h0 = h0 + (i_n * H + i_h).to(tl.int64) * (V * K)
     return tl.load(p_h0 + o_v[None, :] * K + o_k[:, None])
+
+
+@triton.jit
+def store_state_tile(ht, b_S, i_n, i_h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BV: tl.constexpr):
+    """Write the ``[K, BV]`` tile ``b_S`` into the k-last state ``ht[i_n, i_h]``."""
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    p_ht = ht + (i_n * H + i_h).to(tl.int64) * (V * K)
+    tl.store(p_ht + o_v[None, :] * K + o_k[:, None], b_S)
+
+
+@triton.jit
+def fused_chunk_step(b_S, w, u, k, p, ob, gc, o, T, t0, n_t, i_h, i_hk, i_v,
+                     H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BT: tl.constexpr, BV: tl.constexpr, W_SPLIT: tl.constexpr,
+                     DOT_PREC: tl.constexpr, OUT_PREC: tl.constexpr):
+    """One chunk of the fused walk for the ``[K, BV]`` state tile ``b_S`` (columns
+    ``i_v * BV ...``): writes the chunk's outputs ``o = P @ S + ob`` and returns the
+    state after the chunk. ``t0``: first token (int64), ``n_t``: rows of the chunk
+    (``<= BT``). The same arithmetic as one iteration of :func:`state_walk_kernel`
+    with ``FUSE_OUTPUT``; used by the intra-chunk kernel for a sequence's first chunk."""
+    o_bt = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t = o_bt < n_t
+    o_wk = o_bt[:, None] * (H * K) + o_k[None, :]
+    o_tv = o_bt[:, None] * (H * V) + o_v[None, :]
+    b_w = tl.load(w + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
+    b_u = tl.load(u + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None], other=0.0).to(tl.float32)
+    if W_SPLIT:
+        p_wl = w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K
+        b_wl = tl.load(p_wl + o_wk, mask=m_t[:, None], other=0.0)
+        b_v = b_u - mm_pair(b_w, b_wl, b_S)
+    else:
+        b_v = b_u - mm(b_w, b_S, DOT_PREC)
+    b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
+    b_gl = tl.load(gc + (t0 + n_t - 1) * H + i_h)
+    b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_bt[:, None] * (HQ * K) + o_k[None, :],
+                  mask=m_t[:, None], other=0.0)
+    b_p = tl.load(p + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
+    b_ob = tl.load(ob + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None], other=0.0)
+    b_o = mm(b_p, b_S, OUT_PREC) + b_ob.to(tl.float32)
+    tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
+    b_vd = b_v * tl.exp(b_gl - b_gc)[:, None]
+    return b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
 
 
 @triton.jit(do_not_specialize=["T", "N"])
@@ -107,6 +158,7 @@ def state_walk_kernel(
     STORE_VNEW: tl.constexpr,
     FUSE_OUTPUT: tl.constexpr,
     SUMMARY: tl.constexpr,
+    FROM_FIRST: tl.constexpr,   # the intra-chunk kernel did chunk 0: start at chunk 1 from ht
     W_SPLIT: tl.constexpr,      # w is a bf16 (hi, lo) pair
     DOT_PREC: tl.constexpr,     # products with the state (see .dots)
     OUT_PREC: tl.constexpr,     # P @ S of the inline outputs (see .dots)
@@ -121,6 +173,13 @@ def state_walk_kernel(
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
         ubos = bos
         ueos = eos
+        if FROM_FIRST:
+            # one-chunk sequences are complete (outputs and ht written); an empty one
+            # still hands its initial state through below
+            if (eos - bos > 0) & (eos - bos <= BT):
+                return
+            if eos - bos > 0:
+                ubos = bos + BT
     else:
         i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, SEG_T)
         ubos = bos + i_s * SEG_T
@@ -165,6 +224,9 @@ def state_walk_kernel(
             b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BV)
         else:
             b_S = tl.zeros([K, BV], dtype=tl.float32)
+        if FROM_FIRST:
+            if ubos > bos:   # the state after chunk 0, left in ht by the intra-chunk kernel
+                b_S = load_state_tile(ht, i_n, i_h, i_v, H, K, V, BV)
 
     n_ch = tl.cdiv(ueos - ubos, BT)
     for i_c in range(0, n_ch):
@@ -215,12 +277,14 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    num_warps: int = 4, num_stages: int = 2,
                    dot_precision: str = WALK_DOT_PRECISION,
                    out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
-                   chain_precision: str = "tf32x3", maxnreg: Optional[int] = None) -> None:
+                   chain_precision: str = "tf32x3", maxnreg: Optional[int] = None,
+                   from_first: bool = False) -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
     ``T // seg_t + N`` segment slots; columns ``V``, or ``K + V`` when ``summary``
-    is given (``chain``: ``summary`` is read, phase C without the combine kernel).
+    is given (``chain``: ``summary`` is read, phase C without the combine kernel;
+    ``from_first``: the intra-chunk kernel already did each sequence's first chunk).
     ``dot_precision``: products with the state; ``out_precision``: the inline
     ``P @ S`` (:mod:`.dots`). Writes into the given output tensors; returns nothing.
     """
@@ -238,6 +302,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         USE_H0=initial_state is not None, FROM_S0=s0 is not None, CHAIN=chain,
         STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
+        FROM_FIRST=from_first,
         W_SPLIT=w.dim() == 4,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
