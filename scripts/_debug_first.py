@@ -16,6 +16,11 @@ elif case == "first":
     gdn_prefill(**x, variant="fused")
 elif case == "intra_first":
     intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], first_step=dict(initial_state=x["state"], final_state=ht, output=o), **kw)
+elif case.startswith("intra_first_bv"):
+    intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], first_step=dict(initial_state=x["state"], final_state=ht, output=o, BV=int(case[14:])), **kw)
+elif case == "intra_first_w8":
+    kw["num_warps"] = 8
+    intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], first_step=dict(initial_state=x["state"], final_state=ht, output=o), **kw)
 elif case == "intra_first_nostate":
     intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], first_step=dict(initial_state=None, final_state=ht, output=o), **kw)
 elif case == "walk_from_first":

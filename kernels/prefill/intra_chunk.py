@@ -404,7 +404,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     if fs and not out_prep:
         raise ValueError("first_step needs q (the output terms)")
     h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
-    first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(32, V),
+    first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 32), V),
                  WALK_PREC=fs.get("walk_precision", "bf16"),
                  INLINE_PREC=fs.get("inline_precision", "bf16")) if fs else {}
     if grid[0] > 0:
