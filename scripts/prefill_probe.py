@@ -28,6 +28,7 @@ SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
     "nofirst": PrefillConfig(first_chunk_inline=False),
+    "first16": PrefillConfig(first_chunk_BV=16),
 }
 CPS = {}
 CP_CONFIGS = ()

@@ -79,6 +79,10 @@ class PrefillConfig:
             first chunk also walks that chunk (outputs and the state after it), so
             one-chunk sequences never reach the walk kernel and longer ones start at
             chunk 1.
+        first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
+            out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
+            3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
+            gave wrong results on the same kernel).
     """
 
     walk_BV: Optional[int] = None
@@ -104,6 +108,7 @@ class PrefillConfig:
     walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
     first_chunk_inline: bool = True
+    first_chunk_BV: int = 64
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
@@ -139,6 +144,9 @@ class PrefillConfig:
             # 4 (32-column blocks at D = 128) gave wrong results on an H200 with triton 3.6
             # while passing on the CPU interpreter (docs/notes.md); not investigated.
             raise ValueError(f"intra_col_blocks must be 1 or 2, got {self.intra_col_blocks}")
+        if self.first_chunk_BV not in (16, 64):
+            raise ValueError(f"first_chunk_BV must be 16 or 64 (32 miscompiles on triton 3.6), "
+                             f"got {self.first_chunk_BV}")
         if self.cp_combine not in ("inline", "kernel"):
             raise ValueError(f"cp_combine must be 'inline' or 'kernel', got {self.cp_combine!r}")
         if self.cp_min_avg_chunks < 1:
@@ -163,6 +171,7 @@ class PrefillConfig:
         return replace(
             self,
             walk_BV=None if self.walk_BV is None else min(self.walk_BV, D),
+            first_chunk_BV=min(self.first_chunk_BV, D),
             split_BV=None if self.split_BV is None else min(self.split_BV, D),
             output_BV=min(self.output_BV, D),
             summary_BV=min(self.summary_BV, 2 * D),

@@ -209,7 +209,7 @@ def intra_chunk_kernel(
     COL_BLOCKS: tl.constexpr,   # column blocks of step 3 (divides K and V)
     FIRST_STEP: tl.constexpr = False,   # also walk each sequence's chunk 0 (fused, no CP)
     USE_H0: tl.constexpr = False,       # FIRST_STEP from h0 (else zeros)
-    BVF: tl.constexpr = 32,             # state tile width of FIRST_STEP
+    BVF: tl.constexpr = 64,             # state tile width of FIRST_STEP
     WALK_PREC: tl.constexpr = "bf16",   # FIRST_STEP: products with the state
     INLINE_PREC: tl.constexpr = "bf16",  # FIRST_STEP: P @ S
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
@@ -372,7 +372,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     (instrument for stage timing, results then invalid): end each program after step
     1 or 2. ``maxnreg``: register cap per thread (more programs per SM; spills).
     ``first_step`` (needs ``q``): ``dict(initial_state=, final_state=, output=,
-    walk_precision=, inline_precision=)`` -- the program owning a sequence's first
+    walk_precision=, inline_precision=, BV=)`` (``BV`` 16 or 64: 32 miscompiles on
+    triton 3.6, see :class:`.config.PrefillConfig`) -- the program owning a sequence's first
     chunk also walks it (outputs into ``output``, the state after it into
     ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
     ``FROM_FIRST``). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
@@ -404,7 +405,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     if fs and not out_prep:
         raise ValueError("first_step needs q (the output terms)")
     h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
-    first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 32), V),
+    first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 64), V),
                  WALK_PREC=fs.get("walk_precision", "bf16"),
                  INLINE_PREC=fs.get("inline_precision", "bf16")) if fs else {}
     if grid[0] > 0:

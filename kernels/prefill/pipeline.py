@@ -222,8 +222,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
     first = seg == 0 and cfg.first_chunk_inline
     first_step = dict(initial_state=state, final_state=ht, output=o,
-                      walk_precision=cfg.walk_precision,
-                      inline_precision=cfg.inline_precision) if first else None
+                      walk_precision=cfg.walk_precision, inline_precision=cfg.inline_precision,
+                      BV=cfg.first_chunk_BV) if first else None
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
                                       dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
                                       **_intra(cfg))
