@@ -171,7 +171,7 @@ class PrefillConfig:
         return replace(
             self,
             walk_BV=None if self.walk_BV is None else min(self.walk_BV, D),
-            first_chunk_BV=min(self.first_chunk_BV, D),
+            first_chunk_BV=self.first_chunk_BV if self.first_chunk_BV <= D else 16,
             split_BV=None if self.split_BV is None else min(self.split_BV, D),
             output_BV=min(self.output_BV, D),
             summary_BV=min(self.summary_BV, 2 * D),
