@@ -78,7 +78,9 @@ class PrefillConfig:
         first_chunk_inline: without CP, the intra-chunk program of each sequence's
             first chunk also walks that chunk (outputs and the state after it), so
             one-chunk sequences never reach the walk kernel and longer ones start at
-            chunk 1.
+            chunk 1. Off by default: measured on an H200 it made the intra-chunk
+            kernel heavier for every program (57 KB shared memory, more spills) and
+            only 57x64 gained (-4 %); T=64 +43 %, 16x256 +30 % (docs/notes.md).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -107,7 +109,7 @@ class PrefillConfig:
     intra_maxnreg: Optional[int] = None
     walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
-    first_chunk_inline: bool = True
+    first_chunk_inline: bool = False
     first_chunk_BV: int = 64
 
     def __post_init__(self):
