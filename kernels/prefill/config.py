@@ -1,20 +1,20 @@
-"""Launch levers of the prefill kernels: explicit, no autotuning.
+"""Launch and precision levers of the prefill kernels: explicit, no autotuning.
 
-Defaults (``walk_BV=16, walk_warps=4, intra_warps=4, storage="compact"``) come
-from a probe on an H200 (scripts/prefill_config_probe.py, docs/notes.md): each
-lever alone beat the first defaults below at T=8192, 57x64 and 4x1024 (graph
-replay); the first defaults were chosen from ptxas reports alone (sm_90,
-triton 3.7, ``D = 128``, ``HV = 8``):
+Every default was measured on an H200 (graph replay, the contest shapes;
+``scripts/prefill_probe.py``, rows in ``results/nvidia-h200/dev_checks/``,
+the step table in ``docs/notes.md``):
 
-* fused walk (outputs inline), ``BV = 32``, 8 warps, 2 stages: 240 registers,
-  no spill, 160 KB shared memory (``BV = 16``, 4 warps: 229 registers; ``BV =
-  64`` spills hundreds of bytes). Wider tiles mean fewer programs re-reading
-  the chunk's ``w``, ``k``, ``P`` (one read per V tile);
-* CP summary walk over ``K + V`` columns, ``BV = 32``, 4 warps, 1 stage: 255
-  registers, no spill, 48 KB shared memory (two programs per SM; it launches
-  ``~2 * segments * HV * 4`` programs);
-* intra-chunk kernel with the output terms, 8 warps: ~32 bytes of spill
-  (160 bytes at 4 warps).
+* intra-chunk kernel: the ``"blocks"`` solve (the register ``"tile"`` solve was
+  2x slower), 4 warps (8: slower), products in 2 column blocks, ieee products
+  in the 16 x 16 solve (tf32x3 / bf16x2: slower), no register cap (168 / 128:
+  spills, slower). It runs at 255 registers, two programs per SM;
+* walks: bf16 products with the state and a bf16 inline ``P @ S`` (walk
+  -12...-25 %, output rel-L2 ~3.3e-3 vs 3.2e-3); tile width by
+  :func:`walk_tile_rule`, 8 warps at width 64; 2 stages (1 crashes on triton 3.6);
+* context parallelism from 64 chunks per sequence, segments by
+  :func:`.context_parallel.cp_segment_chunks`, phase C chaining the segment
+  transitions itself (3 launches);
+* compact bf16 storage of ``w``, ``u``, ``P``, ``ob``.
 
 Sweep them on the GPU with ``gdn_prefill(..., config=PrefillConfig(...))``;
 :func:`sweep_configs` lists a small grid.
