@@ -27,13 +27,10 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "sum64w8": PrefillConfig(summary_BV=64, summary_warps=8),
-    "sum16": PrefillConfig(summary_BV=16),
-    "bv16w2": PrefillConfig(walk_BV=16, walk_warps=2),
-    "bv16w8": PrefillConfig(walk_BV=16, walk_warps=8),
+    "nostack": PrefillConfig(stack_wp=False),
 }
-CPS = {"T8192": [None, 8]}
-CP_CONFIGS = ("default", "sum64w8")
+CPS = {}
+CP_CONFIGS = ()
 
 
 def short(name: str) -> str:

@@ -81,6 +81,10 @@ class PrefillConfig:
             chunk 1. Off by default: measured on an H200 it made the intra-chunk
             kernel heavier for every program (57 KB shared memory, more spills) and
             only 57x64 gained (-4 %); T=64 +43 %, 16x256 +30 % (docs/notes.md).
+        stack_wp: store ``w`` and ``P`` side by side (``[T, HV, 2, K]``) so the fused
+            walk multiplies both by the state in one ``[128, K]`` bf16 product per
+            chunk instead of two ``[64, K]`` ones (only with bf16 walk and inline
+            precisions and compact storage; otherwise ignored).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -111,6 +115,7 @@ class PrefillConfig:
     cp_combine: str = "inline"
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
+    stack_wp: bool = True
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):

@@ -207,6 +207,7 @@ def intra_chunk_kernel(
     SOLVE: tl.constexpr,        # "tile": registers (solve_unit_lower); "blocks": scratch
     SOLVE_PREC: tl.constexpr,   # precision of the "tile" solve's products
     COL_BLOCKS: tl.constexpr,   # column blocks of step 3 (divides K and V)
+    WP_STACK: tl.constexpr = False,     # w and P stored side by side: w is [T, H, 2, K]
     FIRST_STEP: tl.constexpr = False,   # also walk each sequence's chunk 0 (fused, no CP)
     USE_H0: tl.constexpr = False,       # FIRST_STEP from h0 (else zeros)
     BVF: tl.constexpr = 64,             # state tile width of FIRST_STEP
@@ -220,6 +221,8 @@ def intra_chunk_kernel(
     if i_c * BT >= eos - bos:
         return
     tl.static_assert(not FIRST_STEP or OUT_PREP)
+    tl.static_assert(not WP_STACK or (OUT_PREP and not W_SPLIT and not FIRST_STEP))
+    WS: tl.constexpr = 2 if WP_STACK else 1   # w's (token, head) stride in units of K
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
     t0 = bos + i_c * BT                 # first token of the chunk (int64)
@@ -315,7 +318,7 @@ def intra_chunk_kernel(
     o_vc = tl.arange(0, BVC)
     for i_b in tl.static_range(COL_BLOCKS):
         o_qkc = o_r[:, None] * (HQ * K) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of q, k
-        o_wkc = o_r[:, None] * (H * K) + i_b * BKC + o_kc[None, :]    # [BT, BKC] of w, p
+        o_wkc = o_r[:, None] * (H * K * WS) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of w, p
         o_hvc = o_r[:, None] * (H * V) + i_b * BVC + o_vc[None, :]    # [BT, BVC] of v, u, ob
         b_kc = tl.load(k + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
         b_w = mm(b_Tw, b_kc, WU_PREC)
@@ -326,15 +329,19 @@ def intra_chunk_kernel(
                      mask=m_r[:, None])
         else:
             b_w = b_w.to(w.dtype.element_ty)   # the walk reads w as stored
-            tl.store(w + (t0 * H + i_h) * K + o_wkc, b_w, mask=m_r[:, None])
+            tl.store(w + (t0 * H + i_h) * (K * WS) + o_wkc, b_w, mask=m_r[:, None])
         b_vc = tl.load(v + (t0 * H + i_h) * V + o_hvc, mask=m_r[:, None], other=0.0)
         b_u = mm(b_Tu, b_vc, WU_PREC).to(u.dtype.element_ty)
         tl.store(u + (t0 * H + i_h) * V + o_hvc, b_u, mask=m_r[:, None])
         if OUT_PREP:
             b_qc = tl.load(q + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
             b_p = b_qc.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_Aqk, b_w, OUT_PREC)
-            tl.store(p + (t0 * H + i_h) * K + o_wkc, (scale * b_p).to(p.dtype.element_ty),
-                     mask=m_r[:, None])
+            if WP_STACK:   # P next to w: [T, H, 2, K]
+                tl.store(w + K + (t0 * H + i_h) * (2 * K) + o_wkc,
+                         (scale * b_p).to(w.dtype.element_ty), mask=m_r[:, None])
+            else:
+                tl.store(p + (t0 * H + i_h) * K + o_wkc, (scale * b_p).to(p.dtype.element_ty),
+                         mask=m_r[:, None])
             b_ob = mm(b_Aqk, b_u, OUT_PREC)
             tl.store(ob + (t0 * H + i_h) * V + o_hvc, (scale * b_ob).to(ob.dtype.element_ty),
                      mask=m_r[:, None])
@@ -361,7 +368,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     solve: str = SOLVE, solve_precision: Optional[str] = None,
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
                     col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
-                    maxnreg: Optional[int] = None, first_step: Optional[dict] = None):
+                    maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
+                    stack_wp: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -376,7 +384,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     triton 3.6, see :class:`.config.PrefillConfig`) -- the program owning a sequence's first
     chunk also walks it (outputs into ``output``, the state after it into
     ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
-    ``FROM_FIRST``). Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
+    ``FROM_FIRST``). ``stack_wp`` (needs ``q``, non-pair storage): ``w`` and ``P``
+    side by side in one ``[T, HV, 2, K]`` tensor (returned as ``w``; ``P`` is then
+    None), so the walk multiplies both by the state in one product. Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
     when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
@@ -390,14 +400,18 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         gc = torch.empty(T, H, dtype=torch.float32, device=dev)
     st = STORAGE[storage]
     w_split = wu_dtype is None and st["w"] == "pair"
+    out_prep = q is not None
+    if stack_wp and (w_split or not out_prep or first_step):
+        raise ValueError("stack_wp needs q, a non-pair storage of w and no first_step")
     if w_split:
         w = torch.empty(2, T, H, K, dtype=torch.bfloat16, device=dev)
+    elif stack_wp:
+        w = torch.empty(T, H, 2, K, dtype=wu_dtype or st["w"], device=dev)
     else:
         w = torch.empty(T, H, K, dtype=wu_dtype or st["w"], device=dev)
     u = torch.empty(T, H, V, dtype=wu_dtype or st["u"], device=dev)
     At = torch.empty(T, H, BT, dtype=torch.float32, device=dev) if solve == "blocks" else None
-    out_prep = q is not None
-    P = torch.empty(T, H, K, dtype=st["p"], device=dev) if out_prep else None
+    P = torch.empty(T, H, K, dtype=st["p"], device=dev) if out_prep and not stack_wp else None
     ob = torch.empty(T, H, V, dtype=st["ob"], device=dev) if out_prep else None
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
@@ -415,7 +429,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
             H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, RAW_GATES=raw, USE_INDICES=use_indices,
             OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision, OUT_PREC=out_precision,
             SOLVE=solve, SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve],
-            COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), STOP_AFTER=stop_after, **first,
+            COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), STOP_AFTER=stop_after,
+            WP_STACK=stack_wp, **first,
             num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
         )
     return (w, u, gc, P, ob) if out_prep else (w, u, gc)

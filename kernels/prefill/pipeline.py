@@ -224,16 +224,35 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     first_step = dict(initial_state=state, final_state=ht, output=o,
                       walk_precision=cfg.walk_precision, inline_precision=cfg.inline_precision,
                       BV=cfg.first_chunk_BV) if first else None
+    stack = (cfg.stack_wp and not first and cfg.storage == "compact"
+             and cfg.walk_precision == cfg.inline_precision == "bf16")
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
                                       dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
-                                      **_intra(cfg))
+                                      stack_wp=stack, **_intra(cfg))
     walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV),
-                num_stages=cfg.walk_stages, maxnreg=cfg.walk_maxnreg,
+                num_stages=cfg.walk_stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     if seg == 0:
         state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
                        final_state=ht, from_first=first, **walk)
         return o, ht
+    seg_t = seg * BT
+    S = num_slots(T, N, seg_t)
+    summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
+    state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t,
+                   BV=cfg.summary_BV, num_warps=cfg.summary_warps, wp_stack=stack,
+                   num_stages=cfg.summary_stages, dot_precision=cfg.walk_precision)
+    if cfg.cp_combine == "inline":
+        state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
+                       summary=summary, chain=True, output=o, final_state=ht, seg_t=seg_t,
+                       chain_precision=COMBINE_DOT_PRECISION, **walk)
+        return o, ht
+    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
+    segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
+                        num_warps=cfg.combine_warps)
+    state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
+                   seg_t=seg_t, **walk)
+    return o, ht
     seg_t = seg * BT
     S = num_slots(T, N, seg_t)
     summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)

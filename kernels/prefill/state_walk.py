@@ -159,6 +159,7 @@ def state_walk_kernel(
     FUSE_OUTPUT: tl.constexpr,
     SUMMARY: tl.constexpr,
     FROM_FIRST: tl.constexpr,   # the intra-chunk kernel did chunk 0: start at chunk 1 from ht
+    WP_STACK: tl.constexpr,     # w is [T, H, 2, K] with P beside it: one product for both
     W_SPLIT: tl.constexpr,      # w is a bf16 (hi, lo) pair
     DOT_PREC: tl.constexpr,     # products with the state (see .dots)
     OUT_PREC: tl.constexpr,     # P @ S of the inline outputs (see .dots)
@@ -196,8 +197,12 @@ def state_walk_kernel(
     # Addressing: int64 scalar base pointers per chunk + loop-invariant int32 tile
     # offsets (int64 offset tensors would cost two registers per element).
     o_kv = o_k[:, None] * V + o_v[None, :]                 # [K, BV] in a [K, V] state
-    o_wk = o_bt[:, None] * (H * K) + o_k[None, :]          # [BT, K] rows of w
+    tl.static_assert(not WP_STACK or not W_SPLIT)
+    WS: tl.constexpr = 2 if WP_STACK else 1                # w's (token, head) stride / K
+    o_wk = o_bt[:, None] * (H * K * WS) + o_k[None, :]     # [BT, K] rows of w
     o_qk = o_bt[:, None] * (HQ * K) + o_k[None, :]         # [BT, K] rows of k
+    o_wp = (o_bt[:, None, None] * (H * 2 * K) + tl.arange(0, 2)[None, :, None] * K
+            + o_k[None, None, :])                          # [BT, 2, K] rows of [w; P]
 
     if SUMMARY:
         b_S = tl.where(o_k[:, None] == o_v[None, :], 1.0, 0.0)   # [I | 0]
@@ -232,14 +237,22 @@ def state_walk_kernel(
     for i_c in range(0, n_ch):
         t0 = ubos + i_c * BT                       # first token of the chunk (int64)
         m_t = o_bt < (ueos - t0)
-        b_w = tl.load(w + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
         b_u = tl.load(u + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None] & m_u[None, :],
                       other=0.0).to(tl.float32)
-        if W_SPLIT:   # w stored as a bf16 (hi, lo) pair
+        if WP_STACK and FUSE_OUTPUT:
+            # [w; P] @ S as one bf16 product: rows (t, 0) = w_t, (t, 1) = P_t
+            b_wp = tl.load(w + (t0 * H + i_h) * (2 * K) + o_wp, mask=m_t[:, None, None],
+                           other=0.0)
+            b_r = tl.dot(tl.reshape(b_wp, (2 * BT, K)), b_S.to(b_wp.dtype))
+            b_wS, b_pS = tl.split(tl.permute(tl.reshape(b_r, (BT, 2, BV)), (0, 2, 1)))
+            b_v = b_u - b_wS
+        elif W_SPLIT:   # w stored as a bf16 (hi, lo) pair
+            b_w = tl.load(w + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
             p_wl = w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K
             b_wl = tl.load(p_wl + o_wk, mask=m_t[:, None], other=0.0)
             b_v = b_u - mm_pair(b_w, b_wl, b_S)
         else:
+            b_w = tl.load(w + (t0 * H + i_h) * (K * WS) + o_wk, mask=m_t[:, None], other=0.0)
             b_v = b_u - mm(b_w, b_S, DOT_PREC)
         if STORE_H:
             slot_c = bos // BT + i_n + (t0 - bos) // BT
@@ -250,9 +263,12 @@ def state_walk_kernel(
         b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
         b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
         if FUSE_OUTPUT:   # o = P @ S + ob (see .intra_chunk)
-            b_p = tl.load(p + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
             b_ob = tl.load(ob + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None], other=0.0)
-            b_o = mm(b_p, b_S, OUT_PREC) + b_ob.to(tl.float32)
+            if WP_STACK:
+                b_o = b_pS + b_ob.to(tl.float32)
+            else:
+                b_p = tl.load(p + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
+                b_o = mm(b_p, b_S, OUT_PREC) + b_ob.to(tl.float32)
             tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty),
                      mask=m_t[:, None])
         # S = exp(gc_last) S + k^T (exp(gc_last - gc) v_new): the decay goes on the
@@ -278,19 +294,23 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    dot_precision: str = WALK_DOT_PRECISION,
                    out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
                    chain_precision: str = "tf32x3", maxnreg: Optional[int] = None,
-                   from_first: bool = False) -> None:
+                   from_first: bool = False, wp_stack: bool = False) -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
     ``T // seg_t + N`` segment slots; columns ``V``, or ``K + V`` when ``summary``
     is given (``chain``: ``summary`` is read, phase C without the combine kernel;
-    ``from_first``: the intra-chunk kernel already did each sequence's first chunk).
+    ``from_first``: the intra-chunk kernel already did each sequence's first chunk;
+    ``wp_stack``: ``w`` is the ``[T, HV, 2, K]`` pair of ``w`` and ``P``, ``p`` unused).
     ``dot_precision``: products with the state; ``out_precision``: the inline
     ``P @ S`` (:mod:`.dots`). Writes into the given output tensors; returns nothing.
     """
     T, HQ, K = k.shape
     H, V = u.shape[1], u.shape[2]
     N = cu_seqlens.numel() - 1
+    if wp_stack and output is not None and (dot_precision, out_precision) != ("bf16", "bf16"):
+        raise ValueError("wp_stack multiplies w and P by the state in one bf16 product: "
+                         "dot_precision and out_precision must be 'bf16'")
     is_summary = summary is not None and not chain
     units = N if seg_t == 0 else num_slots(T, N, seg_t)
     cols = K + V if is_summary else V
@@ -302,8 +322,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         USE_H0=initial_state is not None, FROM_S0=s0 is not None, CHAIN=chain,
         STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
-        FROM_FIRST=from_first,
-        W_SPLIT=w.dim() == 4,
+        FROM_FIRST=from_first, WP_STACK=wp_stack,
+        W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
