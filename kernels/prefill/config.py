@@ -84,7 +84,9 @@ class PrefillConfig:
         stack_wp: store ``w`` and ``P`` side by side (``[T, HV, 2, K]``) so the fused
             walk multiplies both by the state in one ``[128, K]`` bf16 product per
             chunk instead of two ``[64, K]`` ones (only with bf16 walk and inline
-            precisions and compact storage; otherwise ignored).
+            precisions and compact storage; otherwise ignored). Off by default:
+            measured on an H200 the reshape/split around the product cost more than
+            the product saved (T=2048 walk 47.5 -> 85.2 us; docs/notes.md).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -115,7 +117,7 @@ class PrefillConfig:
     cp_combine: str = "inline"
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
-    stack_wp: bool = True
+    stack_wp: bool = False
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
