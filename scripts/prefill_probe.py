@@ -27,7 +27,8 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "nostack": PrefillConfig(stack_wp=False),
+    "split": PrefillConfig(intra_split=True),
+    "split-w8": PrefillConfig(intra_split=True, intra_warps=8),
 }
 CPS = {}
 CP_CONFIGS = ()

@@ -114,7 +114,8 @@ def test_config_levers_keep_results(variant, options):
     compact = PrefillConfig(storage="compact")
     assert_ok(gdn_prefill(**x, variant=variant, config=compact, **options), ref)
     for other in (PrefillConfig(solve="blocks", storage="precise"),
-                  PrefillConfig(first_chunk_inline=True), PrefillConfig(stack_wp=False),
+                  PrefillConfig(first_chunk_inline=True), PrefillConfig(stack_wp=True),
+                  PrefillConfig(intra_split=True),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):
         assert_ok(gdn_prefill(**x, variant=variant, config=other, **options), ref)

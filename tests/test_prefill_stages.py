@@ -174,9 +174,10 @@ def test_gates_stage(lens, shape, cu_dtype):
     assert_close(gc_t, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (cumsum)")
 
 
-@pytest.mark.parametrize("solve, col_blocks", [("tile", 1), ("blocks", 2)])
+@pytest.mark.parametrize("solve, col_blocks, split", [("tile", 1, False), ("blocks", 2, False),
+                                                      ("blocks", 2, True)])
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
-def test_intra_chunk_stage(lens, shape, cu_dtype, solve, col_blocks):
+def test_intra_chunk_stage(lens, shape, cu_dtype, solve, col_blocks, split):
     x = make(lens, shape, cu_dtype)
     cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
     _, beta, gc = ref_gates(cpu)
@@ -191,7 +192,8 @@ def test_intra_chunk_stage(lens, shape, cu_dtype, solve, col_blocks):
     scale = resolve_scale(None, shape.head_dim)
     w2, u2, gc2, P, ob = intra_chunk.intra_chunk_fwd(
         x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"], A_log=x["A_log"],
-        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve, col_blocks=col_blocks)
+        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve, col_blocks=col_blocks,
+        split=split)
     assert w2.shape == (2,) + tuple(w_ref.shape) and w2.dtype == torch.bfloat16  # (hi, lo)
     assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (fused in)")
     assert_close(w2[0].float() + w2[1].float(), w_ref, 1e-4, "w (hi + lo)")

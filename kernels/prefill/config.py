@@ -87,6 +87,10 @@ class PrefillConfig:
             precisions and compact storage; otherwise ignored). Off by default:
             measured on an H200 the reshape/split around the product cost more than
             the product saved (T=2048 walk 47.5 -> 85.2 us; docs/notes.md).
+        intra_split: run the intra-chunk kernel as two launches of the same kernel
+            (gates + ``A`` + solve; then the products, one program per column
+            block): smaller programs, one launch more (3 without CP, 4 with).
+            Needs ``solve="blocks"``; ignored with ``first_chunk_inline``.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -118,6 +122,7 @@ class PrefillConfig:
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
     stack_wp: bool = False
+    intra_split: bool = False
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):

@@ -208,6 +208,7 @@ def intra_chunk_kernel(
     SOLVE_PREC: tl.constexpr,   # precision of the "tile" solve's products
     COL_BLOCKS: tl.constexpr,   # column blocks of step 3 (divides K and V)
     WP_STACK: tl.constexpr = False,     # w and P stored side by side: w is [T, H, 2, K]
+    PHASE: tl.constexpr = 0,            # 0: all; split in two launches: 1 gates + solve, 2 products
     FIRST_STEP: tl.constexpr = False,   # also walk each sequence's chunk 0 (fused, no CP)
     USE_H0: tl.constexpr = False,       # FIRST_STEP from h0 (else zeros)
     BVF: tl.constexpr = 64,             # state tile width of FIRST_STEP
@@ -243,6 +244,8 @@ def intra_chunk_kernel(
         tl.store(gc + t0 * H + i_h + o_hr, b_gc, mask=m_r)
         b_beta = tl.sigmoid(tl.load(b + t0 * H + i_h + o_hr, mask=m_r, other=0.0).to(tl.float32))
         b_beta = tl.where(m_r, b_beta, 0.0)
+        if PHASE == 1:   # for the second launch
+            tl.store(beta + t0 * H + i_h + o_hr, b_beta, mask=m_r)
     else:
         b_gc = tl.load(gc + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
         b_beta = tl.load(beta + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
@@ -251,9 +254,10 @@ def intra_chunk_kernel(
 
     # 1. A = beta K K^T exp(gc_i - gc_j), strictly lower
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
-    b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
-    b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
-    if OUT_PREP:
+    if PHASE != 2:
+        b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
+        b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
+    if OUT_PREP and PHASE != 1:
         # the causal q k^T term now, while k is loaded (k, q and the decays die before
         # the solve: fewer live registers through it)
         b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
@@ -262,7 +266,10 @@ def intra_chunk_kernel(
     if STOP_AFTER == 1:   # instrument: stage timing (keeps A alive through a row sum)
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_A, axis=1), mask=m_r)
         return
-    if SOLVE == "tile":
+    if PHASE == 2:
+        # 2. Tm as the first launch left it in the scratch
+        b_T = tl.load(At + (t0 * H + i_h) * BT + o_at, mask=m_r[:, None], other=0.0)
+    elif SOLVE == "tile":
         # 2. Tm = (I + A)^-1 on the register tile (no scratch, no barriers)
         b_T = solve_unit_lower(b_A, BC, SOLVE_PREC)
     else:
@@ -305,6 +312,8 @@ def intra_chunk_kernel(
     if STOP_AFTER == 2:   # instrument: stage timing
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_T, axis=1), mask=m_r)
         return
+    if PHASE == 1:   # split: Tm stays in the scratch for the second launch
+        return
 
     # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v, and the output terms, in
     #    COL_BLOCKS blocks of columns (fewer live registers: no [64, K] fp32 pair at once)
@@ -316,7 +325,12 @@ def intra_chunk_kernel(
     BVC: tl.constexpr = V // COL_BLOCKS
     o_kc = tl.arange(0, BKC)
     o_vc = tl.arange(0, BVC)
-    for i_b in tl.static_range(COL_BLOCKS):
+    NB: tl.constexpr = 1 if PHASE == 2 else COL_BLOCKS
+    for j_b in tl.static_range(NB):
+        if PHASE == 2:   # split: one column block per program (grid axis 2)
+            i_b = tl.program_id(2)
+        else:
+            i_b = j_b
         o_qkc = o_r[:, None] * (HQ * K) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of q, k
         o_wkc = o_r[:, None] * (H * K * WS) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of w, p
         o_hvc = o_r[:, None] * (H * V) + i_b * BVC + o_vc[None, :]    # [BT, BVC] of v, u, ob
@@ -369,7 +383,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
                     col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
                     maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
-                    stack_wp: bool = False):
+                    stack_wp: bool = False, split: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -386,7 +400,10 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
     ``FROM_FIRST``). ``stack_wp`` (needs ``q``, non-pair storage): ``w`` and ``P``
     side by side in one ``[T, HV, 2, K]`` tensor (returned as ``w``; ``P`` is then
-    None), so the walk multiplies both by the state in one product. Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
+    None), so the walk multiplies both by the state in one product. ``split``
+    (``"blocks"`` solve, no ``first_step``): two launches of the same kernel, (1)
+    gates + ``A`` + solve leaving ``Tm`` in the scratch, (2) the products, one
+    program per (chunk, head, column block): smaller programs. Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
     when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
@@ -401,6 +418,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     st = STORAGE[storage]
     w_split = wu_dtype is None and st["w"] == "pair"
     out_prep = q is not None
+    if split and (solve != "blocks" or first_step or stop_after):
+        raise ValueError("split needs the 'blocks' solve, no first_step and no stop_after")
     if stack_wp and (w_split or not out_prep or first_step):
         raise ValueError("stack_wp needs q, a non-pair storage of w and no first_step")
     if w_split:
@@ -422,17 +441,26 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 64), V),
                  WALK_PREC=fs.get("walk_precision", "bf16"),
                  INLINE_PREC=fs.get("inline_precision", "bf16")) if fs else {}
-    if grid[0] > 0:
+    cb = max(1, min(col_blocks, K // 16, V // 16))
+    opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices,
+                OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision,
+                OUT_PREC=out_precision, SOLVE=solve,
+                SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve], COL_BLOCKS=cb,
+                STOP_AFTER=stop_after, WP_STACK=stack_wp, num_warps=num_warps,
+                **first, **({"maxnreg": maxnreg} if maxnreg else {}))
+    if grid[0] > 0 and not split:
         intra_chunk_kernel[grid](
             q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
-            chunk_indices, scale, T, N,
-            H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, RAW_GATES=raw, USE_INDICES=use_indices,
-            OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision, OUT_PREC=out_precision,
-            SOLVE=solve, SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve],
-            COL_BLOCKS=max(1, min(col_blocks, K // 16, V // 16)), STOP_AFTER=stop_after,
-            WP_STACK=stack_wp, **first,
-            num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
-        )
+            chunk_indices, scale, T, N, RAW_GATES=raw, **opts)
+    elif grid[0] > 0:
+        if beta is None:
+            beta = torch.empty(T, H, dtype=torch.float32, device=dev)
+        intra_chunk_kernel[grid](
+            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
+            chunk_indices, scale, T, N, RAW_GATES=raw, PHASE=1, **opts)
+        intra_chunk_kernel[grid + (cb,)](
+            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
+            chunk_indices, scale, T, N, RAW_GATES=False, PHASE=2, **opts)
     return (w, u, gc, P, ob) if out_prep else (w, u, gc)
 
 

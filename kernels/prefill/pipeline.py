@@ -115,6 +115,7 @@ def _intra(cfg: PrefillConfig) -> dict:
     return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
                 out_precision=cfg.intra_precision, col_blocks=cfg.intra_col_blocks,
                 solve_precision=cfg.intra_solve_precision, maxnreg=cfg.intra_maxnreg,
+                split=cfg.intra_split and cfg.solve == "blocks" and not cfg.first_chunk_inline,
                 num_warps=cfg.intra_warps)
 
 
