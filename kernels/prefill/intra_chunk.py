@@ -257,7 +257,7 @@ def intra_chunk_kernel(
     if PHASE != 2:
         b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
         b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
-    if OUT_PREP and PHASE != 1:
+    if OUT_PREP:   # (in PHASE 1 unused after its return: removed by the compiler)
         # the causal q k^T term now, while k is loaded (k, q and the decays die before
         # the solve: fewer live registers through it)
         b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
