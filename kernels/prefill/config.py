@@ -90,7 +90,9 @@ class PrefillConfig:
         intra_split: run the intra-chunk kernel as two launches of the same kernel
             (gates + ``A`` + solve; then the products, one program per column
             block): smaller programs, one launch more (3 without CP, 4 with).
-            Needs ``solve="blocks"``; ignored with ``first_chunk_inline``.
+            Needs ``solve="blocks"``; ignored with ``first_chunk_inline``. Off by
+            default: on an H200 the two launches were slower together except at
+            T=64 (T=8192: 111 vs 94 us; docs/notes.md).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
