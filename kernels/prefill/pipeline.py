@@ -254,20 +254,3 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
                    seg_t=seg_t, **walk)
     return o, ht
-    seg_t = seg * BT
-    S = num_slots(T, N, seg_t)
-    summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
-    state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t,
-                   BV=cfg.summary_BV, num_warps=cfg.summary_warps,
-                   num_stages=cfg.summary_stages, dot_precision=cfg.walk_precision)
-    if cfg.cp_combine == "inline":
-        state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
-                       summary=summary, chain=True, output=o, final_state=ht, seg_t=seg_t,
-                       chain_precision=COMBINE_DOT_PRECISION, **walk)
-        return o, ht
-    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
-    segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
-                        num_warps=cfg.combine_warps)
-    state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
-                   seg_t=seg_t, **walk)
-    return o, ht
