@@ -24,11 +24,13 @@ from kernels.prefill import PrefillConfig, gdn_prefill, plan_fused
 from kernels.reference import prefill_reference
 from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 
-SHAPES = ["T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
+SHAPES = ["T6", "T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "split": PrefillConfig(intra_split=True),
-    "split-w8": PrefillConfig(intra_split=True, intra_warps=8),
+    "nopdl": PrefillConfig(pdl=False),
+    "intrabf16": PrefillConfig(intra_precision="bf16"),
+    "bv128": PrefillConfig(walk_BV=128, walk_warps=8),
+    "bv64w4": PrefillConfig(walk_BV=64, walk_warps=4),
 }
 CPS = {}
 CP_CONFIGS = ()
@@ -99,6 +101,12 @@ def main():
                         for i, g in enumerate(tl.gpu.itertuples()):
                             row[f"k{i}"] = f"{short(g.name)}={g.dur_us:.1f}"
                         row["span_us"] = tl.summary()["span_us"]
+                        torch.cuda.synchronize()
+                        t_h = time.perf_counter()
+                        for _ in range(20):
+                            call()
+                        row["host_us"] = (time.perf_counter() - t_h) / 20 * 1e6
+                        torch.cuda.synchronize()
                     else:
                         row["reason"] = r.reason[:120]
                 except Exception as e:  # report, keep going
@@ -107,7 +115,7 @@ def main():
                                 for k, v in row.items()), flush=True)
                 if wr is None:
                     wr = csv.DictWriter(f, fieldnames=["shape", "config", "cp", "seg", "ok",
-                                                       "max_abs", "rel_l2", "graph_us", "span_us",
+                                                       "max_abs", "rel_l2", "graph_us", "span_us", "host_us",
                                                        "k0", "k1", "k2", "k3", "reason"],
                                         extrasaction="ignore")
                     wr.writeheader()

@@ -366,3 +366,23 @@ def test_gpu_long_sequence_and_many_sequences(lens, cu_dtype, variant):
     """The issue's range: T up to >= 16384, N up to >= 64 (empty and ragged sequences)."""
     x, ref = case(GDNShape(4, 8, 128), lens, cu_dtype, True)
     assert_ok(gdn_prefill(**x, variant=variant), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens, cp, options", [
+    pytest.param([2048], False, {}, id="T2048-walk"),
+    pytest.param([8192], None, {}, id="T8192-cp-chain"),
+    pytest.param([4096], 16, dict(cp_combine="kernel"), id="T4096-cp-combine-kernel"),
+    pytest.param([64] * 57, False, dict(first_chunk_inline=True), id="57x64-first-chunk"),
+    pytest.param([100, 0, 28], False, dict(intra_split=True), id="100+28-split"),
+])
+def test_gpu_pdl_launches_give_the_same_bits(lens, cp, options):
+    """Programmatic dependent launch changes when kernels start, never what they compute."""
+    from kernels.prefill.pdl import pdl_supported
+    if not pdl_supported(torch.device("cuda")):
+        pytest.skip("PDL needs compute capability >= 9.0 and triton's launch_pdl")
+    x, ref = case(GDNShape(4, 8, 128), lens, torch.int64, True)
+    on = gdn_prefill(**x, variant="fused", cp=cp, config=PrefillConfig(pdl=True, **options))
+    off = gdn_prefill(**x, variant="fused", cp=cp, config=PrefillConfig(pdl=False, **options))
+    assert_ok(on, ref)
+    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])

@@ -93,6 +93,9 @@ class PrefillConfig:
             Needs ``solve="blocks"``; ignored with ``first_chunk_inline``. Off by
             default: on an H200 the two launches were slower together except at
             T=64 (T=8192: 111 vs 94 us; docs/notes.md).
+        pdl: the ``fused`` variant's walk kernels start with programmatic dependent
+            launch (:mod:`.pdl`): placed while the kernel before them finishes, waiting
+            in-kernel before they read its outputs (Hopper and newer; ignored elsewhere).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -125,6 +128,7 @@ class PrefillConfig:
     first_chunk_BV: int = 64
     stack_wp: bool = False
     intra_split: bool = False
+    pdl: bool = True
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):

@@ -67,6 +67,7 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices  # noqa: E402
 from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
+from .pdl import grid_trigger, pdl_supported  # noqa: E402
 from .state_walk import fused_chunk_step, load_state_tile, store_state_tile  # noqa: E402
 
 __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "solve_unit_lower", "BC",
@@ -215,8 +216,10 @@ def intra_chunk_kernel(
     WALK_PREC: tl.constexpr = "bf16",   # FIRST_STEP: products with the state
     INLINE_PREC: tl.constexpr = "bf16",  # FIRST_STEP: P @ S
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
+    PDL_TRIGGER: tl.constexpr = False,  # let a PDL-launched next kernel be placed (.pdl)
 ):
     tl.static_assert(BT == 4 * BC)
+    grid_trigger(PDL_TRIGGER)
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
@@ -383,7 +386,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
                     col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
                     maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
-                    stack_wp: bool = False, split: bool = False):
+                    stack_wp: bool = False, split: bool = False, pdl_trigger: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -403,8 +406,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     None), so the walk multiplies both by the state in one product. ``split``
     (``"blocks"`` solve, no ``first_step``): two launches of the same kernel, (1)
     gates + ``A`` + solve leaving ``Tm`` in the scratch, (2) the products, one
-    program per (chunk, head, column block): smaller programs. Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)``
-    when ``q`` is given.
+    program per (chunk, head, column block): smaller programs. ``pdl_trigger``: each
+    program lets a PDL-launched next kernel be placed at its start (:mod:`.pdl`).
+    Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
         raise ValueError(f"solve must be 'tile' or 'blocks', got {solve!r}")
@@ -447,6 +451,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 OUT_PREC=out_precision, SOLVE=solve,
                 SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve], COL_BLOCKS=cb,
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, num_warps=num_warps,
+                PDL_TRIGGER=bool(pdl_trigger) and pdl_supported(dev),
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] > 0 and not split:
         intra_chunk_kernel[grid](

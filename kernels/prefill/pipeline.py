@@ -229,8 +229,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
              and cfg.walk_precision == cfg.inline_precision == "bf16")
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
                                       dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
-                                      stack_wp=stack, **_intra(cfg))
-    walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV),
+                                      stack_wp=stack, pdl_trigger=cfg.pdl, **_intra(cfg))
+    walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV), pdl=cfg.pdl,
                 num_stages=cfg.walk_stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     if seg == 0:
@@ -240,7 +240,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     seg_t = seg * BT
     S = num_slots(T, N, seg_t)
     summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
-    state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t,
+    state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
+                   pdl_trigger=cfg.pdl and cfg.cp_combine == "inline",
                    BV=cfg.summary_BV, num_warps=cfg.summary_warps, wp_stack=stack,
                    num_stages=cfg.summary_stages, dot_precision=cfg.walk_precision)
     if cfg.cp_combine == "inline":
@@ -251,6 +252,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
     segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
                         num_warps=cfg.combine_warps)
+    walk["pdl"] = False   # after the combine kernel, which does not trigger
     state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
                    seg_t=seg_t, **walk)
     return o, ht

@@ -49,6 +49,7 @@ import triton.language as tl  # noqa: E402
 
 from .chunk_index import BT, locate_block, num_slots  # noqa: E402
 from .dots import mm, mm_pair  # noqa: E402
+from .pdl import grid_trigger, grid_wait, launch_options  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "state_walk", "load_state_tile",
            "store_state_tile", "fused_chunk_step",
@@ -164,7 +165,12 @@ def state_walk_kernel(
     DOT_PREC: tl.constexpr,     # products with the state (see .dots)
     OUT_PREC: tl.constexpr,     # P @ S of the inline outputs (see .dots)
     CHAIN_PREC: tl.constexpr,   # M @ S of CHAIN
+    PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
+    PDL_TRIGGER: tl.constexpr = False,  # let a PDL-launched next kernel be placed (.pdl)
 ):
+    # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
+    # exits, so this kernel's completion implies the earlier kernels' completion
+    grid_trigger(PDL_TRIGGER)
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
@@ -178,6 +184,7 @@ def state_walk_kernel(
             # one-chunk sequences are complete (outputs and ht written); an empty one
             # still hands its initial state through below
             if (eos - bos > 0) & (eos - bos <= BT):
+                grid_wait(PDL_WAIT)
                 return
             if eos - bos > 0:
                 ubos = bos + BT
@@ -190,6 +197,7 @@ def state_walk_kernel(
         if SUMMARY:
             skip = skip | (ueos >= eos)  # the last segment needs no transition
         if skip:
+            grid_wait(PDL_WAIT)
             return
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)   # columns: of S, or of [M | X] when SUMMARY
@@ -212,6 +220,7 @@ def state_walk_kernel(
         m_u = o_v < V
         o_tv = o_bt[:, None] * (H * V) + o_v[None, :]            # [BT, BV] rows of u, o, v_new
         if FROM_S0:
+            grid_wait(PDL_WAIT)
             b_S = tl.load(s0 + (i_u * H + i_h).to(tl.int64) * (K * V) + o_kv)
         elif CHAIN:
             # S_start(j+1) = M_j S_start(j) + X_j over the sequence's earlier segments
@@ -219,6 +228,7 @@ def state_walk_kernel(
                 b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BV)
             else:
                 b_S = tl.zeros([K, BV], dtype=tl.float32)
+            grid_wait(PDL_WAIT)
             slot0 = (bos // SEG_T).to(tl.int32) + i_n
             for j in range(0, i_s):
                 p_m = summ + ((slot0 + j) * H + i_h).to(tl.int64) * (K * (K + V))
@@ -230,9 +240,11 @@ def state_walk_kernel(
         else:
             b_S = tl.zeros([K, BV], dtype=tl.float32)
         if FROM_FIRST:
+            grid_wait(PDL_WAIT)
             if ubos > bos:   # the state after chunk 0, left in ht by the intra-chunk kernel
                 b_S = load_state_tile(ht, i_n, i_h, i_v, H, K, V, BV)
 
+    grid_wait(PDL_WAIT)   # (a no-op when already waited above)
     n_ch = tl.cdiv(ueos - ubos, BT)
     for i_c in range(0, n_ch):
         t0 = ubos + i_c * BT                       # first token of the chunk (int64)
@@ -294,7 +306,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    dot_precision: str = WALK_DOT_PRECISION,
                    out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
                    chain_precision: str = "tf32x3", maxnreg: Optional[int] = None,
-                   from_first: bool = False, wp_stack: bool = False) -> None:
+                   from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
+                   pdl_trigger: bool = False) -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -303,7 +316,9 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     ``from_first``: the intra-chunk kernel already did each sequence's first chunk;
     ``wp_stack``: ``w`` is the ``[T, HV, 2, K]`` pair of ``w`` and ``P``, ``p`` unused).
     ``dot_precision``: products with the state; ``out_precision``: the inline
-    ``P @ S`` (:mod:`.dots`). Writes into the given output tensors; returns nothing.
+    ``P @ S`` (:mod:`.dots`). ``pdl``: launch with programmatic dependent launch (the
+    kernel before it must trigger, :mod:`.pdl`); ``pdl_trigger``: let a PDL-launched
+    next kernel be placed. Writes into the given output tensors; returns nothing.
     """
     T, HQ, K = k.shape
     H, V = u.shape[1], u.shape[2]
@@ -315,6 +330,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     units = N if seg_t == 0 else num_slots(T, N, seg_t)
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
+    pdl_opts = launch_options(pdl, k.device)
+    trigger = bool(launch_options(pdl_trigger, k.device))
     state_walk_kernel[grid](
         p, ob, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
         summary, T, N,
@@ -325,6 +342,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         FROM_FIRST=from_first, WP_STACK=wp_stack,
         W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
+        PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
         num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
 
