@@ -26,11 +26,13 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 
 SHAPES = ["T6", "T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
-    "default": PrefillConfig(),
+    "end": PrefillConfig(),
+    "start": PrefillConfig(pdl_trigger="start"),
     "nopdl": PrefillConfig(pdl=False),
-    "intrabf16": PrefillConfig(intra_precision="bf16"),
-    "bv128": PrefillConfig(walk_BV=128, walk_warps=8),
-    "bv64w4": PrefillConfig(walk_BV=64, walk_warps=4),
+    "ibf16": PrefillConfig(intra_precision="bf16"),
+    "ibf16-st3": PrefillConfig(intra_precision="bf16", walk_stages=3),
+    "ibf16-bv128": PrefillConfig(intra_precision="bf16", walk_BV=128, walk_warps=8),
+    "ibf16-bv128w16": PrefillConfig(intra_precision="bf16", walk_BV=128, walk_warps=16),
 }
 CPS = {}
 CP_CONFIGS = ()

@@ -96,6 +96,9 @@ class PrefillConfig:
         pdl: the ``fused`` variant's walk kernels start with programmatic dependent
             launch (:mod:`.pdl`): placed while the kernel before them finishes, waiting
             in-kernel before they read its outputs (Hopper and newer; ignored elsewhere).
+        pdl_trigger: where each program of the kernel before a PDL launch lets it be
+            placed: ``"end"`` (after its last store) or ``"start"`` (docs/notes.md has the
+            H200 measurements of both).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -129,6 +132,7 @@ class PrefillConfig:
     stack_wp: bool = False
     intra_split: bool = False
     pdl: bool = True
+    pdl_trigger: str = "end"
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
@@ -167,6 +171,8 @@ class PrefillConfig:
         if self.first_chunk_BV not in (16, 64):
             raise ValueError(f"first_chunk_BV must be 16 or 64 (32 miscompiles on triton 3.6), "
                              f"got {self.first_chunk_BV}")
+        if self.pdl_trigger not in ("start", "end"):
+            raise ValueError(f"pdl_trigger must be 'start' or 'end', got {self.pdl_trigger!r}")
         if self.cp_combine not in ("inline", "kernel"):
             raise ValueError(f"cp_combine must be 'inline' or 'kernel', got {self.cp_combine!r}")
         if self.cp_min_avg_chunks < 1:

@@ -216,10 +216,11 @@ def intra_chunk_kernel(
     WALK_PREC: tl.constexpr = "bf16",   # FIRST_STEP: products with the state
     INLINE_PREC: tl.constexpr = "bf16",  # FIRST_STEP: P @ S
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
-    PDL_TRIGGER: tl.constexpr = False,  # let a PDL-launched next kernel be placed (.pdl)
+    PDL_TRIGGER: tl.constexpr = "",     # "start" / "end": where a PDL-launched next kernel
+                                        # may be placed (.pdl); "": never
 ):
     tl.static_assert(BT == 4 * BC)
-    grid_trigger(PDL_TRIGGER)
+    grid_trigger(PDL_TRIGGER == "start")
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
@@ -375,6 +376,7 @@ def intra_chunk_kernel(
                                        i_h, i_hk, i_v, H, HQ, K, V, BT, BVF, W_SPLIT,
                                        WALK_PREC, INLINE_PREC)
                 store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
+    grid_trigger(PDL_TRIGGER == "end")
 
 
 def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, *,
@@ -386,7 +388,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
                     col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
                     maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
-                    stack_wp: bool = False, split: bool = False, pdl_trigger: bool = False):
+                    stack_wp: bool = False, split: bool = False, pdl_trigger: str = ""):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -406,8 +408,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     None), so the walk multiplies both by the state in one product. ``split``
     (``"blocks"`` solve, no ``first_step``): two launches of the same kernel, (1)
     gates + ``A`` + solve leaving ``Tm`` in the scratch, (2) the products, one
-    program per (chunk, head, column block): smaller programs. ``pdl_trigger``: each
-    program lets a PDL-launched next kernel be placed at its start (:mod:`.pdl`).
+    program per (chunk, head, column block): smaller programs. ``pdl_trigger``
+    (``"start"``, ``"end"`` or ``""``): where each program lets a PDL-launched next kernel
+    be placed (:mod:`.pdl`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
@@ -451,7 +454,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 OUT_PREC=out_precision, SOLVE=solve,
                 SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve], COL_BLOCKS=cb,
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, num_warps=num_warps,
-                PDL_TRIGGER=bool(pdl_trigger) and pdl_supported(dev),
+                PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] > 0 and not split:
         intra_chunk_kernel[grid](

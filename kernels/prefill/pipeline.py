@@ -227,9 +227,10 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                       BV=cfg.first_chunk_BV) if first else None
     stack = (cfg.stack_wp and not first and cfg.storage == "compact"
              and cfg.walk_precision == cfg.inline_precision == "bf16")
+    trigger = cfg.pdl_trigger if cfg.pdl else ""
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
                                       dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
-                                      stack_wp=stack, pdl_trigger=cfg.pdl, **_intra(cfg))
+                                      stack_wp=stack, pdl_trigger=trigger, **_intra(cfg))
     walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV), pdl=cfg.pdl,
                 num_stages=cfg.walk_stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
@@ -241,7 +242,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     S = num_slots(T, N, seg_t)
     summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
-                   pdl_trigger=cfg.pdl and cfg.cp_combine == "inline",
+                   pdl_trigger=trigger if cfg.cp_combine == "inline" else "",
                    BV=cfg.summary_BV, num_warps=cfg.summary_warps, wp_stack=stack,
                    num_stages=cfg.summary_stages, dot_precision=cfg.walk_precision)
     if cfg.cp_combine == "inline":

@@ -166,11 +166,12 @@ def state_walk_kernel(
     OUT_PREC: tl.constexpr,     # P @ S of the inline outputs (see .dots)
     CHAIN_PREC: tl.constexpr,   # M @ S of CHAIN
     PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
-    PDL_TRIGGER: tl.constexpr = False,  # let a PDL-launched next kernel be placed (.pdl)
+    PDL_TRIGGER: tl.constexpr = "",     # "start" / "end": where a PDL-launched next kernel
+                                        # may be placed (.pdl); "": never
 ):
     # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
     # exits, so this kernel's completion implies the earlier kernels' completion
-    grid_trigger(PDL_TRIGGER)
+    grid_trigger(PDL_TRIGGER == "start")
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
@@ -297,6 +298,7 @@ def state_walk_kernel(
             tl.store(p_ht, b_S)
         else:
             tl.store(p_ht, b_S, mask=(o_k[:, None] < K) & (ueos >= eos))
+    grid_trigger(PDL_TRIGGER == "end")
 
 
 def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=None, s0=None,
@@ -307,7 +309,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
                    chain_precision: str = "tf32x3", maxnreg: Optional[int] = None,
                    from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
-                   pdl_trigger: bool = False) -> None:
+                   pdl_trigger: str = "") -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -317,8 +319,9 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     ``wp_stack``: ``w`` is the ``[T, HV, 2, K]`` pair of ``w`` and ``P``, ``p`` unused).
     ``dot_precision``: products with the state; ``out_precision``: the inline
     ``P @ S`` (:mod:`.dots`). ``pdl``: launch with programmatic dependent launch (the
-    kernel before it must trigger, :mod:`.pdl`); ``pdl_trigger``: let a PDL-launched
-    next kernel be placed. Writes into the given output tensors; returns nothing.
+    kernel before it must trigger, :mod:`.pdl`); ``pdl_trigger`` (``"start"``,
+    ``"end"`` or ``""``): where each program lets a PDL-launched next kernel be placed.
+    Writes into the given output tensors; returns nothing.
     """
     T, HQ, K = k.shape
     H, V = u.shape[1], u.shape[2]
@@ -331,7 +334,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
     pdl_opts = launch_options(pdl, k.device)
-    trigger = bool(launch_options(pdl_trigger, k.device))
+    trigger = pdl_trigger if launch_options(bool(pdl_trigger), k.device) else ""
     state_walk_kernel[grid](
         p, ob, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
         summary, T, N,
