@@ -26,16 +26,11 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 
 SHAPES = ["T6", "T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
-    "end": PrefillConfig(),
-    "start": PrefillConfig(pdl_trigger="start"),
-    "nopdl": PrefillConfig(pdl=False),
-    "ibf16": PrefillConfig(intra_precision="bf16"),
-    "ibf16-st3": PrefillConfig(intra_precision="bf16", walk_stages=3),
-    "ibf16-bv128": PrefillConfig(intra_precision="bf16", walk_BV=128, walk_warps=8),
-    "ibf16-bv128w16": PrefillConfig(intra_precision="bf16", walk_BV=128, walk_warps=16),
+    "default": PrefillConfig(),
+    "bv128": PrefillConfig(walk_BV=128),
 }
-CPS = {}
-CP_CONFIGS = ()
+CPS = {"T8192": [None, 8, 32], "T2048": [None, 8]}
+CP_CONFIGS = ("default",)
 
 
 def short(name: str) -> str:

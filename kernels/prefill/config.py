@@ -7,10 +7,17 @@ the step table in ``docs/notes.md``):
 * intra-chunk kernel: the ``"blocks"`` solve (the register ``"tile"`` solve was
   2x slower), 4 warps (8: slower), products in 2 column blocks, ieee products
   in the 16 x 16 solve (tf32x3 / bf16x2: slower), no register cap (168 / 128:
-  spills, slower). It runs at 255 registers, two programs per SM;
+  spills, slower), bf16 products for ``w``, ``u`` and the output terms (intra -3...-8 %;
+  output rel-L2 ~4.0e-3, the peers' level, vs 3.3e-3 with bf16x2). It runs at 255
+  registers, two programs per SM;
 * walks: bf16 products with the state and a bf16 inline ``P @ S`` (walk
   -12...-25 %, output rel-L2 ~3.3e-3 vs 3.2e-3); tile width by
-  :func:`walk_tile_rule`, 8 warps at width 64; 2 stages (1 crashes on triton 3.6);
+  :func:`walk_tile_rule`, 8 warps at width 64; stages by :func:`walk_stages_rule`
+  (3 where it costs no occupancy; 1 crashes on triton 3.6);
+* programmatic dependent launch of the walks (:mod:`.pdl`), triggered at the start
+  of the earlier kernel's programs (-0.5...-3 us; with 2-stage walks ``"start"``
+  cost T=2048 +8 us, with the stage rule it does not);
+* CP phase A with 3 stages (T=8192 phase A 56 -> 46 us);
 * context parallelism from 64 chunks per sequence, segments by
   :func:`.context_parallel.cp_segment_chunks`, phase C chaining the segment
   transitions itself (3 launches);
@@ -25,7 +32,7 @@ from dataclasses import dataclass, fields, replace
 from typing import List, Optional
 
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
-           "walk_warps_rule"]
+           "walk_warps_rule", "walk_stages_rule"]
 
 
 #: Precisions a product may take (:mod:`.dots`).
@@ -44,13 +51,15 @@ class PrefillConfig:
         walk_BV: state tile width of the fused walk (outputs inline) and of CP
             phase C; None: :func:`walk_tile_rule`.
         walk_warps, walk_stages: ``num_warps`` / ``num_stages`` of the state walks;
-            ``walk_warps`` None: 8 for ``BV >= 64``, else 4.
+            ``walk_warps`` None: 8 for ``BV >= 64``, else 4; ``walk_stages`` None:
+            :func:`walk_stages_rule` (the walks that store chunk states use 2).
         split_BV: tile width of the walk that stores chunk states (unfused
             compositions); None: :func:`.state_walk.default_bv`.
         intra_warps: ``num_warps`` of the intra-chunk (+ gates) kernel.
         output_BV, output_warps: the separate output kernel (unfused compositions).
         summary_BV, summary_warps, summary_stages: tile width over the ``K + V``
-            columns, ``num_warps`` and ``num_stages`` of CP phase A. Stages must be
+            columns, ``num_warps`` and ``num_stages`` of CP phase A (3 stages: ~115 KB
+            shared memory at D = 128). Stages must be
             >= 2: with 1 the walks hit an illegal memory access on triton 3.6 (H200).
         combine_warps: ``num_warps`` of CP phase B.
         cp_min_avg_chunks: CP is considered from this many chunks per sequence
@@ -65,7 +74,9 @@ class PrefillConfig:
         inline_precision: the fused walk's inline ``P @ S`` (outputs only).
         Defaults measured on an H200 (scripts/prefill_probe.py, docs/notes.md): bf16 walk
         and inline products cut the walk by 10-25 % at output rel-L2 ~3.4e-3 (vs 3.2e-3).
-        intra_precision: ``w``, ``u`` and the output terms in the intra-chunk kernel.
+        intra_precision: ``w``, ``u`` and the output terms in the intra-chunk kernel
+            (``"bf16"``: the fp32 ``Tm`` / ``Aqk`` rounded to bf16 for one product each,
+            as FLA does; ``"bf16x2"``: split hi + lo, ~fp32).
         intra_col_blocks: the intra-chunk kernel's products with ``k``, ``v``, ``q`` in
             that many blocks of columns (fewer live registers).
         intra_solve_precision: products of the solve; None: ``"ieee"`` (blocks) /
@@ -107,21 +118,21 @@ class PrefillConfig:
 
     walk_BV: Optional[int] = None
     walk_warps: Optional[int] = None
-    walk_stages: int = 2
+    walk_stages: Optional[int] = None
     split_BV: Optional[int] = None
     intra_warps: int = 4
     output_BV: int = 64
     output_warps: int = 4
     summary_BV: int = 32
     summary_warps: int = 4
-    summary_stages: int = 2
+    summary_stages: int = 3
     combine_warps: int = 4
     cp_min_avg_chunks: int = 64
     storage: str = "compact"
     solve: str = "blocks"
     walk_precision: str = "bf16"
     inline_precision: str = "bf16"
-    intra_precision: str = "bf16x2"
+    intra_precision: str = "bf16"
     intra_col_blocks: int = 2
     intra_solve_precision: Optional[str] = None
     intra_maxnreg: Optional[int] = None
@@ -132,7 +143,7 @@ class PrefillConfig:
     stack_wp: bool = False
     intra_split: bool = False
     pdl: bool = True
-    pdl_trigger: str = "end"
+    pdl_trigger: str = "start"
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
@@ -178,6 +189,8 @@ class PrefillConfig:
         if self.cp_min_avg_chunks < 1:
             raise ValueError(f"cp_min_avg_chunks must be >= 1, got {self.cp_min_avg_chunks}")
         for f in ("walk_stages", "summary_stages"):
+            if f == "walk_stages" and self.walk_stages is None:
+                continue
             if getattr(self, f) < 2:
                 # Seen on an H200 with triton 3.6 (docs/notes.md, 2026-11-22): every walk
                 # launched with num_stages=1 died with an illegal memory access.
@@ -224,6 +237,20 @@ def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
         if bv <= V and units * HV * (V // bv) >= 1.5 * n_sm:
             return bv
     return min(16, V)
+
+
+def walk_stages_rule(BV: int, programs: int, n_sm: int) -> int:
+    """``num_stages`` of the fused walk / CP phase C when ``walk_stages`` is None.
+
+    3 (loads two chunks ahead) unless the third stage's buffers would cost programs
+    per SM that the launch needs: at ``BV <= 32`` two stages fit two programs per SM
+    (~106 KB shared memory each at D = 128), three only one (~158 KB); at ``BV = 64``
+    one fits either way. So 3 when ``BV >= 64`` or ``programs <= n_sm``, else 2.
+    Measured on an H200 (docs/notes.md, probe 10): T=2048 walk 49.0 -> 39.5 us, T=8192
+    phase C 85.9 -> 77.7, 16x256 35.5 -> 33.7; 4x1024 (256 programs at BV=16) 43 -> 60
+    with 3, hence the rule.
+    """
+    return 3 if BV >= 64 or programs <= n_sm else 2
 
 
 def walk_warps_rule(BV: int) -> int:

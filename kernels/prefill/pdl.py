@@ -25,6 +25,8 @@ kernels run with the flags off: :func:`launch_options` returns ``{}``.
 """
 from __future__ import annotations
 
+import functools
+
 from .. import interpret
 
 interpret.install()
@@ -51,14 +53,22 @@ def _launch_option_known() -> bool:
     return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
-def pdl_supported(device: torch.device) -> bool:
-    """Whether kernels on ``device`` can use PDL: CUDA, compute capability >= 9.0, not the
-    interpreter, and a Triton with ``launch_pdl`` and the ``gdc_*`` intrinsics."""
+@functools.lru_cache(maxsize=None)
+def _device_ok(device: torch.device) -> bool:
     if interpret.INTERPRET or device.type != "cuda" or not _HAVE_GDC:
         return False
     if torch.cuda.get_device_capability(device)[0] < 9:
         return False
     return _launch_option_known()
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can use PDL: CUDA, compute capability >= 9.0, not the
+    interpreter, and a Triton with ``launch_pdl`` and the ``gdc_*`` intrinsics (cached
+    per device: it is asked on every launch)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _device_ok(device)
 
 
 def launch_options(enabled: bool, device: torch.device) -> dict:

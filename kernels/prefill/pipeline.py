@@ -38,7 +38,8 @@ import torch
 
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
-from .config import DEFAULT_CONFIG, PrefillConfig, walk_tile_rule, walk_warps_rule
+from .config import (DEFAULT_CONFIG, PrefillConfig, walk_stages_rule, walk_tile_rule,
+                     walk_warps_rule)
 from .context_parallel import (COMBINE_DOT_PRECISION, cp_segment_chunks, segment_combine_fwd,
                                sm_count)
 from .gates import chunk_gates_fwd, gates_torch
@@ -104,7 +105,7 @@ def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
     v_new = torch.empty(T, H, V, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, initial_state=state, h=h, v_new=v_new,
                    final_state=ht, BV=BV, num_warps=cfg.walk_warps or 4,
-                   num_stages=cfg.walk_stages, dot_precision=cfg.walk_precision)
+                   num_stages=cfg.walk_stages or 2, dot_precision=cfg.walk_precision)
     chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, output=o, chunk_indices=idx,
                      BV=cfg.output_BV, num_warps=cfg.output_warps)
     return o, ht
@@ -231,8 +232,10 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
                                       dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
                                       stack_wp=stack, pdl_trigger=trigger, **_intra(cfg))
+    programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
+    stages = cfg.walk_stages or walk_stages_rule(BV, programs, sm_count(q.device))
     walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV), pdl=cfg.pdl,
-                num_stages=cfg.walk_stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
+                num_stages=stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     if seg == 0:
         state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
