@@ -170,6 +170,19 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
                               config=PrefillConfig(cp_combine=combine)), ref)
 
 
+@pytest.mark.parametrize("seg, combine, solve, expected", [
+    # T=128, N=1, HV=2, D=16, compact: per token and head 16 * 8 (w, u, P, ob) + 4 (gc)
+    # + 64 * 4 (solve scratch) = 388 B; CP with 1-chunk segments: 3 slots
+    pytest.param(0, "inline", "blocks", 128 * 2 * 388, id="no-cp"),
+    pytest.param(0, "inline", "tile", 128 * 2 * 132, id="no-cp-tile-solve"),
+    pytest.param(1, "inline", "blocks", 128 * 2 * 388 + 3 * 2 * 16 * 32 * 4, id="cp-inline"),
+    pytest.param(1, "kernel", "blocks", 128 * 2 * 388 + 3 * 2 * 16 * 48 * 4, id="cp-kernel"),
+])
+def test_workspace_bytes(seg, combine, solve, expected):
+    from kernels.prefill.pipeline import workspace_bytes
+    assert workspace_bytes(128, 1, 2, 16, seg, "compact", combine, solve) == expected
+
+
 def test_context_parallel_rule():
     """Documented rule: CP only for long average sequences that underfill the SMs."""
     cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
@@ -182,6 +195,7 @@ def test_context_parallel_rule():
     assert plan_fused(57 * 64, 57, 8, 128, cpu)[1] == 0   # many sequences: enough programs
     assert plan_fused(8192, 1, 8, 128, cpu, cp=False)[1] == 0
     assert plan_fused(6, 1, 8, 128, cpu, cp=True)[1] >= 2
+    assert plan_fused(6, 1, 8, 128, cpu, cp=1)[1] == 1   # plans are cached: True is not 1
     assert plan_fused(8192, 1, 8, 128, cpu, cp=3)[1] == 3
 
 
@@ -386,3 +400,21 @@ def test_gpu_pdl_launches_give_the_same_bits(lens, cp, options):
     off = gdn_prefill(**x, variant="fused", cp=cp, config=PrefillConfig(pdl=False, **options))
     assert_ok(on, ref)
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens, cp", [([100, 0, 28], False), ([4096], 16)],
+                         ids=["100+0+28", "T4096-cp16"])
+def test_gpu_direct_launches_give_the_same_bits(monkeypatch, lens, cp):
+    """Repeat launches reuse the compiled kernel directly (.launch); same results."""
+    from kernels.prefill import intra_chunk, launch, state_walk
+    x, ref = case(GDNShape(4, 8, 128), lens, torch.int32, True)
+    first = gdn_prefill(**x, variant="fused", cp=cp)
+    again = gdn_prefill(**x, variant="fused", cp=cp)   # direct launches
+    assert launch.fast_launch_enabled()
+    assert intra_chunk._INTRA_LAUNCH._compiled and state_walk._WALK_LAUNCH._compiled
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    plain = gdn_prefill(**x, variant="fused", cp=cp)
+    assert_ok(again, ref)
+    for out in (first, again):
+        assert torch.equal(out[0], plain[0]) and torch.equal(out[1], plain[1])

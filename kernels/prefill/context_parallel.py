@@ -38,6 +38,8 @@ sequences is judged by its average; CP is correct for any lengths.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from typing import Optional
 
@@ -61,11 +63,18 @@ COMBINE_DOT_PRECISION = "tf32x3"
 
 
 def sm_count(device) -> int:
-    """Streaming multiprocessors of ``device``; 132 (an H100/H200) off CUDA."""
+    """Streaming multiprocessors of ``device``; 132 (an H100/H200) off CUDA (cached)."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return _cuda_sm_count(device.index)
     return 132
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def cp_segment_chunks(T: int, N: int, HV: int, V: int, BV: int, n_sm: int,

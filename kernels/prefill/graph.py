@@ -19,10 +19,10 @@ Memory held per bucket (see :func:`graph_cache_info`): the static inputs and
 outputs at ``T_pad``/``N_pad`` plus the graph's private pool holding the
 intermediates of ``fused`` (:func:`.pipeline.workspace_bytes`: ``w``, ``u``,
 ``P``, ``ob``, ``gc`` and the solve scratch per token and head; with CP the
-segment summaries ``[S, HV, D, 2D]`` and entering states ``[S, HV, D, D]``
-f32). At T_pad = 8192, N_pad = 1, the contest shape and "precise" storage
-that is about 210 MB (static buffers ~52 MB, intermediates ~160 MB; ~110 MB
-with "compact" storage). The cache keeps the ``MAX_BUCKETS`` most recently used
+segment summaries ``[S, HV, D, 2D]`` f32, and the entering states ``[S, HV, D,
+D]`` with ``cp_combine="kernel"``). At T_pad = 8192, N_pad = 1 and the contest
+shape that is about 145 MB with the default "compact" storage (static buffers
+~52 MB, intermediates ~94 MB; ~196 MB with "precise" storage). The cache keeps the ``MAX_BUCKETS`` most recently used
 buckets (LRU); :func:`clear_graph_cache` frees them.
 
 Called while the current stream is being captured (e.g. a benchmark that
@@ -133,8 +133,9 @@ class _Bucket:
         self.ht = torch.empty(N_pad, HV, D, D, dtype=torch.float32, device=dev)
         self.graph = None
         _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
-        ws = workspace_bytes(T_pad, N_pad, HV, D, seg,
-                             (config or DEFAULT_CONFIG).storage)   # the graph's pool
+        cfg = config or DEFAULT_CONFIG
+        ws = workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage, cfg.cp_combine,
+                             cfg.solve)   # the graph's pool
         static = sum(t.numel() * t.element_size() for t in self._tensors())
         self.nbytes = static + ws
         self.seg_chunks = seg

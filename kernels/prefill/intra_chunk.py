@@ -67,6 +67,7 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices  # noqa: E402
 from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
+from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
 from .state_walk import fused_chunk_step, load_state_tile, store_state_tile  # noqa: E402
 
@@ -379,6 +380,9 @@ def intra_chunk_kernel(
     grid_trigger(PDL_TRIGGER == "end")
 
 
+_INTRA_LAUNCH = FastLaunch(intra_chunk_kernel)
+
+
 def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, *,
                     gc: Optional[torch.Tensor] = None, beta: Optional[torch.Tensor] = None,
                     a=None, b=None, A_log=None, dt_bias=None, q=None, scale: float = 1.0,
@@ -457,7 +461,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] > 0 and not split:
-        intra_chunk_kernel[grid](
+        _INTRA_LAUNCH[grid](
             q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
             chunk_indices, scale, T, N, RAW_GATES=raw, **opts)
     elif grid[0] > 0:

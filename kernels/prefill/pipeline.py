@@ -32,6 +32,7 @@ the default; pass True/False to force). On CUDA those variants trust
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple, Union
 
 import torch
@@ -120,12 +121,17 @@ def _intra(cfg: PrefillConfig) -> dict:
                 num_warps=cfg.intra_warps)
 
 
+@functools.lru_cache(maxsize=64)
+def _fitted(config: PrefillConfig, D: int) -> PrefillConfig:
+    return config.fit(D)
+
+
 def _config(config, D) -> PrefillConfig:
     if config is None:
         config = DEFAULT_CONFIG
     if not isinstance(config, PrefillConfig):
         raise TypeError(f"config must be a PrefillConfig or None, got {type(config).__name__}")
-    return config.fit(D)
+    return _fitted(config, D)   # (cached: a dataclass replace costs ~10 us per call)
 
 
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
@@ -170,13 +176,19 @@ def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
 
 
 def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
-                    storage: str = "precise") -> int:
-    """Bytes of intermediates one ``fused`` call allocates (outputs excluded)."""
+                    storage: str = "precise", cp_combine: str = "inline",
+                    solve: str = "blocks") -> int:
+    """Bytes of intermediates one ``fused`` call allocates (outputs excluded): ``w``,
+    ``u``, ``P``, ``ob`` in ``storage``, ``gc`` f32, the ``[T, HV, 64]`` f32 scratch of
+    the ``"blocks"`` solve; with CP (``seg_chunks``) the segment summaries ``[S, HV, D,
+    2D]`` f32 and, with ``cp_combine="kernel"``, the entering states ``[S, HV, D, D]``."""
     per = {"precise": 4 + 4 + 2 + 4, "compact": 2 + 2 + 2 + 2}[storage]   # w, u, P, ob
-    ws = T * HV * (D * per + 4 + BT * 4)          # + gc f32 + the A/Tm scratch
+    ws = T * HV * (D * per + 4 + (BT * 4 if solve == "blocks" else 0))
     if seg_chunks:
         S = num_slots(T, N, seg_chunks * BT)
-        ws += S * HV * D * 3 * D * 4              # summaries [D, 2D] + entering states
+        ws += S * HV * D * 2 * D * 4                  # summaries [M | X]
+        if cp_combine == "kernel":
+            ws += S * HV * D * D * 4                  # entering states
     return ws
 
 
@@ -189,6 +201,15 @@ def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, in
     ``n`` forces segments of ``n`` chunks.
     """
     cfg = _config(config, D)
+    # tagged: True == 1 as a cache key, but cp=True and cp=1 plan differently
+    cp_key = (type(cp).__name__, cp)
+    return _plan(int(T), int(N), int(HV), int(D), torch.device(device), cp_key, cfg)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
+          ) -> Tuple[int, int]:
+    cp = cp_key[1]
     BV = cfg.walk_BV or 16
     if cp is None:
         seg = cp_segment_chunks(T, N, HV, D, BV, sm_count(device), cfg.cp_min_avg_chunks)
@@ -229,21 +250,24 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     stack = (cfg.stack_wp and not first and cfg.storage == "compact"
              and cfg.walk_precision == cfg.inline_precision == "bf16")
     trigger = cfg.pdl_trigger if cfg.pdl else ""
-    w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
-                                      dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
-                                      stack_wp=stack, pdl_trigger=trigger, **_intra(cfg))
+    # everything the walk launch needs is prepared before the first launch: on the eager
+    # path the host time between the two launches is what the GPU waits for
     programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
     stages = cfg.walk_stages or walk_stages_rule(BV, programs, sm_count(q.device))
     walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV), pdl=cfg.pdl,
                 num_stages=stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
+    summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
+                           device=q.device) if seg else None)
+    w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
+                                      dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
+                                      stack_wp=stack, pdl_trigger=trigger, **_intra(cfg))
     if seg == 0:
         state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
                        final_state=ht, from_first=first, **walk)
         return o, ht
     seg_t = seg * BT
     S = num_slots(T, N, seg_t)
-    summary = torch.empty(S, HV, D, 2 * D, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
                    pdl_trigger=trigger if cfg.cp_combine == "inline" else "",
                    BV=cfg.summary_BV, num_warps=cfg.summary_warps, wp_stack=stack,

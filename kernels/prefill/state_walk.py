@@ -49,6 +49,7 @@ import triton.language as tl  # noqa: E402
 
 from .chunk_index import BT, locate_block, num_slots  # noqa: E402
 from .dots import mm, mm_pair  # noqa: E402
+from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "state_walk", "load_state_tile",
@@ -301,6 +302,9 @@ def state_walk_kernel(
     grid_trigger(PDL_TRIGGER == "end")
 
 
+_WALK_LAUNCH = FastLaunch(state_walk_kernel)
+
+
 def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=None, s0=None,
                    output=None, h=None, v_new=None, final_state=None, summary=None,
                    seg_t: int = 0, BV: int = 32,
@@ -335,7 +339,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     grid = (units, H, cols // BV)
     pdl_opts = launch_options(pdl, k.device)
     trigger = pdl_trigger if launch_options(bool(pdl_trigger), k.device) else ""
-    state_walk_kernel[grid](
+    _WALK_LAUNCH[grid](
         p, ob, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
         summary, T, N,
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,

@@ -1,0 +1,109 @@
+"""Cheaper repeat launches of the ``fused`` variant's Triton kernels.
+
+On the eager path the host time between the two launches decides the call's
+span at short lengths (the GPU waits for the second launch). Triton's
+``kernel[grid](...)`` binds and specialises every argument on every call: on
+the H200 host the 41-argument walk kernel took 39 us to launch against 14 us
+for a one-argument kernel (``results/nvidia-h200/dev_checks/prefill_host_costs_*.csv``).
+
+:class:`FastLaunch` keeps, per kernel, the compiled kernel Triton returned for
+a *launch key* and launches it directly (``compiled[grid](*args)``) when the key
+repeats. The key holds everything Triton specialises on for our arguments:
+
+* the current device;
+* per positional argument: ``None``; a tensor's dtype and whether its address is
+  16-byte aligned; an int's value class (``== 1``, divisible by 16, other);
+  a float's type;
+* the keyword arguments (constexprs and launch options such as ``num_warps``,
+  ``launch_pdl``) as given, in order.
+
+A key seen for the first time goes through ``kernel[grid](...)`` (compiling if
+needed) and its compiled kernel is kept. Off CUDA (the interpreter) or with
+``GDN_FAST_LAUNCH=0`` every launch takes the plain path. If the direct launch
+raises, the plain path is used from then on (with one warning) -- it is an
+optimisation, never a requirement.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+from .. import interpret
+
+interpret.install()
+
+import torch  # noqa: E402
+
+__all__ = ["FastLaunch", "fast_launch_enabled"]
+
+_DISABLED_REASON = None
+
+
+def fast_launch_enabled() -> bool:
+    """Whether direct launches are on (CUDA build, not the interpreter, not disabled)."""
+    return (not interpret.INTERPRET and _DISABLED_REASON is None
+            and os.environ.get("GDN_FAST_LAUNCH", "1") != "0")
+
+
+def _arg_key(x):
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return (x.dtype, x.data_ptr() % 16 == 0)
+    if isinstance(x, bool):
+        return ("b", x)
+    if isinstance(x, int):
+        return ("i", 1 if x == 1 else (16 if x % 16 == 0 else 0))
+    if isinstance(x, float):
+        return "f"
+    return (type(x).__name__, x)   # anything else: exact (a miss at worst)
+
+
+class FastLaunch:
+    """``FastLaunch(jit_fn)[grid](*args, **kwargs)``: as ``jit_fn[grid](...)``, cheaper
+    on repeats. ``args``: the kernel's non-constexpr parameters in order (positional);
+    ``kwargs``: constexprs by name and launch options."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        params = getattr(fn, "params", None) or []   # (the interpreter's wrapper has none)
+        self._n_plain = -1 if not params else 0
+        for p in params:                      # our kernels: plain parameters first
+            if p.is_constexpr:
+                break
+            self._n_plain += 1
+        self._consts = [(p.name, p.default if p.has_default else None, p.has_default)
+                        for p in params[self._n_plain:]]
+        self._const_names = {name for name, _, _ in self._consts}
+        self._compiled = {}
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def launch(self, grid, args, kwargs):
+        global _DISABLED_REASON
+        if not fast_launch_enabled() or len(args) != self._n_plain:
+            return self.fn[grid](*args, **kwargs)
+        key = (torch.cuda.current_device(), tuple(_arg_key(a) for a in args),
+               tuple(kwargs.items()))
+        ck = self._compiled.get(key)
+        if ck is None:
+            ck = self.fn[grid](*args, **kwargs)
+            self._compiled[key] = ck
+            return ck
+        ordered = list(args)
+        for name, default, has_default in self._consts:
+            if name in kwargs:
+                ordered.append(kwargs[name])
+            elif has_default:
+                ordered.append(default)
+            else:   # Triton accepted the first launch without it: cannot happen
+                raise TypeError(f"{self.fn.__name__}: constexpr {name} not given")
+        try:
+            ck[tuple(grid) + (1,) * (3 - len(grid))](*ordered)
+        except Exception as e:   # an internal API changed: plain launches from now on
+            _DISABLED_REASON = f"{type(e).__name__}: {e}"
+            warnings.warn(f"direct Triton launches disabled ({_DISABLED_REASON}); "
+                          "using kernel[grid](...)", RuntimeWarning, stacklevel=3)
+            return self.fn[grid](*args, **kwargs)
+        return ck

@@ -1,0 +1,57 @@
+"""Launch options of the fused prefill: PDL and direct (cached) Triton launches.
+
+Both are GPU-only: off on the CPU interpreter. What can be checked here is that they
+are off, and the launch key that decides when a cached compiled kernel may be reused.
+The GPU tests in ``test_prefill.py`` check that both give the same bits as plain launches.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.prefill.config import PrefillConfig
+from kernels.prefill.launch import FastLaunch, _arg_key
+from kernels.prefill.pdl import launch_options, pdl_supported
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_no_pdl_off_cuda(enabled):
+    cpu = torch.device("cpu")
+    assert pdl_supported(cpu) is False
+    assert launch_options(enabled, cpu) == {}
+
+
+def test_pdl_is_a_config_lever_on_by_default():
+    assert PrefillConfig().pdl is True and PrefillConfig().pdl_trigger == "start"
+    assert PrefillConfig(pdl=False).name == "pdl=False"
+    with pytest.raises(ValueError, match="pdl_trigger"):
+        PrefillConfig(pdl_trigger="middle")
+
+
+_BASE = torch.zeros(64, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("a, b, same", [
+    pytest.param(None, None, True, id="None-None"),
+    pytest.param(_BASE, torch.ones(8), True, id="aligned-f32-tensors"),
+    pytest.param(_BASE, _BASE[1:], False, id="aligned-vs-misaligned"),
+    pytest.param(_BASE, _BASE.to(torch.bfloat16), False, id="f32-vs-bf16"),
+    pytest.param(_BASE, None, False, id="tensor-vs-None"),
+    pytest.param(32, 48, True, id="ints-both-div16"),
+    pytest.param(32, 33, False, id="div16-vs-not"),
+    pytest.param(1, 17, False, id="one-vs-other"),
+    pytest.param(0.5, 2.0, True, id="floats"),
+])
+def test_launch_key_separates_what_triton_specialises_on(a, b, same):
+    assert (_arg_key(a) == _arg_key(b)) is same
+
+
+def test_fast_launch_is_plain_under_the_interpreter_or_without_params():
+    calls = []
+
+    class Plain:   # stands in for a jit function without Triton's parameter list
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    FastLaunch(Plain())[(2, 1, 1)](1, 2, K=3)
+    assert calls == [((2, 1, 1), (1, 2), {"K": 3})]
