@@ -27,10 +27,14 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T6", "T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "bv128": PrefillConfig(walk_BV=128),
+    "ls1": PrefillConfig(walk_loop_stages=1),
+    "ls1-bv64w4": PrefillConfig(walk_loop_stages=1, walk_BV=64, walk_warps=4),
+    "ls1-bv32w4": PrefillConfig(walk_loop_stages=1, walk_BV=32, walk_warps=4),
+    "ls1-bv128": PrefillConfig(walk_loop_stages=1, walk_BV=128),
+    "cb1": PrefillConfig(intra_col_blocks=1),
 }
-CPS = {"T8192": [None, 8, 32], "T2048": [None, 8]}
-CP_CONFIGS = ("default",)
+CPS = {}
+CP_CONFIGS = ()
 
 
 def short(name: str) -> str:

@@ -107,6 +107,8 @@ class PrefillConfig:
         pdl: the ``fused`` variant's walk kernels start with programmatic dependent
             launch (:mod:`.pdl`): placed while the kernel before them finishes, waiting
             in-kernel before they read its outputs (Hopper and newer; ignored elsewhere).
+        walk_loop_stages: software-pipeline stages of the fused walk's chunk loop alone
+            (``tl.range(..., num_stages=)``; None: the launch's ``walk_stages``).
         pdl_trigger: where each program of the kernel before a PDL launch lets it be
             placed: ``"end"`` (after its last store) or ``"start"`` (docs/notes.md has the
             H200 measurements of both).
@@ -143,6 +145,7 @@ class PrefillConfig:
     stack_wp: bool = False
     intra_split: bool = False
     pdl: bool = True
+    walk_loop_stages: Optional[int] = None
     pdl_trigger: str = "start"
 
     def __post_init__(self):
@@ -182,6 +185,8 @@ class PrefillConfig:
         if self.first_chunk_BV not in (16, 64):
             raise ValueError(f"first_chunk_BV must be 16 or 64 (32 miscompiles on triton 3.6), "
                              f"got {self.first_chunk_BV}")
+        if self.walk_loop_stages is not None and self.walk_loop_stages not in (1, 2, 3, 4):
+            raise ValueError(f"walk_loop_stages must be None or 1..4, got {self.walk_loop_stages!r}")
         if self.pdl_trigger not in ("start", "end"):
             raise ValueError(f"pdl_trigger must be 'start' or 'end', got {self.pdl_trigger!r}")
         if self.cp_combine not in ("inline", "kernel"):

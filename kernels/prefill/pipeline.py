@@ -256,6 +256,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     stages = cfg.walk_stages or walk_stages_rule(BV, programs, sm_count(q.device))
     walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV), pdl=cfg.pdl,
                 num_stages=stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
+                loop_stages=cfg.walk_loop_stages,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
                            device=q.device) if seg else None)

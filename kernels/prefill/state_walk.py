@@ -166,6 +166,8 @@ def state_walk_kernel(
     DOT_PREC: tl.constexpr,     # products with the state (see .dots)
     OUT_PREC: tl.constexpr,     # P @ S of the inline outputs (see .dots)
     CHAIN_PREC: tl.constexpr,   # M @ S of CHAIN
+    LOOP_STAGES: tl.constexpr = None,   # software-pipeline stages of the chunk loop
+                                        # (None: the launch's num_stages)
     PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
     PDL_TRIGGER: tl.constexpr = "",     # "start" / "end": where a PDL-launched next kernel
                                         # may be placed (.pdl); "": never
@@ -248,7 +250,7 @@ def state_walk_kernel(
 
     grid_wait(PDL_WAIT)   # (a no-op when already waited above)
     n_ch = tl.cdiv(ueos - ubos, BT)
-    for i_c in range(0, n_ch):
+    for i_c in tl.range(0, n_ch, num_stages=LOOP_STAGES):
         t0 = ubos + i_c * BT                       # first token of the chunk (int64)
         m_t = o_bt < (ueos - t0)
         b_u = tl.load(u + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None] & m_u[None, :],
@@ -313,7 +315,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
                    chain_precision: str = "tf32x3", maxnreg: Optional[int] = None,
                    from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
-                   pdl_trigger: str = "") -> None:
+                   pdl_trigger: str = "", loop_stages: Optional[int] = None) -> None:
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -325,6 +327,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     ``P @ S`` (:mod:`.dots`). ``pdl``: launch with programmatic dependent launch (the
     kernel before it must trigger, :mod:`.pdl`); ``pdl_trigger`` (``"start"``,
     ``"end"`` or ``""``): where each program lets a PDL-launched next kernel be placed.
+    ``loop_stages``: pipeline stages of the chunk loop alone (None: ``num_stages``).
     Writes into the given output tensors; returns nothing.
     """
     T, HQ, K = k.shape
@@ -349,7 +352,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         FROM_FIRST=from_first, WP_STACK=wp_stack,
         W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
-        PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
+        LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
         num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
     )
 
