@@ -20,8 +20,9 @@ repeats. The key holds everything Triton specialises on for our arguments:
 A key seen for the first time goes through ``kernel[grid](...)`` (compiling if
 needed) and its compiled kernel is kept. Off CUDA (the interpreter) or with
 ``GDN_FAST_LAUNCH=0`` every launch takes the plain path. If the direct launch
-raises, the plain path is used from then on (with one warning) -- it is an
-optimisation, never a requirement.
+raises a ``TypeError`` / ``AttributeError`` (Triton's internal launch API
+changed), the plain path is used from then on (with one warning) -- it is an
+optimisation, never a requirement. CUDA errors propagate.
 """
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ class FastLaunch:
                 raise TypeError(f"{self.fn.__name__}: constexpr {name} not given")
         try:
             ck[tuple(grid) + (1,) * (3 - len(grid))](*ordered)
-        except Exception as e:   # an internal API changed: plain launches from now on
+        except (TypeError, AttributeError) as e:   # Triton's internals changed: plain
+            # launches from now on (CUDA errors, e.g. one left by an earlier kernel, propagate)
             _DISABLED_REASON = f"{type(e).__name__}: {e}"
             warnings.warn(f"direct Triton launches disabled ({_DISABLED_REASON}); "
                           "using kernel[grid](...)", RuntimeWarning, stacklevel=3)
