@@ -27,11 +27,6 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T6", "T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "ls1-bv64w4": PrefillConfig(walk_loop_stages=1, walk_BV=64, walk_warps=4),
-    "ls1-bv64w8": PrefillConfig(walk_loop_stages=1, walk_BV=64, walk_warps=8),
-    "ls1-bv128": PrefillConfig(walk_loop_stages=1, walk_BV=128),
-    "ls2-bv64w4": PrefillConfig(walk_loop_stages=2, walk_BV=64, walk_warps=4),
-    "cb1": PrefillConfig(intra_col_blocks=1),
 }
 CPS = {}
 CP_CONFIGS = ()

@@ -183,6 +183,27 @@ def test_workspace_bytes(seg, combine, solve, expected):
     assert workspace_bytes(128, 1, 2, 16, seg, "compact", combine, solve) == expected
 
 
+@pytest.mark.parametrize("BV, programs, short, expected", [
+    pytest.param(64, 912, True, (4, 2, 1), id="57x64-short-wide"),
+    pytest.param(64, 256, True, (4, 2, 1), id="16x256-short-wide"),
+    pytest.param(16, 64, True, (4, 3, None), id="T64-narrow-few"),
+    pytest.param(16, 256, False, (4, 2, None), id="4x1024-narrow-many"),
+    pytest.param(16, 64, False, (4, 3, None), id="T2048-narrow-few"),
+    pytest.param(64, 144, False, (8, 3, None), id="T8192-cp-wide"),
+])
+def test_walk_launch_rule(BV, programs, short, expected):
+    from kernels.prefill.config import walk_launch_rule
+    assert walk_launch_rule(BV, programs, 132, short) == expected
+
+
+def test_unpipelined_walk_needs_a_wide_tile():
+    x, _ = case(S32, [100, 0, 28], torch.int32, True)
+    before = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
+    with pytest.raises(ValueError, match="walk_loop_stages"):
+        gdn_prefill(**x, variant="fused", config=PrefillConfig(walk_loop_stages=1))
+    assert all(torch.equal(before[n], x[n]) for n in before)
+
+
 def test_context_parallel_rule():
     """Documented rule: CP only for long average sequences that underfill the SMs."""
     cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
@@ -345,8 +366,9 @@ def test_gpu_contest_shape_T8192(variant):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lens", [[6], [64], [64] * 57, [100, 28], [1024] * 4, [2048]],
-                         ids=["T6", "T64", "57x64", "100+28", "4x1024", "T2048"])
+@pytest.mark.parametrize("lens", [[6], [64], [64] * 57, [256] * 16, [100, 28], [1024] * 4,
+                                  [2048]],
+                         ids=["T6", "T64", "57x64", "16x256", "100+28", "4x1024", "T2048"])
 def test_gpu_contest_shapes_fused_and_cp(lens):
     x, ref = case(GDNShape(4, 8, 128), lens, torch.int64, True)
     assert_ok(gdn_prefill(**x, variant="fused"), ref)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields, replace
 from typing import List, Optional
 
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
-           "walk_warps_rule", "walk_stages_rule"]
+           "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS"]
 
 
 #: Precisions a product may take (:mod:`.dots`).
@@ -51,8 +51,8 @@ class PrefillConfig:
         walk_BV: state tile width of the fused walk (outputs inline) and of CP
             phase C; None: :func:`walk_tile_rule`.
         walk_warps, walk_stages: ``num_warps`` / ``num_stages`` of the state walks;
-            ``walk_warps`` None: 8 for ``BV >= 64``, else 4; ``walk_stages`` None:
-            :func:`walk_stages_rule` (the walks that store chunk states use 2).
+            None: :func:`walk_launch_rule` (the walks that store chunk states use 4
+            warps unless given, and 2 stages).
         split_BV: tile width of the walk that stores chunk states (unfused
             compositions); None: :func:`.state_walk.default_bv`.
         intra_warps: ``num_warps`` of the intra-chunk (+ gates) kernel.
@@ -108,7 +108,10 @@ class PrefillConfig:
             launch (:mod:`.pdl`): placed while the kernel before them finishes, waiting
             in-kernel before they read its outputs (Hopper and newer; ignored elsewhere).
         walk_loop_stages: software-pipeline stages of the fused walk's chunk loop alone
-            (``tl.range(..., num_stages=)``; None: the launch's ``walk_stages``).
+            (``tl.range(..., num_stages=)``); None: :func:`walk_launch_rule` (1 for short
+            walks at width 64, else the launch's stages). 1 needs a walk tile of at least
+            64 columns: at 16 / 32 it hit an illegal memory access on triton 3.6 (H200),
+            so :func:`.pipeline.prefill_fused` refuses it before any launch.
         pdl_trigger: where each program of the kernel before a PDL launch lets it be
             placed: ``"end"`` (after its last store) or ``"start"`` (docs/notes.md has the
             H200 measurements of both).
@@ -256,6 +259,28 @@ def walk_stages_rule(BV: int, programs: int, n_sm: int) -> int:
     with 3, hence the rule.
     """
     return 3 if BV >= 64 or programs <= n_sm else 2
+
+
+#: Average chunks per sequence up to which the fused walk (no CP) counts as short.
+SHORT_WALK_CHUNKS = 4
+
+
+def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool):
+    """``(num_warps, num_stages, loop_stages)`` of the fused walk / CP phase C when the
+    config leaves them None.
+
+    Short walks (no CP, at most :data:`SHORT_WALK_CHUNKS` chunks per sequence on
+    average) at tile width 64: 4 warps and an unpipelined chunk loop -- ~57 KB shared
+    memory and 255 registers, two programs per SM instead of one; there is little
+    for a pipeline to overlap in one to four chunks. Measured on an H200 (docs/notes.md,
+    probe 14): 57x64 walk 54.9 -> 46.0 us, 16x256 33.3 -> 28.7. Otherwise
+    :func:`walk_warps_rule`, :func:`walk_stages_rule` and the launch's stages for the
+    loop. (An unpipelined loop at width 16 or 32 hit an illegal memory access on
+    triton 3.6, H200: see :class:`PrefillConfig`.)
+    """
+    if short and BV >= 64:
+        return 4, 2, 1
+    return walk_warps_rule(BV), walk_stages_rule(BV, programs, n_sm), None
 
 
 def walk_warps_rule(BV: int) -> int:

@@ -39,8 +39,8 @@ import torch
 
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
-from .config import (DEFAULT_CONFIG, PrefillConfig, walk_stages_rule, walk_tile_rule,
-                     walk_warps_rule)
+from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
+                     walk_tile_rule)
 from .context_parallel import (COMBINE_DOT_PRECISION, cp_segment_chunks, segment_combine_fwd,
                                sm_count)
 from .gates import chunk_gates_fwd, gates_torch
@@ -253,10 +253,16 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     # everything the walk launch needs is prepared before the first launch: on the eager
     # path the host time between the two launches is what the GPU waits for
     programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
-    stages = cfg.walk_stages or walk_stages_rule(BV, programs, sm_count(q.device))
-    walk = dict(BV=BV, num_warps=cfg.walk_warps or walk_warps_rule(BV), pdl=cfg.pdl,
-                num_stages=stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
-                loop_stages=cfg.walk_loop_stages,
+    short = seg == 0 and T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
+    warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short)
+    loop_stages = cfg.walk_loop_stages or loop_stages
+    if loop_stages == 1 and BV < 64:
+        raise ValueError(f"walk_loop_stages=1 needs a walk tile of at least 64 columns, got "
+                         f"{BV} (16 / 32 hit an illegal memory access on triton 3.6); set "
+                         f"walk_BV=64 or leave walk_loop_stages None")
+    walk = dict(BV=BV, num_warps=cfg.walk_warps or warps, pdl=cfg.pdl,
+                num_stages=cfg.walk_stages or stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
+                loop_stages=loop_stages,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
                            device=q.device) if seg else None)
