@@ -27,6 +27,8 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T6", "T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
+    "nreg168": PrefillConfig(intra_maxnreg=168),
+    "nreg128": PrefillConfig(intra_maxnreg=128),
 }
 CPS = {}
 CP_CONFIGS = ()
