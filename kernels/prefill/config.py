@@ -110,8 +110,10 @@ class PrefillConfig:
         walk_loop_stages: software-pipeline stages of the fused walk's chunk loop alone
             (``tl.range(..., num_stages=)``); None: :func:`walk_launch_rule` (1 for short
             walks at width 64, else the launch's stages). 1 needs a walk tile of at least
-            64 columns: at 16 / 32 it hit an illegal memory access on triton 3.6 (H200),
-            so :func:`.pipeline.prefill_fused` refuses it before any launch.
+            64 columns: at 16 / 32 it hit an illegal memory access on triton 3.6 (H200;
+            compute-sanitizer: 1024-byte shared-memory reads past the allocation, the
+            compiler's operand staging -- ``scripts/walk_unpipelined_repro.py``), so
+            :func:`.pipeline.prefill_fused` refuses it before any launch.
         pdl_trigger: where each program of the kernel before a PDL launch lets it be
             placed: ``"end"`` (after its last store) or ``"start"`` (docs/notes.md has the
             H200 measurements of both).
