@@ -12,8 +12,10 @@ the step table in ``docs/notes.md``):
   registers, two programs per SM;
 * walks: bf16 products with the state and a bf16 inline ``P @ S`` (walk
   -12...-25 %, output rel-L2 ~3.3e-3 vs 3.2e-3); tile width by
-  :func:`walk_tile_rule`, 8 warps at width 64; stages by :func:`walk_stages_rule`
-  (3 where it costs no occupancy; 1 crashes on triton 3.6);
+  :func:`walk_tile_rule`; warps and stages by :func:`walk_launch_rule`: short walks
+  (no CP, <= 4 chunks per sequence) at width 64 with 4 warps and an unpipelined chunk
+  loop, otherwise 8 warps at width 64 and :func:`walk_stages_rule` (3 stages where it
+  costs no occupancy; an unpipelined loop below width 64 crashes on triton 3.6);
 * programmatic dependent launch of the walks (:mod:`.pdl`), triggered at the start
   of the earlier kernel's programs (-0.5...-3 us; with 2-stage walks ``"start"``
   cost T=2048 +8 us, with the stage rule it does not);

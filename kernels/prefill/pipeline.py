@@ -18,7 +18,9 @@ variant         stages                                                       GPU
                 output terms ``P``, ``ob``; (2) state walk with the outputs
                 ``P @ S + ob`` inline; with context parallelism (2) becomes
                 segment summaries, then the walk that chains them (a
-                separate combine kernel with ``cp_combine="kernel"``: 4)
+                separate combine kernel with ``cp_combine="kernel"``: 4);
+                walks start by dependent launch (:mod:`.pdl`), repeat
+                launches skip Triton's binding (:mod:`.launch`)
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
 ==============  ===========================================================  =====================
 
