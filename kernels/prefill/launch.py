@@ -75,7 +75,6 @@ class FastLaunch:
             self._n_plain += 1
         self._consts = [(p.name, p.default if p.has_default else None, p.has_default)
                         for p in params[self._n_plain:]]
-        self._const_names = {name for name, _, _ in self._consts}
         self._compiled = {}
 
     def __getitem__(self, grid):
