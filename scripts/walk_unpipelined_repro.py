@@ -15,7 +15,9 @@ import argparse
 import torch
 
 from kernels.checks import check_outputs
+from kernels.prefill import PrefillConfig
 from kernels.prefill.intra_chunk import intra_chunk_fwd
+from kernels.prefill.pipeline import _intra
 from kernels.prefill.state_walk import state_walk_fwd
 from kernels.reference import prefill_reference
 from kernels.spec import CONTEST, make_prefill_inputs, resolve_scale
@@ -33,9 +35,7 @@ def main():
     HV, D = x["v"].shape[1], x["v"].shape[2]
     w, u, gc, P, ob = intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"],
                                       A_log=x["A_log"], dt_bias=x["dt_bias"], q=x["q"],
-                                      scale=resolve_scale(None, D), storage="compact",
-                                      wu_precision="bf16", out_precision="bf16",
-                                      col_blocks=2, num_warps=4)
+                                      scale=resolve_scale(None, D), **_intra(PrefillConfig()))
     o = torch.empty(T, HV, D, dtype=torch.bfloat16, device="cuda")
     ht = torch.empty(N, HV, D, D, dtype=torch.float32, device="cuda")
     state_walk_fwd(x["k"], w, u, gc, x["cu_seqlens"], p=P, ob=ob, initial_state=x["state"],

@@ -22,8 +22,9 @@ intermediates of ``fused`` (:func:`.pipeline.workspace_bytes`: ``w``, ``u``,
 segment summaries ``[S, HV, D, 2D]`` f32, and the entering states ``[S, HV, D,
 D]`` with ``cp_combine="kernel"``). At T_pad = 8192, N_pad = 1 and the contest
 shape that is about 145 MB with the default "compact" storage (static buffers
-~52 MB, intermediates ~94 MB; ~196 MB with "precise" storage). The cache keeps the ``MAX_BUCKETS`` most recently used
-buckets (LRU); :func:`clear_graph_cache` frees them.
+~52 MB, intermediates ~94 MB; ~196 MB with "precise" storage). The cache keeps
+the ``MAX_BUCKETS`` most recently used buckets (LRU); :func:`clear_graph_cache`
+frees them.
 
 Called while the current stream is being captured (e.g. a benchmark that
 graphs the whole call), it records pack -> fused -> unpack into that capture

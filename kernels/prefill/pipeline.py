@@ -276,7 +276,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                        final_state=ht, from_first=first, **walk)
         return o, ht
     seg_t = seg * BT
-    S = num_slots(T, N, seg_t)
+    S = summary.shape[0]
     state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
                    pdl_trigger=trigger if cfg.cp_combine == "inline" else "",
                    BV=cfg.summary_BV, num_warps=cfg.summary_warps, wp_stack=stack,

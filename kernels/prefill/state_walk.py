@@ -50,7 +50,7 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import BT, locate_block, num_slots  # noqa: E402
 from .dots import mm, mm_pair  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
-from .pdl import grid_trigger, grid_wait, launch_options  # noqa: E402
+from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "state_walk", "load_state_tile",
            "store_state_tile", "fused_chunk_step",
@@ -341,7 +341,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
     pdl_opts = launch_options(pdl, k.device)
-    trigger = pdl_trigger if launch_options(bool(pdl_trigger), k.device) else ""
+    trigger = pdl_trigger if pdl_supported(k.device) else ""
     _WALK_LAUNCH[grid](
         p, ob, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
         summary, T, N,
