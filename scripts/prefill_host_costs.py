@@ -8,7 +8,7 @@ the two launches, not by the GPU. This script times (``time.perf_counter``,
 median of 7 blocks of 200 calls, no synchronisation inside a block; GPU work per
 call is shorter than the host work at these lengths) the whole call and its
 parts: input validation, output allocation, the intra-chunk launch, the walk
-launch, and an empty Triton kernel as the launch floor of this host. It also
+launch (whole, bind only, and the bound launch alone), and an empty Triton kernel as the launch floor of this host. It also
 prints the ``cupti_cold`` span and the ``graph`` time of the whole call.
 """
 from __future__ import annotations
@@ -65,6 +65,15 @@ def main():
     o = torch.empty(T, 8, 128, dtype=torch.bfloat16, device="cuda")
     ht = torch.empty(N, 8, 128, 128, dtype=torch.float32, device="cuda")
     dummy = torch.empty(1, device="cuda")
+    go_walk = state_walk_fwd(x["k"], w, u, gc, x["cu_seqlens"], p=P, ob=ob,
+                             initial_state=x["state"], output=o, final_state=ht, BV=BV,
+                             num_warps=4, num_stages=3, pdl=True, dot_precision="bf16",
+                             out_precision="bf16", defer=True)
+    go_walk()   # (compiles on the first call; later calls are the bound launch)
+    go_walk = state_walk_fwd(x["k"], w, u, gc, x["cu_seqlens"], p=P, ob=ob,
+                             initial_state=x["state"], output=o, final_state=ht, BV=BV,
+                             num_warps=4, num_stages=3, pdl=True, dot_precision="bf16",
+                             out_precision="bf16", defer=True)
     pieces = {
         "gdn_prefill(fused), whole call": lambda: gdn_prefill(**x, variant="fused"),
         "validate_prefill_inputs": lambda: validate_prefill_inputs(**x, check_values=False),
@@ -77,6 +86,11 @@ def main():
             x["k"], w, u, gc, x["cu_seqlens"], p=P, ob=ob, initial_state=x["state"], output=o,
             final_state=ht, BV=BV, num_warps=4, num_stages=3, pdl=True,
             dot_precision="bf16", out_precision="bf16"),
+        "state_walk_fwd(defer=True) (bind only)": lambda: state_walk_fwd(
+            x["k"], w, u, gc, x["cu_seqlens"], p=P, ob=ob, initial_state=x["state"], output=o,
+            final_state=ht, BV=BV, num_warps=4, num_stages=3, pdl=True,
+            dot_precision="bf16", out_precision="bf16", defer=True),
+        "bound walk launch (go())": go_walk,
         "empty triton kernel (launch floor)": lambda: _empty_kernel[(1,)](dummy),
         "torch.empty (one allocation)": lambda: torch.empty(64, device="cuda"),
     }

@@ -5,7 +5,7 @@
 For every (shape, config, cp) row: the contest check against the float32
 reference (a failing row is reported, not timed), the ``graph`` median (warm
 L2, the README's method) and the GPU duration of each kernel of one call
-(torch.profiler). At the end, registers / spills / shared memory of every
+(torch.profiler), the eager ``cupti_cold`` span. At the end, registers / spills / shared memory of every
 compiled prefill kernel. Rows stream to stdout and to the CSV as they finish;
 the run stops cleanly when ``--budget-s`` is used up.
 """
@@ -27,8 +27,9 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T6", "T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "nreg168": PrefillConfig(intra_maxnreg=168),
-    "nreg128": PrefillConfig(intra_maxnreg=128),
+    "single": PrefillConfig(single_launch=True),
+    "iw8nreg128": PrefillConfig(intra_warps=8, intra_maxnreg=128),
+    "walk128w8": PrefillConfig(walk_BV=128, walk_warps=8),
 }
 CPS = {}
 CP_CONFIGS = ()
@@ -99,6 +100,8 @@ def main():
                         for i, g in enumerate(tl.gpu.itertuples()):
                             row[f"k{i}"] = f"{short(g.name)}={g.dur_us:.1f}"
                         row["span_us"] = tl.summary()["span_us"]
+                        row["cold_us"] = time_fn(call, "cupti_cold", rep=30,
+                                                 warmup=3).median_us
                         torch.cuda.synchronize()
                         t_h = time.perf_counter()
                         for _ in range(20):
@@ -113,7 +116,7 @@ def main():
                                 for k, v in row.items()), flush=True)
                 if wr is None:
                     wr = csv.DictWriter(f, fieldnames=["shape", "config", "cp", "seg", "ok",
-                                                       "max_abs", "rel_l2", "graph_us", "span_us", "host_us",
+                                                       "max_abs", "rel_l2", "graph_us", "span_us", "cold_us", "host_us",
                                                        "k0", "k1", "k2", "k3", "reason"],
                                         extrasaction="ignore")
                     wr.writeheader()

@@ -121,6 +121,37 @@ def test_config_levers_keep_results(variant, options):
         assert_ok(gdn_prefill(**x, variant=variant, config=other, **options), ref)
 
 
+@pytest.mark.parametrize("shape, lens, cu_dtype, with_state", [
+    pytest.param(S16, [1], torch.int64, True, id="D16-T1-state"),
+    pytest.param(S16, [64], torch.int32, False, id="D16-T64-nostate"),
+    pytest.param(S32, [20, 0, 9, 0], torch.int32, True, id="D32-empty-seqs-state"),
+    pytest.param(S16, [0, 30, 34], torch.int64, False, id="D16-empty-first-nostate"),
+    pytest.param(S128, [6], torch.int64, True, id="D128-T6-state"),
+])
+def test_single_launch_matches_reference(shape, lens, cu_dtype, with_state):
+    """T <= 64: the intra-chunk program walks its chunk, no walk kernel; empty sequences'
+    final states come from their idle programs (NaN-filled outputs catch a missed write)."""
+    x, ref = case(shape, lens, cu_dtype, with_state)
+    T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
+    o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+    st = torch.full((N, HV, D, D), float("nan"), device=DEV)
+    cfg = PrefillConfig(single_launch=True)
+    with mock.patch("kernels.prefill.pipeline.state_walk_fwd",
+                    side_effect=AssertionError("walk launched")):
+        out = gdn_prefill(**x, variant="fused", config=cfg, output=o, output_state=st)
+    assert_ok(out, ref)
+
+
+def test_single_launch_only_up_to_one_chunk():
+    """Past 64 tokens the walk kernel still runs (the switch is ignored)."""
+    x, ref = case(S16, [60, 10], torch.int64, True)
+    from kernels.prefill import pipeline
+    with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
+        assert_ok(gdn_prefill(**x, variant="fused", config=PrefillConfig(single_launch=True)),
+                  ref)
+    assert walk.call_count == 1
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="walk_BV"):
         PrefillConfig(walk_BV=24)

@@ -163,12 +163,16 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         use_cp = bool(seg)
     else:
         use_cp = None
+    single = use_cp is False and T <= 64 and DEFAULT_CONFIG.single_launch
     if variant == "graph":
-        inner = LAUNCHES["fused+cp" if use_cp else "fused"]["kernels"]
+        inner = LAUNCHES["fused+cp" if use_cp else "fused+single" if single
+                         else "fused"]["kernels"]
         return dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, graph_launches=1,
                     cp=use_cp, note=f"pack kernel + 1 graph replay ({inner} kernels inside) "
                                     "+ unpack kernel; first call per bucket also captures")
-    key = "fused+cp" if (variant == "fused" and use_cp) else variant
+    key = variant
+    if variant == "fused" and (use_cp or single):
+        key = "fused+cp" if use_cp else "fused+single"
     out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
     notes = {
         "unfused": "8 torch gate ops + cumsum, intra, walk, output; cu_seqlens read on host "
@@ -178,5 +182,7 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         "fused": "intra (+gates, cumsum) and walk with inline outputs"
                  + ("; CP: segment summaries, then the walk chaining them" if use_cp else ""),
     }
-    out["note"] = notes["fused" if key == "fused+cp" else key]
+    if key == "fused+single":
+        notes["fused"] = "one kernel: intra (+gates, cumsum) walking each one-chunk sequence"
+    out["note"] = notes["fused" if key.startswith("fused") else key]
     return out

@@ -119,6 +119,10 @@ class PrefillConfig:
         pdl_trigger: where each program of the kernel before a PDL launch lets it be
             placed: ``"end"`` (after its last store) or ``"start"`` (docs/notes.md has the
             H200 measurements of both).
+        single_launch: when every sequence fits one chunk (``T <= 64``, no CP), the
+            intra-chunk program also walks its chunk (as ``first_chunk_inline``) and the
+            walk kernel is not launched: one launch per call; empty sequences' final
+            states are written by their (otherwise idle) intra-chunk programs.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -149,6 +153,7 @@ class PrefillConfig:
     cp_combine: str = "inline"
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
+    single_launch: bool = False
     stack_wp: bool = False
     intra_split: bool = False
     pdl: bool = True

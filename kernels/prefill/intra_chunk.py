@@ -219,12 +219,22 @@ def intra_chunk_kernel(
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
     PDL_TRIGGER: tl.constexpr = "",     # "start" / "end": where a PDL-launched next kernel
                                         # may be placed (.pdl); "": never
+    EMPTY_STATE: tl.constexpr = False,  # FIRST_STEP with no walk after it: an empty
+                                        # sequence's program writes its final state (h0)
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER == "start")
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
+        if EMPTY_STATE:
+            if eos == bos:   # (an empty sequence owns exactly one slot, with i_c == 0)
+                for i_v in tl.static_range(V // BVF):
+                    if USE_H0:
+                        b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVF)
+                    else:
+                        b_S = tl.zeros([K, BVF], dtype=tl.float32)
+                    store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
         return
     tl.static_assert(not FIRST_STEP or OUT_PREP)
     tl.static_assert(not WP_STACK or (OUT_PREP and not W_SPLIT and not FIRST_STEP))
@@ -392,7 +402,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
                     col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
                     maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
-                    stack_wp: bool = False, split: bool = False, pdl_trigger: str = ""):
+                    stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
+                    defer: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -403,11 +414,13 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     (instrument for stage timing, results then invalid): end each program after step
     1 or 2. ``maxnreg``: register cap per thread (more programs per SM; spills).
     ``first_step`` (needs ``q``): ``dict(initial_state=, final_state=, output=,
-    walk_precision=, inline_precision=, BV=)`` (``BV`` 16 or 64: 32 miscompiles on
+    walk_precision=, inline_precision=, BV=, whole=)`` (``BV`` 16 or 64: 32 miscompiles on
     triton 3.6, see :class:`.config.PrefillConfig`) -- the program owning a sequence's first
     chunk also walks it (outputs into ``output``, the state after it into
     ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
-    ``FROM_FIRST``). ``stack_wp`` (needs ``q``, non-pair storage): ``w`` and ``P``
+    ``FROM_FIRST``); ``whole=True`` (only for ``T <= 64``, where every sequence is one
+    chunk): no walk follows, so empty sequences' programs also write their final state
+    (the initial state, or zeros) -- the call is this one launch. ``stack_wp`` (needs ``q``, non-pair storage): ``w`` and ``P``
     side by side in one ``[T, HV, 2, K]`` tensor (returned as ``w``; ``P`` is then
     None), so the walk multiplies both by the state in one product. ``split``
     (``"blocks"`` solve, no ``first_step``): two launches of the same kernel, (1)
@@ -415,6 +428,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     program per (chunk, head, column block): smaller programs. ``pdl_trigger``
     (``"start"``, ``"end"`` or ``""``): where each program lets a PDL-launched next kernel
     be placed (:mod:`.pdl`).
+    ``defer``: allocate and bind but do not launch; the launch is the last element
+    of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
     """
     if solve not in ("tile", "blocks"):
@@ -449,9 +464,14 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     if fs and not out_prep:
         raise ValueError("first_step needs q (the output terms)")
     h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
+    if fs.get("whole") and (use_indices or T > BT):
+        raise ValueError("first_step['whole'] (no walk after this kernel) needs T <= 64 "
+                         f"and the device chunk lookup; got T={T}, chunk_indices "
+                         f"{'given' if use_indices else 'None'}")
     first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 64), V),
                  WALK_PREC=fs.get("walk_precision", "bf16"),
-                 INLINE_PREC=fs.get("inline_precision", "bf16")) if fs else {}
+                 INLINE_PREC=fs.get("inline_precision", "bf16"),
+                 EMPTY_STATE=bool(fs.get("whole"))) if fs else {}
     cb = max(1, min(col_blocks, K // 16, V // 16))
     opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices,
                 OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision,
@@ -460,20 +480,32 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, num_warps=num_warps,
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
-    if grid[0] > 0 and not split:
-        _INTRA_LAUNCH[grid](
+    if grid[0] == 0:
+        go = _nothing
+    elif not split:
+        go = _INTRA_LAUNCH.bind(grid, (
             q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
-            chunk_indices, scale, T, N, RAW_GATES=raw, **opts)
-    elif grid[0] > 0:
+            chunk_indices, scale, T, N), dict(RAW_GATES=raw, **opts))
+    else:
         if beta is None:
             beta = torch.empty(T, H, dtype=torch.float32, device=dev)
-        intra_chunk_kernel[grid](
-            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
-            chunk_indices, scale, T, N, RAW_GATES=raw, PHASE=1, **opts)
-        intra_chunk_kernel[grid + (cb,)](
-            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
-            chunk_indices, scale, T, N, RAW_GATES=False, PHASE=2, **opts)
-    return (w, u, gc, P, ob) if out_prep else (w, u, gc)
+
+        def go():
+            intra_chunk_kernel[grid](
+                q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_,
+                cu_seqlens, chunk_indices, scale, T, N, RAW_GATES=raw, PHASE=1, **opts)
+            intra_chunk_kernel[grid + (cb,)](
+                q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_,
+                cu_seqlens, chunk_indices, scale, T, N, RAW_GATES=False, PHASE=2, **opts)
+    out = (w, u, gc, P, ob) if out_prep else (w, u, gc)
+    if defer:
+        return out + (go,)
+    go()
+    return out
+
+
+def _nothing():
+    pass
 
 
 def intra_chunk(k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, beta: torch.Tensor,

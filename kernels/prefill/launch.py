@@ -80,8 +80,57 @@ class FastLaunch:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
-    def launch(self, grid, args, kwargs):
+    def bind(self, grid, args, kwargs):
+        """A zero-argument callable that launches ``fn[grid](*args, **kwargs)``.
+
+        Everything but the launch itself (the key, the argument order, Triton's
+        handles, the current stream) is done here, so a pipeline can bind its second
+        kernel before launching its first and leave only the launch between the two.
+        A key not seen yet binds to :meth:`launch` (compiling on the call)."""
+        if not fast_launch_enabled() or len(args) != self._n_plain:
+            return lambda: self.fn[grid](*args, **kwargs)
+        key = (torch.cuda.current_device(), tuple(_arg_key(a) for a in args),
+               tuple(kwargs.items()))
+        ck = self._compiled.get(key)
+        if ck is None:
+            return lambda: self.launch(grid, args, kwargs)
+        ordered = self._ordered(args, kwargs)
+        try:
+            runner = ck[tuple(grid) + (1,) * (3 - len(grid))]
+        except (TypeError, AttributeError) as e:
+            self._disable(e)
+            return lambda: self.fn[grid](*args, **kwargs)
+        stream = torch.cuda.current_stream().cuda_stream
+
+        def go():
+            try:
+                runner(*ordered, stream=stream)
+            except (TypeError, AttributeError) as e:
+                self._disable(e)
+                self.fn[grid](*args, **kwargs)
+        return go
+
+    def _ordered(self, args, kwargs):
+        ordered = list(args)
+        for name, default, has_default in self._consts:
+            if name in kwargs:
+                ordered.append(kwargs[name])
+            elif has_default:
+                ordered.append(default)
+            else:   # Triton accepted the first launch without it: cannot happen
+                raise TypeError(f"{self.fn.__name__}: constexpr {name} not given")
+        return ordered
+
+    @staticmethod
+    def _disable(e):
+        """Triton's internals changed: plain launches from now on (CUDA errors, e.g. one
+        left by an earlier kernel, propagate)."""
         global _DISABLED_REASON
+        _DISABLED_REASON = f"{type(e).__name__}: {e}"
+        warnings.warn(f"direct Triton launches disabled ({_DISABLED_REASON}); "
+                      "using kernel[grid](...)", RuntimeWarning, stacklevel=4)
+
+    def launch(self, grid, args, kwargs):
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return self.fn[grid](*args, **kwargs)
         key = (torch.cuda.current_device(), tuple(_arg_key(a) for a in args),
@@ -91,20 +140,9 @@ class FastLaunch:
             ck = self.fn[grid](*args, **kwargs)
             self._compiled[key] = ck
             return ck
-        ordered = list(args)
-        for name, default, has_default in self._consts:
-            if name in kwargs:
-                ordered.append(kwargs[name])
-            elif has_default:
-                ordered.append(default)
-            else:   # Triton accepted the first launch without it: cannot happen
-                raise TypeError(f"{self.fn.__name__}: constexpr {name} not given")
         try:
-            ck[tuple(grid) + (1,) * (3 - len(grid))](*ordered)
-        except (TypeError, AttributeError) as e:   # Triton's internals changed: plain
-            # launches from now on (CUDA errors, e.g. one left by an earlier kernel, propagate)
-            _DISABLED_REASON = f"{type(e).__name__}: {e}"
-            warnings.warn(f"direct Triton launches disabled ({_DISABLED_REASON}); "
-                          "using kernel[grid](...)", RuntimeWarning, stacklevel=3)
+            ck[tuple(grid) + (1,) * (3 - len(grid))](*self._ordered(args, kwargs))
+        except (TypeError, AttributeError) as e:
+            self._disable(e)
             return self.fn[grid](*args, **kwargs)
         return ck

@@ -14,13 +14,17 @@ variant         stages                                                       GPU
                 table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
-``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u`` + the     2 kernels; 3 with CP
+``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u`` + the     2 kernels; 3 with CP;
+                                                                             1 with ``single_launch``
                 output terms ``P``, ``ob``; (2) state walk with the outputs
                 ``P @ S + ob`` inline; with context parallelism (2) becomes
                 segment summaries, then the walk that chains them (a
                 separate combine kernel with ``cp_combine="kernel"``: 4);
                 walks start by dependent launch (:mod:`.pdl`), repeat
-                launches skip Triton's binding (:mod:`.launch`)
+                launches skip Triton's binding and every launch is bound
+                before the first (:mod:`.launch`); with ``single_launch`` and
+                T <= 64, (1) also walks each (one-chunk) sequence and (2) is
+                not launched
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
 ==============  ===========================================================  =====================
 
@@ -60,6 +64,7 @@ LAUNCHES = {
     "fused_gates": dict(kernels=4, triton=4, torch_ops=0, copies=3, syncs=2),
     "no_sync": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
     "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
+    "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
     "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
 }
 
@@ -245,15 +250,14 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     N = cu_seqlens.numel() - 1
     cfg = _config(config, D)
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
-    first = seg == 0 and cfg.first_chunk_inline
-    first_step = dict(initial_state=state, final_state=ht, output=o,
+    single = seg == 0 and cfg.single_launch and T <= BT   # every sequence is one chunk
+    first = seg == 0 and (cfg.first_chunk_inline or single)
+    first_step = dict(initial_state=state, final_state=ht, output=o, whole=single,
                       walk_precision=cfg.walk_precision, inline_precision=cfg.inline_precision,
                       BV=cfg.first_chunk_BV) if first else None
     stack = (cfg.stack_wp and not first and cfg.storage == "compact"
              and cfg.walk_precision == cfg.inline_precision == "bf16")
     trigger = cfg.pdl_trigger if cfg.pdl else ""
-    # everything the walk launch needs is prepared before the first launch: on the eager
-    # path the host time between the two launches is what the GPU waits for
     programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
     short = seg == 0 and T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
     warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short)
@@ -268,24 +272,38 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
                            device=q.device) if seg else None)
-    w, u, gc, P, ob = intra_chunk_fwd(k, v, cu_seqlens, a=a, b=b, A_log=A_log,
-                                      dt_bias=dt_bias, q=q, scale=scale, first_step=first_step,
-                                      stack_wp=stack, pdl_trigger=trigger, **_intra(cfg))
+    # every launch is bound (arguments ordered, handles fetched) before the first one:
+    # on the eager path the host time between launches is what the GPU waits for
+    w, u, gc, P, ob, go_intra = intra_chunk_fwd(
+        k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
+        first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, **_intra(cfg))
+    if single:
+        go_intra()
+        return o, ht
     if seg == 0:
-        state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state, output=o,
-                       final_state=ht, from_first=first, **walk)
+        go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
+                                 output=o, final_state=ht, from_first=first, defer=True, **walk)
+        go_intra()
+        go_walk()
         return o, ht
     seg_t = seg * BT
     S = summary.shape[0]
-    state_walk_fwd(k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
-                   pdl_trigger=trigger if cfg.cp_combine == "inline" else "",
-                   BV=cfg.summary_BV, num_warps=cfg.summary_warps, wp_stack=stack,
-                   num_stages=cfg.summary_stages, dot_precision=cfg.walk_precision)
+    go_summary = state_walk_fwd(
+        k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
+        pdl_trigger=trigger if cfg.cp_combine == "inline" else "", BV=cfg.summary_BV,
+        num_warps=cfg.summary_warps, wp_stack=stack, num_stages=cfg.summary_stages,
+        dot_precision=cfg.walk_precision, defer=True)
     if cfg.cp_combine == "inline":
-        state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
-                       summary=summary, chain=True, output=o, final_state=ht, seg_t=seg_t,
-                       chain_precision=COMBINE_DOT_PRECISION, **walk)
+        go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
+                                 summary=summary, chain=True, output=o, final_state=ht,
+                                 seg_t=seg_t, chain_precision=COMBINE_DOT_PRECISION,
+                                 defer=True, **walk)
+        go_intra()
+        go_summary()
+        go_walk()
         return o, ht
+    go_intra()
+    go_summary()
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
     segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
                         num_warps=cfg.combine_warps)

@@ -315,7 +315,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
                    chain_precision: str = "tf32x3", maxnreg: Optional[int] = None,
                    from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
-                   pdl_trigger: str = "", loop_stages: Optional[int] = None) -> None:
+                   pdl_trigger: str = "", loop_stages: Optional[int] = None,
+                   defer: bool = False):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -328,7 +329,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     kernel before it must trigger, :mod:`.pdl`); ``pdl_trigger`` (``"start"``,
     ``"end"`` or ``""``): where each program lets a PDL-launched next kernel be placed.
     ``loop_stages``: pipeline stages of the chunk loop alone (None: ``num_stages``).
-    Writes into the given output tensors; returns nothing.
+    Writes into the given output tensors; returns None, or with ``defer`` the bound
+    launch (a zero-argument callable, :meth:`.launch.FastLaunch.bind`) without launching.
     """
     T, HQ, K = k.shape
     H, V = u.shape[1], u.shape[2]
@@ -342,9 +344,9 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     grid = (units, H, cols // BV)
     pdl_opts = launch_options(pdl, k.device)
     trigger = pdl_trigger if pdl_supported(k.device) else ""
-    _WALK_LAUNCH[grid](
+    go = _WALK_LAUNCH.bind(grid, (
         p, ob, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
-        summary, T, N,
+        summary, T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
         USE_H0=initial_state is not None, FROM_S0=s0 is not None, CHAIN=chain,
         STORE_H=h is not None,
@@ -353,8 +355,10 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
-        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}),
-    )
+        num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {})))
+    if defer:
+        return go
+    go()
 
 
 def state_walk(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, gc: torch.Tensor,
