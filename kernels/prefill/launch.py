@@ -17,6 +17,11 @@ repeats. The key holds everything Triton specialises on for our arguments:
 * the keyword arguments (constexprs and launch options such as ``num_warps``,
   ``launch_pdl``) as given, in order.
 
+:meth:`FastLaunch.bind` does all of that ahead of time and returns a zero-argument
+launch: the ``fused`` pipeline binds every kernel of a call before launching the
+first, so only the bound launches (~8 us each on the H200 host, against ~28 us
+for a whole ``state_walk_fwd``) stand between two kernels.
+
 A key seen for the first time goes through ``kernel[grid](...)`` (compiling if
 needed) and its compiled kernel is kept. Off CUDA (the interpreter) or with
 ``GDN_FAST_LAUNCH=0`` every launch takes the plain path. If the direct launch
