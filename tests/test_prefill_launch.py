@@ -55,3 +55,66 @@ def test_fast_launch_is_plain_under_the_interpreter_or_without_params():
 
     FastLaunch(Plain())[(2, 1, 1)](1, 2, K=3)
     assert calls == [((2, 1, 1), (1, 2), {"K": 3})]
+
+
+def test_bind_defers_the_plain_launch():
+    calls = []
+
+    class Plain:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    go = FastLaunch(Plain()).bind((4,), (1, 2), dict(K=3))
+    assert calls == []          # nothing launched at bind time
+    go()
+    assert calls == [((4,), (1, 2), {"K": 3})]
+
+
+class _Param:
+    def __init__(self, name, constexpr=False, default=None):
+        self.name, self.is_constexpr = name, constexpr
+        self.has_default, self.default = default is not None, default
+
+
+class _Compiled:
+    """Stands in for Triton's compiled kernel: ``ck[grid](*args, stream=)``."""
+
+    def __init__(self):
+        self.launched = []
+
+    def __getitem__(self, grid):
+        return lambda *args, stream=None: self.launched.append((grid, args, stream))
+
+
+class _Jit:
+    params = [_Param("x"), _Param("n"), _Param("K", True), _Param("FLAG", True, default=7)]
+
+    def __init__(self):
+        self.compiled = _Compiled()
+        self.plain = 0
+
+    def __getitem__(self, grid):
+        def first(*args, **kw):
+            self.plain += 1
+            return self.compiled
+        return first
+
+
+def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
+    """After the first (compiling) launch of a key, ``bind`` returns a launch with the
+    constexprs in order, defaults filled, tensors as addresses and the stream fixed."""
+    from types import SimpleNamespace
+    from kernels.prefill import launch
+    monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=99))
+    fn = _Jit()
+    fl = FastLaunch(fn)
+    x = torch.zeros(16)
+    fl.bind((3,), (x, 5), dict(K=2))()        # first: the plain path compiles
+    assert fn.plain == 1 and fn.compiled.launched == []
+    go = fl.bind((3,), (x, 5), dict(K=2))
+    assert fn.compiled.launched == []         # bound, not launched
+    go()
+    assert fn.plain == 1
+    assert fn.compiled.launched == [((3, 1, 1), (x.data_ptr(), 5, 2, 7), 99)]

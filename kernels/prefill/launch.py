@@ -55,7 +55,7 @@ def _arg_key(x):
     if x is None:
         return None
     if isinstance(x, torch.Tensor):
-        return (x.dtype, x.data_ptr() % 16 == 0)
+        return (x.dtype, x.data_ptr() % 16 == 0, x.is_cuda)
     if isinstance(x, bool):
         return ("b", x)
     if isinstance(x, int):
@@ -88,8 +88,8 @@ class FastLaunch:
     def bind(self, grid, args, kwargs):
         """A zero-argument callable that launches ``fn[grid](*args, **kwargs)``.
 
-        Everything but the launch itself (the key, the argument order, Triton's
-        handles, the current stream) is done here, so a pipeline can bind its second
+        Everything but the launch itself (the key, the argument order, tensors turned
+        into addresses, Triton's handles, the current stream) is done here, so a pipeline can bind its second
         kernel before launching its first and leave only the launch between the two.
         A key not seen yet binds to :meth:`launch` (compiling on the call)."""
         if not fast_launch_enabled() or len(args) != self._n_plain:
@@ -99,7 +99,11 @@ class FastLaunch:
         ck = self._compiled.get(key)
         if ck is None:
             return lambda: self.launch(grid, args, kwargs)
-        ordered = self._ordered(args, kwargs)
+        # tensors as raw addresses: Triton's C launcher takes an int as is, where a tensor
+        # costs a ``data_ptr()`` call and a ``cuPointerGetAttribute`` driver query each
+        # (the tensors stay referenced by ``args`` until the launch)
+        ordered = [a.data_ptr() if isinstance(a, torch.Tensor) else a
+                   for a in self._ordered(args, kwargs)]
         try:
             runner = ck[tuple(grid) + (1,) * (3 - len(grid))]
         except (TypeError, AttributeError) as e:
