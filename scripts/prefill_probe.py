@@ -33,6 +33,12 @@ CONFIGS = {
     "first_inline": PrefillConfig(first_chunk_inline=True),
     "solve_tf32": PrefillConfig(intra_solve_precision="tf32"),
     "solve_bf16": PrefillConfig(intra_solve_precision="bf16"),
+    "offdiag_tf32": PrefillConfig(intra_offdiag_precision="tf32"),
+    "rows": PrefillConfig(intra_solve_diag="rows"),
+    "rows_offdiag_tf32": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="tf32"),
+    "precise": PrefillConfig(storage="precise", intra_precision="bf16x2",
+                             walk_precision="bf16x2", inline_precision="bf16x2"),
+    "walk_x2": PrefillConfig(walk_precision="bf16x2", inline_precision="bf16x2"),
 }
 CPS = {}
 CP_CONFIGS = ()

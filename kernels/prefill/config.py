@@ -83,6 +83,14 @@ class PrefillConfig:
             that many blocks of columns (fewer live registers).
         intra_solve_precision: products of the solve; None: ``"ieee"`` (blocks) /
             ``"tf32x3"`` (tile).
+        intra_solve_diag: the ``"blocks"`` solve's four diagonal 16 x 16 inverses:
+            ``"neumann"`` (``(I-D)(I+D^2)(I+D^4)(I+D^8)``, six dependent products each,
+            in ``intra_solve_precision``) or ``"rows"`` (fp32 forward substitution,
+            15 row steps; no intermediate larger than the inverse).
+        intra_offdiag_precision: products of the ``"blocks"`` solve's off-diagonal
+            blocks ``T_IJ = -T_II sum A_IK T_KJ`` (None: ``intra_solve_precision``).
+            Their operands are bounded by the inverse itself, unlike the Neumann
+            powers, so one tensor-core pass (``"tf32"``) keeps ~1e-3 relative error.
         intra_maxnreg, walk_maxnreg: register cap per thread of the intra-chunk kernel /
             the fused walk (None: the compiler's choice, 255 for the intra kernel).
         cp_combine: how CP finds each segment's entering state: ``"inline"`` (each
@@ -148,6 +156,8 @@ class PrefillConfig:
     intra_precision: str = "bf16"
     intra_col_blocks: int = 2
     intra_solve_precision: Optional[str] = None
+    intra_solve_diag: str = "neumann"
+    intra_offdiag_precision: Optional[str] = None
     intra_maxnreg: Optional[int] = None
     walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
@@ -183,6 +193,12 @@ class PrefillConfig:
             if getattr(self, f) not in PRECISIONS:
                 raise ValueError(f"{f} must be one of {', '.join(PRECISIONS)}, "
                                  f"got {getattr(self, f)!r}")
+        if self.intra_solve_diag not in ("neumann", "rows"):
+            raise ValueError(f"intra_solve_diag must be 'neumann' or 'rows', "
+                             f"got {self.intra_solve_diag!r}")
+        if self.intra_offdiag_precision not in (None,) + PRECISIONS:
+            raise ValueError(f"intra_offdiag_precision must be None or one of {PRECISIONS}, "
+                             f"got {self.intra_offdiag_precision!r}")
         if self.intra_solve_precision not in (None,) + PRECISIONS:
             raise ValueError(f"intra_solve_precision must be None or one of {PRECISIONS}, "
                              f"got {self.intra_solve_precision!r}")

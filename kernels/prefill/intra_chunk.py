@@ -141,6 +141,23 @@ def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def _inv_unit_lower_rows(p_At, I: tl.constexpr, n_t, H: tl.constexpr, BT: tl.constexpr,
+                         BC: tl.constexpr):
+    """``(I + A_II)^-1`` of diagonal block ``I`` of the scratch by forward substitution:
+    row ``i`` is ``e_i - sum_{j<i} A_ij T_j``, rows of ``A`` loaded from the scratch.
+    No intermediate grows beyond the inverse itself (a Neumann product's powers of
+    ``A`` can reach binomial sizes on correlated keys), fp32 throughout."""
+    o_c = tl.arange(0, BC)
+    b_T = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)   # rows not yet done: e_i
+    for i in tl.static_range(1, BC):
+        b_a = tl.load(p_At + (I * BC + i) * (H * BT) + I * BC + o_c,
+                      mask=(o_c < i) & (I * BC + i < n_t), other=0.0)
+        b_t = tl.sum(b_a[:, None] * b_T, axis=0)              # sum_j A_ij T_j
+        b_T = tl.where(o_c[:, None] == i, b_T - b_t[None, :], b_T)
+    return b_T
+
+
+@triton.jit
 def solve_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BT, BT]`` tile (``BT = 4 BC``), in registers.
 
@@ -221,6 +238,9 @@ def intra_chunk_kernel(
                                         # may be placed (.pdl); "": never
     EMPTY_STATE: tl.constexpr = False,  # FIRST_STEP with no walk after it: an empty
                                         # sequence's program writes its final state (h0)
+    SOLVE_DIAG: tl.constexpr = "neumann",  # "blocks" solve's diagonal 16x16 inverses:
+                                           # "neumann" products or "rows" substitution
+    OFFDIAG_PREC: tl.constexpr = "",    # "blocks" solve's off-diagonal products ("": SOLVE_PREC)
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER == "start")
@@ -298,11 +318,17 @@ def intra_chunk_kernel(
         b_A30 = _blk(p_At, 3, 0, n_t, H, BT, BC)
         b_A31 = _blk(p_At, 3, 1, n_t, H, BT, BC)
         b_A32 = _blk(p_At, 3, 2, n_t, H, BT, BC)
-        SP: tl.constexpr = SOLVE_PREC
-        b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC, SP)
-        b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC, SP)
-        b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC, SP)
-        b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC, SP)
+        SP: tl.constexpr = OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC
+        if SOLVE_DIAG == "rows":
+            b_T00 = _inv_unit_lower_rows(p_At, 0, n_t, H, BT, BC)
+            b_T11 = _inv_unit_lower_rows(p_At, 1, n_t, H, BT, BC)
+            b_T22 = _inv_unit_lower_rows(p_At, 2, n_t, H, BT, BC)
+            b_T33 = _inv_unit_lower_rows(p_At, 3, n_t, H, BT, BC)
+        else:
+            b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC, SOLVE_PREC)
+            b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC, SOLVE_PREC)
+            b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC, SOLVE_PREC)
+            b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC, SOLVE_PREC)
         b_T10 = -_mm(_mm(b_T11, b_A10, SP), b_T00, SP)
         b_T21 = -_mm(_mm(b_T22, b_A21, SP), b_T11, SP)
         b_T32 = -_mm(_mm(b_T33, b_A32, SP), b_T22, SP)
@@ -403,7 +429,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
                     maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
                     stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
-                    defer: bool = False):
+                    defer: bool = False, solve_diag: str = "neumann",
+                    offdiag_precision: Optional[str] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -428,6 +455,10 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     program per (chunk, head, column block): smaller programs. ``pdl_trigger``
     (``"start"``, ``"end"`` or ``""``): where each program lets a PDL-launched next kernel
     be placed (:mod:`.pdl`).
+    ``solve_diag`` (``"blocks"`` solve): the diagonal 16 x 16 inverses by Neumann
+    products (``"neumann"``) or forward substitution over rows (``"rows"``);
+    ``offdiag_precision``: precision of the off-diagonal block products (None: as
+    ``solve_precision``).
     ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
@@ -477,6 +508,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision,
                 OUT_PREC=out_precision, SOLVE=solve,
                 SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve], COL_BLOCKS=cb,
+                SOLVE_DIAG=solve_diag, OFFDIAG_PREC=offdiag_precision or "",
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, num_warps=num_warps,
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))

@@ -124,6 +124,7 @@ def _intra(cfg: PrefillConfig) -> dict:
     return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
                 out_precision=cfg.intra_precision, col_blocks=cfg.intra_col_blocks,
                 solve_precision=cfg.intra_solve_precision, maxnreg=cfg.intra_maxnreg,
+                solve_diag=cfg.intra_solve_diag, offdiag_precision=cfg.intra_offdiag_precision,
                 split=cfg.intra_split and cfg.solve == "blocks" and not cfg.first_chunk_inline,
                 num_warps=cfg.intra_warps)
 
