@@ -31,8 +31,6 @@ CONFIGS = {
     "iw8nreg128": PrefillConfig(intra_warps=8, intra_maxnreg=128),
     "walk128w8": PrefillConfig(walk_BV=128, walk_warps=8),
     "first_inline": PrefillConfig(first_chunk_inline=True),
-    "solve_tf32": PrefillConfig(intra_solve_precision="tf32"),
-    "solve_bf16": PrefillConfig(intra_solve_precision="bf16"),
     "offdiag_tf32": PrefillConfig(intra_offdiag_precision="tf32"),
     "rows": PrefillConfig(intra_solve_diag="rows"),
     "rows_offdiag_tf32": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="tf32"),

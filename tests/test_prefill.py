@@ -115,7 +115,8 @@ def test_config_levers_keep_results(variant, options):
     assert_ok(gdn_prefill(**x, variant=variant, config=compact, **options), ref)
     for other in (PrefillConfig(solve="blocks", storage="precise"),
                   PrefillConfig(first_chunk_inline=True), PrefillConfig(stack_wp=True),
-                  PrefillConfig(intra_split=True),
+                  PrefillConfig(intra_split=True), PrefillConfig(intra_solve_diag="rows"),
+                  PrefillConfig(intra_offdiag_precision="tf32"),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):
         assert_ok(gdn_prefill(**x, variant=variant, config=other, **options), ref)
@@ -214,17 +215,37 @@ def test_workspace_bytes(seg, combine, solve, expected):
     assert workspace_bytes(128, 1, 2, 16, seg, "compact", combine, solve) == expected
 
 
-@pytest.mark.parametrize("BV, programs, short, expected", [
-    pytest.param(64, 912, True, (4, 2, 1), id="57x64-short-wide"),
-    pytest.param(64, 256, True, (4, 2, 1), id="16x256-short-wide"),
-    pytest.param(16, 64, True, (4, 3, None), id="T64-narrow-few"),
-    pytest.param(16, 256, False, (4, 2, None), id="4x1024-narrow-many"),
-    pytest.param(16, 64, False, (4, 3, None), id="T2048-narrow-few"),
-    pytest.param(64, 144, False, (8, 3, None), id="T8192-cp-wide"),
+@pytest.mark.parametrize("BV, programs, short, precise, expected", [
+    pytest.param(64, 912, True, False, (4, 2, 1), id="57x64-short-wide"),
+    pytest.param(64, 256, True, False, (4, 2, 1), id="16x256-short-wide"),
+    pytest.param(16, 64, True, False, (4, 3, None), id="T64-narrow-few"),
+    pytest.param(16, 256, False, False, (4, 2, None), id="4x1024-narrow-many"),
+    pytest.param(16, 64, False, False, (4, 3, None), id="T2048-narrow-few"),
+    pytest.param(64, 144, False, False, (8, 3, None), id="T8192-cp-wide"),
+    pytest.param(64, 144, False, True, (8, 2, None), id="T8192-cp-wide-precise"),
+    pytest.param(16, 64, False, True, (4, 2, None), id="T2048-narrow-few-precise"),
 ])
-def test_walk_launch_rule(BV, programs, short, expected):
+def test_walk_launch_rule(BV, programs, short, precise, expected):
     from kernels.prefill.config import walk_launch_rule
-    assert walk_launch_rule(BV, programs, 132, short) == expected
+    assert walk_launch_rule(BV, programs, 132, short, precise) == expected
+
+
+@pytest.mark.parametrize("options, message", [
+    pytest.param(dict(intra_solve_precision="tf32"), "unsafe for the Neumann", id="neumann-tf32"),
+    pytest.param(dict(intra_solve_precision="bf16", solve="tile"), "unsafe for the Neumann",
+                 id="tile-bf16"),
+    pytest.param(dict(intra_solve_diag="lu"), "intra_solve_diag", id="diag-unknown"),
+    pytest.param(dict(intra_offdiag_precision="fp8"), "intra_offdiag_precision",
+                 id="offdiag-unknown"),
+])
+def test_solve_options_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        PrefillConfig(**options)
+
+
+def test_one_pass_products_allowed_with_row_substitution():
+    cfg = PrefillConfig(intra_solve_diag="rows", intra_solve_precision="tf32")
+    assert cfg.name == "intra_solve_precision=tf32,intra_solve_diag=rows"
 
 
 def test_unpipelined_walk_needs_a_wide_tile():

@@ -82,7 +82,9 @@ class PrefillConfig:
         intra_col_blocks: the intra-chunk kernel's products with ``k``, ``v``, ``q`` in
             that many blocks of columns (fewer live registers).
         intra_solve_precision: products of the solve; None: ``"ieee"`` (blocks) /
-            ``"tf32x3"`` (tile).
+            ``"tf32x3"`` (tile). One-pass ``"tf32"`` / ``"bf16"`` are refused for the
+            Neumann inverses: on correlated keys (:mod:`kernels.stress_inputs`) their
+            errors reached 1e14 on an H200 while the contest inputs looked fine.
         intra_solve_diag: the ``"blocks"`` solve's four diagonal 16 x 16 inverses:
             ``"neumann"`` (``(I-D)(I+D^2)(I+D^4)(I+D^8)``, six dependent products each,
             in ``intra_solve_precision``) or ``"rows"`` (fp32 forward substitution,
@@ -202,6 +204,15 @@ class PrefillConfig:
         if self.intra_solve_precision not in (None,) + PRECISIONS:
             raise ValueError(f"intra_solve_precision must be None or one of {PRECISIONS}, "
                              f"got {self.intra_solve_precision!r}")
+        if (self.intra_solve_precision in ("tf32", "bf16") and not
+                (self.solve == "blocks" and self.intra_solve_diag == "rows")):
+            # Measured (H200, scripts/prefill_solve_stress.py): on correlated keys the Neumann
+            # powers reach binomial sizes and one-pass products lose everything (output
+            # errors up to 1e14 / inf); on the contest inputs they looked harmless.
+            raise ValueError(f"intra_solve_precision={self.intra_solve_precision!r} (one "
+                             "tensor-core pass) is unsafe for the Neumann inverses: output "
+                             "errors up to 1e14 on correlated keys; use 'ieee', 'tf32x3', "
+                             "'bf16x2', or intra_solve_diag='rows'")
         for f in ("intra_maxnreg", "walk_maxnreg"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or not 32 <= v <= 255):
@@ -290,7 +301,8 @@ def walk_stages_rule(BV: int, programs: int, n_sm: int) -> int:
 SHORT_WALK_CHUNKS = 4
 
 
-def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool):
+def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool,
+                     precise: bool = False):
     """``(num_warps, num_stages, loop_stages)`` of the fused walk / CP phase C when the
     config leaves them None.
 
@@ -301,11 +313,14 @@ def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool):
     probe 14): 57x64 walk 54.9 -> 46.0 us, 16x256 33.3 -> 28.7. Otherwise
     :func:`walk_warps_rule`, :func:`walk_stages_rule` and the launch's stages for the
     loop. (An unpipelined loop at width 16 or 32 hit an illegal memory access on
-    triton 3.6, H200: see :class:`PrefillConfig`.)
+    triton 3.6, H200: see :class:`PrefillConfig`.) ``precise``: the ``"precise"``
+    storage (``w`` as a bf16 pair, fp32 ``u`` / ``ob``) -- at most 2 stages: with 3 the
+    CP walk at width 64 asked for 265 KB of shared memory (H200: 227 KB per block).
     """
     if short and BV >= 64:
         return 4, 2, 1
-    return walk_warps_rule(BV), walk_stages_rule(BV, programs, n_sm), None
+    stages = walk_stages_rule(BV, programs, n_sm)
+    return walk_warps_rule(BV), min(stages, 2) if precise else stages, None
 
 
 def walk_warps_rule(BV: int) -> int:

@@ -261,7 +261,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     trigger = cfg.pdl_trigger if cfg.pdl else ""
     programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
     short = seg == 0 and T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
-    warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short)
+    warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short,
+                                                  precise=cfg.storage == "precise")
     loop_stages = cfg.walk_loop_stages or loop_stages
     if loop_stages == 1 and BV < 64:
         raise ValueError(f"walk_loop_stages=1 needs a walk tile of at least 64 columns, got "
