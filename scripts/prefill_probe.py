@@ -37,6 +37,11 @@ CONFIGS = {
     "precise": PrefillConfig(storage="precise", intra_precision="bf16x2",
                              walk_precision="bf16x2", inline_precision="bf16x2"),
     "walk_x2": PrefillConfig(walk_precision="bf16x2", inline_precision="bf16x2"),
+    "storage_precise": PrefillConfig(storage="precise"),
+    "storage_precise_walk_x2": PrefillConfig(storage="precise", walk_precision="bf16x2",
+                                             inline_precision="bf16x2"),
+    "intra_x2_walk_x2": PrefillConfig(intra_precision="bf16x2", walk_precision="bf16x2",
+                                      inline_precision="bf16x2"),
 }
 CPS = {}
 CP_CONFIGS = ()

@@ -28,6 +28,12 @@ PRECISE = dict(storage="precise", intra_precision="bf16x2", walk_precision="bf16
 CONFIGS = {
     "neumann-ieee (default)": PrefillConfig(),
     "precise": PrefillConfig(**PRECISE),
+    "walk-x2": PrefillConfig(walk_precision="bf16x2", inline_precision="bf16x2"),
+    "storage-precise": PrefillConfig(storage="precise"),
+    "storage-precise walk-x2": PrefillConfig(storage="precise", walk_precision="bf16x2",
+                                             inline_precision="bf16x2"),
+    "intra-x2 walk-x2": PrefillConfig(intra_precision="bf16x2", walk_precision="bf16x2",
+                                      inline_precision="bf16x2"),
     "precise rows offdiag-tf32": PrefillConfig(intra_solve_diag="rows",
                                                intra_offdiag_precision="tf32", **PRECISE),
     # (one-pass "tf32" / "bf16" Neumann inverses were measured here at 9167759 --
@@ -46,6 +52,8 @@ LENS = {"8x64": [64] * 8, "300+64": [300, 64]}
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="solve_stress.csv")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), help="subset of CONFIGS")
+    ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
     for name, fn in PEERS.items():
         if not fn:
@@ -55,10 +63,11 @@ def main():
         for lname, lens in LENS.items():
             x = make_prefill_stress_inputs(lens, CONTEST, spread=spread, device="cuda")
             ref = prefill_reference(**x)
-            calls = {f"ours {c}": (lambda cfg=cfg: gdn_prefill(**x, variant="fused", config=cfg))
-                     for c, cfg in CONFIGS.items()}
+            calls = {f"ours {c}": (lambda cfg=CONFIGS[c]: gdn_prefill(**x, variant="fused",
+                                                                      config=cfg))
+                     for c in args.configs}
             for name, fn in PEERS.items():
-                if fn:
+                if fn and not args.no_peers:
                     calls[name] = lambda fn=fn: fn(**x)
             for cname, call in calls.items():
                 r = check_outputs(call(), ref)
