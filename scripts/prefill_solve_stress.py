@@ -12,30 +12,28 @@ from __future__ import annotations
 
 import argparse
 import csv
+from dataclasses import replace
 
 import torch
 
 from kernels.checks import check_outputs
 from kernels.peers import prefill_impls
-from kernels.prefill import PrefillConfig, gdn_prefill
+from kernels.prefill import ACCURATE_CONFIG, PrefillConfig, gdn_prefill
 from kernels.reference import prefill_reference
 from kernels.spec import CONTEST
 from kernels.stress_inputs import make_prefill_stress_inputs
 
-#: accurate end to end: fp32-like intermediates and bf16x2 (~fp32) products everywhere
-PRECISE = dict(storage="precise", intra_precision="bf16x2", walk_precision="bf16x2",
-               inline_precision="bf16x2")
 CONFIGS = {
     "neumann-ieee (default)": PrefillConfig(),
-    "precise": PrefillConfig(**PRECISE),
+    "precise": ACCURATE_CONFIG,
     "walk-x2": PrefillConfig(walk_precision="bf16x2", inline_precision="bf16x2"),
     "storage-precise": PrefillConfig(storage="precise"),
     "storage-precise walk-x2": PrefillConfig(storage="precise", walk_precision="bf16x2",
                                              inline_precision="bf16x2"),
     "intra-x2 walk-x2": PrefillConfig(intra_precision="bf16x2", walk_precision="bf16x2",
                                       inline_precision="bf16x2"),
-    "precise rows offdiag-tf32": PrefillConfig(intra_solve_diag="rows",
-                                               intra_offdiag_precision="tf32", **PRECISE),
+    "precise rows offdiag-tf32": replace(ACCURATE_CONFIG, intra_solve_diag="rows",
+                                         intra_offdiag_precision="tf32"),
     # (one-pass "tf32" / "bf16" Neumann inverses were measured here at 9167759 --
     #  results/nvidia-h200/dev_checks/prefill_solve_stress_9167759.csv: errors up to 1e14 --
     #  and PrefillConfig refuses them since)

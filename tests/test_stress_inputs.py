@@ -16,15 +16,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.checks import check_outputs  # noqa: E402
-from kernels.prefill import PrefillConfig, gdn_prefill  # noqa: E402
+from kernels.prefill import ACCURATE_CONFIG, PrefillConfig, gdn_prefill  # noqa: E402
 from kernels.reference import prefill_reference  # noqa: E402
 from kernels.spec import CONTEST, GDNShape, make_prefill_inputs  # noqa: E402
 from kernels.stress_inputs import make_prefill_stress_inputs  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 S32 = GDNShape(2, 4, 32)
-PRECISE = PrefillConfig(storage="precise", intra_precision="bf16x2", walk_precision="bf16x2",
-                        inline_precision="bf16x2")
+PRECISE = ACCURATE_CONFIG
 
 
 @pytest.mark.parametrize("spread, lens", [

@@ -23,14 +23,14 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .chunk_index import BT
-from .config import DEFAULT_CONFIG, PrefillConfig, sweep_configs
+from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig, sweep_configs
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
                        prefill_no_sync, prefill_unfused)
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
            "plan_fused", "graph_cache_info", "clear_graph_cache", "PrefillConfig",
-           "DEFAULT_CONFIG", "sweep_configs"]
+           "DEFAULT_CONFIG", "ACCURATE_CONFIG", "sweep_configs"]
 
 VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
 
