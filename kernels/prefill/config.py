@@ -132,7 +132,9 @@ class PrefillConfig:
         single_launch: when every sequence fits one chunk (``T <= 64``, no CP), the
             intra-chunk program also walks its chunk (as ``first_chunk_inline``) and the
             walk kernel is not launched: one launch per call; empty sequences' final
-            states are written by their (otherwise idle) intra-chunk programs.
+            states are written by their (otherwise idle) intra-chunk programs. Off by
+            default: on an H200 (probe 17, docs/notes.md) it was slower in graph replay
+            (T=6 15.8 -> 21.0 us) and eager (20.7 -> 22.7) than two bound launches.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
