@@ -42,9 +42,13 @@ CONFIGS = {
                                              inline_precision="bf16x2"),
     "intra_x2_walk_x2": PrefillConfig(intra_precision="bf16x2", walk_precision="bf16x2",
                                       inline_precision="bf16x2"),
+    "cpk_bv16": PrefillConfig(cp_combine="kernel", walk_BV=16),
+    "cpk_bv32": PrefillConfig(cp_combine="kernel", walk_BV=32),
+    "cpk_bv64": PrefillConfig(cp_combine="kernel", walk_BV=64),
+    "cpi_bv32": PrefillConfig(walk_BV=32),
 }
-CPS = {}
-CP_CONFIGS = ()
+CPS = {"T8192": [None, 8, 32]}
+CP_CONFIGS = ("cpk_bv16", "cpk_bv32", "cpk_bv64", "cpi_bv32")
 
 
 def short(name: str) -> str:
