@@ -98,6 +98,8 @@ class PrefillConfig:
         cp_combine: how CP finds each segment's entering state: ``"inline"`` (each
             phase-C program chains the transitions of the segments before it: 3
             launches) or ``"kernel"`` (a separate serial combine kernel: 4 launches).
+        cp_chain_precision: products ``M_s @ S`` of the inline CP chain (phase C applying
+            the earlier segments' transitions; :mod:`.dots` names).
         first_chunk_inline: without CP, the intra-chunk program of each sequence's
             first chunk also walks that chunk (outputs and the state after it), so
             one-chunk sequences never reach the walk kernel and longer ones start at
@@ -165,6 +167,7 @@ class PrefillConfig:
     intra_maxnreg: Optional[int] = None
     walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
+    cp_chain_precision: str = "tf32x3"
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
     single_launch: bool = False
@@ -193,7 +196,7 @@ class PrefillConfig:
             raise ValueError(f"storage must be 'precise' or 'compact', got {self.storage!r}")
         if self.solve not in ("tile", "blocks"):
             raise ValueError(f"solve must be 'tile' or 'blocks', got {self.solve!r}")
-        for f in ("walk_precision", "inline_precision", "intra_precision"):
+        for f in ("walk_precision", "inline_precision", "intra_precision", "cp_chain_precision"):
             if getattr(self, f) not in PRECISIONS:
                 raise ValueError(f"{f} must be one of {', '.join(PRECISIONS)}, "
                                  f"got {getattr(self, f)!r}")

@@ -47,7 +47,7 @@ from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
                      walk_tile_rule)
-from .context_parallel import (COMBINE_DOT_PRECISION, cp_segment_chunks, segment_combine_fwd,
+from .context_parallel import (cp_segment_chunks, segment_combine_fwd,
                                sm_count)
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
@@ -298,7 +298,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     if cfg.cp_combine == "inline":
         go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
                                  summary=summary, chain=True, output=o, final_state=ht,
-                                 seg_t=seg_t, chain_precision=COMBINE_DOT_PRECISION,
+                                 seg_t=seg_t, chain_precision=cfg.cp_chain_precision,
                                  defer=True, **walk)
         go_intra()
         go_summary()
