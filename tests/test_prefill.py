@@ -117,6 +117,7 @@ def test_config_levers_keep_results(variant, options):
                   PrefillConfig(first_chunk_inline=True), PrefillConfig(stack_wp=True),
                   PrefillConfig(intra_split=True), PrefillConfig(intra_solve_diag="rows"),
                   PrefillConfig(intra_offdiag_precision="tf32"),
+                  PrefillConfig(cp_chain_precision="tf32x3"),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):
         assert_ok(gdn_prefill(**x, variant=variant, config=other, **options), ref)
@@ -186,10 +187,10 @@ def test_make_prefill_impl_calling_convention():
     pytest.param(S32, [200], False, id=_id(32, [200], torch.int64, False)),
 ])
 def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
-    """CP is exact algebra: with ~fp32 walk products it matches the plain walk to 1e-4;
-    the default bf16 walk products only need to pass the contest check."""
+    """CP is exact algebra: with ~fp32 walk and chain products it matches the plain walk
+    to 1e-4; the default bf16 products only need to pass the contest check."""
     x, ref = case(shape, lens, torch.int64, with_state)
-    precise = PrefillConfig(walk_precision="bf16x2")
+    precise = PrefillConfig(walk_precision="bf16x2", cp_chain_precision="tf32x3")
     off = gdn_prefill(**x, variant="fused", cp=False, config=precise)
     assert_ok(off, ref)
     for seg, combine in ((1, "inline"), (2, "inline"), (2, "kernel")):
@@ -237,6 +238,7 @@ def test_walk_launch_rule(BV, programs, short, precise, expected):
     pytest.param(dict(intra_solve_diag="lu"), "intra_solve_diag", id="diag-unknown"),
     pytest.param(dict(intra_offdiag_precision="fp8"), "intra_offdiag_precision",
                  id="offdiag-unknown"),
+    pytest.param(dict(cp_chain_precision="tf32"), "cp_chain_precision", id="chain-tf32"),
 ])
 def test_solve_options_refused(options, message):
     with pytest.raises(ValueError, match=message):

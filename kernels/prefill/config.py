@@ -99,7 +99,12 @@ class PrefillConfig:
             phase-C program chains the transitions of the segments before it: 3
             launches) or ``"kernel"`` (a separate serial combine kernel: 4 launches).
         cp_chain_precision: products ``M_s @ S`` of the inline CP chain (phase C applying
-            the earlier segments' transitions; :mod:`.dots` names).
+            the earlier segments' transitions): ``"bf16"`` (default), ``"bf16x2"`` or
+            ``"tf32x3"`` (~fp32; ``"tf32"`` / ``"ieee"`` operands ran out of shared memory
+            at width 64). Measured on an H200 (probe 23, docs/notes.md): T=8192 207.5 ->
+            189.5 us graph from tf32x3 to bf16, and the same errors to the 4th digit on
+            contest and hard inputs (the walk already rounds the state to bf16 for its
+            products every chunk).
         first_chunk_inline: without CP, the intra-chunk program of each sequence's
             first chunk also walks that chunk (outputs and the state after it), so
             one-chunk sequences never reach the walk kernel and longer ones start at
@@ -167,7 +172,7 @@ class PrefillConfig:
     intra_maxnreg: Optional[int] = None
     walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
-    cp_chain_precision: str = "tf32x3"
+    cp_chain_precision: str = "bf16"
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
     single_launch: bool = False
@@ -196,7 +201,10 @@ class PrefillConfig:
             raise ValueError(f"storage must be 'precise' or 'compact', got {self.storage!r}")
         if self.solve not in ("tile", "blocks"):
             raise ValueError(f"solve must be 'tile' or 'blocks', got {self.solve!r}")
-        for f in ("walk_precision", "inline_precision", "intra_precision", "cp_chain_precision"):
+        if self.cp_chain_precision not in ("bf16", "bf16x2", "tf32x3"):
+            raise ValueError(f"cp_chain_precision must be 'bf16', 'bf16x2' or 'tf32x3' (fp32 "
+                             f"operands ran out of shared memory), got {self.cp_chain_precision!r}")
+        for f in ("walk_precision", "inline_precision", "intra_precision"):
             if getattr(self, f) not in PRECISIONS:
                 raise ValueError(f"{f} must be one of {', '.join(PRECISIONS)}, "
                                  f"got {getattr(self, f)!r}")
@@ -277,7 +285,8 @@ DEFAULT_CONFIG = PrefillConfig()
 #: it costs 1.4-1.9x the default's graph time (T=64 17.9 -> 25.3 us, T=2048 61.9 -> 112.7,
 #: T=8192 209 -> 385, 57x64 90 -> 168).
 ACCURATE_CONFIG = PrefillConfig(storage="precise", intra_precision="bf16x2",
-                                walk_precision="bf16x2", inline_precision="bf16x2")
+                                walk_precision="bf16x2", inline_precision="bf16x2",
+                                cp_chain_precision="tf32x3")
 
 
 def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:

@@ -58,7 +58,8 @@ __all__ = ["CP_MIN_AVG_CHUNKS", "cp_segment_chunks", "segment_combine_kernel", "
 
 #: Average chunks per sequence from which CP is considered.
 CP_MIN_AVG_CHUNKS = 64
-#: ``input_precision`` of ``M_s @ S`` in phase B (3 tf32 passes: ~fp32 accuracy).
+#: ``input_precision`` of ``M_s @ S`` in the phase-B combine kernel (3 tf32 passes: ~fp32
+#: accuracy); the inline chain of phase C takes ``PrefillConfig.cp_chain_precision``.
 COMBINE_DOT_PRECISION = "tf32x3"
 
 
