@@ -46,12 +46,11 @@ CONFIGS = {
     "cpk_bv32": PrefillConfig(cp_combine="kernel", walk_BV=32),
     "cpk_bv64": PrefillConfig(cp_combine="kernel", walk_BV=64),
     "cpi_bv32": PrefillConfig(walk_BV=32),
-    "chain_tf32": PrefillConfig(cp_chain_precision="tf32"),
     "chain_bf16x2": PrefillConfig(cp_chain_precision="bf16x2"),
-    "chain_bf16": PrefillConfig(cp_chain_precision="bf16"),
+    "chain_tf32x3": PrefillConfig(cp_chain_precision="tf32x3"),
 }
-CPS = {"T8192": [None, 8, 32]}
-CP_CONFIGS = ("cpk_bv16", "cpk_bv32", "cpk_bv64", "cpi_bv32", "chain_tf32")
+CPS = {"T8192": [None, 8, 32], "T2048": [None, 8, 16], "4x1024": [None, 8]}
+CP_CONFIGS = ("default", "cpk_bv16", "cpk_bv32", "cpk_bv64", "cpi_bv32", "chain_bf16x2")
 
 
 def short(name: str) -> str:
