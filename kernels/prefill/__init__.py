@@ -85,7 +85,9 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         cp: context parallelism (``fused``/``graph`` only): None applies the rule
             of :mod:`.context_parallel`, False turns it off, True forces it, an int
             forces segments of that many chunks.
-        config: a :class:`PrefillConfig` (launch levers); None: the defaults.
+        config: a :class:`PrefillConfig` (launch and precision levers); None: the
+            defaults (bf16 intermediates, like FLA and FlashInfer). ``ACCURATE_CONFIG``
+            for long-memory, high-beta inputs (see :mod:`kernels.stress_inputs`).
         BV: shorthand for the state-walk tile width (``walk_BV`` and ``split_BV``
             of ``config``), a power of two in ``[16, D]``.
 
