@@ -4,8 +4,8 @@
 
 For each key spread (:func:`kernels.stress_inputs.make_prefill_stress_inputs`;
 0 = identical keys in a sequence, 1 = nearly independent), each length set and
-each solve config (and FLA / FlashInfer when installed): the ``fused`` variant against the float32 reference under the
-contest rule (max abs error, relative L2 error, pass/fail). Contest inputs hide
+each solve config (and FLA / FlashInfer when installed): the ``fused`` variant
+against the float32 reference under the contest rule (max abs error, relative L2 error, pass/fail). Contest inputs hide
 solve precision problems (``I + A`` is near the identity there); these do not.
 """
 from __future__ import annotations

@@ -447,7 +447,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
     ``FROM_FIRST``); ``whole=True`` (only for ``T <= 64``, where every sequence is one
     chunk): no walk follows, so empty sequences' programs also write their final state
-    (the initial state, or zeros) -- the call is this one launch. ``stack_wp`` (needs ``q``, non-pair storage): ``w`` and ``P``
+    (the initial state, or zeros) -- the call is this one launch. ``stack_wp`` (needs
+    ``q``, non-pair storage): ``w`` and ``P``
     side by side in one ``[T, HV, 2, K]`` tensor (returned as ``w``; ``P`` is then
     None), so the walk multiplies both by the state in one product. ``split``
     (``"blocks"`` solve, no ``first_step``): two launches of the same kernel, (1)

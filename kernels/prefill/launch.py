@@ -89,9 +89,10 @@ class FastLaunch:
         """A zero-argument callable that launches ``fn[grid](*args, **kwargs)``.
 
         Everything but the launch itself (the key, the argument order, tensors turned
-        into addresses, Triton's handles, the current stream) is done here, so a pipeline can bind its second
-        kernel before launching its first and leave only the launch between the two.
-        A key not seen yet binds to :meth:`launch` (compiling on the call)."""
+        into addresses, Triton's handles, the current stream) is done here, so a
+        pipeline can bind its second kernel before launching its first and leave only
+        the launch between the two. A key not seen yet binds to :meth:`launch`
+        (compiling on the call)."""
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return lambda: self.fn[grid](*args, **kwargs)
         key = (torch.cuda.current_device(), tuple(_arg_key(a) for a in args),

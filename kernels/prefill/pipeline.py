@@ -15,7 +15,7 @@ variant         stages                                                       GPU
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
 ``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u`` + the     2 kernels; 3 with CP;
-                                                                             1 with ``single_launch``
+                                                                             1: ``single_launch``
                 output terms ``P``, ``ob``; (2) state walk with the outputs
                 ``P @ S + ob`` inline; with context parallelism (2) becomes
                 segment summaries, then the walk that chains them (a
