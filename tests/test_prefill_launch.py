@@ -118,3 +118,32 @@ def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
     go()
     assert fn.plain == 1
     assert fn.compiled.launched == [((3, 1, 1), (x.data_ptr(), 5, 2, 7), 99)]
+
+
+def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
+    """A ``TypeError`` from the compiled kernel's runner (Triton's internal API moved)
+    turns direct launches off, with a warning, and launches through ``kernel[grid]``."""
+    from types import SimpleNamespace
+    from kernels.prefill import launch
+    monkeypatch.setattr(launch, "_DISABLED_REASON", None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=1))
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "1")
+    monkeypatch.setattr(launch.interpret, "INTERPRET", False)
+
+    class Moved(_Compiled):
+        def __getitem__(self, grid):
+            def runner(*args, stream=None):
+                raise TypeError("runner() got an unexpected keyword argument 'stream'")
+            return runner
+
+    fn = _Jit()
+    fn.compiled = Moved()
+    fl = FastLaunch(fn)
+    x = torch.zeros(16)
+    fl.bind((2,), (x, 3), dict(K=1))()          # compiles (plain path)
+    go = fl.bind((2,), (x, 3), dict(K=1))
+    with pytest.warns(RuntimeWarning, match="direct Triton launches disabled"):
+        go()
+    assert fn.plain == 2                        # the failed direct launch went plain
+    assert not launch.fast_launch_enabled()
