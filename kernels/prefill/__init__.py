@@ -165,26 +165,25 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         use_cp = bool(seg)
     else:
         use_cp = None
-    single = use_cp is False and T <= 64 and DEFAULT_CONFIG.single_launch
+    fused_key = ("fused+cp" if use_cp else
+                 "fused+single" if use_cp is False and T <= BT and DEFAULT_CONFIG.single_launch
+                 else "fused")
     if variant == "graph":
-        inner = LAUNCHES["fused+cp" if use_cp else "fused+single" if single
-                         else "fused"]["kernels"]
+        inner = LAUNCHES[fused_key]["kernels"]
         return dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, graph_launches=1,
                     cp=use_cp, note=f"pack kernel + 1 graph replay ({inner} kernels inside) "
                                     "+ unpack kernel; first call per bucket also captures")
-    key = variant
-    if variant == "fused" and (use_cp or single):
-        key = "fused+cp" if use_cp else "fused+single"
+    key = fused_key if variant == "fused" else variant
     out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
     notes = {
         "unfused": "8 torch gate ops + cumsum, intra, walk, output; cu_seqlens read on host "
                    "twice (validation, chunk table) and the table copied back",
         "fused_gates": "gates+cumsum, intra, walk, output; host-built chunk table as unfused",
         "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup",
-        "fused": "intra (+gates, cumsum) and walk with inline outputs"
-                 + ("; CP: segment summaries, then the walk chaining them" if use_cp else ""),
+        "fused": "intra (+gates, cumsum) and walk with inline outputs",
+        "fused+cp": "intra (+gates, cumsum) and walk with inline outputs; CP: segment "
+                    "summaries, then the walk chaining them",
+        "fused+single": "one kernel: intra (+gates, cumsum) walking each one-chunk sequence",
     }
-    if key == "fused+single":
-        notes["fused"] = "one kernel: intra (+gates, cumsum) walking each one-chunk sequence"
-    out["note"] = notes["fused" if key.startswith("fused") else key]
+    out["note"] = notes[key]
     return out

@@ -95,8 +95,7 @@ class FastLaunch:
         (compiling on the call)."""
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return lambda: self.fn[grid](*args, **kwargs)
-        key = (torch.cuda.current_device(), tuple(_arg_key(a) for a in args),
-               tuple(kwargs.items()))
+        key = self._key(args, kwargs)
         ck = self._compiled.get(key)
         if ck is None:
             return lambda: self.launch(grid, args, kwargs)
@@ -119,6 +118,11 @@ class FastLaunch:
                 self._disable(e)
                 self.fn[grid](*args, **kwargs)
         return go
+
+    @staticmethod
+    def _key(args, kwargs):
+        return (torch.cuda.current_device(), tuple(_arg_key(a) for a in args),
+                tuple(kwargs.items()))
 
     def _ordered(self, args, kwargs):
         ordered = list(args)
@@ -143,8 +147,7 @@ class FastLaunch:
     def launch(self, grid, args, kwargs):
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return self.fn[grid](*args, **kwargs)
-        key = (torch.cuda.current_device(), tuple(_arg_key(a) for a in args),
-               tuple(kwargs.items()))
+        key = self._key(args, kwargs)
         ck = self._compiled.get(key)
         if ck is None:
             ck = self.fn[grid](*args, **kwargs)

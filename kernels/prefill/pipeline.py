@@ -47,8 +47,7 @@ from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
                      walk_tile_rule)
-from .context_parallel import (cp_segment_chunks, segment_combine_fwd,
-                               sm_count)
+from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
 from .output import chunk_output_fwd
