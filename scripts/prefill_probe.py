@@ -48,6 +48,13 @@ CONFIGS = {
     "cpi_bv32": PrefillConfig(walk_BV=32),
     "chain_bf16x2": PrefillConfig(cp_chain_precision="bf16x2"),
     "chain_tf32x3": PrefillConfig(cp_chain_precision="tf32x3"),
+    "tm": PrefillConfig(intermediates="tm"),
+    "tm_bv32": PrefillConfig(intermediates="tm", walk_BV=32),
+    "tm_bv16": PrefillConfig(intermediates="tm", walk_BV=16),
+    "tm_w8": PrefillConfig(intermediates="tm", walk_warps=8),
+    "tm_ls2": PrefillConfig(intermediates="tm", walk_loop_stages=2),
+    "tm_x2": PrefillConfig(intermediates="tm", walk_precision="bf16x2",
+                           inline_precision="bf16x2"),
 }
 CPS = {"T8192": [None, 8, 32], "T2048": [None, 8, 16], "4x1024": [None, 8]}
 CP_CONFIGS = ("default", "cpk_bv16", "cpk_bv32", "cpk_bv64", "cpi_bv32", "chain_bf16x2")

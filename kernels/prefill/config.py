@@ -142,6 +142,16 @@ class PrefillConfig:
             states are written by their (otherwise idle) intra-chunk programs. Off by
             default: on an H200 (probe 17, docs/notes.md) it was slower in graph replay
             (T=6 15.8 -> 21.0 us) and eager (20.7 -> 22.7) than two bound launches.
+        intermediates: what the intra-chunk kernel of the ``fused`` variant hands the
+            walks. ``"wu"``: the WY factors ``w``, ``u`` and the output terms ``P``, ``ob``
+            (``[T, HV, D]`` each); the walk's chain per chunk is ``w @ S``, ``k^T @ v_new``.
+            ``"tm"``: only ``Tb = Tm diag(beta)`` and ``scale * Aqk`` (``[T, HV, 64]`` each):
+            the intra-chunk kernel stops after the solve (no ``[64, 64] x [64, D]``
+            products, a quarter of the bytes), and the walk forms
+            ``v_new = Tb (v - exp(gc) k S)`` and ``o = scale exp(gc) q S + Aqk v_new``
+            itself (one more ``[64, 64] x [64, BV]`` product on its chain per chunk).
+            ``"tm"`` excludes ``first_chunk_inline``, ``single_launch``, ``stack_wp`` and
+            ``intra_split``.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -181,6 +191,7 @@ class PrefillConfig:
     pdl: bool = True
     walk_loop_stages: Optional[int] = None
     pdl_trigger: str = "start"
+    intermediates: str = "wu"
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV"):
@@ -239,6 +250,14 @@ class PrefillConfig:
                              f"got {self.first_chunk_BV}")
         if self.walk_loop_stages is not None and self.walk_loop_stages not in (1, 2, 3, 4):
             raise ValueError(f"walk_loop_stages must be None or 1..4, got {self.walk_loop_stages!r}")
+        if self.intermediates not in ("wu", "tm"):
+            raise ValueError(f"intermediates must be 'wu' or 'tm', got {self.intermediates!r}")
+        if self.intermediates == "tm":
+            clash = [f for f in ("first_chunk_inline", "single_launch", "stack_wp", "intra_split")
+                     if getattr(self, f)]
+            if clash:
+                raise ValueError(f"intermediates='tm' cannot be combined with {', '.join(clash)} "
+                                 f"(they are built on w, u, P, ob)")
         if self.pdl_trigger not in ("start", "end"):
             raise ValueError(f"pdl_trigger must be 'start' or 'end', got {self.pdl_trigger!r}")
         if self.cp_combine not in ("inline", "kernel"):

@@ -241,6 +241,8 @@ def intra_chunk_kernel(
     SOLVE_DIAG: tl.constexpr = "neumann",  # "blocks" solve's diagonal 16x16 inverses:
                                            # "neumann" products or "rows" substitution
     OFFDIAG_PREC: tl.constexpr = "",    # "blocks" solve's off-diagonal products ("": SOLVE_PREC)
+    TM_OUT: tl.constexpr = False,       # store Tb = Tm diag(beta) into w ([T, H, BT]) and
+                                        # scale * Aqk into p ([T, H, BT], OUT_PREP); no step 3
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER == "start")
@@ -355,51 +357,58 @@ def intra_chunk_kernel(
         return
     if PHASE == 1:   # split: Tm stays in the scratch for the second launch
         return
-
-    # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v, and the output terms, in
-    #    COL_BLOCKS blocks of columns (fewer live registers: no [64, K] fp32 pair at once)
-    b_bg = b_beta * tl.exp(b_gc)
-    b_Tw = b_T * b_bg[None, :]
-    b_Tu = b_T * b_beta[None, :]
-    # with OUT_PREP: o = scale (exp(gc) q S0 + Aqk (u - w S0)) = P @ S0 + ob, w, u as stored
-    BKC: tl.constexpr = K // COL_BLOCKS
-    BVC: tl.constexpr = V // COL_BLOCKS
-    o_kc = tl.arange(0, BKC)
-    o_vc = tl.arange(0, BVC)
-    NB: tl.constexpr = 1 if PHASE == 2 else COL_BLOCKS
-    for j_b in tl.static_range(NB):
-        if PHASE == 2:   # split: one column block per program (grid axis 2)
-            i_b = tl.program_id(2)
-        else:
-            i_b = j_b
-        o_qkc = o_r[:, None] * (HQ * K) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of q, k
-        o_wkc = o_r[:, None] * (H * K * WS) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of w, p
-        o_hvc = o_r[:, None] * (H * V) + i_b * BVC + o_vc[None, :]    # [BT, BVC] of v, u, ob
-        b_kc = tl.load(k + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
-        b_w = mm(b_Tw, b_kc, WU_PREC)
-        if W_SPLIT:   # stored as a bf16 hi + lo pair: the walk feeds both to the tensor cores
-            b_wh, b_wl = split(b_w)
-            tl.store(w + (t0 * H + i_h) * K + o_wkc, b_wh, mask=m_r[:, None])
-            tl.store(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wkc, b_wl,
-                     mask=m_r[:, None])
-        else:
-            b_w = b_w.to(w.dtype.element_ty)   # the walk reads w as stored
-            tl.store(w + (t0 * H + i_h) * (K * WS) + o_wkc, b_w, mask=m_r[:, None])
-        b_vc = tl.load(v + (t0 * H + i_h) * V + o_hvc, mask=m_r[:, None], other=0.0)
-        b_u = mm(b_Tu, b_vc, WU_PREC).to(u.dtype.element_ty)
-        tl.store(u + (t0 * H + i_h) * V + o_hvc, b_u, mask=m_r[:, None])
+    if TM_OUT:
+        # the "tm" intermediates: the walk forms v_new = Tb (v - exp(gc) k S) itself
+        tl.store(w + (t0 * H + i_h) * BT + o_at, (b_T * b_beta[None, :]).to(w.dtype.element_ty),
+                 mask=m_r[:, None])
         if OUT_PREP:
-            b_qc = tl.load(q + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
-            b_p = b_qc.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_Aqk, b_w, OUT_PREC)
-            if WP_STACK:   # P next to w: [T, H, 2, K]
-                tl.store(w + K + (t0 * H + i_h) * (2 * K) + o_wkc,
-                         (scale * b_p).to(w.dtype.element_ty), mask=m_r[:, None])
-            else:
-                tl.store(p + (t0 * H + i_h) * K + o_wkc, (scale * b_p).to(p.dtype.element_ty),
-                         mask=m_r[:, None])
-            b_ob = mm(b_Aqk, b_u, OUT_PREC)
-            tl.store(ob + (t0 * H + i_h) * V + o_hvc, (scale * b_ob).to(ob.dtype.element_ty),
+            tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
                      mask=m_r[:, None])
+    else:
+        # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v, and the output terms, in
+        #    COL_BLOCKS blocks of columns (fewer live registers: no [64, K] fp32 pair at once)
+        b_bg = b_beta * tl.exp(b_gc)
+        b_Tw = b_T * b_bg[None, :]
+        b_Tu = b_T * b_beta[None, :]
+        # with OUT_PREP: o = scale (exp(gc) q S0 + Aqk (u - w S0)) = P @ S0 + ob, w, u as stored
+        BKC: tl.constexpr = K // COL_BLOCKS
+        BVC: tl.constexpr = V // COL_BLOCKS
+        o_kc = tl.arange(0, BKC)
+        o_vc = tl.arange(0, BVC)
+        NB: tl.constexpr = 1 if PHASE == 2 else COL_BLOCKS
+        for j_b in tl.static_range(NB):
+            if PHASE == 2:   # split: one column block per program (grid axis 2)
+                i_b = tl.program_id(2)
+            else:
+                i_b = j_b
+            o_qkc = o_r[:, None] * (HQ * K) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of q, k
+            o_wkc = o_r[:, None] * (H * K * WS) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of w, p
+            o_hvc = o_r[:, None] * (H * V) + i_b * BVC + o_vc[None, :]    # [BT, BVC] of v, u, ob
+            b_kc = tl.load(k + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
+            b_w = mm(b_Tw, b_kc, WU_PREC)
+            if W_SPLIT:   # stored as a bf16 hi + lo pair: the walk feeds both to the tensor cores
+                b_wh, b_wl = split(b_w)
+                tl.store(w + (t0 * H + i_h) * K + o_wkc, b_wh, mask=m_r[:, None])
+                tl.store(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wkc, b_wl,
+                         mask=m_r[:, None])
+            else:
+                b_w = b_w.to(w.dtype.element_ty)   # the walk reads w as stored
+                tl.store(w + (t0 * H + i_h) * (K * WS) + o_wkc, b_w, mask=m_r[:, None])
+            b_vc = tl.load(v + (t0 * H + i_h) * V + o_hvc, mask=m_r[:, None], other=0.0)
+            b_u = mm(b_Tu, b_vc, WU_PREC).to(u.dtype.element_ty)
+            tl.store(u + (t0 * H + i_h) * V + o_hvc, b_u, mask=m_r[:, None])
+            if OUT_PREP:
+                b_qc = tl.load(q + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
+                b_p = b_qc.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_Aqk, b_w, OUT_PREC)
+                if WP_STACK:   # P next to w: [T, H, 2, K]
+                    tl.store(w + K + (t0 * H + i_h) * (2 * K) + o_wkc,
+                             (scale * b_p).to(w.dtype.element_ty), mask=m_r[:, None])
+                else:
+                    tl.store(p + (t0 * H + i_h) * K + o_wkc, (scale * b_p).to(p.dtype.element_ty),
+                             mask=m_r[:, None])
+                b_ob = mm(b_Aqk, b_u, OUT_PREC)
+                tl.store(ob + (t0 * H + i_h) * V + o_hvc, (scale * b_ob).to(ob.dtype.element_ty),
+                         mask=m_r[:, None])
     if FIRST_STEP:
         if i_c == 0:
             # the state walk's first step for this sequence, from w, u, P, ob as stored
@@ -430,7 +439,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
                     stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
                     defer: bool = False, solve_diag: str = "neumann",
-                    offdiag_precision: Optional[str] = None):
+                    offdiag_precision: Optional[str] = None, tm_out: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -460,6 +469,12 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     products (``"neumann"``) or forward substitution over rows (``"rows"``);
     ``offdiag_precision``: precision of the off-diagonal block products (None: as
     ``solve_precision``).
+    ``tm_out`` (the ``"tm"`` intermediates of :class:`.config.PrefillConfig`): stop after
+    the solve and store ``Tb = Tm diag(beta)`` ``[T, HV, 64]`` in place of ``w`` and, with
+    ``q``, ``scale * Aqk`` ``[T, HV, 64]`` in place of ``P`` (bf16, or fp32 with
+    ``storage="precise"``); ``u`` and ``ob`` are then None. The walk forms
+    ``v_new = Tb (v - exp(gc) k S)`` and ``o = scale exp(gc) q S + Aqk v_new`` itself
+    (:mod:`.state_walk`, ``TM_FORM``).
     ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
@@ -480,16 +495,26 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         raise ValueError("split needs the 'blocks' solve, no first_step and no stop_after")
     if stack_wp and (w_split or not out_prep or first_step):
         raise ValueError("stack_wp needs q, a non-pair storage of w and no first_step")
-    if w_split:
+    if tm_out and (split or first_step or stack_wp or stop_after):
+        raise ValueError("tm_out needs no split, first_step, stack_wp or stop_after")
+    tm_dtype = torch.float32 if storage == "precise" else torch.bfloat16
+    if tm_out:
+        w_split = False
+        w = torch.empty(T, H, BT, dtype=tm_dtype, device=dev)
+    elif w_split:
         w = torch.empty(2, T, H, K, dtype=torch.bfloat16, device=dev)
     elif stack_wp:
         w = torch.empty(T, H, 2, K, dtype=wu_dtype or st["w"], device=dev)
     else:
         w = torch.empty(T, H, K, dtype=wu_dtype or st["w"], device=dev)
-    u = torch.empty(T, H, V, dtype=wu_dtype or st["u"], device=dev)
     At = torch.empty(T, H, BT, dtype=torch.float32, device=dev) if solve == "blocks" else None
-    P = torch.empty(T, H, K, dtype=st["p"], device=dev) if out_prep and not stack_wp else None
-    ob = torch.empty(T, H, V, dtype=st["ob"], device=dev) if out_prep else None
+    if tm_out:
+        u = ob = None
+        P = torch.empty(T, H, BT, dtype=tm_dtype, device=dev) if out_prep else None
+    else:
+        u = torch.empty(T, H, V, dtype=wu_dtype or st["u"], device=dev)
+        P = torch.empty(T, H, K, dtype=st["p"], device=dev) if out_prep and not stack_wp else None
+        ob = torch.empty(T, H, V, dtype=st["ob"], device=dev) if out_prep else None
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
     fs = dict(first_step or {})
@@ -510,7 +535,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 OUT_PREC=out_precision, SOLVE=solve,
                 SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve], COL_BLOCKS=cb,
                 SOLVE_DIAG=solve_diag, OFFDIAG_PREC=offdiag_precision or "",
-                STOP_AFTER=stop_after, WP_STACK=stack_wp, num_warps=num_warps,
+                STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] == 0:

@@ -275,9 +275,14 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                            device=q.device) if seg else None)
     # every launch is bound (arguments ordered, handles fetched) before the first one:
     # on the eager path the host time between launches is what the GPU waits for
+    tm = cfg.intermediates == "tm"
     w, u, gc, P, ob, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
-        first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, **_intra(cfg))
+        first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
+        **_intra(cfg))
+    if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
+        u = v
+        walk.update(q=q, scale=scale, tm_form=True)
     if single:
         go_intra()
         return o, ht
@@ -293,7 +298,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
         pdl_trigger=trigger if cfg.cp_combine == "inline" else "", BV=cfg.summary_BV,
         num_warps=cfg.summary_warps, wp_stack=stack, num_stages=cfg.summary_stages,
-        dot_precision=cfg.walk_precision, defer=True)
+        dot_precision=cfg.walk_precision, tm_form=tm, defer=True)
     if cfg.cp_combine == "inline":
         go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
                                  summary=summary, chain=True, output=o, final_state=ht,

@@ -144,6 +144,8 @@ def state_walk_kernel(
     v_new,          # [T, H, V] f32 out: residuals (STORE_VNEW) or None
     ht,             # [N, H, V, K] f32 out: final state, k-last (not SUMMARY) or None
     summ,           # [S, H, K, K+V] f32 segment transitions [M | X]: out (SUMMARY), in (CHAIN)
+    q,              # [T, HQ, K] bf16 queries (TM_FORM and FUSE_OUTPUT) or None
+    scale,          # output scale (TM_FORM and FUSE_OUTPUT)
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -171,6 +173,8 @@ def state_walk_kernel(
     PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
     PDL_TRIGGER: tl.constexpr = "",     # "start" / "end": where a PDL-launched next kernel
                                         # may be placed (.pdl); "": never
+    TM_FORM: tl.constexpr = False,      # the "tm" intermediates: w is Tb [T, H, BT], u is
+                                        # the values v, p is scale * Aqk [T, H, BT], ob unused
 ):
     # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
     # exits, so this kernel's completion implies the earlier kernels' completion
@@ -215,6 +219,7 @@ def state_walk_kernel(
     o_qk = o_bt[:, None] * (HQ * K) + o_k[None, :]         # [BT, K] rows of k
     o_wp = (o_bt[:, None, None] * (H * 2 * K) + tl.arange(0, 2)[None, :, None] * K
             + o_k[None, None, :])                          # [BT, 2, K] rows of [w; P]
+    o_tt = o_bt[:, None] * (H * BT) + o_bt[None, :]        # [BT, BT] rows of Tb, Aqk (TM_FORM)
 
     if SUMMARY:
         b_S = tl.where(o_k[:, None] == o_v[None, :], 1.0, 0.0)   # [I | 0]
@@ -255,7 +260,14 @@ def state_walk_kernel(
         m_t = o_bt < (ueos - t0)
         b_u = tl.load(u + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None] & m_u[None, :],
                       other=0.0).to(tl.float32)
-        if WP_STACK and FUSE_OUTPUT:
+        if TM_FORM:
+            # v_new = Tb (v - exp(gc) k S): u holds the values, w holds Tb = Tm diag(beta)
+            b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
+            b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+            b_rhs = b_u - tl.exp(b_gc)[:, None] * mm(b_k, b_S, DOT_PREC)
+            b_tb = tl.load(w + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+            b_v = mm(b_tb, b_rhs, DOT_PREC)
+        elif WP_STACK and FUSE_OUTPUT:
             # [w; P] @ S as one bf16 product: rows (t, 0) = w_t, (t, 1) = P_t
             b_wp = tl.load(w + (t0 * H + i_h) * (2 * K) + o_wp, mask=m_t[:, None, None],
                            other=0.0)
@@ -275,10 +287,18 @@ def state_walk_kernel(
             tl.store(h + (slot_c * H + i_h) * (K * V) + o_kv, b_S)
         if STORE_VNEW:
             tl.store(v_new + (t0 * H + i_h) * V + o_tv, b_v, mask=m_t[:, None])
-        b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
+        if not TM_FORM:
+            b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
+            b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
         b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
-        b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-        if FUSE_OUTPUT:   # o = P @ S + ob (see .intra_chunk)
+        if FUSE_OUTPUT and TM_FORM:   # o = scale exp(gc) q S + Aqk v_new (scale in Aqk)
+            b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+            b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+            b_o = (mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None]
+                   + mm(b_aq, b_v, OUT_PREC))
+            tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty),
+                     mask=m_t[:, None])
+        elif FUSE_OUTPUT:   # o = P @ S + ob (see .intra_chunk)
             b_ob = tl.load(ob + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None], other=0.0)
             if WP_STACK:
                 b_o = b_pS + b_ob.to(tl.float32)
@@ -316,7 +336,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    chain_precision: str = "tf32x3", maxnreg: Optional[int] = None,
                    from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
                    pdl_trigger: str = "", loop_stages: Optional[int] = None,
-                   defer: bool = False):
+                   defer: bool = False, q=None, scale: float = 1.0, tm_form: bool = False):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -329,12 +349,21 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     kernel before it must trigger, :mod:`.pdl`); ``pdl_trigger`` (``"start"``,
     ``"end"`` or ``""``): where each program lets a PDL-launched next kernel be placed.
     ``loop_stages``: pipeline stages of the chunk loop alone (None: ``num_stages``).
+    ``tm_form``: the ``"tm"`` intermediates (:func:`.intra_chunk.intra_chunk_fwd` with
+    ``tm_out``): ``w`` is ``Tb = Tm diag(beta)`` ``[T, HV, 64]``, ``u`` is the values ``v``
+    ``[T, HV, V]``, ``p`` is ``scale * Aqk`` ``[T, HV, 64]`` and, with ``output``, ``q``
+    ``[T, HQ, K]`` and ``scale`` are needed (``ob`` unused): per chunk
+    ``v_new = Tb (v - exp(gc) k S)``, ``o = scale exp(gc) q S + Aqk v_new``.
     Writes into the given output tensors; returns None, or with ``defer`` the bound
     launch (a zero-argument callable, :meth:`.launch.FastLaunch.bind`) without launching.
     """
     T, HQ, K = k.shape
     H, V = u.shape[1], u.shape[2]
     N = cu_seqlens.numel() - 1
+    if tm_form and (wp_stack or w.dim() != 3 or w.shape[2] != BT or
+                    (output is not None and (q is None or p is None))):
+        raise ValueError("tm_form needs w as Tb [T, HV, 64], no wp_stack, and with an output "
+                         "p (scale * Aqk, [T, HV, 64]) and q")
     if wp_stack and output is not None and (dot_precision, out_precision) != ("bf16", "bf16"):
         raise ValueError("wp_stack multiplies w and P by the state in one bf16 product: "
                          "dot_precision and out_precision must be 'bf16'")
@@ -346,12 +375,12 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     trigger = pdl_trigger if pdl_supported(k.device) else ""
     go = _WALK_LAUNCH.bind(grid, (
         p, ob, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
-        summary, T, N), dict(
+        summary, q if tm_form else None, float(scale) if tm_form else 1.0, T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
         USE_H0=initial_state is not None, FROM_S0=s0 is not None, CHAIN=chain,
         STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
-        FROM_FIRST=from_first, WP_STACK=wp_stack,
+        FROM_FIRST=from_first, WP_STACK=wp_stack, TM_FORM=tm_form,
         W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
