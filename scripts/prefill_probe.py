@@ -55,9 +55,18 @@ CONFIGS = {
     "tm_ls2": PrefillConfig(intermediates="tm", walk_loop_stages=2),
     "tm_x2": PrefillConfig(intermediates="tm", walk_precision="bf16x2",
                            inline_precision="bf16x2"),
+    "tm_inreg168": PrefillConfig(intermediates="tm", intra_maxnreg=168),
+    "tm_inreg128": PrefillConfig(intermediates="tm", intra_maxnreg=128),
+    "tm_iw8": PrefillConfig(intermediates="tm", intra_warps=8),
+    "tm_wnreg168": PrefillConfig(intermediates="tm", walk_maxnreg=168),
+    "tm_wnreg128": PrefillConfig(intermediates="tm", walk_maxnreg=128),
+    "tm_bv32_s16": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=16),
+    "tm_bv32_s64": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=64),
+    "tm_tile": PrefillConfig(intermediates="tm", solve="tile"),
 }
 CPS = {"T8192": [None, 8, 32], "T2048": [None, 8, 16], "4x1024": [None, 8]}
-CP_CONFIGS = ("default", "cpk_bv16", "cpk_bv32", "cpk_bv64", "cpi_bv32", "chain_bf16x2")
+CP_CONFIGS = ("default", "cpk_bv16", "cpk_bv32", "cpk_bv64", "cpi_bv32", "chain_bf16x2",
+              "tm_bv32")
 
 
 def short(name: str) -> str:

@@ -300,6 +300,9 @@ def intra_chunk_kernel(
         b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
         b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
         b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
+        if TM_OUT:   # stored now: not live through the solve
+            tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
+                     mask=m_r[:, None])
     if STOP_AFTER == 1:   # instrument: stage timing (keeps A alive through a row sum)
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_A, axis=1), mask=m_r)
         return
@@ -359,11 +362,9 @@ def intra_chunk_kernel(
         return
     if TM_OUT:
         # the "tm" intermediates: the walk forms v_new = Tb (v - exp(gc) k S) itself
+        # (scale * Aqk went to p before the solve)
         tl.store(w + (t0 * H + i_h) * BT + o_at, (b_T * b_beta[None, :]).to(w.dtype.element_ty),
                  mask=m_r[:, None])
-        if OUT_PREP:
-            tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
-                     mask=m_r[:, None])
     else:
         # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v, and the output terms, in
         #    COL_BLOCKS blocks of columns (fewer live registers: no [64, K] fp32 pair at once)
