@@ -63,10 +63,19 @@ CONFIGS = {
     "tm_bv32_s16": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=16),
     "tm_bv32_s64": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=64),
     "tm_tile": PrefillConfig(intermediates="tm", solve="tile"),
+    "tm_s64": PrefillConfig(intermediates="tm", summary_BV=64),
+    "tm_bv32_s128": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=128),
+    "tm_bv32_s64w8": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=64,
+                                   summary_warps=8),
+    "tm_bv32_s128w8": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=128,
+                                    summary_warps=8),
+    "tm_bv32_s64st2": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=64,
+                                    summary_stages=2),
+    "tm_bv128w8": PrefillConfig(intermediates="tm", walk_BV=128, walk_warps=8),
 }
 CPS = {"T8192": [None, 8, 32], "T2048": [None, 8, 16], "4x1024": [None, 8]}
 CP_CONFIGS = ("default", "cpk_bv16", "cpk_bv32", "cpk_bv64", "cpi_bv32", "chain_bf16x2",
-              "tm_bv32")
+              "tm_bv32", "tm_bv32_s64")
 
 
 def short(name: str) -> str:
