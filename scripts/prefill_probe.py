@@ -27,10 +27,11 @@ from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 SHAPES = ["T6", "T64", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"]
 CONFIGS = {
     "default": PrefillConfig(),
-    "single": PrefillConfig(single_launch=True),
+    "wu": PrefillConfig(intermediates="wu"),
+    "single": PrefillConfig(single_launch=True, intermediates="wu"),
     "iw8nreg128": PrefillConfig(intra_warps=8, intra_maxnreg=128),
     "walk128w8": PrefillConfig(walk_BV=128, walk_warps=8),
-    "first_inline": PrefillConfig(first_chunk_inline=True),
+    "first_inline": PrefillConfig(first_chunk_inline=True, intermediates="wu"),
     "offdiag_tf32": PrefillConfig(intra_offdiag_precision="tf32"),
     "rows": PrefillConfig(intra_solve_diag="rows"),
     "rows_offdiag_tf32": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="tf32"),

@@ -114,8 +114,14 @@ def test_config_levers_keep_results(variant, options):
     compact = PrefillConfig(storage="compact")
     assert_ok(gdn_prefill(**x, variant=variant, config=compact, **options), ref)
     for other in (PrefillConfig(solve="blocks", storage="precise"),
-                  PrefillConfig(first_chunk_inline=True), PrefillConfig(stack_wp=True),
-                  PrefillConfig(intra_split=True), PrefillConfig(intra_solve_diag="rows"),
+                  PrefillConfig(intermediates="wu"),
+                  PrefillConfig(intermediates="wu", storage="precise", solve="tile"),
+                  PrefillConfig(intermediates="tm", storage="precise", walk_precision="bf16x2",
+                                inline_precision="bf16x2"),
+                  PrefillConfig(first_chunk_inline=True, intermediates="wu"),
+                  PrefillConfig(stack_wp=True, intermediates="wu"),
+                  PrefillConfig(intra_split=True, intermediates="wu"),
+                  PrefillConfig(intra_solve_diag="rows"),
                   PrefillConfig(intra_offdiag_precision="tf32"),
                   PrefillConfig(cp_chain_precision="tf32x3"),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
@@ -137,7 +143,7 @@ def test_single_launch_matches_reference(shape, lens, cu_dtype, with_state):
     T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
     o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
     st = torch.full((N, HV, D, D), float("nan"), device=DEV)
-    cfg = PrefillConfig(single_launch=True)
+    cfg = PrefillConfig(single_launch=True, intermediates="wu")
     with mock.patch("kernels.prefill.pipeline.state_walk_fwd",
                     side_effect=AssertionError("walk launched")):
         out = gdn_prefill(**x, variant="fused", config=cfg, output=o, output_state=st)
@@ -149,7 +155,8 @@ def test_single_launch_only_up_to_one_chunk():
     x, ref = case(S16, [60, 10], torch.int64, True)
     from kernels.prefill import pipeline
     with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
-        assert_ok(gdn_prefill(**x, variant="fused", config=PrefillConfig(single_launch=True)),
+        assert_ok(gdn_prefill(**x, variant="fused", config=PrefillConfig(single_launch=True,
+                                                                  intermediates="wu")),
                   ref)
     assert walk.call_count == 1
 
@@ -203,17 +210,48 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
                               config=PrefillConfig(cp_combine=combine)), ref)
 
 
-@pytest.mark.parametrize("seg, combine, solve, expected", [
-    # T=128, N=1, HV=2, D=16, compact: per token and head 16 * 8 (w, u, P, ob) + 4 (gc)
+@pytest.mark.parametrize("seg, combine, solve, form, expected", [
+    # T=128, N=1, HV=2, D=16, compact, "wu": per token and head 16 * 8 (w, u, P, ob) + 4 (gc)
     # + 64 * 4 (solve scratch) = 388 B; CP with 1-chunk segments: 3 slots
-    pytest.param(0, "inline", "blocks", 128 * 2 * 388, id="no-cp"),
-    pytest.param(0, "inline", "tile", 128 * 2 * 132, id="no-cp-tile-solve"),
-    pytest.param(1, "inline", "blocks", 128 * 2 * 388 + 3 * 2 * 16 * 32 * 4, id="cp-inline"),
-    pytest.param(1, "kernel", "blocks", 128 * 2 * 388 + 3 * 2 * 16 * 48 * 4, id="cp-kernel"),
+    pytest.param(0, "inline", "blocks", "wu", 128 * 2 * 388, id="no-cp"),
+    pytest.param(0, "inline", "tile", "wu", 128 * 2 * 132, id="no-cp-tile-solve"),
+    pytest.param(1, "inline", "blocks", "wu", 128 * 2 * 388 + 3 * 2 * 16 * 32 * 4,
+                 id="cp-inline"),
+    pytest.param(1, "kernel", "blocks", "wu", 128 * 2 * 388 + 3 * 2 * 16 * 48 * 4,
+                 id="cp-kernel"),
+    # "tm": Tb and Aqk, 2 * 64 * 2 B, + 4 (gc) + 256 (scratch) = 516 B per token and head
+    pytest.param(0, "inline", "blocks", "tm", 128 * 2 * 516, id="tm-no-cp"),
+    pytest.param(1, "inline", "blocks", "tm", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4,
+                 id="tm-cp-inline"),
 ])
-def test_workspace_bytes(seg, combine, solve, expected):
+def test_workspace_bytes(seg, combine, solve, form, expected):
     from kernels.prefill.pipeline import workspace_bytes
-    assert workspace_bytes(128, 1, 2, 16, seg, "compact", combine, solve) == expected
+    assert workspace_bytes(128, 1, 2, 16, seg, "compact", combine, solve, form) == expected
+
+
+@pytest.mark.parametrize("units, V, cp, tm, expected", [
+    pytest.param(57, 128, False, True, 64, id="tm-57x64"),
+    pytest.param(16, 128, False, True, 64, id="tm-16x256"),
+    pytest.param(4, 128, False, True, 32, id="tm-4x1024"),
+    pytest.param(1, 128, False, True, 16, id="tm-T2048"),
+    pytest.param(9, 128, True, True, 32, id="tm-T8192-cp"),
+    pytest.param(4, 128, False, False, 16, id="wu-4x1024"),
+    pytest.param(9, 128, True, False, 64, id="wu-T8192-cp"),
+    pytest.param(57, 16, False, True, 16, id="tm-capped-at-V"),
+])
+def test_walk_tile_rule(units, V, cp, tm, expected):
+    from kernels.prefill.config import walk_tile_rule
+    assert walk_tile_rule(units, 8, V, 132, cp, tm=tm) == expected
+
+
+@pytest.mark.parametrize("lever", ["first_chunk_inline", "single_launch", "stack_wp",
+                                   "intra_split"])
+def test_wu_only_levers_refused_with_tm(lever):
+    with pytest.raises(ValueError, match=f"intermediates='tm' cannot be combined with {lever}"):
+        PrefillConfig(**{lever: True})
+    assert PrefillConfig(**{lever: True}, intermediates="wu").intermediates == "wu"
+    with pytest.raises(ValueError, match="intermediates must be"):
+        PrefillConfig(intermediates="w")
 
 
 @pytest.mark.parametrize("BV, programs, short, precise, expected", [
@@ -261,11 +299,14 @@ def test_unpipelined_walk_needs_a_wide_tile():
 def test_context_parallel_rule():
     """Documented rule: CP only for long average sequences that underfill the SMs."""
     cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
-    assert plan_fused(8192, 1, 8, 128, cpu) == (64, 16)      # 8 segments x 16 chunks
+    assert plan_fused(8192, 1, 8, 128, cpu) == (32, 16)      # 8 segments x 16 chunks
+    wu = PrefillConfig(intermediates="wu")
+    assert plan_fused(8192, 1, 8, 128, cpu, config=wu) == (64, 16)
     assert plan_fused(4096, 1, 8, 128, cpu)[1] == 16
     assert plan_fused(2048, 1, 8, 128, cpu) == (16, 0)       # too short: no CP, narrow tiles
     assert plan_fused(16 * 256, 16, 8, 128, cpu) == (64, 0)  # many programs: wide tiles
-    assert plan_fused(4 * 1024, 4, 8, 128, cpu) == (16, 0)
+    assert plan_fused(4 * 1024, 4, 8, 128, cpu) == (32, 0)   # "tm": 128 programs at 32
+    assert plan_fused(4 * 1024, 4, 8, 128, cpu, config=wu) == (16, 0)
     assert plan_fused(1024, 1, 8, 128, cpu)[1] == 0       # too short
     assert plan_fused(57 * 64, 57, 8, 128, cpu)[1] == 0   # many sequences: enough programs
     assert plan_fused(8192, 1, 8, 128, cpu, cp=False)[1] == 0
@@ -463,8 +504,11 @@ def test_gpu_long_sequence_and_many_sequences(lens, cu_dtype, variant):
     pytest.param([2048], False, {}, id="T2048-walk"),
     pytest.param([8192], None, {}, id="T8192-cp-chain"),
     pytest.param([4096], 16, dict(cp_combine="kernel"), id="T4096-cp-combine-kernel"),
-    pytest.param([64] * 57, False, dict(first_chunk_inline=True), id="57x64-first-chunk"),
-    pytest.param([100, 0, 28], False, dict(intra_split=True), id="100+28-split"),
+    pytest.param([64] * 57, False, dict(first_chunk_inline=True, intermediates="wu"),
+                 id="57x64-first-chunk"),
+    pytest.param([100, 0, 28], False, dict(intra_split=True, intermediates="wu"),
+                 id="100+28-split"),
+    pytest.param([8192], None, dict(intermediates="wu"), id="T8192-cp-chain-wu"),
 ])
 def test_gpu_pdl_launches_give_the_same_bits(lens, cp, options):
     """Programmatic dependent launch changes when kernels start, never what they compute."""

@@ -4,6 +4,11 @@ Every default was measured on an H200 (graph replay, the contest shapes;
 ``scripts/prefill_probe.py``, rows in ``results/nvidia-h200/dev_checks/``,
 the step table in ``docs/notes.md``):
 
+* the ``"tm"`` intermediates: the intra-chunk kernel stops after the solve and hands the
+  walk ``Tb = Tm diag(beta)`` and ``scale * Aqk``; the walk forms ``v_new`` and the
+  outputs from ``k``, ``v``, ``q`` itself (H200, probe 25: intra -40...-45 %, walks
+  equal or faster; graph 57x64 90.0 -> 70.8 us, 16x256 73.5 -> 54.0, T=8192 189.9 ->
+  166.7, then 139.9 with the tm tile widths);
 * intra-chunk kernel: the ``"blocks"`` solve (the register ``"tile"`` solve was
   2x slower), 4 warps (8: slower), products in 2 column blocks, ieee products
   in the 16 x 16 solve (tf32x3 / bf16x2: slower), no register cap (168 / 128:
@@ -19,11 +24,11 @@ the step table in ``docs/notes.md``):
 * programmatic dependent launch of the walks (:mod:`.pdl`), triggered at the start
   of the earlier kernel's programs (-0.5...-3 us; with 2-stage walks ``"start"``
   cost T=2048 +8 us, with the stage rule it does not);
-* CP phase A with 3 stages (T=8192 phase A 56 -> 46 us);
+* CP phase A with 3 stages (T=8192 phase A 56 -> 46 us) at width 64 with ``"tm"``;
 * context parallelism from 64 chunks per sequence, segments by
   :func:`.context_parallel.cp_segment_chunks`, phase C chaining the segment
   transitions itself (3 launches);
-* compact bf16 storage of ``w``, ``u``, ``P``, ``ob``.
+* compact bf16 storage of the intermediates.
 
 Sweep them on the GPU with ``gdn_prefill(..., config=PrefillConfig(...))``;
 :func:`sweep_configs` lists a small grid.
@@ -60,7 +65,9 @@ class PrefillConfig:
         intra_warps: ``num_warps`` of the intra-chunk (+ gates) kernel.
         output_BV, output_warps: the separate output kernel (unfused compositions).
         summary_BV, summary_warps, summary_stages: tile width over the ``K + V``
-            columns, ``num_warps`` and ``num_stages`` of CP phase A (3 stages: ~115 KB
+            columns (None: 64 with the ``"tm"`` intermediates, 32 with ``"wu"``; measured
+            on an H200, T=8192 phase A 50 -> 34 us for ``"tm"`` from 32 to 64), ``num_warps``
+            and ``num_stages`` of CP phase A (3 stages: ~115 KB
             shared memory at D = 128). Stages must be
             >= 2: with 1 the walks hit an illegal memory access on triton 3.6 (H200).
         combine_warps: ``num_warps`` of CP phase B.
@@ -165,7 +172,7 @@ class PrefillConfig:
     intra_warps: int = 4
     output_BV: int = 64
     output_warps: int = 4
-    summary_BV: int = 32
+    summary_BV: Optional[int] = None
     summary_warps: int = 4
     summary_stages: int = 3
     combine_warps: int = 4
@@ -191,14 +198,14 @@ class PrefillConfig:
     pdl: bool = True
     walk_loop_stages: Optional[int] = None
     pdl_trigger: str = "start"
-    intermediates: str = "wu"
+    intermediates: str = "tm"
 
     def __post_init__(self):
-        for f in ("walk_BV", "split_BV"):
+        for f in ("walk_BV", "split_BV", "summary_BV"):
             v = getattr(self, f)
             if v is not None and (not _pow2(v) or v < 16):
                 raise ValueError(f"{f} must be None or a power of two >= 16, got {v}")
-        for f in ("output_BV", "summary_BV"):
+        for f in ("output_BV",):
             v = getattr(self, f)
             if not _pow2(v) or v < 16:
                 raise ValueError(f"{f} must be a power of two >= 16, got {v}")
@@ -289,7 +296,7 @@ class PrefillConfig:
             first_chunk_BV=self.first_chunk_BV if self.first_chunk_BV <= D else 16,
             split_BV=None if self.split_BV is None else min(self.split_BV, D),
             output_BV=min(self.output_BV, D),
-            summary_BV=min(self.summary_BV, 2 * D),
+            summary_BV=None if self.summary_BV is None else min(self.summary_BV, 2 * D),
         )
 
 
@@ -305,13 +312,19 @@ DEFAULT_CONFIG = PrefillConfig()
 #: T=8192 209 -> 385, 57x64 90 -> 168).
 ACCURATE_CONFIG = PrefillConfig(storage="precise", intra_precision="bf16x2",
                                 walk_precision="bf16x2", inline_precision="bf16x2",
-                                cp_chain_precision="tf32x3")
+                                cp_chain_precision="tf32x3", intermediates="wu")
 
 
-def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
+def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool, tm: bool = False) -> int:
     """State tile width of the fused walk when ``walk_BV`` is None.
 
-    With context parallelism 64 (each phase-C program first chains the earlier
+    With the ``"tm"`` intermediates (the default): 32 with CP; otherwise 64 when that
+    launches ``>= 1.5 * n_sm`` programs, 32 when that launches ``>= 0.9 * n_sm``, else
+    16. Measured on an H200 (probes 25-27, docs/notes.md): T=8192 (CP) phase C 91 -> 82 us
+    at 32 vs 64; 4x1024 55 us at 32 vs 64 at 16 or 64; 57x64 and 16x256 best at 64
+    (70.6 / 54.3 vs 72.4 / 56.9 at 32), T=2048 and T <= 512 at 16.
+
+    With ``"wu"``: with context parallelism 64 (each phase-C program first chains the earlier
     segments' ``[K, K]`` transitions: fewer, wider programs repeat that less).
     Otherwise the widest of 64, 32, 16 that still launches ``units * HV * V / BV
     >= 1.5 * n_sm`` programs (a wide tile reads each chunk's ``w``, ``k``, ``P``
@@ -319,6 +332,13 @@ def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
     Measured on an H200 (docs/notes.md): 4x1024 best at 16, 16x256 and 57x64 at
     64, T=8192 with CP at 64. Capped at ``V``.
     """
+    if tm:
+        if cp:
+            return min(32, V)
+        for bv, need in ((64, 1.5), (32, 0.9)):
+            if bv <= V and units * HV * (V // bv) >= need * n_sm:
+                return bv
+        return min(16, V)
     if cp:
         return min(64, V)
     for bv in (64, 32):

@@ -136,7 +136,7 @@ class _Bucket:
         _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
         cfg = config or DEFAULT_CONFIG
         ws = workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage, cfg.cp_combine,
-                             cfg.solve)   # the graph's pool
+                             cfg.solve, cfg.intermediates)   # the graph's pool
         static = sum(t.numel() * t.element_size() for t in self._tensors())
         self.nbytes = static + ws
         self.seg_chunks = seg

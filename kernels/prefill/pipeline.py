@@ -184,13 +184,18 @@ def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
 
 def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
                     storage: str = "precise", cp_combine: str = "inline",
-                    solve: str = "blocks") -> int:
+                    solve: str = "blocks", intermediates: str = "wu") -> int:
     """Bytes of intermediates one ``fused`` call allocates (outputs excluded): ``w``,
-    ``u``, ``P``, ``ob`` in ``storage``, ``gc`` f32, the ``[T, HV, 64]`` f32 scratch of
-    the ``"blocks"`` solve; with CP (``seg_chunks``) the segment summaries ``[S, HV, D,
-    2D]`` f32 and, with ``cp_combine="kernel"``, the entering states ``[S, HV, D, D]``."""
-    per = {"precise": 4 + 4 + 2 + 4, "compact": 2 + 2 + 2 + 2}[storage]   # w, u, P, ob
-    ws = T * HV * (D * per + 4 + (BT * 4 if solve == "blocks" else 0))
+    ``u``, ``P``, ``ob`` in ``storage`` (``intermediates="wu"``) or ``Tb`` and ``Aqk``
+    ``[T, HV, 64]`` (``"tm"``: bf16, fp32 with ``"precise"``), ``gc`` f32, the
+    ``[T, HV, 64]`` f32 scratch of the ``"blocks"`` solve; with CP (``seg_chunks``) the
+    segment summaries ``[S, HV, D, 2D]`` f32 and, with ``cp_combine="kernel"``, the
+    entering states ``[S, HV, D, D]``."""
+    if intermediates == "tm":
+        per_tok = 2 * BT * (4 if storage == "precise" else 2)             # Tb, Aqk
+    else:
+        per_tok = D * {"precise": 4 + 4 + 2 + 4, "compact": 2 + 2 + 2 + 2}[storage]
+    ws = T * HV * (per_tok + 4 + (BT * 4 if solve == "blocks" else 0))
     if seg_chunks:
         S = num_slots(T, N, seg_chunks * BT)
         ws += S * HV * D * 2 * D * 4                  # summaries [M | X]
@@ -230,7 +235,8 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
         raise ValueError(f"cp must be None, a bool or a segment size >= 1 (chunks), got {cp!r}")
     if cfg.walk_BV is None:
         units = num_slots(T, N, seg * BT) if seg else N
-        BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg))
+        BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg),
+                            tm=cfg.intermediates == "tm")
     return BV, seg
 
 
@@ -296,7 +302,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     S = summary.shape[0]
     go_summary = state_walk_fwd(
         k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
-        pdl_trigger=trigger if cfg.cp_combine == "inline" else "", BV=cfg.summary_BV,
+        pdl_trigger=trigger if cfg.cp_combine == "inline" else "",
+        BV=cfg.summary_BV or min(64 if tm else 32, 2 * D),
         num_warps=cfg.summary_warps, wp_stack=stack, num_stages=cfg.summary_stages,
         dot_precision=cfg.walk_precision, tm_form=tm, defer=True)
     if cfg.cp_combine == "inline":
