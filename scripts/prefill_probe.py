@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import csv
 import time
+from dataclasses import replace
 
 import torch
 
 from kernels.bench.timeline import record_timeline
 from kernels.bench.timing import time_fn
 from kernels.checks import check_outputs
-from kernels.prefill import PrefillConfig, gdn_prefill, plan_fused
+from kernels.prefill import ACCURATE_CONFIG, PrefillConfig, gdn_prefill, plan_fused
 from kernels.reference import prefill_reference
 from kernels.spec import CONTEST, PREFILL_SHAPES, make_prefill_inputs
 
@@ -73,6 +74,8 @@ CONFIGS = {
     "tm_bv32_s64st2": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=64,
                                     summary_stages=2),
     "tm_bv128w8": PrefillConfig(intermediates="tm", walk_BV=128, walk_warps=8),
+    "accurate": ACCURATE_CONFIG,
+    "accurate_tm": replace(ACCURATE_CONFIG, intermediates="tm"),
 }
 CPS = {"T8192": [None, 8, 32], "T2048": [None, 8, 16], "4x1024": [None, 8]}
 CP_CONFIGS = ("default", "cpk_bv16", "cpk_bv32", "cpk_bv64", "cpi_bv32", "chain_bf16x2",

@@ -26,6 +26,8 @@ from kernels.stress_inputs import make_prefill_stress_inputs
 CONFIGS = {
     "neumann-ieee (default)": PrefillConfig(),
     "precise": ACCURATE_CONFIG,
+    "wu (default before 8a40956)": PrefillConfig(intermediates="wu"),
+    "precise tm": replace(ACCURATE_CONFIG, intermediates="tm"),
     "walk-x2": PrefillConfig(walk_precision="bf16x2", inline_precision="bf16x2"),
     "storage-precise": PrefillConfig(storage="precise"),
     "storage-precise walk-x2": PrefillConfig(storage="precise", walk_precision="bf16x2",
