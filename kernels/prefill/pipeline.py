@@ -14,10 +14,11 @@ variant         stages                                                       GPU
                 table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
-``fused``       (1) gates + cumsum + intra-chunk solve + ``w``/``u`` + the     2 kernels; 3 with CP;
-                                                                             1: ``single_launch``
-                output terms ``P``, ``ob``; (2) state walk with the outputs
-                ``P @ S + ob`` inline; with context parallelism (2) becomes
+``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3 with CP;
+                diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1: ``single_launch``
+                the default; with ``"wu"``: ``w``/``u`` and the output terms
+                ``P``, ``ob``); (2) state walk forming ``v_new`` and the
+                outputs inline; with context parallelism (2) becomes
                 segment summaries, then the walk that chains them (a
                 separate combine kernel with ``cp_combine="kernel"``: 4);
                 walks start by dependent launch (:mod:`.pdl`), repeat

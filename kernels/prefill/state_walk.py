@@ -33,6 +33,13 @@ what else happens:
   earlier segments ``j`` (their ``[M | X]`` in ``summ``), from the initial
   state: redundant across segments but parallel, and one launch fewer.
 
+* ``TM_FORM`` (the ``"tm"`` intermediates, the ``fused`` default): the intra-chunk
+  kernel stored only ``Tb = Tm diag(beta)`` and ``scale * Aqk`` (``[T, H, 64]``); per
+  chunk ``v_new = Tb (v - exp(gc) k S)`` and ``o = scale exp(gc) q S + Aqk v_new``
+  (``w = Tb (exp(gc) k)`` and ``u = Tb v``, so this is the same algebra; the chain
+  gets one ``[64, 64] x [64, BV]`` product more, the intra-chunk kernel loses four
+  ``[64, 64] x [64, D]`` products and three quarters of the bytes it writes).
+
 The final state (k-last) is written by the program owning a sequence's last unit.
 """
 from __future__ import annotations
