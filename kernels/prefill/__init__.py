@@ -4,7 +4,8 @@ One module per stage, each readable and testable alone:
 
 - :mod:`.chunk_index`       chunk bookkeeping: host-built table (sync) or device lookup
 - :mod:`.gates`             stage 1: ``g``, ``beta``, per-chunk cumulative ``g``
-- :mod:`.intra_chunk`       stage 2: ``A = beta K K^T exp(gc_i - gc_j)``, its solve, ``w``/``u``
+- :mod:`.intra_chunk`       stage 2: ``A = beta K K^T exp(gc_i - gc_j)``, its solve, then
+                            ``Tb = Tm diag(beta)`` and ``Aqk`` (``"tm"``) or ``w``/``u`` (``"wu"``)
 - :mod:`.state_walk`        stage 3: inter-chunk state recurrence (optionally + outputs)
 - :mod:`.output`            stage 4: ``o = scale (q exp(gc) S + causal intra-chunk term)``
 - :mod:`.context_parallel`  segment summaries + combine for long sequences with few heads
