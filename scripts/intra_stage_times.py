@@ -4,7 +4,8 @@
 
 For each shape: GPU time of the fused variant's first kernel (raw gates, output
 terms) ending after step 1 (``A``), after step 2 (the solve), without the output
-terms, and complete; torch.profiler kernel durations, median of 5 calls.
+terms, complete, and with the ``"tm"`` intermediates (stops after the solve,
+stores ``Tb`` and ``scale * Aqk``); torch.profiler kernel durations, median of 5 calls.
 """
 import statistics
 import sys
@@ -26,6 +27,7 @@ for name in sys.argv[1:] or ["T64", "57x64", "T8192"]:
         "full": dict(q=x["q"], scale=0.088),
         "full_tile": dict(q=x["q"], scale=0.088, solve="tile"),
         "full_bf16": dict(q=x["q"], scale=0.088, wu_precision="bf16", out_precision="bf16"),
+        "tm": dict(q=x["q"], scale=0.088, tm_out=True),
     }
     out = []
     for label, kw in cases.items():
