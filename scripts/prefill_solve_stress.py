@@ -43,6 +43,8 @@ CONFIGS = {
     "rows offdiag-ieee": PrefillConfig(intra_solve_diag="rows"),
     "rows offdiag-tf32": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="tf32"),
     "rows offdiag-bf16": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="bf16"),
+    "batched": PrefillConfig(solve="batched"),
+    "precise batched": replace(ACCURATE_CONFIG, solve="batched"),
 }
 SPREADS = [0.0, 0.02, 0.1, 1.0]
 PEERS = prefill_impls(("fla", "flashinfer"))

@@ -76,7 +76,9 @@ class PrefillConfig:
         storage: ``"precise"`` or ``"compact"`` storage of the per-token
             intermediates ``w``, ``u``, ``P``, ``ob`` (:data:`.intra_chunk.STORAGE`):
             compact halves their bytes at ~4e-3 state error on long-memory heads.
-        solve: the intra-chunk solve, ``"tile"`` (registers) or ``"blocks"`` (scratch).
+        solve: the intra-chunk solve, ``"tile"`` (registers, whole-tile products),
+            ``"blocks"`` (16 x 16 blocks through a scratch) or ``"batched"`` (the blocks'
+            formulas in registers, batched by block diagonal; :mod:`.intra_chunk`).
         walk_precision: products with the state in the walks (``w @ S``,
             ``k^T @ v_new``; :mod:`.dots`): ``"bf16x2"`` (~fp32) or ``"bf16"``
             (one tensor-core product, like FLA's walk).
@@ -159,6 +161,9 @@ class PrefillConfig:
             itself (one more ``[64, 64] x [64, BV]`` product on its chain per chunk).
             ``"tm"`` excludes ``first_chunk_inline``, ``single_launch``, ``stack_wp`` and
             ``intra_split``.
+        walk_early_loads: with ``"tm"``, the fused walk (and CP phase C) issues every load
+            of a chunk (``k``, ``v``, ``gc``, ``Tb``, ``q``, ``Aqk``) before its first product,
+            so their latencies overlap (more live registers).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -199,6 +204,7 @@ class PrefillConfig:
     walk_loop_stages: Optional[int] = None
     pdl_trigger: str = "start"
     intermediates: str = "tm"
+    walk_early_loads: bool = False
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):
@@ -217,8 +223,11 @@ class PrefillConfig:
                 raise ValueError(f"{f} must be a power of two, got {getattr(self, f)}")
         if self.storage not in ("precise", "compact"):
             raise ValueError(f"storage must be 'precise' or 'compact', got {self.storage!r}")
-        if self.solve not in ("tile", "blocks"):
-            raise ValueError(f"solve must be 'tile' or 'blocks', got {self.solve!r}")
+        if self.solve not in ("tile", "blocks", "batched"):
+            raise ValueError(f"solve must be 'tile', 'blocks' or 'batched', got {self.solve!r}")
+        if self.intra_solve_diag != "neumann" and self.solve != "blocks":
+            raise ValueError(f"intra_solve_diag={self.intra_solve_diag!r} needs solve='blocks', "
+                             f"got {self.solve!r}")
         if self.cp_chain_precision not in ("bf16", "bf16x2", "tf32x3"):
             raise ValueError(f"cp_chain_precision must be 'bf16', 'bf16x2' or 'tf32x3' (fp32 "
                              f"operands ran out of shared memory), got {self.cp_chain_precision!r}")

@@ -289,7 +289,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         **_intra(cfg))
     if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
         u = v
-        walk.update(q=q, scale=scale, tm_form=True)
+        walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
     if single:
         go_intra()
         return o, ht

@@ -182,6 +182,8 @@ def state_walk_kernel(
                                         # may be placed (.pdl); "": never
     TM_FORM: tl.constexpr = False,      # the "tm" intermediates: w is Tb [T, H, BT], u is
                                         # the values v, p is scale * Aqk [T, H, BT], ob unused
+    EARLY_LOADS: tl.constexpr = False,  # TM_FORM: load Tb, q, Aqk with k at the top of each
+                                        # chunk (their latencies overlap; more live registers)
 ):
     # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
     # exits, so this kernel's completion implies the earlier kernels' completion
@@ -271,8 +273,14 @@ def state_walk_kernel(
             # v_new = Tb (v - exp(gc) k S): u holds the values, w holds Tb = Tm diag(beta)
             b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
             b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+            if EARLY_LOADS:   # every load of the chunk issued before its first product
+                b_tb = tl.load(w + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+                if FUSE_OUTPUT:
+                    b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+                    b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
             b_rhs = b_u - tl.exp(b_gc)[:, None] * mm(b_k, b_S, DOT_PREC)
-            b_tb = tl.load(w + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+            if not EARLY_LOADS:
+                b_tb = tl.load(w + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
             b_v = mm(b_tb, b_rhs, DOT_PREC)
         elif WP_STACK and FUSE_OUTPUT:
             # [w; P] @ S as one bf16 product: rows (t, 0) = w_t, (t, 1) = P_t
@@ -299,8 +307,9 @@ def state_walk_kernel(
             b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
         b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
         if FUSE_OUTPUT and TM_FORM:   # o = scale exp(gc) q S + Aqk v_new (scale in Aqk)
-            b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-            b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+            if not EARLY_LOADS:
+                b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+                b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
             b_o = (mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None]
                    + mm(b_aq, b_v, OUT_PREC))
             tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty),
@@ -343,7 +352,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    chain_precision: str = "tf32x3", maxnreg: Optional[int] = None,
                    from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
                    pdl_trigger: str = "", loop_stages: Optional[int] = None,
-                   defer: bool = False, q=None, scale: float = 1.0, tm_form: bool = False):
+                   defer: bool = False, q=None, scale: float = 1.0, tm_form: bool = False,
+                   early_loads: bool = False):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -360,7 +370,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     ``tm_out``): ``w`` is ``Tb = Tm diag(beta)`` ``[T, HV, 64]``, ``u`` is the values ``v``
     ``[T, HV, V]``, ``p`` is ``scale * Aqk`` ``[T, HV, 64]`` and, with ``output``, ``q``
     ``[T, HQ, K]`` and ``scale`` are needed (``ob`` unused): per chunk
-    ``v_new = Tb (v - exp(gc) k S)``, ``o = scale exp(gc) q S + Aqk v_new``.
+    ``v_new = Tb (v - exp(gc) k S)``, ``o = scale exp(gc) q S + Aqk v_new``;
+    ``early_loads`` (with ``tm_form``): every load of a chunk before its first product.
     Writes into the given output tensors; returns None, or with ``defer`` the bound
     launch (a zero-argument callable, :meth:`.launch.FastLaunch.bind`) without launching.
     """
@@ -388,6 +399,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
         FROM_FIRST=from_first, WP_STACK=wp_stack, TM_FORM=tm_form,
+        EARLY_LOADS=early_loads and tm_form,
         W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
