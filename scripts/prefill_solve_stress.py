@@ -44,6 +44,10 @@ CONFIGS = {
     "rows offdiag-tf32": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="tf32"),
     "rows offdiag-bf16": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="bf16"),
     "batched": PrefillConfig(solve="batched"),
+    "batched tf32x3": PrefillConfig(solve="batched", intra_solve_precision="tf32x3"),
+    "batched tf32x3 offdiag-tf32": PrefillConfig(solve="batched", intra_solve_precision="tf32x3",
+                                                 intra_offdiag_precision="tf32"),
+    "batched bf16x2": PrefillConfig(solve="batched", intra_solve_precision="bf16x2"),
     "precise batched": replace(ACCURATE_CONFIG, solve="batched"),
 }
 SPREADS = [0.0, 0.02, 0.1, 1.0]

@@ -233,6 +233,20 @@ def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.conste
     """
     BT_: tl.constexpr = b_A.shape[0]
     NB: tl.constexpr = BT_ // BC
+    T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC)
+    o_b = tl.arange(0, NB)
+    d_ij = o_b[:, None, None, None] - o_b[None, None, :, None]   # I - J
+    T4 = (tl.where(d_ij == 0, T0[:, :, None, :], 0.0) + tl.where(d_ij == 1, T1[:, :, None, :], 0.0)
+          + tl.where(d_ij == 2, T2[:, :, None, :], 0.0) + tl.where(d_ij == 3, T3[:, :, None, :], 0.0))
+    return tl.reshape(T4, (BT_, BT_))
+
+
+@triton.jit
+def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr):
+    """The block diagonals ``(T_0, T_1, T_2, T_3)`` (``[4, BC, BC]`` each, entry ``I`` is
+    block ``(I, I - D)``) of ``(I + A)^-1``; see :func:`solve_batched`."""
+    BT_: tl.constexpr = b_A.shape[0]
+    NB: tl.constexpr = BT_ // BC
     tl.static_assert(NB == 4)
     A4 = tl.reshape(b_A, (NB, BC, NB, BC))
     o_c = tl.arange(0, BC)
@@ -251,11 +265,30 @@ def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.conste
               OFF_PREC)
     T3 = -_mm(T0, _mm(A3, _shift(T0, 3), OFF_PREC) + _mm(A2, _shift(T1, 2), OFF_PREC)
               + _mm(A1, _shift(T2, 1), OFF_PREC), OFF_PREC)
+    return T0, T1, T2, T3
+
+
+@triton.jit
+def _store_band(p_w, X3, b_beta, D: tl.constexpr, n_t, H: tl.constexpr, BC: tl.constexpr):
+    """Store block diagonal ``D`` (``X3 [4, BC, BC]``, entry ``I`` = block ``(I, I - D)``;
+    ``D < 0``: zeros) of the chunk's ``[BT, BT]`` tile at ``p_w`` (row stride ``H * BT``),
+    columns scaled by ``b_beta`` (``[BT]``); blocks outside the tile and rows past the end
+    are skipped."""
+    NB: tl.constexpr = 4
     o_b = tl.arange(0, NB)
-    d_ij = o_b[:, None, None, None] - o_b[None, None, :, None]   # I - J
-    T4 = (tl.where(d_ij == 0, T0[:, :, None, :], 0.0) + tl.where(d_ij == 1, T1[:, :, None, :], 0.0)
-          + tl.where(d_ij == 2, T2[:, :, None, :], 0.0) + tl.where(d_ij == 3, T3[:, :, None, :], 0.0))
-    return tl.reshape(T4, (BT_, BT_))
+    o_c = tl.arange(0, BC)
+    rows = o_b[:, None, None] * BC + o_c[None, :, None]
+    cols = (o_b[:, None, None] - D) * BC + o_c[None, None, :]
+    if D >= 0:
+        # beta of column block I - D, per band entry I: [NB, 1, BC]
+        b3 = tl.reshape(b_beta, (NB, BC))
+        m = (o_b[:, None, None] - D) == o_b[None, :, None]
+        b_bc = tl.sum(tl.where(m, b3[None, :, :], 0.0), axis=1)
+        val = X3 * b_bc[:, None, :]
+    else:
+        val = tl.zeros([NB, BC, BC], dtype=tl.float32)
+    m_st = (o_b[:, None, None] >= D) & (o_b[:, None, None] - D < NB) & (rows < n_t)
+    tl.store(p_w + rows * (H * NB * BC) + cols, val.to(p_w.dtype.element_ty), mask=m_st)
 
 
 @triton.jit(do_not_specialize=["T", "N"])
@@ -315,6 +348,8 @@ def intra_chunk_kernel(
     OFFDIAG_PREC: tl.constexpr = "",    # "blocks" solve's off-diagonal products ("": SOLVE_PREC)
     TM_OUT: tl.constexpr = False,       # store Tb = Tm diag(beta) into w ([T, H, BT]) and
                                         # scale * Aqk into p ([T, H, BT], OUT_PREP); no step 3
+    BAND_STORE: tl.constexpr = False,   # TM_OUT with the "batched" solve: store Tb by block
+                                        # diagonals straight from the solve (no assembly)
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER == "start")
@@ -386,8 +421,21 @@ def intra_chunk_kernel(
         b_T = solve_unit_lower(b_A, BC, SOLVE_PREC)
     elif SOLVE == "batched":
         # 2. Tm = (I + A)^-1 by block diagonals, batched 16 x 16 products in registers
-        b_T = solve_batched(b_A, BC, SOLVE_PREC,
-                            OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC)
+        if TM_OUT and BAND_STORE:
+            # Tb stored band by band (no [BT, BT] assembly), upper bands as zeros
+            T0, T1, T2, T3 = solve_bands(b_A, BC, SOLVE_PREC,
+                                         OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC)
+            p_w = w + (t0 * H + i_h) * BT
+            _store_band(p_w, T0, b_beta, 0, n_t, H, BC)
+            _store_band(p_w, T1, b_beta, 1, n_t, H, BC)
+            _store_band(p_w, T2, b_beta, 2, n_t, H, BC)
+            _store_band(p_w, T3, b_beta, 3, n_t, H, BC)
+            _store_band(p_w, T0, b_beta, -1, n_t, H, BC)
+            _store_band(p_w, T0, b_beta, -2, n_t, H, BC)
+            _store_band(p_w, T0, b_beta, -3, n_t, H, BC)
+        else:
+            b_T = solve_batched(b_A, BC, SOLVE_PREC,
+                                OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC)
     else:
         # 2. Tm = (I + A)^-1 in 16 x 16 blocks through the scratch
         p_At = At + (t0 * H + i_h) * BT
@@ -436,7 +484,9 @@ def intra_chunk_kernel(
         return
     if PHASE == 1:   # split: Tm stays in the scratch for the second launch
         return
-    if TM_OUT:
+    if TM_OUT and BAND_STORE and SOLVE == "batched":
+        pass   # stored band by band above
+    elif TM_OUT:
         # the "tm" intermediates: the walk forms v_new = Tb (v - exp(gc) k S) itself
         # (scale * Aqk went to p before the solve)
         tl.store(w + (t0 * H + i_h) * BT + o_at, (b_T * b_beta[None, :]).to(w.dtype.element_ty),
@@ -516,7 +566,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
                     stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
                     defer: bool = False, solve_diag: str = "neumann",
-                    offdiag_precision: Optional[str] = None, tm_out: bool = False):
+                    offdiag_precision: Optional[str] = None, tm_out: bool = False,
+                    band_store: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -552,7 +603,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``q``, ``scale * Aqk`` ``[T, HV, 64]`` in place of ``P`` (bf16, or fp32 with
     ``storage="precise"``); ``u`` and ``ob`` are then None. The walk forms
     ``v_new = Tb (v - exp(gc) k S)`` and ``o = scale exp(gc) q S + Aqk v_new`` itself
-    (:mod:`.state_walk`, ``TM_FORM``).
+    (:mod:`.state_walk`, ``TM_FORM``). ``band_store`` (``tm_out`` with the ``"batched"``
+    solve): ``Tb`` stored block diagonal by block diagonal straight from the solve.
     ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
@@ -616,6 +668,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve], COL_BLOCKS=cb,
                 SOLVE_DIAG=solve_diag, OFFDIAG_PREC=offdiag_precision or "",
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,
+                BAND_STORE=band_store and tm_out and solve == "batched",
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] == 0:

@@ -126,6 +126,7 @@ def _intra(cfg: PrefillConfig) -> dict:
                 solve_precision=cfg.intra_solve_precision, maxnreg=cfg.intra_maxnreg,
                 solve_diag=cfg.intra_solve_diag, offdiag_precision=cfg.intra_offdiag_precision,
                 split=cfg.intra_split and cfg.solve == "blocks" and not cfg.first_chunk_inline,
+                band_store=cfg.intra_band_store,
                 num_warps=cfg.intra_warps)
 
 
