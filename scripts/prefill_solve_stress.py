@@ -48,6 +48,8 @@ CONFIGS = {
     "batched tf32x3 offdiag-tf32": PrefillConfig(solve="batched", intra_solve_precision="tf32x3",
                                                  intra_offdiag_precision="tf32"),
     "batched bf16x2": PrefillConfig(solve="batched", intra_solve_precision="bf16x2"),
+    "batched tf32x3 offdiag-bf16x2": PrefillConfig(solve="batched", intra_solve_precision="tf32x3",
+                                                   intra_offdiag_precision="bf16x2"),
     "precise batched": replace(ACCURATE_CONFIG, solve="batched"),
 }
 SPREADS = [0.0, 0.02, 0.1, 1.0]
