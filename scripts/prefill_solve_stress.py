@@ -24,7 +24,8 @@ from kernels.spec import CONTEST
 from kernels.stress_inputs import make_prefill_stress_inputs
 
 CONFIGS = {
-    "neumann-ieee (default)": PrefillConfig(),
+    "default": PrefillConfig(),
+    "neumann-ieee (blocks, default before v8)": PrefillConfig(solve="blocks"),
     "precise": ACCURATE_CONFIG,
     "wu (default before 8a40956)": PrefillConfig(intermediates="wu"),
     "precise tm": replace(ACCURATE_CONFIG, intermediates="tm"),
@@ -39,11 +40,14 @@ CONFIGS = {
     # (one-pass "tf32" / "bf16" Neumann inverses were measured here at 9167759 --
     #  results/nvidia-h200/dev_checks/prefill_solve_stress_9167759.csv: errors up to 1e14 --
     #  and PrefillConfig refuses them since)
-    "neumann-ieee offdiag-tf32": PrefillConfig(intra_offdiag_precision="tf32"),
-    "rows offdiag-ieee": PrefillConfig(intra_solve_diag="rows"),
-    "rows offdiag-tf32": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="tf32"),
-    "rows offdiag-bf16": PrefillConfig(intra_solve_diag="rows", intra_offdiag_precision="bf16"),
-    "batched": PrefillConfig(solve="batched"),
+    "neumann-ieee offdiag-tf32": PrefillConfig(solve="blocks", intra_offdiag_precision="tf32"),
+    "rows offdiag-ieee": PrefillConfig(solve="blocks", intra_solve_diag="rows"),
+    "rows offdiag-tf32": PrefillConfig(solve="blocks", intra_solve_diag="rows",
+                                       intra_offdiag_precision="tf32"),
+    "rows offdiag-bf16": PrefillConfig(solve="blocks", intra_solve_diag="rows",
+                                       intra_offdiag_precision="bf16"),
+    "batched ieee": PrefillConfig(solve="batched", intra_solve_precision="ieee",
+                                  intra_offdiag_precision="ieee"),
     "batched tf32x3": PrefillConfig(solve="batched", intra_solve_precision="tf32x3"),
     "batched tf32x3 offdiag-tf32": PrefillConfig(solve="batched", intra_solve_precision="tf32x3",
                                                  intra_offdiag_precision="tf32"),

@@ -121,8 +121,11 @@ def test_config_levers_keep_results(variant, options):
                   PrefillConfig(first_chunk_inline=True, intermediates="wu"),
                   PrefillConfig(stack_wp=True, intermediates="wu"),
                   PrefillConfig(intra_split=True, intermediates="wu"),
-                  PrefillConfig(intra_solve_diag="rows"),
-                  PrefillConfig(intra_offdiag_precision="tf32"),
+                  PrefillConfig(solve="blocks", intra_solve_diag="rows"),
+                  PrefillConfig(solve="blocks", intra_offdiag_precision="tf32"),
+                  PrefillConfig(intra_band_store=False, intra_maxnreg=200),
+                  PrefillConfig(intra_solve_precision="ieee", intra_offdiag_precision="ieee"),
+                  PrefillConfig(intermediates="wu", solve="batched"),
                   PrefillConfig(cp_chain_precision="tf32x3"),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):
@@ -223,10 +226,35 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
     pytest.param(0, "inline", "blocks", "tm", 128 * 2 * 516, id="tm-no-cp"),
     pytest.param(1, "inline", "blocks", "tm", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4,
                  id="tm-cp-inline"),
+    # the "batched" solve (the default) works in registers: no scratch
+    pytest.param(0, "inline", "batched", "tm", 128 * 2 * 260, id="tm-no-cp-batched"),
+    pytest.param(0, "inline", "batched", "wu", 128 * 2 * 132, id="no-cp-batched"),
 ])
 def test_workspace_bytes(seg, combine, solve, form, expected):
     from kernels.prefill.pipeline import workspace_bytes
     assert workspace_bytes(128, 1, 2, 16, seg, "compact", combine, solve, form) == expected
+
+
+@pytest.mark.parametrize("solve, tm, expected", [
+    pytest.param("batched", True, 128, id="batched-tm"),
+    pytest.param("batched", False, None, id="batched-wu"),
+    pytest.param("blocks", True, None, id="blocks-tm"),
+    pytest.param("tile", True, None, id="tile-tm"),
+])
+def test_intra_maxnreg_rule(solve, tm, expected):
+    from kernels.prefill.config import intra_maxnreg_rule
+    assert intra_maxnreg_rule(solve, tm) == expected
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    pytest.param(dict(intra_solve_diag="rows"), "needs solve='blocks'", id="rows-batched"),
+    pytest.param(dict(solve="tile", intra_solve_diag="rows"), "needs solve='blocks'",
+                 id="rows-tile"),
+    pytest.param(dict(solve="scratch"), "solve must be", id="unknown-solve"),
+])
+def test_solve_config_refusals(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PrefillConfig(**kwargs)
 
 
 @pytest.mark.parametrize("units, V, cp, tm, expected", [
@@ -284,8 +312,8 @@ def test_solve_options_refused(options, message):
 
 
 def test_one_pass_products_allowed_with_row_substitution():
-    cfg = PrefillConfig(intra_solve_diag="rows", intra_solve_precision="tf32")
-    assert cfg.name == "intra_solve_precision=tf32,intra_solve_diag=rows"
+    cfg = PrefillConfig(solve="blocks", intra_solve_diag="rows", intra_solve_precision="tf32")
+    assert cfg.name == "solve=blocks,intra_solve_precision=tf32,intra_solve_diag=rows"
 
 
 def test_unpipelined_walk_needs_a_wide_tile():

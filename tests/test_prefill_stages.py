@@ -161,6 +161,23 @@ def test_chunk_index_device_lookup_matches_table():
 
 # --------------------------------------------------------------------------- stages
 
+def ref_tm(k, q, gc, beta, cu, scale):
+    """The "tm" intermediates: ``Tb = (I + A)^-1 diag(beta)`` and ``scale * Aqk`` per chunk
+    and head, ``[T, HV, 64]`` (columns past the chunk's end 0)."""
+    T, H = gc.shape
+    Tb = torch.zeros(T, H, BT, dtype=torch.float64)
+    Aqk = torch.zeros(T, H, BT, dtype=torch.float64)
+    for _, _, s, e in chunks(cu):
+        for h in range(H):
+            kk, qq, g, bb = k[s:e, h], q[s:e, h], gc[s:e, h], beta[s:e, h]
+            dec = torch.exp(g[:, None] - g[None, :])
+            A = torch.tril(bb[:, None] * (kk @ kk.T) * dec, -1)
+            Tm = torch.linalg.inv(torch.eye(e - s, dtype=torch.float64) + A)
+            Tb[s:e, h, :e - s] = Tm * bb[None, :]
+            Aqk[s:e, h, :e - s] = scale * torch.tril((qq @ kk.T) * dec)
+    return Tb, Aqk
+
+
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
 def test_gates_stage(lens, shape, cu_dtype):
     x = make(lens, shape, cu_dtype)
@@ -175,7 +192,7 @@ def test_gates_stage(lens, shape, cu_dtype):
 
 
 @pytest.mark.parametrize("solve, col_blocks, split", [("tile", 1, False), ("blocks", 2, False),
-                                                      ("blocks", 2, True)])
+                                                      ("blocks", 2, True), ("batched", 2, False)])
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
 def test_intra_chunk_stage(lens, shape, cu_dtype, solve, col_blocks, split):
     x = make(lens, shape, cu_dtype)
@@ -202,6 +219,40 @@ def test_intra_chunk_stage(lens, shape, cu_dtype, solve, col_blocks, split):
                                      cpu["cu_seqlens"], scale)
     assert_close(P, P_ref, 1e-2 * max(1.0, P_ref.abs().max().item()), "P")
     assert_close(ob, ob_ref, 1e-3 * max(1.0, ob_ref.abs().max().item()), "ob")
+
+
+@pytest.mark.parametrize("solve, precision, band_store", [
+    pytest.param("blocks", None, False, id="blocks-ieee"),
+    pytest.param("tile", None, False, id="tile-tf32x3"),
+    pytest.param("batched", None, False, id="batched-tf32x3-assembled"),
+    pytest.param("batched", None, True, id="batched-tf32x3-bands"),
+    pytest.param("batched", "ieee", True, id="batched-ieee-bands"),
+])
+@pytest.mark.parametrize("lens, shape, cu_dtype", CASES + [
+    pytest.param([64, 70], GDNShape(1, 2, 128), torch.int64, id="D128-lens[64,70]-int64")])
+def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, precision, band_store):
+    """``tm_out``: ``Tb`` and ``scale * Aqk`` by every solve, with and without band stores
+    (fp32 storage: only the kernel's arithmetic differs from float64)."""
+    x = make(lens, shape, cu_dtype)
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
+    _, beta, gc = ref_gates(cpu)
+    scale = resolve_scale(None, shape.head_dim)
+    Tb_ref, Aqk_ref = ref_tm(expand(cpu["k"], shape.group), expand(cpu["q"], shape.group), gc,
+                             beta, cpu["cu_seqlens"], scale)
+    Tb, u, gc2, Aqk, ob = intra_chunk.intra_chunk_fwd(
+        x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"], A_log=x["A_log"],
+        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve, solve_precision=precision,
+        offdiag_precision=precision, storage="precise", tm_out=True, band_store=band_store)
+    assert u is None and ob is None and Tb.shape == Tb_ref.shape == Aqk.shape
+    assert Tb.dtype == torch.float32
+    real = torch.zeros(Tb_ref.shape, dtype=torch.bool)   # entries inside a chunk
+    for _, _, s, e in chunks(cpu["cu_seqlens"]):
+        real[s:e, :, :e - s] = True
+    Tb_c = torch.where(real, Tb.double().cpu(), 0.0)    # columns past the end: not read
+    assert_close(Tb_c, Tb_ref, 2e-4 * max(1.0, Tb_ref.abs().max().item()), "Tb")
+    assert_close(torch.where(real, Aqk.double().cpu(), 0.0), Aqk_ref,
+                 1e-4 * max(1.0, Aqk_ref.abs().max().item()), "scale * Aqk")
+    assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc")
 
 
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)

@@ -9,12 +9,13 @@ the step table in ``docs/notes.md``):
   outputs from ``k``, ``v``, ``q`` itself (H200, probe 25: intra -40...-45 %, walks
   equal or faster; graph 57x64 90.0 -> 70.8 us, 16x256 73.5 -> 54.0, T=8192 189.9 ->
   166.7, then 139.9 with the tm tile widths);
-* intra-chunk kernel: the ``"blocks"`` solve (the register ``"tile"`` solve was
-  2x slower), 4 warps (8: slower), products in 2 column blocks, ieee products
-  in the 16 x 16 solve (tf32x3 / bf16x2: slower), no register cap (168 / 128:
-  spills, slower), bf16 products for ``w``, ``u`` and the output terms (intra -3...-8 %;
-  output rel-L2 ~4.0e-3, the peers' level, vs 3.3e-3 with bf16x2). It runs at 255
-  registers, two programs per SM;
+* intra-chunk kernel: the ``"batched"`` solve -- the 16 x 16 block formulas in registers,
+  each block diagonal as one batch of four products, tf32x3 for the diagonal inverses and
+  one tf32 pass off the diagonal, ``Tb`` stored band by band -- with a 128-register cap
+  (:func:`intra_maxnreg_rule`): H200 intra 57x64 27.6 -> 15.4 us, T=8192 49.2 -> 26.2
+  against the ``"blocks"`` scratch solve (probes 30-33); 4 warps (8: slower). With
+  ``"wu"``: products in 2 column blocks, bf16 products for ``w``, ``u`` and the output
+  terms (output rel-L2 ~4.0e-3, the peers' level);
 * walks: bf16 products with the state and a bf16 inline ``P @ S`` (walk
   -12...-25 %, output rel-L2 ~3.3e-3 vs 3.2e-3); tile width by
   :func:`walk_tile_rule`; warps and stages by :func:`walk_launch_rule`: short walks
@@ -39,6 +40,7 @@ from dataclasses import dataclass, fields, replace
 from typing import List, Optional
 
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
+           "intra_maxnreg_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS"]
 
 
@@ -90,20 +92,21 @@ class PrefillConfig:
             as FLA does; ``"bf16x2"``: split hi + lo, ~fp32).
         intra_col_blocks: the intra-chunk kernel's products with ``k``, ``v``, ``q`` in
             that many blocks of columns (fewer live registers).
-        intra_solve_precision: products of the solve; None: ``"ieee"`` (blocks) /
-            ``"tf32x3"`` (tile). One-pass ``"tf32"`` / ``"bf16"`` are refused for the
+        intra_solve_precision: products of the solve; None: ``"tf32x3"`` (batched, tile) /
+            ``"ieee"`` (blocks). One-pass ``"tf32"`` / ``"bf16"`` are refused for the
             Neumann inverses: on correlated keys (:mod:`kernels.stress_inputs`) their
             errors reached 1e14 on an H200 while the contest inputs looked fine.
         intra_solve_diag: the ``"blocks"`` solve's four diagonal 16 x 16 inverses:
             ``"neumann"`` (``(I-D)(I+D^2)(I+D^4)(I+D^8)``, six dependent products each,
             in ``intra_solve_precision``) or ``"rows"`` (fp32 forward substitution,
             15 row steps; no intermediate larger than the inverse).
-        intra_offdiag_precision: products of the ``"blocks"`` solve's off-diagonal
-            blocks ``T_IJ = -T_II sum A_IK T_KJ`` (None: ``intra_solve_precision``).
+        intra_offdiag_precision: products of the ``"blocks"`` / ``"batched"`` solve's
+            off-diagonal blocks ``T_IJ = -T_II sum A_IK T_KJ`` (None: ``"tf32"`` for
+            ``"batched"``, else as ``intra_solve_precision``).
             Their operands are bounded by the inverse itself, unlike the Neumann
             powers, so one tensor-core pass (``"tf32"``) keeps ~1e-3 relative error.
         intra_maxnreg, walk_maxnreg: register cap per thread of the intra-chunk kernel /
-            the fused walk (None: the compiler's choice, 255 for the intra kernel).
+            the fused walk (None: :func:`intra_maxnreg_rule` / the compiler's choice).
         cp_combine: how CP finds each segment's entering state: ``"inline"`` (each
             phase-C program chains the transitions of the segments before it: 3
             launches) or ``"kernel"`` (a separate serial combine kernel: 4 launches).
@@ -186,7 +189,7 @@ class PrefillConfig:
     combine_warps: int = 4
     cp_min_avg_chunks: int = 64
     storage: str = "compact"
-    solve: str = "blocks"
+    solve: str = "batched"
     walk_precision: str = "bf16"
     inline_precision: str = "bf16"
     intra_precision: str = "bf16"
@@ -208,7 +211,7 @@ class PrefillConfig:
     pdl_trigger: str = "start"
     intermediates: str = "tm"
     walk_early_loads: bool = False
-    intra_band_store: bool = False
+    intra_band_store: bool = True
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):
@@ -229,9 +232,6 @@ class PrefillConfig:
             raise ValueError(f"storage must be 'precise' or 'compact', got {self.storage!r}")
         if self.solve not in ("tile", "blocks", "batched"):
             raise ValueError(f"solve must be 'tile', 'blocks' or 'batched', got {self.solve!r}")
-        if self.intra_solve_diag != "neumann" and self.solve != "blocks":
-            raise ValueError(f"intra_solve_diag={self.intra_solve_diag!r} needs solve='blocks', "
-                             f"got {self.solve!r}")
         if self.cp_chain_precision not in ("bf16", "bf16x2", "tf32x3"):
             raise ValueError(f"cp_chain_precision must be 'bf16', 'bf16x2' or 'tf32x3' (fp32 "
                              f"operands ran out of shared memory), got {self.cp_chain_precision!r}")
@@ -242,6 +242,9 @@ class PrefillConfig:
         if self.intra_solve_diag not in ("neumann", "rows"):
             raise ValueError(f"intra_solve_diag must be 'neumann' or 'rows', "
                              f"got {self.intra_solve_diag!r}")
+        if self.intra_solve_diag != "neumann" and self.solve != "blocks":
+            raise ValueError(f"intra_solve_diag={self.intra_solve_diag!r} needs solve='blocks', "
+                             f"got {self.solve!r}")
         if self.intra_offdiag_precision not in (None,) + PRECISIONS:
             raise ValueError(f"intra_offdiag_precision must be None or one of {PRECISIONS}, "
                              f"got {self.intra_offdiag_precision!r}")
@@ -325,7 +328,22 @@ DEFAULT_CONFIG = PrefillConfig()
 #: T=8192 209 -> 385, 57x64 90 -> 168).
 ACCURATE_CONFIG = PrefillConfig(storage="precise", intra_precision="bf16x2",
                                 walk_precision="bf16x2", inline_precision="bf16x2",
-                                cp_chain_precision="tf32x3", intermediates="wu")
+                                cp_chain_precision="tf32x3", intermediates="wu",
+                                solve="blocks")
+
+
+def intra_maxnreg_rule(solve: str, tm: bool) -> Optional[int]:
+    """Register cap of the intra-chunk kernel when ``intra_maxnreg`` is None: 128 for the
+    ``"batched"`` solve with the ``"tm"`` intermediates (the fused variant), else None (the
+    compiler's choice).
+
+    That kernel needs ~150-200 registers uncapped (three programs of 4 warps per SM); at 128
+    it spills nothing and four fit. Measured on an H200 (probe 33, docs/notes.md): intra
+    57x64 18.3 -> 15.4 us (tf32x3 / tf32 solve), 16x256 17.5 -> 15.0, T=8192 27.5 -> 26.2;
+    112 and 96 spill and are slower. The ``"wu"`` kernel (products of ``w``, ``u`` after the
+    solve) runs at 255 and spills when capped (probes 16, 26).
+    """
+    return 128 if (tm and solve == "batched") else None
 
 
 def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool, tm: bool = False) -> int:

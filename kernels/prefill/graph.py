@@ -19,11 +19,13 @@ Memory held per bucket (see :func:`graph_cache_info`): the static inputs and
 outputs at ``T_pad``/``N_pad`` plus the graph's private pool holding the
 intermediates of ``fused`` (:func:`.pipeline.workspace_bytes`: ``Tb`` and ``Aqk``
 with the default ``"tm"`` intermediates, or ``w``, ``u``, ``P``, ``ob`` with ``"wu"``;
-``gc`` and the solve scratch per token and head; with CP the segment summaries
+``gc`` per token and head, and the scratch of a ``"blocks"`` solve (the default
+``"batched"`` solve needs none); with CP the segment summaries
 ``[S, HV, D, 2D]`` f32, and the entering states ``[S, HV, D, D]`` with
 ``cp_combine="kernel"``). At T_pad = 8192, N_pad = 1 and the contest shape that is
-about 95 MB with the defaults (static buffers ~52 MB, intermediates ~43 MB; with
-``"wu"`` ~94 MB of intermediates, ~144 MB with "precise" storage). The cache keeps
+about 79 MB with the defaults (static buffers ~52 MB, intermediates ~26 MB; ~43 MB of
+intermediates with the ``"blocks"`` solve, ~94 MB with ``"wu"`` and ~144 MB with
+``"wu"`` and "precise" storage). The cache keeps
 the ``MAX_BUCKETS`` most recently used buckets (LRU); :func:`clear_graph_cache`
 frees them.
 

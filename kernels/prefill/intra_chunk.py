@@ -78,7 +78,7 @@ from .state_walk import fused_chunk_step, load_state_tile, store_state_tile  # n
 
 __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "solve_unit_lower", "BC",
            "solve_batched", "WU_PRECISION", "OUT_PRECISION", "SOLVE", "SOLVES", "SOLVE_PRECISION",
-           "STORAGE"]
+           "OFFDIAG_PRECISION", "STORAGE"]
 
 #: Sub-block size of the solve.
 BC = 16
@@ -86,13 +86,24 @@ BC = 16
 WU_PRECISION = "bf16x2"
 #: Precision of the output terms ``Aqk @ w`` and ``Aqk @ u`` (outputs only).
 OUT_PRECISION = "bf16x2"
-#: Default solve: ``"blocks"`` (scratch) or ``"tile"`` (registers; measured 2x slower on
-#: an H200: ten dependent [64, 64] tf32x3 products, docs/notes.md).
-SOLVE = "blocks"
+#: Default solve: ``"batched"`` (registers, batched 16 x 16 products; on an H200 the intra-chunk
+#: kernel 27.6 -> 15.4 us at 57x64, 49.2 -> 26.2 at T=8192 against ``"blocks"``, with the
+#: precisions below, band stores and a 128-register cap; docs/notes.md "Prefill v8"),
+#: ``"blocks"`` (scratch) or ``"tile"`` (registers; 2x slower than ``"blocks"``: ten
+#: dependent [64, 64] tf32x3 products).
+SOLVE = "batched"
 #: The solves: registers (``"tile"``, ``"batched"``) or a scratch (``"blocks"``).
 SOLVES = ("tile", "blocks", "batched")
-#: Precision of the solve's products by solve (fp32 operands: ~fp32 accuracy either way).
-SOLVE_PRECISION = {"tile": "tf32x3", "blocks": "ieee", "batched": "ieee"}
+#: Precision of the solve's products by solve: ~fp32 (``"tf32x3"``, ``"ieee"``) for the
+#: diagonal Neumann inverses, whose powers of ``A`` can grow large on correlated keys.
+#: ``"batched"`` with ``"ieee"`` (FMA products) was slower than ``"blocks"`` on an H200
+#: (57x64 intra 32.0 vs 27.9 us); with ``"tf32x3"`` it runs on the tensor cores.
+SOLVE_PRECISION = {"tile": "tf32x3", "blocks": "ieee", "batched": "tf32x3"}
+#: Precision of the off-diagonal block products by solve (None: as :data:`SOLVE_PRECISION`).
+#: Their operands are bounded by the inverse itself: one tf32 pass (H200, hard inputs of
+#: :mod:`kernels.stress_inputs`: max abs error 0.037 vs 0.031 with tf32x3; FLA 0.032,
+#: FlashInfer 0.035 on the same case).
+OFFDIAG_PRECISION = {"tile": None, "blocks": None, "batched": "tf32"}
 #: Storage of the per-token intermediates, by name (``PrefillConfig.storage``):
 #: ``w`` as a bf16 (hi, lo) pair ``[2, T, HV, K]`` ("pair") or a dtype, ``u``, ``P``, ``ob``.
 #: "precise": fp32-like ``w``/``u``/``ob`` -- on a long-memory head (decay ~0.998/token,
@@ -596,8 +607,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     be placed (:mod:`.pdl`).
     ``solve_diag`` (``"blocks"`` solve): the diagonal 16 x 16 inverses by Neumann
     products (``"neumann"``) or forward substitution over rows (``"rows"``);
-    ``offdiag_precision``: precision of the off-diagonal block products (None: as
-    ``solve_precision``).
+    ``offdiag_precision``: precision of the off-diagonal block products (None:
+    :data:`OFFDIAG_PRECISION` of the solve, or else as ``solve_precision``).
     ``tm_out`` (the ``"tm"`` intermediates of :class:`.config.PrefillConfig`): stop after
     the solve and store ``Tb = Tm diag(beta)`` ``[T, HV, 64]`` in place of ``w`` and, with
     ``q``, ``scale * Aqk`` ``[T, HV, 64]`` in place of ``P`` (bf16, or fp32 with
@@ -666,7 +677,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision,
                 OUT_PREC=out_precision, SOLVE=solve,
                 SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve], COL_BLOCKS=cb,
-                SOLVE_DIAG=solve_diag, OFFDIAG_PREC=offdiag_precision or "",
+                SOLVE_DIAG=solve_diag,
+                OFFDIAG_PREC=offdiag_precision or OFFDIAG_PRECISION[solve] or "",
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,
                 BAND_STORE=band_store and tm_out and solve == "batched",
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",

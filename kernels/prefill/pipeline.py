@@ -47,7 +47,7 @@ import torch
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
-                     walk_tile_rule)
+                     walk_tile_rule, intra_maxnreg_rule)
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
@@ -119,11 +119,13 @@ def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
     return o, ht
 
 
-def _intra(cfg: PrefillConfig) -> dict:
-    """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config."""
+def _intra(cfg: PrefillConfig, tm: bool = False) -> dict:
+    """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config (``tm``: the
+    ``"tm"`` intermediates of the fused variant)."""
+    maxnreg = cfg.intra_maxnreg or intra_maxnreg_rule(cfg.solve, tm)
     return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
                 out_precision=cfg.intra_precision, col_blocks=cfg.intra_col_blocks,
-                solve_precision=cfg.intra_solve_precision, maxnreg=cfg.intra_maxnreg,
+                solve_precision=cfg.intra_solve_precision, maxnreg=maxnreg,
                 solve_diag=cfg.intra_solve_diag, offdiag_precision=cfg.intra_offdiag_precision,
                 split=cfg.intra_split and cfg.solve == "blocks" and not cfg.first_chunk_inline,
                 band_store=cfg.intra_band_store,
@@ -287,7 +289,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     w, u, gc, P, ob, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
         first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
-        **_intra(cfg))
+        **_intra(cfg, tm))
     if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
         u = v
         walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
