@@ -126,6 +126,8 @@ def test_config_levers_keep_results(variant, options):
                   PrefillConfig(intra_band_store=False, intra_maxnreg=200),
                   PrefillConfig(intra_solve_precision="ieee", intra_offdiag_precision="ieee"),
                   PrefillConfig(intermediates="wu", solve="batched"),
+                  PrefillConfig(intra_solve_tree=True, walk_acc_fuse=True,
+                                walk_early_loads=True),
                   PrefillConfig(cp_chain_precision="tf32x3"),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):

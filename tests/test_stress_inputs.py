@@ -61,14 +61,19 @@ def test_precise_config_passes_hard_inputs(spread):
     assert r.ok, f"{r.reason} (max abs {r.max_abs_err:.3e})"
 
 
-def test_row_substitution_matches_neumann_on_hard_inputs():
-    """Both diagonal inverses are fp32-exact; on identical keys they must agree."""
+@pytest.mark.parametrize("solve", [
+    pytest.param(dict(solve="blocks", intra_solve_diag="rows"), id="blocks-rows"),
+    pytest.param(dict(solve="batched", intra_offdiag_precision="tf32x3"), id="batched-tf32x3"),
+])
+def test_fp32_solves_match_neumann_on_hard_inputs(solve):
+    """Row substitution and the batched tf32x3 solve are ~fp32 like the ieee Neumann blocks
+    of ``ACCURATE_CONFIG``; on identical keys they must agree."""
     x = make_prefill_stress_inputs([64, 70], S32, spread=0.0, device=DEV)
     a = gdn_prefill(**x, variant="fused", config=PRECISE)
     b = gdn_prefill(**x, variant="fused",
-                    config=PrefillConfig(intra_solve_diag="rows", storage="precise",
-                                         intra_precision="bf16x2", walk_precision="bf16x2",
-                                         inline_precision="bf16x2"))
+                    config=PrefillConfig(storage="precise", intra_precision="bf16x2",
+                                         walk_precision="bf16x2", inline_precision="bf16x2",
+                                         **solve))
     assert (a[0].float() - b[0].float()).abs().max() <= 4e-3   # bf16 outputs: a few ulps
     assert (a[1] - b[1]).abs().max() <= 1e-3
 

@@ -167,9 +167,15 @@ class PrefillConfig:
         walk_early_loads: with ``"tm"``, the fused walk (and CP phase C) issues every load
             of a chunk (``k``, ``v``, ``gc``, ``Tb``, ``q``, ``Aqk``) before its first product,
             so their latencies overlap (more live registers).
+        walk_acc_fuse: with bf16 walk products, the state update and the inline outputs
+            accumulate in the products' accumulators (``S <- dot(k^T, v_new, acc=exp(g) S)``)
+            instead of a separate fp32 add (fewer live registers).
         intra_band_store: with ``"tm"`` and the ``"batched"`` solve, ``Tb`` is stored block
             diagonal by block diagonal straight from the solve instead of assembled into
             one ``[64, 64]`` tile first.
+        intra_solve_tree: the ``"batched"`` solve multiplies the diagonal blocks' Neumann
+            factors as a tree, ``((I - A)(I + A^2)) ((I + A^4)(I + A^8))``: five dependent
+            products instead of six.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -211,7 +217,9 @@ class PrefillConfig:
     pdl_trigger: str = "start"
     intermediates: str = "tm"
     walk_early_loads: bool = False
+    walk_acc_fuse: bool = False
     intra_band_store: bool = True
+    intra_solve_tree: bool = False
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):

@@ -226,7 +226,8 @@ def _shift(X3, D: tl.constexpr):
 
 
 @triton.jit
-def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr):
+def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr,
+                  TREE: tl.constexpr = False):
     """``(I + A)^-1`` of a strictly lower ``[BT, BT]`` tile (``BT = 4 BC``) in registers,
     the four ``BC x BC`` block diagonals at once as batched ``[4, BC, BC]`` products.
 
@@ -244,7 +245,7 @@ def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.conste
     """
     BT_: tl.constexpr = b_A.shape[0]
     NB: tl.constexpr = BT_ // BC
-    T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC)
+    T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC, TREE)
     o_b = tl.arange(0, NB)
     d_ij = o_b[:, None, None, None] - o_b[None, None, :, None]   # I - J
     T4 = (tl.where(d_ij == 0, T0[:, :, None, :], 0.0) + tl.where(d_ij == 1, T1[:, :, None, :], 0.0)
@@ -253,9 +254,11 @@ def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.conste
 
 
 @triton.jit
-def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr):
+def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr,
+                TREE: tl.constexpr = False):
     """The block diagonals ``(T_0, T_1, T_2, T_3)`` (``[4, BC, BC]`` each, entry ``I`` is
-    block ``(I, I - D)``) of ``(I + A)^-1``; see :func:`solve_batched`."""
+    block ``(I, I - D)``) of ``(I + A)^-1``; see :func:`solve_batched`. ``TREE``: the
+    Neumann factors of ``T_0`` multiplied as a tree (five dependent products, not six)."""
     BT_: tl.constexpr = b_A.shape[0]
     NB: tl.constexpr = BT_ // BC
     tl.static_assert(NB == 4)
@@ -263,11 +266,18 @@ def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexp
     o_c = tl.arange(0, BC)
     b_I = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)[None, :, :]
     A0 = _band(A4, 0)
-    T0 = b_I - A0
-    P = A0
-    for _ in tl.static_range(3):
-        P = _mm(P, P, PREC)
-        T0 = _mm(T0, b_I + P, PREC)
+    if TREE:   # ((I - A)(I + A^2)) ((I + A^4)(I + A^8)): five dependent products, not six
+        P2 = _mm(A0, A0, PREC)
+        P4 = _mm(P2, P2, PREC)
+        L = _mm(b_I - A0, b_I + P2, PREC)
+        P8 = _mm(P4, P4, PREC)
+        T0 = _mm(L, _mm(b_I + P4, b_I + P8, PREC), PREC)
+    else:
+        T0 = b_I - A0
+        P = A0
+        for _ in tl.static_range(3):
+            P = _mm(P, P, PREC)
+            T0 = _mm(T0, b_I + P, PREC)
     A1 = _band(A4, 1)
     A2 = _band(A4, 2)
     A3 = _band(A4, 3)
@@ -359,6 +369,7 @@ def intra_chunk_kernel(
     OFFDIAG_PREC: tl.constexpr = "",    # "blocks" solve's off-diagonal products ("": SOLVE_PREC)
     TM_OUT: tl.constexpr = False,       # store Tb = Tm diag(beta) into w ([T, H, BT]) and
                                         # scale * Aqk into p ([T, H, BT], OUT_PREP); no step 3
+    SOLVE_TREE: tl.constexpr = False,   # "batched" solve: Neumann factors as a tree
     BAND_STORE: tl.constexpr = False,   # TM_OUT with the "batched" solve: store Tb by block
                                         # diagonals straight from the solve (no assembly)
 ):
@@ -435,7 +446,8 @@ def intra_chunk_kernel(
         if TM_OUT and BAND_STORE:
             # Tb stored band by band (no [BT, BT] assembly), upper bands as zeros
             T0, T1, T2, T3 = solve_bands(b_A, BC, SOLVE_PREC,
-                                         OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC)
+                                         OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC,
+                                         SOLVE_TREE)
             p_w = w + (t0 * H + i_h) * BT
             _store_band(p_w, T0, b_beta, 0, n_t, H, BC)
             _store_band(p_w, T1, b_beta, 1, n_t, H, BC)
@@ -446,7 +458,7 @@ def intra_chunk_kernel(
             _store_band(p_w, T0, b_beta, -3, n_t, H, BC)
         else:
             b_T = solve_batched(b_A, BC, SOLVE_PREC,
-                                OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC)
+                                OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC, SOLVE_TREE)
     else:
         # 2. Tm = (I + A)^-1 in 16 x 16 blocks through the scratch
         p_At = At + (t0 * H + i_h) * BT
@@ -578,7 +590,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
                     defer: bool = False, solve_diag: str = "neumann",
                     offdiag_precision: Optional[str] = None, tm_out: bool = False,
-                    band_store: bool = False):
+                    band_store: bool = False, solve_tree: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -616,6 +628,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``v_new = Tb (v - exp(gc) k S)`` and ``o = scale exp(gc) q S + Aqk v_new`` itself
     (:mod:`.state_walk`, ``TM_FORM``). ``band_store`` (``tm_out`` with the ``"batched"``
     solve): ``Tb`` stored block diagonal by block diagonal straight from the solve.
+    ``solve_tree`` (``"batched"``): the diagonal Neumann factors multiplied as a tree.
     ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
@@ -681,6 +694,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 OFFDIAG_PREC=offdiag_precision or OFFDIAG_PRECISION[solve] or "",
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,
                 BAND_STORE=band_store and tm_out and solve == "batched",
+                SOLVE_TREE=solve_tree and solve == "batched",
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] == 0:

@@ -128,7 +128,7 @@ def _intra(cfg: PrefillConfig, tm: bool = False) -> dict:
                 solve_precision=cfg.intra_solve_precision, maxnreg=maxnreg,
                 solve_diag=cfg.intra_solve_diag, offdiag_precision=cfg.intra_offdiag_precision,
                 split=cfg.intra_split and cfg.solve == "blocks" and not cfg.first_chunk_inline,
-                band_store=cfg.intra_band_store,
+                band_store=cfg.intra_band_store, solve_tree=cfg.intra_solve_tree,
                 num_warps=cfg.intra_warps)
 
 
@@ -278,6 +278,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                          f"{BV} (16 / 32 hit an illegal memory access on triton 3.6); set "
                          f"walk_BV=64 or leave walk_loop_stages None")
     walk = dict(BV=BV, num_warps=cfg.walk_warps or warps, pdl=cfg.pdl,
+                acc_fuse=cfg.walk_acc_fuse,
                 num_stages=cfg.walk_stages or stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
                 loop_stages=loop_stages,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)

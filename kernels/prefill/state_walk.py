@@ -182,6 +182,9 @@ def state_walk_kernel(
                                         # may be placed (.pdl); "": never
     TM_FORM: tl.constexpr = False,      # the "tm" intermediates: w is Tb [T, H, BT], u is
                                         # the values v, p is scale * Aqk [T, H, BT], ob unused
+    ACC_FUSE: tl.constexpr = False,     # bf16 products: the state update and the output
+                                        # accumulate onto the decayed state / the q S term
+                                        # (the products' accumulators; no separate adds)
     EARLY_LOADS: tl.constexpr = False,  # TM_FORM: load Tb, q, Aqk with k at the top of each
                                         # chunk (their latencies overlap; more live registers)
 ):
@@ -310,8 +313,12 @@ def state_walk_kernel(
             if not EARLY_LOADS:
                 b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
                 b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
-            b_o = (mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None]
-                   + mm(b_aq, b_v, OUT_PREC))
+            if ACC_FUSE and OUT_PREC == "bf16":   # Aqk v_new accumulated onto the q S term
+                b_o = tl.dot(b_aq.to(tl.bfloat16), b_v.to(tl.bfloat16),
+                             acc=mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None])
+            else:
+                b_o = (mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None]
+                       + mm(b_aq, b_v, OUT_PREC))
             tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty),
                      mask=m_t[:, None])
         elif FUSE_OUTPUT:   # o = P @ S + ob (see .intra_chunk)
@@ -326,7 +333,10 @@ def state_walk_kernel(
         # S = exp(gc_last) S + k^T (exp(gc_last - gc) v_new): the decay goes on the
         # small [BT, BV] residual tile, k stays bf16
         b_vd = b_v * tl.exp(b_gl - b_gc)[:, None]
-        b_S = b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
+        if ACC_FUSE and DOT_PREC == "bf16":   # the decayed state is the product's accumulator
+            b_S = tl.dot(tl.trans(b_k), b_vd.to(tl.bfloat16), acc=b_S * tl.exp(b_gl))
+        else:
+            b_S = b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
 
     if SUMMARY:
         p_summ = summ + (i_u * H + i_h).to(tl.int64) * (K * (K + V))
@@ -353,7 +363,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
                    pdl_trigger: str = "", loop_stages: Optional[int] = None,
                    defer: bool = False, q=None, scale: float = 1.0, tm_form: bool = False,
-                   early_loads: bool = False):
+                   early_loads: bool = False, acc_fuse: bool = False):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -372,6 +382,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     ``[T, HQ, K]`` and ``scale`` are needed (``ob`` unused): per chunk
     ``v_new = Tb (v - exp(gc) k S)``, ``o = scale exp(gc) q S + Aqk v_new``;
     ``early_loads`` (with ``tm_form``): every load of a chunk before its first product.
+    ``acc_fuse`` (bf16 products): the state update and the outputs accumulate in the
+    products' accumulators (``S <- dot(k^T, v_new, acc=exp(g) S)``) instead of adding after.
     Writes into the given output tensors; returns None, or with ``defer`` the bound
     launch (a zero-argument callable, :meth:`.launch.FastLaunch.bind`) without launching.
     """
@@ -399,7 +411,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
         FROM_FIRST=from_first, WP_STACK=wp_stack, TM_FORM=tm_form,
-        EARLY_LOADS=early_loads and tm_form,
+        EARLY_LOADS=early_loads and tm_form, ACC_FUSE=acc_fuse,
         W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
