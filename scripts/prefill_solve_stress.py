@@ -46,6 +46,8 @@ CONFIGS = {
                                        intra_offdiag_precision="tf32"),
     "rows offdiag-bf16": PrefillConfig(solve="blocks", intra_solve_diag="rows",
                                        intra_offdiag_precision="bf16"),
+    "neumann8 tf32x3": PrefillConfig(intra_solve_diag="neumann8"),
+    "neumann8 bf16x2": PrefillConfig(intra_solve_diag="neumann8", intra_solve_precision="bf16x2"),
     "batched ieee": PrefillConfig(solve="batched", intra_solve_precision="ieee",
                                   intra_offdiag_precision="ieee"),
     "batched tf32x3": PrefillConfig(solve="batched", intra_solve_precision="tf32x3"),

@@ -227,7 +227,7 @@ def _shift(X3, D: tl.constexpr):
 
 @triton.jit
 def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr,
-                  TREE: tl.constexpr = False):
+                  TREE: tl.constexpr = False, DIAG8: tl.constexpr = False):
     """``(I + A)^-1`` of a strictly lower ``[BT, BT]`` tile (``BT = 4 BC``) in registers,
     the four ``BC x BC`` block diagonals at once as batched ``[4, BC, BC]`` products.
 
@@ -245,7 +245,7 @@ def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.conste
     """
     BT_: tl.constexpr = b_A.shape[0]
     NB: tl.constexpr = BT_ // BC
-    T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC, TREE)
+    T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC, TREE, DIAG8)
     o_b = tl.arange(0, NB)
     d_ij = o_b[:, None, None, None] - o_b[None, None, :, None]   # I - J
     T4 = (tl.where(d_ij == 0, T0[:, :, None, :], 0.0) + tl.where(d_ij == 1, T1[:, :, None, :], 0.0)
@@ -255,10 +255,11 @@ def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.conste
 
 @triton.jit
 def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr,
-                TREE: tl.constexpr = False):
+                TREE: tl.constexpr = False, DIAG8: tl.constexpr = False):
     """The block diagonals ``(T_0, T_1, T_2, T_3)`` (``[4, BC, BC]`` each, entry ``I`` is
     block ``(I, I - D)``) of ``(I + A)^-1``; see :func:`solve_batched`. ``TREE``: the
-    Neumann factors of ``T_0`` multiplied as a tree (five dependent products, not six)."""
+    Neumann factors of ``T_0`` multiplied as a tree (five dependent products, not six);
+    ``DIAG8``: ``T_0`` from its 8 x 8 diagonal blocks (smaller Neumann powers, see the code)."""
     BT_: tl.constexpr = b_A.shape[0]
     NB: tl.constexpr = BT_ // BC
     tl.static_assert(NB == 4)
@@ -266,7 +267,18 @@ def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexp
     o_c = tl.arange(0, BC)
     b_I = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)[None, :, :]
     A0 = _band(A4, 0)
-    if TREE:   # ((I - A)(I + A^2)) ((I + A^4)(I + A^8)): five dependent products, not six
+    if DIAG8:
+        # (I + A0)^-1 through its 8 x 8 diagonal blocks D8 (D8^8 = 0) and the lower-left
+        # block L8: I + A0 = (I + D8)(I + N) with N = (I + D8)^-1 L8, N^2 = 0, so
+        # (I + A0)^-1 = (I - N)(I + D8)^-1: six products, five dependent, and the Neumann
+        # powers stay within C(7, 3) = 35 x the entries (C(15, 7) = 6435 x for 16 x 16)
+        m8 = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+        D8 = tl.where(m8[None, :, :], A0, 0.0)
+        P2 = _mm(D8, D8, PREC)
+        P4 = _mm(P2, P2, PREC)
+        Ti8 = _mm(_mm(b_I - D8, b_I + P2, PREC), b_I + P4, PREC)
+        T0 = _mm(b_I - _mm(Ti8, A0 - D8, PREC), Ti8, PREC)
+    elif TREE:   # ((I - A)(I + A^2)) ((I + A^4)(I + A^8)): five dependent products, not six
         P2 = _mm(A0, A0, PREC)
         P4 = _mm(P2, P2, PREC)
         L = _mm(b_I - A0, b_I + P2, PREC)
@@ -447,7 +459,7 @@ def intra_chunk_kernel(
             # Tb stored band by band (no [BT, BT] assembly), upper bands as zeros
             T0, T1, T2, T3 = solve_bands(b_A, BC, SOLVE_PREC,
                                          OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC,
-                                         SOLVE_TREE)
+                                         SOLVE_TREE, SOLVE_DIAG == "neumann8")
             p_w = w + (t0 * H + i_h) * BT
             _store_band(p_w, T0, b_beta, 0, n_t, H, BC)
             _store_band(p_w, T1, b_beta, 1, n_t, H, BC)
@@ -458,7 +470,8 @@ def intra_chunk_kernel(
             _store_band(p_w, T0, b_beta, -3, n_t, H, BC)
         else:
             b_T = solve_batched(b_A, BC, SOLVE_PREC,
-                                OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC, SOLVE_TREE)
+                                OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC, SOLVE_TREE,
+                                SOLVE_DIAG == "neumann8")
     else:
         # 2. Tm = (I + A)^-1 in 16 x 16 blocks through the scratch
         p_At = At + (t0 * H + i_h) * BT
@@ -617,8 +630,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     program per (chunk, head, column block): smaller programs. ``pdl_trigger``
     (``"start"``, ``"end"`` or ``""``): where each program lets a PDL-launched next kernel
     be placed (:mod:`.pdl`).
-    ``solve_diag`` (``"blocks"`` solve): the diagonal 16 x 16 inverses by Neumann
-    products (``"neumann"``) or forward substitution over rows (``"rows"``);
+    ``solve_diag``: the diagonal 16 x 16 inverses by Neumann products (``"neumann"``),
+    forward substitution over rows (``"rows"``, ``"blocks"`` solve) or through their
+    8 x 8 blocks (``"neumann8"``, ``"batched"`` solve);
     ``offdiag_precision``: precision of the off-diagonal block products (None:
     :data:`OFFDIAG_PRECISION` of the solve, or else as ``solve_precision``).
     ``tm_out`` (the ``"tm"`` intermediates of :class:`.config.PrefillConfig`): stop after
@@ -635,8 +649,10 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     """
     if solve not in SOLVES:
         raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
-    if solve_diag != "neumann" and solve != "blocks":
-        raise ValueError(f"solve_diag={solve_diag!r} needs the 'blocks' solve, got {solve!r}")
+    if (solve_diag, solve) not in (("neumann", solve), ("rows", "blocks"),
+                                   ("neumann8", "batched")):
+        raise ValueError(f"solve_diag={solve_diag!r} does not apply to the {solve!r} solve "
+                         "('rows': 'blocks'; 'neumann8': 'batched')")
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
