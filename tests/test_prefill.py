@@ -248,8 +248,27 @@ def test_intra_maxnreg_rule(solve, tm, expected):
     assert intra_maxnreg_rule(solve, tm) == expected
 
 
+@pytest.mark.parametrize("config, solve_diag, solve_precision, offdiag, maxnreg", [
+    pytest.param(PrefillConfig(), "neumann8", None, None, 128, id="default"),
+    pytest.param(PrefillConfig(solve="blocks"), "neumann", None, None, None, id="blocks"),
+    pytest.param(PrefillConfig(intra_solve_diag="neumann", intra_solve_precision="tf32x3",
+                               intra_maxnreg=168), "neumann", "tf32x3", None, 168,
+                 id="batched-neumann16"),
+])
+def test_intra_kernel_arguments_from_config(config, solve_diag, solve_precision, offdiag,
+                                            maxnreg):
+    """What the fused variant hands the intra-chunk launcher (None precisions resolve in
+    :func:`kernels.prefill.intra_chunk.intra_chunk_fwd`)."""
+    from kernels.prefill.pipeline import _intra
+    kw = _intra(config, tm=True)
+    assert (kw["solve_diag"], kw["solve_precision"], kw["offdiag_precision"], kw["maxnreg"]) \
+        == (solve_diag, solve_precision, offdiag, maxnreg)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     pytest.param(dict(intra_solve_diag="rows"), "needs solve='blocks'", id="rows-batched"),
+    pytest.param(dict(solve="blocks", intra_solve_diag="neumann8"), "needs solve='batched'",
+                 id="neumann8-blocks"),
     pytest.param(dict(solve="tile", intra_solve_diag="rows"), "needs solve='blocks'",
                  id="rows-tile"),
     pytest.param(dict(solve="scratch"), "solve must be", id="unknown-solve"),

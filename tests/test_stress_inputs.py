@@ -63,7 +63,11 @@ def test_precise_config_passes_hard_inputs(spread):
 
 @pytest.mark.parametrize("solve", [
     pytest.param(dict(solve="blocks", intra_solve_diag="rows"), id="blocks-rows"),
-    pytest.param(dict(solve="batched", intra_offdiag_precision="tf32x3"), id="batched-tf32x3"),
+    pytest.param(dict(solve="batched", intra_solve_diag="neumann",
+                      intra_offdiag_precision="tf32x3"), id="batched-tf32x3"),
+    pytest.param(dict(solve="batched", intra_solve_diag="neumann8",
+                      intra_solve_precision="tf32x3", intra_offdiag_precision="tf32x3"),
+                 id="batched-neumann8-tf32x3"),
 ])
 def test_fp32_solves_match_neumann_on_hard_inputs(solve):
     """Row substitution and the batched tf32x3 solve are ~fp32 like the ieee Neumann blocks

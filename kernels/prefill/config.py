@@ -10,10 +10,11 @@ the step table in ``docs/notes.md``):
   equal or faster; graph 57x64 90.0 -> 70.8 us, 16x256 73.5 -> 54.0, T=8192 189.9 ->
   166.7, then 139.9 with the tm tile widths);
 * intra-chunk kernel: the ``"batched"`` solve -- the 16 x 16 block formulas in registers,
-  each block diagonal as one batch of four products, tf32x3 for the diagonal inverses and
-  one tf32 pass off the diagonal, ``Tb`` stored band by band -- with a 128-register cap
-  (:func:`intra_maxnreg_rule`): H200 intra 57x64 27.6 -> 15.4 us, T=8192 49.2 -> 26.2
-  against the ``"blocks"`` scratch solve (probes 30-33); 4 warps (8: slower). With
+  each block diagonal as one batch of four products, the diagonal inverses through their
+  8 x 8 blocks in bf16x2 (``"neumann8"``), one tf32 pass off the diagonal, ``Tb`` stored band
+  by band -- with a 128-register cap (:func:`intra_maxnreg_rule`): H200 intra 57x64
+  27.7 -> 13.5 us, T=8192 49.2 -> 22.5 against the ``"blocks"`` scratch solve (probes
+  30-36); 4 warps (8: slower). With
   ``"wu"``: products in 2 column blocks, bf16 products for ``w``, ``u`` and the output
   terms (output rel-L2 ~4.0e-3, the peers' level);
 * walks: bf16 products with the state and a bf16 inline ``P @ S`` (walk
@@ -92,11 +93,13 @@ class PrefillConfig:
             as FLA does; ``"bf16x2"``: split hi + lo, ~fp32).
         intra_col_blocks: the intra-chunk kernel's products with ``k``, ``v``, ``q`` in
             that many blocks of columns (fewer live registers).
-        intra_solve_precision: products of the solve; None: ``"tf32x3"`` (batched, tile) /
-            ``"ieee"`` (blocks). One-pass ``"tf32"`` / ``"bf16"`` are refused for the
+        intra_solve_precision: products of the solve's diagonal inverses; None:
+            ``"bf16x2"`` with ``"neumann8"`` (powers bounded by 35 x), ``"tf32x3"`` for the
+            16 x 16 Neumann products of ``"batched"`` and ``"tile"``, ``"ieee"`` for ``"blocks"``. One-pass ``"tf32"`` / ``"bf16"`` are refused for the
             Neumann inverses: on correlated keys (:mod:`kernels.stress_inputs`) their
             errors reached 1e14 on an H200 while the contest inputs looked fine.
-        intra_solve_diag: the four diagonal 16 x 16 inverses: ``"neumann"``
+        intra_solve_diag: the four diagonal 16 x 16 inverses (None: ``"neumann8"`` for the
+            ``"batched"`` solve, else ``"neumann"``): ``"neumann"``
             (``(I-D)(I+D^2)(I+D^4)(I+D^8)``, six dependent products each, in
             ``intra_solve_precision``), ``"rows"`` (``"blocks"`` solve: fp32 forward
             substitution, 15 row steps; no intermediate larger than the inverse) or
@@ -203,7 +206,7 @@ class PrefillConfig:
     intra_precision: str = "bf16"
     intra_col_blocks: int = 2
     intra_solve_precision: Optional[str] = None
-    intra_solve_diag: str = "neumann"
+    intra_solve_diag: Optional[str] = None
     intra_offdiag_precision: Optional[str] = None
     intra_maxnreg: Optional[int] = None
     walk_maxnreg: Optional[int] = None
@@ -249,8 +252,8 @@ class PrefillConfig:
             if getattr(self, f) not in PRECISIONS:
                 raise ValueError(f"{f} must be one of {', '.join(PRECISIONS)}, "
                                  f"got {getattr(self, f)!r}")
-        if self.intra_solve_diag not in ("neumann", "rows", "neumann8"):
-            raise ValueError(f"intra_solve_diag must be 'neumann', 'rows' or 'neumann8', "
+        if self.intra_solve_diag not in (None, "neumann", "rows", "neumann8"):
+            raise ValueError(f"intra_solve_diag must be None, 'neumann', 'rows' or 'neumann8', "
                              f"got {self.intra_solve_diag!r}")
         need = {"rows": "blocks", "neumann8": "batched"}.get(self.intra_solve_diag, self.solve)
         if self.solve != need:

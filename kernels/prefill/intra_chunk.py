@@ -78,7 +78,7 @@ from .state_walk import fused_chunk_step, load_state_tile, store_state_tile  # n
 
 __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "solve_unit_lower", "BC",
            "solve_batched", "WU_PRECISION", "OUT_PRECISION", "SOLVE", "SOLVES", "SOLVE_PRECISION",
-           "OFFDIAG_PRECISION", "STORAGE"]
+           "OFFDIAG_PRECISION", "DIAG8_PRECISION", "STORAGE"]
 
 #: Sub-block size of the solve.
 BC = 16
@@ -87,8 +87,9 @@ WU_PRECISION = "bf16x2"
 #: Precision of the output terms ``Aqk @ w`` and ``Aqk @ u`` (outputs only).
 OUT_PRECISION = "bf16x2"
 #: Default solve: ``"batched"`` (registers, batched 16 x 16 products; on an H200 the intra-chunk
-#: kernel 27.6 -> 15.4 us at 57x64, 49.2 -> 26.2 at T=8192 against ``"blocks"``, with the
-#: precisions below, band stores and a 128-register cap; docs/notes.md "Prefill v8"),
+#: kernel 27.7 -> 13.5 us at 57x64, 49.2 -> 22.5 at T=8192 against ``"blocks"``, with the
+#: ``"neumann8"`` diagonal inverses of the fused variant, the precisions below, band stores
+#: and a 128-register cap; docs/notes.md "Prefill v8"),
 #: ``"blocks"`` (scratch) or ``"tile"`` (registers; 2x slower than ``"blocks"``: ten
 #: dependent [64, 64] tf32x3 products).
 SOLVE = "batched"
@@ -99,6 +100,12 @@ SOLVES = ("tile", "blocks", "batched")
 #: ``"batched"`` with ``"ieee"`` (FMA products) was slower than ``"blocks"`` on an H200
 #: (57x64 intra 32.0 vs 27.9 us); with ``"tf32x3"`` it runs on the tensor cores.
 SOLVE_PRECISION = {"tile": "tf32x3", "blocks": "ieee", "batched": "tf32x3"}
+#: Precision of the ``"neumann8"`` diagonal inverses (``"batched"`` solve): their Neumann
+#: powers stay within 35 x the entries, so bf16 hi + lo products (~16 bits) suffice; on an
+#: H200 they cut the intra-chunk kernel by ~2 us against tf32x3 16 x 16 Neumann products
+#: (57x64 15.7 -> 13.5 us) at the same hard-input errors (max abs 0.037 vs 0.037 on identical
+#: keys; probe 36, ``prefill_solve_stress_186686f.csv``).
+DIAG8_PRECISION = "bf16x2"
 #: Precision of the off-diagonal block products by solve (None: as :data:`SOLVE_PRECISION`).
 #: Their operands are bounded by the inverse itself: one tf32 pass (H200, hard inputs of
 #: :mod:`kernels.stress_inputs`: max abs error 0.037 vs 0.031 with tf32x3; FLA 0.032,
@@ -705,7 +712,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices,
                 OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision,
                 OUT_PREC=out_precision, SOLVE=solve,
-                SOLVE_PREC=solve_precision or SOLVE_PRECISION[solve], COL_BLOCKS=cb,
+                SOLVE_PREC=solve_precision or (DIAG8_PRECISION if solve_diag == "neumann8"
+                                               else SOLVE_PRECISION[solve]), COL_BLOCKS=cb,
                 SOLVE_DIAG=solve_diag,
                 OFFDIAG_PREC=offdiag_precision or OFFDIAG_PRECISION[solve] or "",
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,

@@ -126,7 +126,9 @@ def _intra(cfg: PrefillConfig, tm: bool = False) -> dict:
     return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
                 out_precision=cfg.intra_precision, col_blocks=cfg.intra_col_blocks,
                 solve_precision=cfg.intra_solve_precision, maxnreg=maxnreg,
-                solve_diag=cfg.intra_solve_diag, offdiag_precision=cfg.intra_offdiag_precision,
+                solve_diag=cfg.intra_solve_diag or ("neumann8" if cfg.solve == "batched"
+                                                    else "neumann"),
+                offdiag_precision=cfg.intra_offdiag_precision,
                 split=cfg.intra_split and cfg.solve == "blocks" and not cfg.first_chunk_inline,
                 band_store=cfg.intra_band_store, solve_tree=cfg.intra_solve_tree,
                 num_warps=cfg.intra_warps)
