@@ -175,11 +175,6 @@ class PrefillConfig:
         walk_acc_fuse: with bf16 walk products, the state update and the inline outputs
             accumulate in the products' accumulators (``S <- dot(k^T, v_new, acc=exp(g) S)``)
             instead of a separate fp32 add (fewer live registers).
-        walk_grouped: short walks (no CP, at most :data:`SHORT_WALK_CHUNKS` chunks per
-            sequence on average) with ``"tm"`` run :mod:`.short_walk`: one program per group of
-            sequences (:func:`.short_walk.group_size_rule`) walking all their chunks in one
-            software-pipelined loop (``walk_loop_stages`` stages, default 2; ``walk_BV``
-            default 64; ``walk_warps`` default 4).
         intra_band_store: with ``"tm"`` and the ``"batched"`` solve, ``Tb`` is stored block
             diagonal by block diagonal straight from the solve instead of assembled into
             one ``[64, 64]`` tile first.
@@ -228,7 +223,6 @@ class PrefillConfig:
     intermediates: str = "tm"
     walk_early_loads: bool = False
     walk_acc_fuse: bool = False
-    walk_grouped: bool = False
     intra_band_store: bool = True
     intra_solve_tree: bool = False
 

@@ -49,7 +49,6 @@ from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
                      walk_tile_rule, intra_maxnreg_rule)
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
-from .short_walk import group_size_rule, short_walk_fwd
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
 from .output import chunk_output_fwd
@@ -299,18 +298,6 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
     if single:
         go_intra()
-        return o, ht
-    if seg == 0 and tm and short and cfg.walk_grouped:
-        gBV = min(cfg.walk_BV or 64, D)
-        go_walk = short_walk_fwd(
-            k, w, v, gc, cu_seqlens, p=P, q=q, scale=scale, output=o, final_state=ht,
-            initial_state=state, BV=gBV,
-            group=group_size_rule(N, HV, D, gBV, sm_count(q.device)),
-            num_warps=cfg.walk_warps or 4, num_stages=cfg.walk_loop_stages or 2,
-            dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision, pdl=cfg.pdl,
-            defer=True)
-        go_intra()
-        go_walk()
         return o, ht
     if seg == 0:
         go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
