@@ -141,14 +141,15 @@ def test_config_levers_keep_results(variant, options):
     pytest.param(S16, [0, 30, 34], torch.int64, False, id="D16-empty-first-nostate"),
     pytest.param(S128, [6], torch.int64, True, id="D128-T6-state"),
 ])
-def test_single_launch_matches_reference(shape, lens, cu_dtype, with_state):
+@pytest.mark.parametrize("form", ["tm", "wu"])
+def test_single_launch_matches_reference(shape, lens, cu_dtype, with_state, form):
     """T <= 64: the intra-chunk program walks its chunk, no walk kernel; empty sequences'
     final states come from their idle programs (NaN-filled outputs catch a missed write)."""
     x, ref = case(shape, lens, cu_dtype, with_state)
     T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
     o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
     st = torch.full((N, HV, D, D), float("nan"), device=DEV)
-    cfg = PrefillConfig(single_launch=True, intermediates="wu")
+    cfg = PrefillConfig(single_launch=True, intermediates=form)
     with mock.patch("kernels.prefill.pipeline.state_walk_fwd",
                     side_effect=AssertionError("walk launched")):
         out = gdn_prefill(**x, variant="fused", config=cfg, output=o, output_state=st)
@@ -239,13 +240,14 @@ def test_workspace_bytes(seg, combine, solve, form, expected):
 
 @pytest.mark.parametrize("solve, tm, expected", [
     pytest.param("batched", True, 128, id="batched-tm"),
+    pytest.param("batched-single", True, None, id="batched-tm-one-launch"),
     pytest.param("batched", False, None, id="batched-wu"),
     pytest.param("blocks", True, None, id="blocks-tm"),
     pytest.param("tile", True, None, id="tile-tm"),
 ])
 def test_intra_maxnreg_rule(solve, tm, expected):
     from kernels.prefill.config import intra_maxnreg_rule
-    assert intra_maxnreg_rule(solve, tm) == expected
+    assert intra_maxnreg_rule(solve.split("-")[0], tm, solve.endswith("single")) == expected
 
 
 @pytest.mark.parametrize("config, solve_diag, solve_precision, offdiag, maxnreg", [
@@ -293,8 +295,7 @@ def test_walk_tile_rule(units, V, cp, tm, expected):
     assert walk_tile_rule(units, 8, V, 132, cp, tm=tm) == expected
 
 
-@pytest.mark.parametrize("lever", ["first_chunk_inline", "single_launch", "stack_wp",
-                                   "intra_split"])
+@pytest.mark.parametrize("lever", ["first_chunk_inline", "stack_wp", "intra_split"])
 def test_wu_only_levers_refused_with_tm(lever):
     with pytest.raises(ValueError, match=f"intermediates='tm' cannot be combined with {lever}"):
         PrefillConfig(**{lever: True})

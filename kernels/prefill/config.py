@@ -167,8 +167,7 @@ class PrefillConfig:
             products, a quarter of the bytes), and the walk forms
             ``v_new = Tb (v - exp(gc) k S)`` and ``o = scale exp(gc) q S + Aqk v_new``
             itself (one more ``[64, 64] x [64, BV]`` product on its chain per chunk).
-            ``"tm"`` excludes ``first_chunk_inline``, ``single_launch``, ``stack_wp`` and
-            ``intra_split``.
+            ``"tm"`` excludes ``first_chunk_inline``, ``stack_wp`` and ``intra_split``.
         walk_early_loads: with ``"tm"``, the fused walk (and CP phase C) issues every load
             of a chunk (``k``, ``v``, ``gc``, ``Tb``, ``q``, ``Aqk``) before its first product,
             so their latencies overlap (more live registers).
@@ -290,7 +289,7 @@ class PrefillConfig:
         if self.intermediates not in ("wu", "tm"):
             raise ValueError(f"intermediates must be 'wu' or 'tm', got {self.intermediates!r}")
         if self.intermediates == "tm":
-            clash = [f for f in ("first_chunk_inline", "single_launch", "stack_wp", "intra_split")
+            clash = [f for f in ("first_chunk_inline", "stack_wp", "intra_split")
                      if getattr(self, f)]
             if clash:
                 raise ValueError(f"intermediates='tm' cannot be combined with {', '.join(clash)} "
@@ -346,10 +345,11 @@ ACCURATE_CONFIG = PrefillConfig(storage="precise", intra_precision="bf16x2",
                                 solve="blocks")
 
 
-def intra_maxnreg_rule(solve: str, tm: bool) -> Optional[int]:
+def intra_maxnreg_rule(solve: str, tm: bool, single: bool = False) -> Optional[int]:
     """Register cap of the intra-chunk kernel when ``intra_maxnreg`` is None: 128 for the
     ``"batched"`` solve with the ``"tm"`` intermediates (the fused variant), else None (the
-    compiler's choice).
+    compiler's choice; also for the one-launch path, ``single``, whose programs walk their
+    chunk too and are few: ``T <= 64``).
 
     That kernel needs ~150-200 registers uncapped (three programs of 4 warps per SM); at 128
     it spills nothing and four fit. Measured on an H200 (probe 33, docs/notes.md): intra
@@ -357,7 +357,7 @@ def intra_maxnreg_rule(solve: str, tm: bool) -> Optional[int]:
     112 and 96 spill and are slower. The ``"wu"`` kernel (products of ``w``, ``u`` after the
     solve) runs at 255 and spills when capped (probes 16, 26).
     """
-    return 128 if (tm and solve == "batched") else None
+    return 128 if (tm and solve == "batched" and not single) else None
 
 
 def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool, tm: bool = False) -> int:

@@ -74,7 +74,8 @@ from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
-from .state_walk import fused_chunk_step, load_state_tile, store_state_tile  # noqa: E402
+from .state_walk import (fused_chunk_step, fused_chunk_step_tm, load_state_tile,  # noqa: E402
+                         store_state_tile)
 
 __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "solve_unit_lower", "BC",
            "solve_batched", "WU_PRECISION", "OUT_PRECISION", "SOLVE", "SOLVES", "SOLVE_PRECISION",
@@ -588,9 +589,14 @@ def intra_chunk_kernel(
                     b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVF)
                 else:
                     b_S = tl.zeros([K, BVF], dtype=tl.float32)
-                b_S = fused_chunk_step(b_S, w, u, k, p, ob, gc, o, T, t0, tl.minimum(n_t, BT),
-                                       i_h, i_hk, i_v, H, HQ, K, V, BT, BVF, W_SPLIT,
-                                       WALK_PREC, INLINE_PREC)
+                if TM_OUT:   # Tb (in w) and scale * Aqk (in p) as stored above
+                    b_S = fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0,
+                                              tl.minimum(n_t, BT), i_h, i_hk, i_v, scale, H, HQ,
+                                              K, V, BT, BVF, WALK_PREC, INLINE_PREC)
+                else:
+                    b_S = fused_chunk_step(b_S, w, u, k, p, ob, gc, o, T, t0,
+                                           tl.minimum(n_t, BT), i_h, i_hk, i_v, H, HQ, K, V,
+                                           BT, BVF, W_SPLIT, WALK_PREC, INLINE_PREC)
                 store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
     grid_trigger(PDL_TRIGGER == "end")
 
@@ -674,8 +680,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         raise ValueError("split needs the 'blocks' solve, no first_step and no stop_after")
     if stack_wp and (w_split or not out_prep or first_step):
         raise ValueError("stack_wp needs q, a non-pair storage of w and no first_step")
-    if tm_out and (split or first_step or stack_wp or stop_after):
-        raise ValueError("tm_out needs no split, first_step, stack_wp or stop_after")
+    if tm_out and (split or stack_wp or stop_after or (first_step and not first_step.get("whole"))):
+        raise ValueError("tm_out needs no split, stack_wp or stop_after, and first_step only "
+                         "with whole=True")
     tm_dtype = torch.float32 if storage == "precise" else torch.bfloat16
     if tm_out:
         w_split = False

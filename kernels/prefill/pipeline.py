@@ -119,10 +119,10 @@ def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
     return o, ht
 
 
-def _intra(cfg: PrefillConfig, tm: bool = False) -> dict:
+def _intra(cfg: PrefillConfig, tm: bool = False, single: bool = False) -> dict:
     """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config (``tm``: the
-    ``"tm"`` intermediates of the fused variant)."""
-    maxnreg = cfg.intra_maxnreg or intra_maxnreg_rule(cfg.solve, tm)
+    ``"tm"`` intermediates of the fused variant; ``single``: its one-launch path)."""
+    maxnreg = cfg.intra_maxnreg or intra_maxnreg_rule(cfg.solve, tm, single)
     return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
                 out_precision=cfg.intra_precision, col_blocks=cfg.intra_col_blocks,
                 solve_precision=cfg.intra_solve_precision, maxnreg=maxnreg,
@@ -292,7 +292,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     w, u, gc, P, ob, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
         first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
-        **_intra(cfg, tm))
+        **_intra(cfg, tm, single))
     if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
         u = v
         walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)

@@ -60,7 +60,7 @@ from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "state_walk", "load_state_tile",
-           "store_state_tile", "fused_chunk_step",
+           "store_state_tile", "fused_chunk_step", "fused_chunk_step_tm",
            "WALK_DOT_PRECISION", "OUTPUT_INLINE_PRECISION", "default_bv"]
 
 #: Precision (:mod:`.dots`) of the products with the state (``w @ S``, ``k^T @ v_new``).
@@ -130,6 +130,38 @@ def fused_chunk_step(b_S, w, u, k, p, ob, gc, o, T, t0, n_t, i_h, i_hk, i_v,
     b_p = tl.load(p + (t0 * H + i_h) * K + o_wk, mask=m_t[:, None], other=0.0)
     b_ob = tl.load(ob + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None], other=0.0)
     b_o = mm(b_p, b_S, OUT_PREC) + b_ob.to(tl.float32)
+    tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
+    b_vd = b_v * tl.exp(b_gl - b_gc)[:, None]
+    return b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
+
+
+@triton.jit
+def fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, n_t, i_h, i_hk, i_v, scale,
+                        H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        BT: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
+                        OUT_PREC: tl.constexpr):
+    """One chunk of the fused walk with the ``"tm"`` intermediates for the ``[K, BV]`` state
+    tile ``b_S`` (``w`` holds ``Tb``, ``p`` holds ``scale * Aqk``, ``[T, H, BT]``): writes
+    the chunk's outputs and returns the state after it. The same arithmetic as one
+    iteration of :func:`state_walk_kernel` with ``TM_FORM``; used by the intra-chunk kernel
+    to walk a chunk it has just solved (the one-launch path for ``T <= 64``)."""
+    o_bt = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t = o_bt < n_t
+    o_qk = o_bt[:, None] * (HQ * K) + o_k[None, :]
+    o_tv = o_bt[:, None] * (H * V) + o_v[None, :]
+    o_tt = o_bt[:, None] * (H * BT) + o_bt[None, :]
+    b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
+    b_gl = tl.load(gc + (t0 + n_t - 1) * H + i_h)
+    b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+    b_u = tl.load(v + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None], other=0.0).to(tl.float32)
+    b_rhs = b_u - tl.exp(b_gc)[:, None] * mm(b_k, b_S, DOT_PREC)
+    b_tb = tl.load(w + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+    b_v = mm(b_tb, b_rhs, DOT_PREC)
+    b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+    b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+    b_o = mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None] + mm(b_aq, b_v, OUT_PREC)
     tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
     b_vd = b_v * tl.exp(b_gl - b_gc)[:, None]
     return b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
