@@ -180,9 +180,6 @@ class PrefillConfig:
         intra_solve_tree: the ``"batched"`` solve multiplies the diagonal blocks' Neumann
             factors as a tree, ``((I - A)(I + A^2)) ((I + A^4)(I + A^8))``: five dependent
             products instead of six.
-        intra_prefetch: what the intra-chunk kernel hints into L2 for the walks
-            (``prefetch.global.L2``, GPU only): ``""`` nothing, ``"h0"`` each sequence's
-            initial state (by its first chunk's programs), ``"h0v"`` also every chunk's values.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -227,7 +224,6 @@ class PrefillConfig:
     walk_acc_fuse: bool = False
     intra_band_store: bool = True
     intra_solve_tree: bool = False
-    intra_prefetch: str = ""
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):
@@ -298,8 +294,6 @@ class PrefillConfig:
             if clash:
                 raise ValueError(f"intermediates='tm' cannot be combined with {', '.join(clash)} "
                                  f"(they are built on w, u, P, ob)")
-        if self.intra_prefetch not in ("", "h0", "h0v"):
-            raise ValueError(f"intra_prefetch must be '', 'h0' or 'h0v', got {self.intra_prefetch!r}")
         if self.pdl_trigger not in ("start", "end"):
             raise ValueError(f"pdl_trigger must be 'start' or 'end', got {self.pdl_trigger!r}")
         if self.cp_combine not in ("inline", "kernel"):

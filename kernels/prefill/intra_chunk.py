@@ -137,14 +137,6 @@ def _mm(x, y, PREC: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Hint the 128-byte lines at ``ptrs`` into L2 (``prefetch.global.L2``): no registers
-    and no wait; the later kernel that reads them then hits L2 instead of DRAM."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                     [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _blk(p_At, I: tl.constexpr, J: tl.constexpr, n_t, H: tl.constexpr, BT: tl.constexpr,
          BC: tl.constexpr):
     """Block ``(I, J)`` (``[BC, BC]``) of the chunk's scratch matrix; rows past the end 0."""
@@ -397,8 +389,6 @@ def intra_chunk_kernel(
     OFFDIAG_PREC: tl.constexpr = "",    # "blocks" solve's off-diagonal products ("": SOLVE_PREC)
     TM_OUT: tl.constexpr = False,       # store Tb = Tm diag(beta) into w ([T, H, BT]) and
                                         # scale * Aqk into p ([T, H, BT], OUT_PREP); no step 3
-    PREFETCH_H0: tl.constexpr = False,  # chunk-0 programs hint h0[n, h] into L2 for the walk
-    PREFETCH_V: tl.constexpr = False,   # every program hints its chunk's values into L2
     SOLVE_TREE: tl.constexpr = False,   # "batched" solve: Neumann factors as a tree
     BAND_STORE: tl.constexpr = False,   # TM_OUT with the "batched" solve: store Tb by block
                                         # diagonals straight from the solve (no assembly)
@@ -417,14 +407,6 @@ def intra_chunk_kernel(
                         b_S = tl.zeros([K, BVF], dtype=tl.float32)
                     store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
         return
-    if PREFETCH_H0:   # the walk's initial state of this (sequence, head), into L2 now
-        if i_c == 0:
-            NL: tl.constexpr = V * K // 32          # 128-byte lines of the fp32 [V, K] state
-            _prefetch_l2(h0 + (i_n * H + i_h).to(tl.int64) * (V * K) + tl.arange(0, NL) * 32)
-    if PREFETCH_V:    # the walk's values of this chunk and head
-        o_vl = tl.arange(0, BT * (V // 64))         # 128-byte lines of bf16 rows
-        _prefetch_l2(v + (t0 * H + i_h) * V + (o_vl // (V // 64)) * (H * V)
-                     + (o_vl % (V // 64)) * 64)
     tl.static_assert(not FIRST_STEP or OUT_PREP)
     tl.static_assert(not WP_STACK or (OUT_PREP and not W_SPLIT and not FIRST_STEP))
     WS: tl.constexpr = 2 if WP_STACK else 1   # w's (token, head) stride in units of K
@@ -634,8 +616,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
                     defer: bool = False, solve_diag: str = "neumann",
                     offdiag_precision: Optional[str] = None, tm_out: bool = False,
-                    band_store: bool = False, solve_tree: bool = False,
-                    prefetch_state: Optional[torch.Tensor] = None, prefetch_v: bool = False):
+                    band_store: bool = False, solve_tree: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -675,10 +656,6 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     (:mod:`.state_walk`, ``TM_FORM``). ``band_store`` (``tm_out`` with the ``"batched"``
     solve): ``Tb`` stored block diagonal by block diagonal straight from the solve.
     ``solve_tree`` (``"batched"``): the diagonal Neumann factors multiplied as a tree.
-    ``prefetch_state`` (``[N, HV, V, K]``, the walk's initial state) / ``prefetch_v``: the
-    programs of each sequence's first chunk hint that sequence's state into L2, every
-    program its chunk's values (``prefetch.global.L2``; GPU only, ignored under the
-    interpreter), so the walk's first loads hit L2.
     ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
@@ -730,9 +707,6 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     if fs and not out_prep:
         raise ValueError("first_step needs q (the output terms)")
     h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
-    pf_h0 = prefetch_state is not None and not interpret.INTERPRET and not fs
-    if pf_h0:
-        h0 = prefetch_state
     if fs.get("whole") and (use_indices or T > BT):
         raise ValueError("first_step['whole'] (no walk after this kernel) needs T <= 64 "
                          f"and the device chunk lookup; got T={T}, chunk_indices "
@@ -752,7 +726,6 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,
                 BAND_STORE=band_store and tm_out and solve == "batched",
                 SOLVE_TREE=solve_tree and solve == "batched",
-                PREFETCH_H0=pf_h0, PREFETCH_V=prefetch_v and V % 64 == 0 and not interpret.INTERPRET,
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] == 0:

@@ -292,8 +292,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     w, u, gc, P, ob, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
         first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
-        prefetch_state=state if cfg.intra_prefetch.startswith("h0") else None,
-        prefetch_v=cfg.intra_prefetch == "h0v", **_intra(cfg, tm, single))
+        **_intra(cfg, tm, single))
     if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
         u = v
         walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
