@@ -156,9 +156,14 @@ class PrefillConfig:
         single_launch: when every sequence fits one chunk (``T <= 64``, no CP), the
             intra-chunk program also walks its chunk (as ``first_chunk_inline``) and the
             walk kernel is not launched: one launch per call; empty sequences' final
-            states are written by their (otherwise idle) intra-chunk programs. Off by
-            default: on an H200 (probe 17, docs/notes.md) it was slower in graph replay
-            (T=6 15.8 -> 21.0 us) and eager (20.7 -> 22.7) than two bound launches.
+            states are written by their (otherwise idle) intra-chunk programs. On by
+            default since the ``"tm"`` intermediates made the intra-chunk kernel ~6 us: the
+            host then issued the walk launch after the GPU had finished the first kernel,
+            and on the H100 host the eager ``cupti_cold`` span reached 2.0 x the graph time
+            at T=6 / T=64. Measured on an H100 (probe 38): eager span T=6 18.5 -> 15.7 us,
+            T=64 23.0 -> 17.1; graph replay 10.0 -> 14.5 / 11.5 -> 15.3 (the intra program
+            walks its two state tiles serially), still half the graph target there. With
+            ``"wu"`` (probe 17, H200) it was slower on both counts (T=6 graph 15.8 -> 21.0).
         intermediates: what the intra-chunk kernel of the ``fused`` variant hands the
             walks. ``"wu"``: the WY factors ``w``, ``u`` and the output terms ``P``, ``ob``
             (``[T, HV, D]`` each); the walk's chain per chunk is ``w @ S``, ``k^T @ v_new``.
@@ -213,7 +218,7 @@ class PrefillConfig:
     cp_chain_precision: str = "bf16"
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
-    single_launch: bool = False
+    single_launch: bool = True
     stack_wp: bool = False
     intra_split: bool = False
     pdl: bool = True
@@ -342,7 +347,7 @@ DEFAULT_CONFIG = PrefillConfig()
 ACCURATE_CONFIG = PrefillConfig(storage="precise", intra_precision="bf16x2",
                                 walk_precision="bf16x2", inline_precision="bf16x2",
                                 cp_chain_precision="tf32x3", intermediates="wu",
-                                solve="blocks")
+                                solve="blocks", single_launch=False)
 
 
 def intra_maxnreg_rule(solve: str, tm: bool, single: bool = False) -> Optional[int]:

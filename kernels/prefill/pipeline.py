@@ -15,7 +15,8 @@ variant         stages                                                       GPU
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
 ``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3 with CP;
-                diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1: ``single_launch``
+                diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1 for T <= 64
+                                                                             (``single_launch``)
                 the default; with ``"wu"``: ``w``/``u`` and the output terms
                 ``P``, ``ob``); (2) state walk forming ``v_new`` and the
                 outputs inline; with context parallelism (2) becomes
@@ -23,9 +24,9 @@ variant         stages                                                       GPU
                 separate combine kernel with ``cp_combine="kernel"``: 4);
                 walks start by dependent launch (:mod:`.pdl`), repeat
                 launches skip Triton's binding and every launch is bound
-                before the first (:mod:`.launch`); with ``single_launch`` and
-                T <= 64, (1) also walks each (one-chunk) sequence and (2) is
-                not launched
+                before the first (:mod:`.launch`); with ``single_launch`` (the
+                default) and T <= 64, (1) also walks each (one-chunk) sequence
+                and (2) is not launched
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
 ==============  ===========================================================  =====================
 
