@@ -259,31 +259,6 @@ def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, precision, b
     assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc")
 
 
-@pytest.mark.parametrize("lens", [
-    pytest.param([100, 0, 28], id="lens[100,0,28]"),
-    pytest.param([1, 0, 64, 65, 0, 130, 3], id="lens[1,0,64,65,0,130,3]"),
-    pytest.param([0, 0, 5], id="lens[0,0,5]"),
-    pytest.param([200], id="lens[200]"),
-])
-def test_intra_chunk_vector_lookup_is_identical(lens):
-    """The one-vector chunk lookup finds the same (sequence, chunk) as the binary search:
-    the intra-chunk outputs are bit-identical."""
-    x = make(lens, GDNShape(1, 2, 16), torch.int32)
-    kw = dict(a=x["a"], b=x["b"], A_log=x["A_log"], dt_bias=x["dt_bias"], q=x["q"], scale=0.25,
-              tm_out=True, band_store=True)
-    ref = intra_chunk.intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], **kw)
-    vec = intra_chunk.intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], vector_lookup=True, **kw)
-    for name, r, v in zip(("Tb", "u", "gc", "Aqk", "ob"), ref, vec):
-        if r is not None:
-            assert torch.equal(r, v), name
-
-
-@pytest.mark.parametrize("N, expected", [(1, 2), (3, 4), (4, 8), (57, 64), (1023, 1024),
-                                         (1024, 0)])
-def test_lookup_width(N, expected):
-    assert chunk_index.lookup_width(N) == expected
-
-
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
 @pytest.mark.parametrize("with_state", [True, False], ids=["state", "nostate"])
 def test_state_walk_stage(lens, shape, cu_dtype, with_state):

@@ -37,7 +37,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 __all__ = ["BT", "num_slots", "prepare_chunk_indices", "locate_block", "chunk_of_program",
-           "slot_of", "lookup_width", "LOOKUP_VECTOR_MAX"]
+           "slot_of"]
 
 #: Chunk size of the chunked prefill (tokens).
 BT = 64
@@ -69,52 +69,30 @@ def prepare_chunk_indices(cu_seqlens: torch.Tensor, block: int = BT) -> torch.Te
 
 
 @triton.jit
-def locate_block(i_p, cu_seqlens, N, BLOCK: tl.constexpr, NV: tl.constexpr = 0):
+def locate_block(i_p, cu_seqlens, N, BLOCK: tl.constexpr):
     """Device-side owner of slot ``i_p``: returns ``(i_n, i_b, bos, eos)``.
 
     ``i_n`` is the sequence, ``i_b`` the block inside it, ``bos``/``eos`` the
     sequence bounds (int64). The slot is real iff ``i_b * BLOCK < eos - bos``;
-    the caller exits otherwise. With ``NV`` (a power of two ``> N``, see
-    :func:`lookup_width`) all of ``cu_seqlens`` is loaded as one vector and the owner is
-    the count of ``start(n) = cu[n] // BLOCK + n <= i_p``, minus one: one round of memory
-    latency. Otherwise a binary search over ``start(n)``: ``log2(N)`` dependent loads.
+    the caller exits otherwise. Binary search over ``start(n) = cu[n] // BLOCK + n``.
     """
-    if NV > 0:
-        o_n = tl.arange(0, NV)
-        b_cu = tl.load(cu_seqlens + o_n, mask=o_n <= N, other=0).to(tl.int64)
-        b_start = (b_cu // BLOCK).to(tl.int32) + o_n
-        lo = tl.sum(((o_n < N) & (b_start <= i_p)).to(tl.int32), axis=0) - 1
-        bos = tl.sum(tl.where(o_n == lo, b_cu, 0), axis=0)
-        eos = tl.sum(tl.where(o_n == lo + 1, b_cu, 0), axis=0)
-    else:
-        lo = 0
-        hi = N
-        while lo + 1 < hi:
-            mid = (lo + hi) // 2
-            s_mid = tl.load(cu_seqlens + mid).to(tl.int32) // BLOCK + mid
-            ok = s_mid <= i_p
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid)
-        bos = tl.load(cu_seqlens + lo).to(tl.int64)
-        eos = tl.load(cu_seqlens + lo + 1).to(tl.int64)
+    lo = 0
+    hi = N
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        s_mid = tl.load(cu_seqlens + mid).to(tl.int32) // BLOCK + mid
+        ok = s_mid <= i_p
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    bos = tl.load(cu_seqlens + lo).to(tl.int64)
+    eos = tl.load(cu_seqlens + lo + 1).to(tl.int64)
     i_b = i_p - (bos // BLOCK).to(tl.int32) - lo
     return lo, i_b, bos, eos
 
 
-#: Largest ``N + 1`` looked up as one vector (:func:`lookup_width`).
-LOOKUP_VECTOR_MAX = 1024
-
-
-def lookup_width(N: int) -> int:
-    """``NV`` of :func:`locate_block` for ``N`` sequences: the power of two above ``N``
-    (one vector load of ``cu_seqlens``) up to :data:`LOOKUP_VECTOR_MAX`, else 0 (binary
-    search). One compiled variant per power of two."""
-    return triton.next_power_of_2(N + 1) if N + 1 <= LOOKUP_VECTOR_MAX else 0
-
-
 @triton.jit
 def chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BLOCK: tl.constexpr,
-                     USE_INDICES: tl.constexpr, NV: tl.constexpr = 0):
+                     USE_INDICES: tl.constexpr):
     """``(i_n, i_c, bos, eos)`` of program ``i_p``: from the host table when
     ``USE_INDICES``, else from :func:`locate_block`. Valid iff ``i_c * BLOCK < eos - bos``."""
     if USE_INDICES:
@@ -123,7 +101,7 @@ def chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BLOCK: tl.constexpr,
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     else:
-        i_n, i_c, bos, eos = locate_block(i_p, cu_seqlens, N, BLOCK, NV)
+        i_n, i_c, bos, eos = locate_block(i_p, cu_seqlens, N, BLOCK)
     return i_n, i_c, bos, eos
 
 

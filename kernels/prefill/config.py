@@ -185,9 +185,6 @@ class PrefillConfig:
         intra_solve_tree: the ``"batched"`` solve multiplies the diagonal blocks' Neumann
             factors as a tree, ``((I - A)(I + A^2)) ((I + A^4)(I + A^8))``: five dependent
             products instead of six.
-        intra_vector_lookup: the intra-chunk programs find their (sequence, chunk) from one
-            vector load of ``cu_seqlens`` (up to 1023 sequences) instead of a binary search of
-            ``log2(N)`` dependent loads (:func:`.chunk_index.locate_block`).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -232,7 +229,6 @@ class PrefillConfig:
     walk_acc_fuse: bool = False
     intra_band_store: bool = True
     intra_solve_tree: bool = False
-    intra_vector_lookup: bool = False
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):

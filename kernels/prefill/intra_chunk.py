@@ -69,8 +69,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import (BT, chunk_of_program, lookup_width, num_slots,  # noqa: E402
-                          prepare_chunk_indices)
+from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices  # noqa: E402
 from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
@@ -390,8 +389,6 @@ def intra_chunk_kernel(
     OFFDIAG_PREC: tl.constexpr = "",    # "blocks" solve's off-diagonal products ("": SOLVE_PREC)
     TM_OUT: tl.constexpr = False,       # store Tb = Tm diag(beta) into w ([T, H, BT]) and
                                         # scale * Aqk into p ([T, H, BT], OUT_PREP); no step 3
-    LOOKUP_NV: tl.constexpr = 0,        # chunk lookup by one vector of cu_seqlens (>0:
-                                        # its width, .chunk_index.lookup_width) or search
     SOLVE_TREE: tl.constexpr = False,   # "batched" solve: Neumann factors as a tree
     BAND_STORE: tl.constexpr = False,   # TM_OUT with the "batched" solve: store Tb by block
                                         # diagonals straight from the solve (no assembly)
@@ -399,8 +396,7 @@ def intra_chunk_kernel(
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER == "start")
     i_p, i_h = tl.program_id(0), tl.program_id(1)
-    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES,
-                                          LOOKUP_NV)
+    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
         if EMPTY_STATE:
             if eos == bos:   # (an empty sequence owns exactly one slot, with i_c == 0)
@@ -620,8 +616,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
                     defer: bool = False, solve_diag: str = "neumann",
                     offdiag_precision: Optional[str] = None, tm_out: bool = False,
-                    band_store: bool = False, solve_tree: bool = False,
-                    vector_lookup: bool = False):
+                    band_store: bool = False, solve_tree: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -661,8 +656,6 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     (:mod:`.state_walk`, ``TM_FORM``). ``band_store`` (``tm_out`` with the ``"batched"``
     solve): ``Tb`` stored block diagonal by block diagonal straight from the solve.
     ``solve_tree`` (``"batched"``): the diagonal Neumann factors multiplied as a tree.
-    ``vector_lookup``: each program finds its chunk from one vector load of ``cu_seqlens``
-    (:func:`.chunk_index.locate_block` with ``NV``) instead of a binary search.
     ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
@@ -733,7 +726,6 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,
                 BAND_STORE=band_store and tm_out and solve == "batched",
                 SOLVE_TREE=solve_tree and solve == "batched",
-                LOOKUP_NV=lookup_width(N) if vector_lookup else 0,
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] == 0:
