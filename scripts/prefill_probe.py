@@ -31,7 +31,6 @@ CONFIGS = {
     "wu": PrefillConfig(intermediates="wu"),
     "single": PrefillConfig(single_launch=True, intermediates="wu"),
     "single_tm": PrefillConfig(single_launch=True),
-    "gl_early": PrefillConfig(walk_gl_early=True),
     "iw8nreg128": PrefillConfig(intra_warps=8, intra_maxnreg=128),
     "walk128w8": PrefillConfig(walk_BV=128, walk_warps=8),
     "first_inline": PrefillConfig(first_chunk_inline=True, intermediates="wu"),

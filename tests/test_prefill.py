@@ -127,7 +127,7 @@ def test_config_levers_keep_results(variant, options):
                   PrefillConfig(intra_solve_precision="ieee", intra_offdiag_precision="ieee"),
                   PrefillConfig(intermediates="wu", solve="batched"),
                   PrefillConfig(intra_solve_tree=True, walk_acc_fuse=True,
-                                walk_early_loads=True, walk_gl_early=True),
+                                walk_early_loads=True),
                   PrefillConfig(cp_chain_precision="tf32x3"),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):

@@ -176,8 +176,6 @@ class PrefillConfig:
         walk_early_loads: with ``"tm"``, the fused walk (and CP phase C) issues every load
             of a chunk (``k``, ``v``, ``gc``, ``Tb``, ``q``, ``Aqk``) before its first product,
             so their latencies overlap (more live registers).
-        walk_gl_early: the fused walks load each chunk's last cumulative decay at the top of
-            the chunk instead of after the output store (which orders the load after it).
         walk_acc_fuse: with bf16 walk products, the state update and the inline outputs
             accumulate in the products' accumulators (``S <- dot(k^T, v_new, acc=exp(g) S)``)
             instead of a separate fp32 add (fewer live registers).
@@ -229,7 +227,6 @@ class PrefillConfig:
     intermediates: str = "tm"
     walk_early_loads: bool = False
     walk_acc_fuse: bool = False
-    walk_gl_early: bool = False
     intra_band_store: bool = True
     intra_solve_tree: bool = False
 

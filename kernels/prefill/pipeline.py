@@ -281,7 +281,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                          f"{BV} (16 / 32 hit an illegal memory access on triton 3.6); set "
                          f"walk_BV=64 or leave walk_loop_stages None")
     walk = dict(BV=BV, num_warps=cfg.walk_warps or warps, pdl=cfg.pdl,
-                acc_fuse=cfg.walk_acc_fuse, gl_early=cfg.walk_gl_early,
+                acc_fuse=cfg.walk_acc_fuse,
                 num_stages=cfg.walk_stages or stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
                 loop_stages=loop_stages,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)

@@ -214,8 +214,6 @@ def state_walk_kernel(
                                         # may be placed (.pdl); "": never
     TM_FORM: tl.constexpr = False,      # the "tm" intermediates: w is Tb [T, H, BT], u is
                                         # the values v, p is scale * Aqk [T, H, BT], ob unused
-    GL_EARLY: tl.constexpr = False,     # load the chunk's last cumulative decay at the top of
-                                        # the chunk (the output store would order it after)
     ACC_FUSE: tl.constexpr = False,     # bf16 products: the state update and the output
                                         # accumulate onto the decayed state / the q S term
                                         # (the products' accumulators; no separate adds)
@@ -304,8 +302,6 @@ def state_walk_kernel(
     for i_c in tl.range(0, n_ch, num_stages=LOOP_STAGES):
         t0 = ubos + i_c * BT                       # first token of the chunk (int64)
         m_t = o_bt < (ueos - t0)
-        if GL_EARLY:   # the chunk's last decay now: after the output store it would wait
-            b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
         b_u = tl.load(u + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None] & m_u[None, :],
                       other=0.0).to(tl.float32)
         if TM_FORM:
@@ -344,8 +340,7 @@ def state_walk_kernel(
         if not TM_FORM:
             b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
             b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-        if not GL_EARLY:
-            b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
+        b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
         if FUSE_OUTPUT and TM_FORM:   # o = scale exp(gc) q S + Aqk v_new (scale in Aqk)
             if not EARLY_LOADS:
                 b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
@@ -400,7 +395,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
                    pdl_trigger: str = "", loop_stages: Optional[int] = None,
                    defer: bool = False, q=None, scale: float = 1.0, tm_form: bool = False,
-                   early_loads: bool = False, acc_fuse: bool = False, gl_early: bool = False):
+                   early_loads: bool = False, acc_fuse: bool = False):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -419,7 +414,6 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     ``[T, HQ, K]`` and ``scale`` are needed (``ob`` unused): per chunk
     ``v_new = Tb (v - exp(gc) k S)``, ``o = scale exp(gc) q S + Aqk v_new``;
     ``early_loads`` (with ``tm_form``): every load of a chunk before its first product.
-    ``gl_early``: the chunk's last cumulative decay loaded at the top of the chunk.
     ``acc_fuse`` (bf16 products): the state update and the outputs accumulate in the
     products' accumulators (``S <- dot(k^T, v_new, acc=exp(g) S)``) instead of adding after.
     Writes into the given output tensors; returns None, or with ``defer`` the bound
@@ -449,7 +443,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         STORE_H=h is not None,
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
         FROM_FIRST=from_first, WP_STACK=wp_stack, TM_FORM=tm_form,
-        EARLY_LOADS=early_loads and tm_form, ACC_FUSE=acc_fuse, GL_EARLY=gl_early,
+        EARLY_LOADS=early_loads and tm_form, ACC_FUSE=acc_fuse,
         W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
