@@ -238,16 +238,16 @@ def test_workspace_bytes(seg, combine, solve, form, expected):
     assert workspace_bytes(128, 1, 2, 16, seg, "compact", combine, solve, form) == expected
 
 
-@pytest.mark.parametrize("solve, tm, expected", [
-    pytest.param("batched", True, 128, id="batched-tm"),
-    pytest.param("batched-single", True, None, id="batched-tm-one-launch"),
-    pytest.param("batched", False, None, id="batched-wu"),
-    pytest.param("blocks", True, None, id="blocks-tm"),
-    pytest.param("tile", True, None, id="tile-tm"),
+@pytest.mark.parametrize("solve, tm, single, expected", [
+    pytest.param("batched", True, False, 128, id="batched-tm"),
+    pytest.param("batched", True, True, None, id="batched-tm-one-launch"),
+    pytest.param("batched", False, False, None, id="batched-wu"),
+    pytest.param("blocks", True, False, None, id="blocks-tm"),
+    pytest.param("tile", True, False, None, id="tile-tm"),
 ])
-def test_intra_maxnreg_rule(solve, tm, expected):
+def test_intra_maxnreg_rule(solve, tm, single, expected):
     from kernels.prefill.config import intra_maxnreg_rule
-    assert intra_maxnreg_rule(solve.split("-")[0], tm, solve.endswith("single")) == expected
+    assert intra_maxnreg_rule(solve, tm, single) == expected
 
 
 @pytest.mark.parametrize("config, solve_diag, solve_precision, offdiag, maxnreg", [

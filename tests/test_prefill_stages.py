@@ -221,18 +221,19 @@ def test_intra_chunk_stage(lens, shape, cu_dtype, solve, col_blocks, split):
     assert_close(ob, ob_ref, 1e-3 * max(1.0, ob_ref.abs().max().item()), "ob")
 
 
-@pytest.mark.parametrize("solve, precision, band_store", [
-    pytest.param("blocks", None, False, id="blocks-ieee"),
-    pytest.param("tile", None, False, id="tile-tf32x3"),
-    pytest.param("batched", None, False, id="batched-tf32x3-assembled"),
-    pytest.param("batched", None, True, id="batched-tf32x3-bands"),
-    pytest.param("batched", "ieee", True, id="batched-ieee-bands"),
-    pytest.param("batched-tree", None, True, id="batched-tf32x3-tree-bands"),
-    pytest.param("batched-diag8", "bf16x2", True, id="batched-diag8-bf16x2-bands"),
+@pytest.mark.parametrize("solve, solve_diag, tree, precision, band_store", [
+    pytest.param("blocks", "neumann", False, None, False, id="blocks-ieee"),
+    pytest.param("tile", "neumann", False, None, False, id="tile-tf32x3"),
+    pytest.param("batched", "neumann", False, None, False, id="batched-tf32x3-assembled"),
+    pytest.param("batched", "neumann", False, None, True, id="batched-tf32x3-bands"),
+    pytest.param("batched", "neumann", False, "ieee", True, id="batched-ieee-bands"),
+    pytest.param("batched", "neumann", True, None, True, id="batched-tf32x3-tree-bands"),
+    pytest.param("batched", "neumann8", False, "bf16x2", True, id="batched-diag8-bf16x2-bands"),
 ])
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES + [
     pytest.param([64, 70], GDNShape(1, 2, 128), torch.int64, id="D128-lens[64,70]-int64")])
-def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, precision, band_store):
+def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, solve_diag, tree, precision,
+                                      band_store):
     """``tm_out``: ``Tb`` and ``scale * Aqk`` by every solve, with and without band stores
     (fp32 storage: only the kernel's arithmetic differs from float64)."""
     x = make(lens, shape, cu_dtype)
@@ -243,10 +244,9 @@ def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, precision, b
                              beta, cpu["cu_seqlens"], scale)
     Tb, u, gc2, Aqk, ob = intra_chunk.intra_chunk_fwd(
         x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"], A_log=x["A_log"],
-        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve.split("-")[0],
-        solve_precision=precision, offdiag_precision=precision, storage="precise", tm_out=True,
-        band_store=band_store, solve_tree=solve.endswith("-tree"),
-        solve_diag="neumann8" if solve.endswith("-diag8") else "neumann")
+        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve, solve_diag=solve_diag,
+        solve_tree=tree, solve_precision=precision, offdiag_precision=precision,
+        storage="precise", tm_out=True, band_store=band_store)
     assert u is None and ob is None and Tb.shape == Tb_ref.shape == Aqk.shape
     assert Tb.dtype == torch.float32
     real = torch.zeros(Tb_ref.shape, dtype=torch.bool)   # entries inside a chunk
