@@ -129,11 +129,6 @@ CONFIGS = {
     "tm_bv32_s64st2": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=64,
                                     summary_stages=2),
     "tm_bv128w8": PrefillConfig(intermediates="tm", walk_BV=128, walk_warps=8),
-    "sep": PrefillConfig(walk_outputs="separate"),
-    "sep_bv32": PrefillConfig(walk_outputs="separate", walk_BV=32),
-    "sep_bv128w8": PrefillConfig(walk_outputs="separate", walk_BV=128, walk_warps=8),
-    "sep_o32": PrefillConfig(walk_outputs="separate", output_BV=32),
-    "sep_o128w8": PrefillConfig(walk_outputs="separate", output_BV=128, output_warps=8),
     "accurate": ACCURATE_CONFIG,
     "accurate_tm": replace(ACCURATE_CONFIG, intermediates="tm"),
 }

@@ -156,27 +156,6 @@ def test_single_launch_matches_reference(shape, lens, cu_dtype, with_state, form
     assert_ok(out, ref)
 
 
-@pytest.mark.parametrize("shape, lens, cu_dtype, with_state", [
-    pytest.param(S16, [100, 0, 28], torch.int32, True, id="D16-empty-mid-state"),
-    pytest.param(S32, [130, 64, 1], torch.int64, False, id="D32-ragged-nostate"),
-    pytest.param(S128, [70, 65], torch.int64, True, id="D128-two-chunks-state"),
-])
-def test_separate_walk_outputs_match_reference(shape, lens, cu_dtype, with_state):
-    """``walk_outputs="separate"``: the walk stores chunk states and residuals, a third kernel
-    writes every output (NaN-filled outputs catch a missed row)."""
-    x, ref = case(shape, lens, cu_dtype, with_state)
-    T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
-    o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
-    st = torch.full((N, HV, D, D), float("nan"), device=DEV)
-    from kernels.prefill import pipeline
-    with mock.patch.object(pipeline, "chunk_output_tm_fwd",
-                           wraps=pipeline.chunk_output_tm_fwd) as out_kernel:
-        out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st,
-                          config=PrefillConfig(walk_outputs="separate"))
-    assert out_kernel.call_count == 1
-    assert_ok(out, ref)
-
-
 def test_single_launch_only_up_to_one_chunk():
     """Past 64 tokens the walk kernel still runs (the switch is ignored)."""
     x, ref = case(S16, [60, 10], torch.int64, True)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 from typing import List, Optional
 
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
-           "intra_maxnreg_rule", "walk_outputs_rule",
+           "intra_maxnreg_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS"]
 
 
@@ -185,14 +185,6 @@ class PrefillConfig:
         intra_solve_tree: the ``"batched"`` solve multiplies the diagonal blocks' Neumann
             factors as a tree, ``((I - A)(I + A^2)) ((I + A^4)(I + A^8))``: five dependent
             products instead of six.
-        walk_outputs: where the ``fused`` variant (``"tm"``, no CP, not the one-launch path)
-            computes the outputs: ``"inline"`` (the walk, per chunk, ``o = scale exp(gc) q S +
-            Aqk v_new``: two of the walk's five products and a third of its loads) or
-            ``"separate"`` (the walk stores each chunk's entering state and ``v_new`` in bf16
-            -- the roundings its products made anyway -- and a third kernel,
-            :func:`.output.chunk_output_tm_fwd`, computes the outputs for all chunks in
-            parallel: a shorter serial chain for one launch more, and the state (512 bytes per
-            token and head) and ``v_new`` (256) written and read back). None: :func:`walk_outputs_rule`.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -237,7 +229,6 @@ class PrefillConfig:
     walk_acc_fuse: bool = False
     intra_band_store: bool = True
     intra_solve_tree: bool = False
-    walk_outputs: Optional[str] = None
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):
@@ -308,9 +299,6 @@ class PrefillConfig:
             if clash:
                 raise ValueError(f"intermediates='tm' cannot be combined with {', '.join(clash)} "
                                  f"(they are built on w, u, P, ob)")
-        if self.walk_outputs not in (None, "inline", "separate"):
-            raise ValueError(f"walk_outputs must be None, 'inline' or 'separate', "
-                             f"got {self.walk_outputs!r}")
         if self.pdl_trigger not in ("start", "end"):
             raise ValueError(f"pdl_trigger must be 'start' or 'end', got {self.pdl_trigger!r}")
         if self.cp_combine not in ("inline", "kernel"):
@@ -375,12 +363,6 @@ def intra_maxnreg_rule(solve: str, tm: bool, single: bool = False) -> Optional[i
     solve) runs at 255 and spills when capped (probes 16, 26).
     """
     return 128 if (tm and solve == "batched" and not single) else None
-
-
-def walk_outputs_rule(T: int, N: int, n_sm: int) -> str:
-    """Where the ``fused`` walk's outputs are computed when ``walk_outputs`` is None:
-    ``"inline"`` (see :class:`PrefillConfig`)."""
-    return "inline"
 
 
 def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool, tm: bool = False) -> int:

@@ -27,11 +27,9 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import (BT, chunk_of_program, num_slots, prepare_chunk_indices,  # noqa: E402
                           slot_of)
 from .dots import mm  # noqa: E402
-from .launch import FastLaunch  # noqa: E402
-from .pdl import grid_wait, launch_options  # noqa: E402
 
 __all__ = ["chunk_output", "chunk_output_kernel", "chunk_output_fwd", "chunk_output_stage",
-           "chunk_output_tm_kernel", "chunk_output_tm_fwd", "OUTPUT_DOT_PRECISION"]
+           "OUTPUT_DOT_PRECISION"]
 
 #: Precision of ``q @ S0`` and ``A_qk @ v_new`` in the output kernel (see :func:`chunk_output`).
 OUTPUT_DOT_PRECISION = "bf16x2"
@@ -141,87 +139,3 @@ def chunk_output_stage(q: torch.Tensor, k: torch.Tensor, gc: torch.Tensor, h: to
     """
     idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
     return chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, chunk_indices=idx)
-
-
-@triton.jit(do_not_specialize=["T", "N"])
-def chunk_output_tm_kernel(
-    q,              # [T, HQ, K] bf16
-    p,              # [T, H, BT] bf16: scale * Aqk (causal, decay folded in), the intra kernel's
-    gc,             # [T, H] f32 per-chunk cumulative log decay
-    h,              # [C, H, K, V] bf16 state entering each chunk (slot-indexed)
-    v_new,          # [T, H, V] bf16 residuals
-    o,              # [T, H, V] bf16 out
-    cu_seqlens,     # [N+1] int32/int64
-    scale,          # output scale
-    T,              # total tokens (not specialised)
-    N,              # sequences (not specialised)
-    H: tl.constexpr,
-    G: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BT: tl.constexpr,
-    BV: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-    PDL_WAIT: tl.constexpr,
-):
-    """Outputs of one ``(chunk slot, value head, V tile)`` for the ``"tm"`` intermediates:
-    ``o = scale exp(gc) q S0 + (scale Aqk) v_new`` -- the same two products, with the same
-    bf16 roundings, as the fused walk's inline outputs, moved off its serial chain.
-    Only ``q`` (an input of the call) is read before the PDL wait."""
-    i_p, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, None, N, BT, False)
-    if i_c * BT >= eos - bos:
-        grid_wait(PDL_WAIT)
-        return
-    HQ: tl.constexpr = H // G
-    i_hk = i_h // G
-    slot = slot_of(i_n, i_c, bos, BT)
-    t0 = bos + i_c * BT
-    o_bt = tl.arange(0, BT)
-    m_t = o_bt < (eos - t0)
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_bt[:, None] * (HQ * K) + o_k[None, :],
-                  mask=m_t[:, None], other=0.0)
-    grid_wait(PDL_WAIT)
-    b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
-    b_S = tl.load(h + (slot * H + i_h).to(tl.int64) * (K * V) + o_k[:, None] * V
-                  + o_v[None, :])
-    b_aq = tl.load(p + (t0 * H + i_h) * BT + o_bt[:, None] * (H * BT) + o_bt[None, :],
-                   mask=m_t[:, None], other=0.0)
-    o_tv = (t0 * H + i_h) * V + o_bt[:, None] * (H * V) + o_v[None, :]
-    b_v = tl.load(v_new + o_tv, mask=m_t[:, None], other=0.0)
-    b_o = mm(b_q, b_S, DOT_PREC) * (scale * tl.exp(b_gc))[:, None] + mm(b_aq, b_v, DOT_PREC)
-    tl.store(o + o_tv, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
-
-
-_OUTPUT_TM_LAUNCH = FastLaunch(chunk_output_tm_kernel)
-
-
-def chunk_output_tm_fwd(q, p, gc, h, v_new, cu_seqlens, scale: float, output, *, BV: int = 64,
-                        num_warps: int = 4, dot_precision: str = "bf16", pdl: bool = False,
-                        defer: bool = False):
-    """Launch :func:`chunk_output_tm_kernel` once over every chunk slot.
-
-    Args:
-        q: `[T, HQ, K]` bf16.
-        p: `[T, HV, 64]` bf16 ``scale * Aqk`` (:func:`.intra_chunk.intra_chunk_fwd`, ``tm_out``).
-        gc: `[T, HV]` f32.
-        h: `[T // 64 + N, HV, K, V]` state entering each chunk at its slot (bf16: the walk's
-            products round it to bf16 anyway).
-        v_new: `[T, HV, V]` residuals (bf16).
-        output: `[T, HV, V]` bf16, written.
-        pdl: launched with programmatic dependent launch after the walk (:mod:`.pdl`).
-    Returns None, or with ``defer`` the bound launch without launching it.
-    """
-    T, HQ, K = q.shape
-    H, V = v_new.shape[1], v_new.shape[2]
-    N = cu_seqlens.numel() - 1
-    pdl_opts = launch_options(pdl, q.device)
-    go = _OUTPUT_TM_LAUNCH.bind((num_slots(T, N), H, V // BV), (
-        q, p, gc, h, v_new, output, cu_seqlens, float(scale), T, N), dict(
-        H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, DOT_PREC=dot_precision,
-        PDL_WAIT=bool(pdl_opts), **pdl_opts, num_warps=num_warps))
-    if defer:
-        return go
-    go()

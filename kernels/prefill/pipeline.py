@@ -48,11 +48,11 @@ import torch
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
-                     walk_outputs_rule, walk_tile_rule, intra_maxnreg_rule)
+                     walk_tile_rule, intra_maxnreg_rule)
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
-from .output import chunk_output_fwd, chunk_output_tm_fwd
+from .output import chunk_output_fwd
 from .state_walk import default_bv, state_walk_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
@@ -247,13 +247,6 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
     return BV, seg
 
 
-def separate_outputs(cfg: PrefillConfig, T: int, N: int, device) -> bool:
-    """Whether the fused variant's walk (``"tm"``, no CP, not the one-launch path) leaves the
-    outputs to a third kernel (``walk_outputs``, :func:`.config.walk_outputs_rule`)."""
-    mode = cfg.walk_outputs or walk_outputs_rule(T, N, sm_count(device))
-    return mode == "separate"
-
-
 def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                   output=None, output_state=None, check_values=None,
                   cp: Union[None, bool, int] = None, config=None):
@@ -306,22 +299,6 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
     if single:
         go_intra()
-        return o, ht
-    if seg == 0 and tm and not first and separate_outputs(cfg, T, N, q.device):
-        # the walk stores each chunk's entering state and v_new (bf16); a third kernel
-        # computes every chunk's outputs in parallel
-        h = torch.empty(num_slots(T, N), HV, D, D, dtype=torch.bfloat16, device=q.device)
-        v_new = torch.empty(T, HV, D, dtype=torch.bfloat16, device=q.device)
-        walk.update(q=None, pdl_trigger=trigger)
-        go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, initial_state=state, h=h,
-                                 v_new=v_new, final_state=ht, defer=True, **walk)
-        go_out = chunk_output_tm_fwd(q, P, gc, h, v_new, cu_seqlens, scale, o,
-                                     BV=cfg.output_BV, num_warps=cfg.output_warps,
-                                     dot_precision=cfg.inline_precision, pdl=cfg.pdl,
-                                     defer=True)
-        go_intra()
-        go_walk()
-        go_out()
         return o, ht
     if seg == 0:
         go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
