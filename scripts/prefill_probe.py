@@ -129,6 +129,9 @@ CONFIGS = {
     "tm_bv32_s64st2": PrefillConfig(intermediates="tm", walk_BV=32, summary_BV=64,
                                     summary_stages=2),
     "tm_bv128w8": PrefillConfig(intermediates="tm", walk_BV=128, walk_warps=8),
+    "pskq": PrefillConfig(walk_loop_stages=2, walk_pipe_skip="q"),
+    "pskaq": PrefillConfig(walk_loop_stages=2, walk_pipe_skip="aq"),
+    "ls2": PrefillConfig(walk_loop_stages=2),
     "accurate": ACCURATE_CONFIG,
     "accurate_tm": replace(ACCURATE_CONFIG, intermediates="tm"),
 }

@@ -185,6 +185,11 @@ class PrefillConfig:
         intra_solve_tree: the ``"batched"`` solve multiplies the diagonal blocks' Neumann
             factors as a tree, ``((I - A)(I + A^2)) ((I + A^4)(I + A^8))``: five dependent
             products instead of six.
+        walk_pipe_skip: with ``"tm"``, a load of the fused walk kept out of its chunk loop's
+            software pipeline (``"q"`` or ``"aq"``, ``scale * Aqk``; ``""``: none): every
+            pipelined load has one shared-memory buffer per stage, and at width 64 with a
+            2-stage loop all of them need 131 KB -- one program per SM; without ``q``'s two
+            ``[64, 128]`` buffers 99 KB, two per SM. None: :func:`walk_launch_rule`.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -229,6 +234,7 @@ class PrefillConfig:
     walk_acc_fuse: bool = False
     intra_band_store: bool = True
     intra_solve_tree: bool = False
+    walk_pipe_skip: Optional[str] = None
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):
@@ -299,6 +305,9 @@ class PrefillConfig:
             if clash:
                 raise ValueError(f"intermediates='tm' cannot be combined with {', '.join(clash)} "
                                  f"(they are built on w, u, P, ob)")
+        if self.walk_pipe_skip not in (None, "", "q", "aq"):
+            raise ValueError(f"walk_pipe_skip must be None, '', 'q' or 'aq', "
+                             f"got {self.walk_pipe_skip!r}")
         if self.pdl_trigger not in ("start", "end"):
             raise ValueError(f"pdl_trigger must be 'start' or 'end', got {self.pdl_trigger!r}")
         if self.cp_combine not in ("inline", "kernel"):

@@ -283,7 +283,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     walk = dict(BV=BV, num_warps=cfg.walk_warps or warps, pdl=cfg.pdl,
                 acc_fuse=cfg.walk_acc_fuse,
                 num_stages=cfg.walk_stages or stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
-                loop_stages=loop_stages,
+                loop_stages=loop_stages, pipe_skip=cfg.walk_pipe_skip or "",
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
                            device=q.device) if seg else None)

@@ -167,6 +167,17 @@ def fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, n_t, i_h, i_hk, i_v, scal
     return b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
 
 
+@triton.jit
+def _load_unpipelined(ptrs, m_t, live):
+    """``tl.load(ptrs, mask=m_t[:, None], other=0)`` inside a branch on ``live`` (always true
+    where it is used): the software pipeliner leaves loads in branches alone, so this one gets
+    no stage buffers in shared memory."""
+    b = tl.zeros(ptrs.shape, dtype=ptrs.dtype.element_ty)
+    if live:
+        b = tl.load(ptrs, mask=m_t[:, None], other=0.0)
+    return b
+
+
 @triton.jit(do_not_specialize=["T", "N"])
 def state_walk_kernel(
     p,              # [T, H, K] output term P, scale folded in (FUSE_OUTPUT) or None
@@ -219,8 +230,9 @@ def state_walk_kernel(
                                         # (the products' accumulators; no separate adds)
     EARLY_LOADS: tl.constexpr = False,  # TM_FORM: load Tb, q, Aqk with k at the top of each
                                         # chunk (their latencies overlap; more live registers)
-    PIPE_SKIP_Q: tl.constexpr = False,  # TM_FORM: q loaded where it is used, not by the
-                                        # chunk loop's pipeline (less shared memory)
+    PIPE_SKIP: tl.constexpr = "",       # TM_FORM + FUSE_OUTPUT: "q" / "aq": that load is kept
+                                        # out of the chunk loop's pipeline (its stage buffers
+                                        # cost shared memory; the load's latency is exposed)
 ):
     # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
     # exits, so this kernel's completion implies the earlier kernels' completion
@@ -344,15 +356,15 @@ def state_walk_kernel(
             b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
         b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
         if FUSE_OUTPUT and TM_FORM:   # o = scale exp(gc) q S + Aqk v_new (scale in Aqk)
-            if PIPE_SKIP_Q:   # inside a branch: kept out of the chunk loop's pipeline
-                b_q = tl.zeros([BT, K], dtype=q.dtype.element_ty)
-                if t0 < ueos:
-                    b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None],
-                                  other=0.0)
-                b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
-            elif not EARLY_LOADS:
-                b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-                b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+            if not EARLY_LOADS:
+                if PIPE_SKIP != "q":
+                    b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+                else:
+                    b_q = _load_unpipelined(q + (t0 * HQ + i_hk) * K + o_qk, m_t, t0 < ueos)
+                if PIPE_SKIP != "aq":
+                    b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+                else:
+                    b_aq = _load_unpipelined(p + (t0 * H + i_h) * BT + o_tt, m_t, t0 < ueos)
             if ACC_FUSE and OUT_PREC == "bf16":   # Aqk v_new accumulated onto the q S term
                 b_o = tl.dot(b_aq.to(tl.bfloat16), b_v.to(tl.bfloat16),
                              acc=mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None])
@@ -403,7 +415,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
                    from_first: bool = False, wp_stack: bool = False, pdl: bool = False,
                    pdl_trigger: str = "", loop_stages: Optional[int] = None,
                    defer: bool = False, q=None, scale: float = 1.0, tm_form: bool = False,
-                   early_loads: bool = False, acc_fuse: bool = False, skip_q: bool = False):
+                   early_loads: bool = False, acc_fuse: bool = False, pipe_skip: str = ""):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -422,9 +434,10 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
     ``[T, HQ, K]`` and ``scale`` are needed (``ob`` unused): per chunk
     ``v_new = Tb (v - exp(gc) k S)``, ``o = scale exp(gc) q S + Aqk v_new``;
     ``early_loads`` (with ``tm_form``): every load of a chunk before its first product.
-    ``skip_q`` (with ``tm_form`` and an output): ``q`` is loaded where it is used, outside
-    the chunk loop's software pipeline (its two ``[64, K]`` buffers are the difference
-    between one and two programs per SM at width 64 with a 2-stage loop).
+    ``pipe_skip`` (with ``tm_form`` and an output): ``"q"`` or ``"aq"`` (``scale * Aqk``) is
+    loaded outside the chunk loop's software pipeline: its stage buffers are the difference
+    between one and two programs per SM at width 64 with a 2-stage loop (131 KB of shared
+    memory with every load pipelined; 99 KB without ``q``'s, 115 KB without ``Aqk``'s).
     ``acc_fuse`` (bf16 products): the state update and the outputs accumulate in the
     products' accumulators (``S <- dot(k^T, v_new, acc=exp(g) S)``) instead of adding after.
     Writes into the given output tensors; returns None, or with ``defer`` the bound
@@ -455,7 +468,7 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, ob=None, initial_state=No
         STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None, SUMMARY=is_summary,
         FROM_FIRST=from_first, WP_STACK=wp_stack, TM_FORM=tm_form,
         EARLY_LOADS=early_loads and tm_form, ACC_FUSE=acc_fuse,
-        PIPE_SKIP_Q=skip_q and tm_form and output is not None,
+        PIPE_SKIP=pipe_skip if tm_form and output is not None else "",
         W_SPLIT=w.dim() == 4 and not wp_stack,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
         LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts), PDL_TRIGGER=trigger, **pdl_opts,
