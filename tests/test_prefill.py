@@ -306,19 +306,27 @@ def test_wu_only_levers_refused_with_tm(lever):
         PrefillConfig(intermediates="w")
 
 
-@pytest.mark.parametrize("BV, programs, short, precise, expected", [
-    pytest.param(64, 912, True, False, (4, 2, 1), id="57x64-short-wide"),
-    pytest.param(64, 256, True, False, (4, 2, 1), id="16x256-short-wide"),
-    pytest.param(16, 64, True, False, (4, 3, None), id="T64-narrow-few"),
-    pytest.param(16, 256, False, False, (4, 2, None), id="4x1024-narrow-many"),
-    pytest.param(16, 64, False, False, (4, 3, None), id="T2048-narrow-few"),
-    pytest.param(64, 144, False, False, (8, 3, None), id="T8192-cp-wide"),
-    pytest.param(64, 144, False, True, (8, 2, None), id="T8192-cp-wide-precise"),
-    pytest.param(16, 64, False, True, (4, 2, None), id="T2048-narrow-few-precise"),
+@pytest.mark.parametrize("BV, programs, short, precise, tm, expected, skip", [
+    pytest.param(64, 912, True, False, True, (4, 2, 2), "q", id="57x64-short-wide-tm"),
+    pytest.param(64, 256, True, False, True, (4, 2, 2), "q", id="16x256-short-wide-tm"),
+    pytest.param(64, 256, True, False, False, (4, 2, 1), "", id="16x256-short-wide-wu"),
+    pytest.param(64, 256, True, True, True, (4, 2, 1), "", id="16x256-short-wide-precise"),
+    pytest.param(16, 64, True, False, True, (4, 3, None), "", id="T64-narrow-few"),
+    pytest.param(16, 256, False, False, True, (4, 2, None), "", id="4x1024-narrow-many"),
+    pytest.param(16, 64, False, False, True, (4, 3, None), "", id="T2048-narrow-few"),
+    pytest.param(64, 144, False, False, True, (8, 3, None), "", id="T8192-cp-wide"),
+    pytest.param(64, 144, False, True, False, (8, 2, None), "", id="T8192-cp-wide-precise"),
+    pytest.param(16, 64, False, True, False, (4, 2, None), "", id="T2048-narrow-few-precise"),
 ])
-def test_walk_launch_rule(BV, programs, short, precise, expected):
-    from kernels.prefill.config import walk_launch_rule
-    assert walk_launch_rule(BV, programs, 132, short, precise) == expected
+def test_walk_launch_rule(BV, programs, short, precise, tm, expected, skip):
+    from kernels.prefill.config import walk_launch_rule, walk_pipe_skip_rule
+    assert walk_launch_rule(BV, programs, 132, short, precise, tm) == expected
+    assert walk_pipe_skip_rule(BV, short, precise, tm) == skip
+
+
+def test_walk_pipe_skip_validated():
+    with pytest.raises(ValueError, match="walk_pipe_skip must be"):
+        PrefillConfig(walk_pipe_skip="k")
 
 
 @pytest.mark.parametrize("options, message", [

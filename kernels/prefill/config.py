@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 from typing import List, Optional
 
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
-           "intra_maxnreg_rule",
+           "intra_maxnreg_rule", "walk_pipe_skip_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS"]
 
 
@@ -425,25 +425,39 @@ SHORT_WALK_CHUNKS = 4
 
 
 def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool,
-                     precise: bool = False):
+                     precise: bool = False, tm: bool = False):
     """``(num_warps, num_stages, loop_stages)`` of the fused walk / CP phase C when the
     config leaves them None.
 
     Short walks (no CP, at most :data:`SHORT_WALK_CHUNKS` chunks per sequence on
-    average) at tile width 64: 4 warps and an unpipelined chunk loop -- ~57 KB shared
-    memory and 255 registers, two programs per SM instead of one; there is little
-    for a pipeline to overlap in one to four chunks. Measured on an H200 (docs/notes.md,
-    probe 14): 57x64 walk 54.9 -> 46.0 us, 16x256 33.3 -> 28.7. Otherwise
-    :func:`walk_warps_rule`, :func:`walk_stages_rule` and the launch's stages for the
-    loop. (An unpipelined loop at width 16 or 32 hit an illegal memory access on
-    triton 3.6, H200: see :class:`PrefillConfig`.) ``precise``: the ``"precise"``
-    storage (``w`` as a bf16 pair, fp32 ``u`` / ``ob``) -- at most 2 stages: with 3 the
-    CP walk at width 64 asked for 265 KB of shared memory (H200: 227 KB per block).
+    average) at tile width 64: 4 warps, two programs per SM (255 registers). With the
+    ``"tm"`` intermediates (compact storage) the chunk loop is pipelined over 2 stages
+    with ``q`` left out of the pipeline (:func:`walk_pipe_skip_rule`; 99 KB of shared
+    memory); otherwise it is unpipelined (~57 KB) -- pipelining every load takes 131 KB,
+    one program per SM. Measured on an H200: probe 14 (57x64 walk 54.9 -> 46.0 us,
+    16x256 33.3 -> 28.7 unpipelined against 3 stages), probe 43 (graph 57x64 55.7 / 55.5
+    -> 54.4 / 54.1 us, 16x256 38.2 / 38.2 -> 38.0 / 37.8 with the 2-stage loop without
+    ``q``; every load pipelined: 62.7 / 42.7). Otherwise :func:`walk_warps_rule`,
+    :func:`walk_stages_rule` and the launch's stages for the loop. (An unpipelined loop at
+    width 16 or 32 hit an illegal memory access on triton 3.6, H200: see
+    :class:`PrefillConfig`.) ``precise``: the ``"precise"`` storage (``w`` as a bf16 pair,
+    fp32 ``u`` / ``ob``) -- at most 2 stages: with 3 the CP walk at width 64 asked for
+    265 KB of shared memory (H200: 227 KB per block).
     """
     if short and BV >= 64:
-        return 4, 2, 1
+        return 4, 2, (2 if tm and not precise else 1)
     stages = walk_stages_rule(BV, programs, n_sm)
     return walk_warps_rule(BV), min(stages, 2) if precise else stages, None
+
+
+def walk_pipe_skip_rule(BV: int, short: bool, precise: bool = False, tm: bool = False) -> str:
+    """The load of the fused walk kept out of its chunk loop's pipeline when
+    ``walk_pipe_skip`` is None: ``"q"`` for the short ``"tm"`` walks at width 64 that
+    :func:`walk_launch_rule` pipelines over 2 stages (so two programs fit per SM), else
+    ``""`` (the longer walks run one program per SM or narrow tiles, where an exposed
+    load costs: H200, ``scripts/walk_variants.py``, 4x1024 30.3 -> 44.8 us, T=2048
+    41.6 -> 64.7 with ``q`` unpipelined)."""
+    return "q" if short and BV >= 64 and tm and not precise else ""
 
 
 def walk_warps_rule(BV: int) -> int:

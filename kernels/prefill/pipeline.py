@@ -48,7 +48,7 @@ import torch
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
-                     walk_tile_rule, intra_maxnreg_rule)
+                     walk_pipe_skip_rule, walk_tile_rule, intra_maxnreg_rule)
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
@@ -273,8 +273,13 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     trigger = cfg.pdl_trigger if cfg.pdl else ""
     programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
     short = seg == 0 and T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
+    tm = cfg.intermediates == "tm"
+    precise = cfg.storage == "precise"
     warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short,
-                                                  precise=cfg.storage == "precise")
+                                                  precise=precise, tm=tm)
+    pipe_skip = cfg.walk_pipe_skip
+    if pipe_skip is None:
+        pipe_skip = walk_pipe_skip_rule(BV, short, precise=precise, tm=tm)
     loop_stages = cfg.walk_loop_stages or loop_stages
     if loop_stages == 1 and BV < 64:
         raise ValueError(f"walk_loop_stages=1 needs a walk tile of at least 64 columns, got "
@@ -283,13 +288,12 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     walk = dict(BV=BV, num_warps=cfg.walk_warps or warps, pdl=cfg.pdl,
                 acc_fuse=cfg.walk_acc_fuse,
                 num_stages=cfg.walk_stages or stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
-                loop_stages=loop_stages, pipe_skip=cfg.walk_pipe_skip or "",
+                loop_stages=loop_stages, pipe_skip=pipe_skip,
                 dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
     summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
                            device=q.device) if seg else None)
     # every launch is bound (arguments ordered, handles fetched) before the first one:
     # on the eager path the host time between launches is what the GPU waits for
-    tm = cfg.intermediates == "tm"
     w, u, gc, P, ob, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
         first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
