@@ -1,6 +1,8 @@
 """The fused walk alone, under several launch variants (GPU instrument).
 
-    python scripts/walk_variants.py [--shapes 16x256 57x64] [--out walk.csv]
+    python scripts/walk_variants.py [--shapes 16x256 57x64 8x256] [--out walk.csv]
+
+(a shape is a name of ``kernels.spec.PREFILL_SHAPES`` or ``NxL``, N sequences of L tokens)
 
 For each shape: the intra-chunk kernel runs once (default config, ``"tm"``
 intermediates); then, for each walk variant (tile width, warps, launch stages,
@@ -66,7 +68,12 @@ def main():
     compiled_stats(seen)
     rows = []
     for shape in args.shapes:
-        x = make_prefill_inputs(PREFILL_SHAPES[shape], device="cuda")
+        if shape in PREFILL_SHAPES:
+            lens = PREFILL_SHAPES[shape]
+        else:   # "NxL": N sequences of L tokens
+            n, length = map(int, shape.split("x"))
+            lens = [length] * n
+        x = make_prefill_inputs(lens, device="cuda")
         q, k, v, cu = x["q"], x["k"], x["v"], x["cu_seqlens"]
         T, HV, D = v.shape
         N = cu.numel() - 1
