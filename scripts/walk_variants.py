@@ -83,7 +83,7 @@ def main():
                                          **_intra(DEFAULT_CONFIG, True))
         ref = None   # (the first variant run is the reference of the others)
         for label, BV, warps, stages, ls, nreg, *more in VARIANTS:
-            skip_q = bool(more and more[0])
+            pipe_skip = "q" if (more and more[0]) else ""
             if label not in args.variants:
                 continue
             o = torch.empty_like(v)
@@ -92,7 +92,7 @@ def main():
             def walk():
                 state_walk_fwd(k, w, v, gc, cu, p=P, initial_state=x["state"], output=o,
                                final_state=ht, BV=BV, num_warps=warps, num_stages=stages,
-                               loop_stages=ls, maxnreg=nreg, skip_q=skip_q, q=q, scale=scale, tm_form=True,
+                               loop_stages=ls, maxnreg=nreg, pipe_skip=pipe_skip, q=q, scale=scale, tm_form=True,
                                dot_precision="bf16", out_precision="bf16")
             try:
                 walk()
@@ -120,6 +120,8 @@ def main():
             rows.append(row)
             print(" ".join(f"{a}={b}" for a, b in row.items()), flush=True)
         torch.cuda.empty_cache()
+    if not rows:
+        raise SystemExit("no variant ran")
     with open(args.out, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0]))
         wr.writeheader()
