@@ -132,8 +132,6 @@ CONFIGS = {
     "pskq": PrefillConfig(walk_loop_stages=2, walk_pipe_skip="q"),
     "pskaq": PrefillConfig(walk_loop_stages=2, walk_pipe_skip="aq"),
     "ls2": PrefillConfig(walk_loop_stages=2),
-    "pfv_mid": PrefillConfig(intra_prefetch_v="mid"),
-    "pfv_end": PrefillConfig(intra_prefetch_v="end"),
     "accurate": ACCURATE_CONFIG,
     "accurate_tm": replace(ACCURATE_CONFIG, intermediates="tm"),
 }

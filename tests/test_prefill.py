@@ -129,7 +129,7 @@ def test_config_levers_keep_results(variant, options):
                   PrefillConfig(intra_solve_tree=True, walk_acc_fuse=True,
                                 walk_early_loads=True),
                   PrefillConfig(cp_chain_precision="tf32x3"),
-                  PrefillConfig(walk_pipe_skip="q", intra_prefetch_v="mid"),
+                  PrefillConfig(walk_pipe_skip="q"),
                   PrefillConfig(walk_pipe_skip="aq", walk_loop_stages=2),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):

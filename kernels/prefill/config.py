@@ -190,10 +190,6 @@ class PrefillConfig:
             pipelined load has one shared-memory buffer per stage, and at width 64 with a
             2-stage loop all of them need 131 KB -- one program per SM; without ``q``'s two
             ``[64, 128]`` buffers 99 KB, two per SM. None: :func:`walk_launch_rule`.
-        intra_prefetch_v: with ``"tm"``, each intra-chunk program hints its chunk's values
-            into L2 (``prefetch.global.L2``) for the walk, whose value loads otherwise come
-            from DRAM: ``"mid"`` (after storing ``Aqk``, before the solve), ``"end"`` (after
-            the solve) or ``""`` (no hints).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -239,7 +235,6 @@ class PrefillConfig:
     intra_band_store: bool = True
     intra_solve_tree: bool = False
     walk_pipe_skip: Optional[str] = None
-    intra_prefetch_v: str = ""
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):
@@ -310,9 +305,6 @@ class PrefillConfig:
             if clash:
                 raise ValueError(f"intermediates='tm' cannot be combined with {', '.join(clash)} "
                                  f"(they are built on w, u, P, ob)")
-        if self.intra_prefetch_v not in ("", "mid", "end"):
-            raise ValueError(f"intra_prefetch_v must be '', 'mid' or 'end', "
-                             f"got {self.intra_prefetch_v!r}")
         if self.walk_pipe_skip not in (None, "", "q", "aq"):
             raise ValueError(f"walk_pipe_skip must be None, '', 'q' or 'aq', "
                              f"got {self.walk_pipe_skip!r}")

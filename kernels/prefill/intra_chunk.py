@@ -137,14 +137,6 @@ def _mm(x, y, PREC: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Hint the 128-byte lines at ``ptrs`` into L2 (``prefetch.global.L2``): no registers
-    and no wait; the later kernel that reads them then hits L2 instead of DRAM."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                     [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _blk(p_At, I: tl.constexpr, J: tl.constexpr, n_t, H: tl.constexpr, BT: tl.constexpr,
          BC: tl.constexpr):
     """Block ``(I, J)`` (``[BC, BC]``) of the chunk's scratch matrix; rows past the end 0."""
@@ -340,16 +332,6 @@ def _store_band(p_w, X3, b_beta, D: tl.constexpr, n_t, H: tl.constexpr, BC: tl.c
     tl.store(p_w + rows * (H * NB * BC) + cols, val.to(p_w.dtype.element_ty), mask=m_st)
 
 
-@triton.jit
-def _prefetch_values(v, t0, n_t, i_h, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
-    """L2 hints of the ``[BT, V]`` bf16 values of head ``i_h`` from token ``t0``: one
-    128-byte line per element of a ``[BT * V / 64]`` vector, rows clamped to the chunk's
-    ``n_t`` real rows (never past the tensor)."""
-    o_vl = tl.arange(0, BT * (V // 64))
-    row = tl.minimum(o_vl // (V // 64), n_t - 1)
-    _prefetch_l2(v + (t0 * H + i_h) * V + row * (H * V) + (o_vl % (V // 64)) * 64)
-
-
 @triton.jit(do_not_specialize=["T", "N"])
 def intra_chunk_kernel(
     q,              # [T, HQ, K] bf16 queries (OUT_PREP) or None
@@ -410,8 +392,6 @@ def intra_chunk_kernel(
     SOLVE_TREE: tl.constexpr = False,   # "batched" solve: Neumann factors as a tree
     BAND_STORE: tl.constexpr = False,   # TM_OUT with the "batched" solve: store Tb by block
                                         # diagonals straight from the solve (no assembly)
-    PREFETCH_V: tl.constexpr = "",             # TM_OUT: where the program hints its chunk's values
-                                        # into L2 for the walk ("mid": after Aqk, "end")
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER == "start")
@@ -472,8 +452,6 @@ def intra_chunk_kernel(
         if TM_OUT:   # stored now: not live through the solve
             tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
                      mask=m_r[:, None])
-            if PREFETCH_V == "mid":
-                _prefetch_values(v, t0, n_t, i_h, H, V, BT)
     if STOP_AFTER == 1:   # instrument: stage timing (keeps A alive through a row sum)
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_A, axis=1), mask=m_r)
         return
@@ -550,8 +528,6 @@ def intra_chunk_kernel(
         return
     if PHASE == 1:   # split: Tm stays in the scratch for the second launch
         return
-    if TM_OUT and PREFETCH_V == "end":
-        _prefetch_values(v, t0, n_t, i_h, H, V, BT)
     if TM_OUT and BAND_STORE and SOLVE == "batched":
         pass   # stored band by band above
     elif TM_OUT:
@@ -640,7 +616,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
                     defer: bool = False, solve_diag: str = "neumann",
                     offdiag_precision: Optional[str] = None, tm_out: bool = False,
-                    band_store: bool = False, solve_tree: bool = False, prefetch_v: str = ""):
+                    band_store: bool = False, solve_tree: bool = False):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -680,9 +656,6 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     (:mod:`.state_walk`, ``TM_FORM``). ``band_store`` (``tm_out`` with the ``"batched"``
     solve): ``Tb`` stored block diagonal by block diagonal straight from the solve.
     ``solve_tree`` (``"batched"``): the diagonal Neumann factors multiplied as a tree.
-    ``prefetch_v`` (``tm_out``; GPU only, ignored under the interpreter): ``"mid"`` / ``"end"``:
-    each program hints its chunk's values into L2 (``prefetch.global.L2``) after storing
-    ``Aqk`` / after the solve, so the walk's value loads hit L2 instead of DRAM.
     ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
@@ -752,8 +725,6 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 OFFDIAG_PREC=offdiag_precision or OFFDIAG_PRECISION[solve] or "",
                 STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,
                 BAND_STORE=band_store and tm_out and solve == "batched",
-                PREFETCH_V=prefetch_v if tm_out and V % 64 == 0 and not interpret.INTERPRET
-                else "",
                 SOLVE_TREE=solve_tree and solve == "batched",
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
                 **first, **({"maxnreg": maxnreg} if maxnreg else {}))

@@ -132,7 +132,6 @@ def _intra(cfg: PrefillConfig, tm: bool = False, single: bool = False) -> dict:
                 offdiag_precision=cfg.intra_offdiag_precision,
                 split=cfg.intra_split and cfg.solve == "blocks" and not cfg.first_chunk_inline,
                 band_store=cfg.intra_band_store, solve_tree=cfg.intra_solve_tree,
-                prefetch_v=cfg.intra_prefetch_v if tm else "",
                 num_warps=cfg.intra_warps)
 
 
