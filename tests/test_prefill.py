@@ -158,6 +158,28 @@ def test_single_launch_matches_reference(shape, lens, cu_dtype, with_state, form
     assert_ok(out, ref)
 
 
+@pytest.mark.parametrize("shape, lens, cu_dtype, with_state, BV", [
+    pytest.param(S16, [100, 0, 28], torch.int32, True, None, id="D16-empty-mid-state"),
+    pytest.param(S32, [130, 64, 1], torch.int64, False, 16, id="D32-ragged-nostate-BV16"),
+    pytest.param(S128, [70, 65], torch.int64, True, None, id="D128-two-chunks-state"),
+    pytest.param(S128, [0, 129], torch.int32, False, 64, id="D128-empty-first-BV64"),
+])
+def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV):
+    """``walk_transposed``: the walk holding ``S^T`` (:mod:`kernels.prefill.state_walk_t`)
+    writes every output row and final state (NaN-filled buffers catch a missed write)."""
+    x, ref = case(shape, lens, cu_dtype, with_state)
+    T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
+    o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+    st = torch.full((N, HV, D, D), float("nan"), device=DEV)
+    from kernels.prefill import pipeline
+    with mock.patch.object(pipeline, "state_walk_t_fwd",
+                           wraps=pipeline.state_walk_t_fwd) as walk_t:
+        out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st,
+                          config=PrefillConfig(walk_transposed=True, walk_BV=BV))
+    assert walk_t.call_count == 1
+    assert_ok(out, ref)
+
+
 def test_single_launch_only_up_to_one_chunk():
     """Past 64 tokens the walk kernel still runs (the switch is ignored)."""
     x, ref = case(S16, [60, 10], torch.int64, True)

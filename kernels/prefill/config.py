@@ -190,6 +190,12 @@ class PrefillConfig:
             pipelined load has one shared-memory buffer per stage, and at width 64 with a
             2-stage loop all of them need 131 KB -- one program per SM; without ``q``'s two
             ``[64, 128]`` buffers 99 KB, two per SM. None: :func:`walk_launch_rule`.
+        walk_transposed: with ``"tm"`` and no CP, the walk holds the state as ``S^T`` so
+            every product is ``computed @ loaded^T`` (:mod:`.state_walk_t`): computed
+            operands stay in registers, the loaded tiles are the shared-memory operands, and
+            at width 128 with 8 warps the two warpgroups share one load of ``k``, ``q``,
+            ``Tb``, ``Aqk``. Width ``walk_BV`` (None: 128), ``walk_warps`` (None: 8 at 128,
+            else 4), ``walk_stages`` / ``walk_loop_stages`` (None: 2).
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -235,6 +241,7 @@ class PrefillConfig:
     intra_band_store: bool = True
     intra_solve_tree: bool = False
     walk_pipe_skip: Optional[str] = None
+    walk_transposed: bool = False
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):

@@ -54,6 +54,7 @@ from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
 from .output import chunk_output_fwd
 from .state_walk import default_bv, state_walk_fwd
+from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
            "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
@@ -303,6 +304,17 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
     if single:
         go_intra()
+        return o, ht
+    if seg == 0 and tm and cfg.walk_transposed and not first:
+        bvt = cfg.walk_BV or min(128, D)
+        go_walk = state_walk_t_fwd(
+            q, k, v, w, P, gc, cu_seqlens, initial_state=state, output=o, final_state=ht,
+            scale=scale, BV=bvt, num_warps=cfg.walk_warps or (8 if bvt >= 128 else 4),
+            num_stages=cfg.walk_stages or 2, loop_stages=cfg.walk_loop_stages or 2,
+            dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision,
+            pdl=cfg.pdl, defer=True)
+        go_intra()
+        go_walk()
         return o, ht
     if seg == 0:
         go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,

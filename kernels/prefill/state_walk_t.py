@@ -1,0 +1,149 @@
+"""Stage 3, transposed: the fused ``"tm"`` walk holding the state as ``S^T``.
+
+The same recurrence and outputs as :func:`.state_walk.state_walk_kernel` with
+``TM_FORM`` and ``FUSE_OUTPUT`` (no context parallelism), written for the
+tensor cores' operand rules. Hopper's ``wgmma`` reads its right operand from
+shared memory and may take its left one from registers; its row count per
+warpgroup is 64. The untransposed walk multiplies loaded tiles by computed
+ones (``k @ S``, ``Tb @ rhs``, ``Aqk @ v_new``, ``k^T @ v_new``), so every
+computed operand is staged through shared memory behind a barrier, and with
+8 warps its 64-row products are computed twice (one copy per warpgroup).
+Transposed, every product is ``computed @ loaded^T`` with the state tile's
+``BV`` columns as rows::
+
+    (k S)^T     = S^T k^T                  [BV, K] x [K, BT]
+    v_new^T     = (v - exp(gc) k S)^T Tb^T  [BV, BT] x [BT, BT]
+    o^T         = scale exp(gc) S^T q^T + v_new^T Aqk^T
+    S'^T        = exp(gc_last) S^T + (exp(gc_last - gc) v_new)^T k
+
+so the computed operands stay in registers, the loaded tiles (``k``, ``q``,
+``Tb``, ``Aqk``) are the shared-memory operands -- what the chunk loop's
+software pipeline stages anyway -- and at ``BV = 128`` with 8 warps each
+warpgroup owns 64 state columns while both share one load of those tiles
+(half the bytes per state column of two ``BV = 64`` programs). The state is
+k-last in memory (``[V, K]``, as the contest layout), so ``S^T`` tiles are
+contiguous rows. Roundings: the same bf16 products as the untransposed walk
+with ``"bf16"`` precisions (``S``, ``rhs``, ``v_new``, the decayed ``v_new``
+rounded to bf16 for one product each).
+"""
+from __future__ import annotations
+
+from .. import interpret
+
+interpret.install()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from .chunk_index import BT  # noqa: E402
+from .dots import mm  # noqa: E402
+from .launch import FastLaunch  # noqa: E402
+from .pdl import grid_wait, launch_options  # noqa: E402
+
+__all__ = ["state_walk_t_kernel", "state_walk_t_fwd"]
+
+
+@triton.jit(do_not_specialize=["T", "N"])
+def state_walk_t_kernel(
+    q,              # [T, HQ, K] bf16
+    k,              # [T, HQ, K] bf16
+    v,              # [T, H, V] bf16
+    tb,             # [T, H, BT] bf16: Tb = Tm diag(beta) (the intra-chunk kernel's, "tm")
+    aq,             # [T, H, BT] bf16: scale * Aqk
+    gc,             # [T, H] f32 per-chunk cumulative log decay
+    h0,             # [N, H, V, K] f32 initial state, k-last (USE_H0) or None
+    cu_seqlens,     # [N+1] int32/int64
+    o,              # [T, H, V] bf16 out
+    ht,             # [N, H, V, K] f32 out: final state, k-last
+    scale,          # output scale
+    T,              # total tokens (not specialised)
+    N,              # sequences (not specialised)
+    H: tl.constexpr,            # value heads
+    G: tl.constexpr,            # value heads per q/k head
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,           # chunk size
+    BV: tl.constexpr,           # state columns per program (rows of S^T)
+    USE_H0: tl.constexpr,
+    DOT_PREC: tl.constexpr,     # products with the state and the residuals (.dots)
+    OUT_PREC: tl.constexpr,     # the outputs' products
+    LOOP_STAGES: tl.constexpr = None,   # software-pipeline stages of the chunk loop
+    PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
+):
+    """One program per ``(sequence, value head, BV state columns)``: walks the sequence's
+    chunks from ``h0`` (or zeros), writes every output row and the final state."""
+    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    HQ: tl.constexpr = H // G
+    i_hk = i_h // G
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_bt = tl.arange(0, BT)
+    o_vk = o_v[:, None] * K + o_k[None, :]                 # [BV, K] of a k-last state
+    p_state = (i_n * H + i_h).to(tl.int64) * (V * K)
+    if USE_H0:   # an input of the call: read before the PDL wait
+        b_St = tl.load(h0 + p_state + o_vk)
+    else:
+        b_St = tl.zeros([BV, K], dtype=tl.float32)
+    o_qk = o_bt[:, None] * (HQ * K) + o_k[None, :]         # [BT, K] rows of q, k
+    o_vt = o_bt[None, :] * (H * V) + o_v[:, None]          # [BV, BT]: v^T, o^T
+    o_tt = o_bt[:, None] * (H * BT) + o_bt[None, :]        # [BT, BT] rows of Tb, Aqk
+    grid_wait(PDL_WAIT)
+    for i_c in tl.range(0, tl.cdiv(eos - bos, BT), num_stages=LOOP_STAGES):
+        t0 = bos + i_c * BT                                # first token of the chunk (int64)
+        m_t = o_bt < (eos - t0)
+        b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
+        b_gl = tl.load(gc + (tl.minimum(t0 + BT, eos) - 1) * H + i_h)
+        b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+        b_vt = tl.load(v + (t0 * H + i_h) * V + o_vt, mask=m_t[None, :], other=0.0)
+        # rhs^T = v^T - (k S)^T exp(gc): rows past the end are 0 (k, v masked)
+        b_rt = b_vt.to(tl.float32) - mm(b_St, tl.trans(b_k), DOT_PREC) * tl.exp(b_gc)[None, :]
+        b_tb = tl.load(tb + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+        b_nt = mm(b_rt, tl.trans(b_tb), DOT_PREC)          # v_new^T = rhs^T Tb^T
+        b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+        b_aq = tl.load(aq + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+        b_ot = (mm(b_St, tl.trans(b_q), OUT_PREC) * (scale * tl.exp(b_gc))[None, :]
+                + mm(b_nt, tl.trans(b_aq), OUT_PREC))
+        tl.store(o + (t0 * H + i_h) * V + o_vt, b_ot.to(o.dtype.element_ty), mask=m_t[None, :])
+        # S'^T = exp(gc_last) S^T + (exp(gc_last - gc) v_new)^T k
+        b_St = b_St * tl.exp(b_gl) + mm(b_nt * tl.exp(b_gl - b_gc)[None, :], b_k, DOT_PREC)
+    tl.store(ht + p_state + o_vk, b_St)
+
+
+_WALK_T_LAUNCH = FastLaunch(state_walk_t_kernel)
+
+
+def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state, output, final_state,
+                     scale: float, BV: int = 128, num_warps: int = 8, num_stages: int = 2,
+                     loop_stages=None, dot_precision: str = "bf16",
+                     out_precision: str = "bf16", pdl: bool = False, defer: bool = False):
+    """Launch :func:`state_walk_t_kernel` once over ``(N, HV, V // BV)`` programs.
+
+    Args:
+        q, k: `[T, HQ, K]` bf16. v: `[T, HV, V]` bf16.
+        tb, aq: `[T, HV, 64]` bf16 ``Tb`` and ``scale * Aqk`` (:func:`.intra_chunk.intra_chunk_fwd`
+            with ``tm_out``). gc: `[T, HV]` f32.
+        cu_seqlens: `[N+1]` int32/int64.
+        initial_state: `[N, HV, V, K]` f32 k-last, or None (zeros).
+        output: `[T, HV, V]` bf16, written. final_state: `[N, HV, V, K]` f32, written.
+        BV: state columns per program (rows of ``S^T``): 128 with 8 warps gives each
+            warpgroup 64 rows; 64 with 4 warps is one warpgroup.
+        pdl: launched with programmatic dependent launch after the intra-chunk kernel.
+    Returns None, or with ``defer`` the bound launch without launching it.
+    """
+    T, HQ, K = k.shape
+    H, V = v.shape[1], v.shape[2]
+    N = cu_seqlens.numel() - 1
+    if V % BV or BV < 16:
+        raise ValueError(f"BV must divide V={V} and be >= 16, got {BV}")
+    pdl_opts = launch_options(pdl, k.device)
+    go = _WALK_T_LAUNCH.bind((N, H, V // BV), (
+        q, k, v, tb, aq, gc, initial_state, cu_seqlens, output, final_state, float(scale),
+        T, N), dict(
+        H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, USE_H0=initial_state is not None,
+        DOT_PREC=dot_precision, OUT_PREC=out_precision, LOOP_STAGES=loop_stages,
+        PDL_WAIT=bool(pdl_opts), **pdl_opts, num_warps=num_warps, num_stages=num_stages))
+    if defer:
+        return go
+    go()
