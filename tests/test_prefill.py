@@ -346,6 +346,18 @@ def test_walk_launch_rule(BV, programs, short, precise, tm, expected, skip):
     assert walk_pipe_skip_rule(BV, short, precise, tm) == skip
 
 
+@pytest.mark.parametrize("BV, short, precise, tm, expected", [
+    pytest.param(64, True, False, True, True, id="16x256-57x64-short-wide-tm"),
+    pytest.param(64, True, False, False, False, id="short-wide-wu"),
+    pytest.param(64, True, True, True, False, id="short-wide-precise"),
+    pytest.param(32, True, False, True, False, id="short-narrow"),
+    pytest.param(64, False, False, True, False, id="long-or-cp"),
+])
+def test_walk_transposed_rule(BV, short, precise, tm, expected):
+    from kernels.prefill.config import walk_transposed_rule
+    assert walk_transposed_rule(BV, short, precise, tm) is expected
+
+
 def test_walk_pipe_skip_validated():
     with pytest.raises(ValueError, match="walk_pipe_skip must be"):
         PrefillConfig(walk_pipe_skip="k")

@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 from typing import List, Optional
 
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
-           "intra_maxnreg_rule", "walk_pipe_skip_rule",
+           "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS"]
 
 
@@ -195,7 +195,8 @@ class PrefillConfig:
             operands stay in registers, the loaded tiles are the shared-memory operands, and
             at width 128 with 8 warps the two warpgroups share one load of ``k``, ``q``,
             ``Tb``, ``Aqk``. Width ``walk_BV`` (None: 128), ``walk_warps`` (None: 8 at 128,
-            else 4), ``walk_stages`` / ``walk_loop_stages`` (None: 2).
+            else 4), ``walk_stages`` / ``walk_loop_stages`` (None: 2). None:
+            :func:`walk_transposed_rule`.
         first_chunk_BV: state tile width of that first step, 16 or 64 (32 hit an
             out-of-bounds shared-memory read inside a product, compute-sanitizer, triton
             3.6, H200 -- a compiler fault; 32-column blocks of ``intra_col_blocks=4``
@@ -241,7 +242,7 @@ class PrefillConfig:
     intra_band_store: bool = True
     intra_solve_tree: bool = False
     walk_pipe_skip: Optional[str] = None
-    walk_transposed: bool = False
+    walk_transposed: Optional[bool] = None
 
     def __post_init__(self):
         for f in ("walk_BV", "split_BV", "summary_BV"):
@@ -455,6 +456,17 @@ def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool,
         return 4, 2, (2 if tm and not precise else 1)
     stages = walk_stages_rule(BV, programs, n_sm)
     return walk_warps_rule(BV), min(stages, 2) if precise else stages, None
+
+
+def walk_transposed_rule(BV: int, short: bool, precise: bool = False, tm: bool = False) -> bool:
+    """Whether the fused walk holds ``S^T`` (:mod:`.state_walk_t`) when ``walk_transposed`` is
+    None: for the short ``"tm"`` walks (no CP, at most :data:`SHORT_WALK_CHUNKS` chunks per
+    sequence on average) that :func:`walk_tile_rule` gives width 64, i.e. many programs of
+    one to four chunks. Measured on an H200 (probe 45, graph us, untransposed ->
+    transposed at width 128 / 8 warps): 16x256 38.2 -> 35.2, 57x64 54.7 -> 52.4. The
+    long, narrow walks are slower transposed (4x1024 41.7 -> 57.9 at best, T=2048 50.2
+    -> 79.5, T=512 19.8 -> 21.3, 100+28 12.3 -> 13.8), so they keep the untransposed walk."""
+    return short and BV >= 64 and tm and not precise
 
 
 def walk_pipe_skip_rule(BV: int, short: bool, precise: bool = False, tm: bool = False) -> str:

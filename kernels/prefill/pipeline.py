@@ -48,7 +48,8 @@ import torch
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
-                     walk_pipe_skip_rule, walk_tile_rule, intra_maxnreg_rule)
+                     walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule,
+                     intra_maxnreg_rule)
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
@@ -278,6 +279,9 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     precise = cfg.storage == "precise"
     warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short,
                                                   precise=precise, tm=tm)
+    transposed = cfg.walk_transposed
+    if transposed is None:
+        transposed = walk_transposed_rule(BV, short, precise=precise, tm=tm)
     pipe_skip = cfg.walk_pipe_skip
     if pipe_skip is None:
         pipe_skip = walk_pipe_skip_rule(BV, short, precise=precise, tm=tm)
@@ -305,7 +309,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     if single:
         go_intra()
         return o, ht
-    if seg == 0 and tm and cfg.walk_transposed and not first:
+    if seg == 0 and tm and transposed and not first:
         bvt = cfg.walk_BV or min(128, D)
         go_walk = state_walk_t_fwd(
             q, k, v, w, P, gc, cu_seqlens, initial_state=state, output=o, final_state=ht,
