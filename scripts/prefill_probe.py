@@ -132,6 +132,7 @@ CONFIGS = {
     "pskq": PrefillConfig(walk_loop_stages=2, walk_pipe_skip="q"),
     "pskaq": PrefillConfig(walk_loop_stages=2, walk_pipe_skip="aq"),
     "ls2": PrefillConfig(walk_loop_stages=2),
+    "nochain2": PrefillConfig(single_launch_chain2=False),
     "wt128": PrefillConfig(walk_transposed=True),
     "wt128_ls3": PrefillConfig(walk_transposed=True, walk_stages=3, walk_loop_stages=3),
     "wt64": PrefillConfig(walk_transposed=True, walk_BV=64),

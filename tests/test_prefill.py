@@ -180,6 +180,38 @@ def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV
     assert_ok(out, ref)
 
 
+@pytest.mark.parametrize("shape, lens, cu_dtype, with_state", [
+    pytest.param(S16, [100, 0, 28], torch.int32, True, id="D16-100-0-28-state"),
+    pytest.param(S16, [65], torch.int64, False, id="D16-65-nostate"),
+    pytest.param(S32, [64, 64], torch.int64, True, id="D32-two-full-chunks"),
+    pytest.param(S32, [1, 127, 0], torch.int32, False, id="D32-1-127-empty-last"),
+    pytest.param(S128, [100, 28], torch.int64, True, id="D128-100-28-state"),
+])
+def test_single_launch_two_chunks_matches_reference(shape, lens, cu_dtype, with_state):
+    """64 < T <= 128 with "tm": one launch; a second chunk's program waits for its
+    sequence's first chunk through a flag, which it resets (all flags zero afterwards)."""
+    from kernels.prefill import pipeline
+    x, ref = case(shape, lens, cu_dtype, with_state)
+    T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
+    o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+    st = torch.full((N, HV, D, D), float("nan"), device=DEV)
+    no_walk = AssertionError("walk launched")
+    with mock.patch.object(pipeline, "state_walk_fwd", side_effect=no_walk), \
+            mock.patch.object(pipeline, "state_walk_t_fwd", side_effect=no_walk):
+        out = gdn_prefill(**x, variant="fused", output=o, output_state=st)
+    assert_ok(out, ref)
+    assert int(pipeline._chain_flags(torch.device(DEV), N * HV).abs().sum()) == 0
+
+
+def test_single_launch_two_chunks_can_be_turned_off():
+    from kernels.prefill import pipeline
+    x, ref = case(S16, [100, 28], torch.int64, True)
+    with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
+        assert_ok(gdn_prefill(**x, variant="fused",
+                              config=PrefillConfig(single_launch_chain2=False)), ref)
+    assert walk.call_count == 1
+
+
 def test_single_launch_only_up_to_one_chunk():
     """Past 64 tokens the walk kernel still runs (the switch is ignored)."""
     x, ref = case(S16, [60, 10], torch.int64, True)

@@ -332,6 +332,32 @@ def _store_band(p_w, X3, b_beta, D: tl.constexpr, n_t, H: tl.constexpr, BC: tl.c
     tl.store(p_w + rows * (H * NB * BC) + cols, val.to(p_w.dtype.element_ty), mask=m_st)
 
 
+@triton.jit
+def _chunk1_step(w, v, k, q, p, gc, o, ht, flags, t0, n_t, i_n, i_h, i_hk, scale,
+                 H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BT: tl.constexpr, BVF: tl.constexpr, WALK_PREC: tl.constexpr,
+                 INLINE_PREC: tl.constexpr):
+    """``CHAIN2``: the program of a sequence's second chunk (its ``Tb``, ``Aqk`` stored) waits
+    until the first chunk's program has left the state after chunk 0 in ``ht`` (flag set with
+    release semantics), resets the flag for the next call, and walks its chunk from there
+    (outputs, final state). The chunk-0 program never waits and has the lower program id in
+    the same column of the grid, so it is placed first: no deadlock."""
+    tl.debug_barrier()   # this program's Tb / Aqk / gc stores, read back by the step
+    p_f = flags + i_n * H + i_h
+    while tl.atomic_add(p_f, 0, sem="acquire", scope="gpu") == 0:
+        pass
+    tl.atomic_xchg(p_f, 0, sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+    o_k = tl.arange(0, K)
+    for i_v in tl.static_range(V // BVF):
+        o_v = i_v * BVF + tl.arange(0, BVF)
+        p_ht = ht + (i_n * H + i_h).to(tl.int64) * (V * K) + o_v[None, :] * K + o_k[:, None]
+        b_S = tl.load(p_ht, cache_modifier=".cg")   # written by another program: from L2
+        b_S = fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, n_t, i_h, i_hk, i_v, scale,
+                                  H, HQ, K, V, BT, BVF, WALK_PREC, INLINE_PREC)
+        tl.store(p_ht, b_S)
+
+
 @triton.jit(do_not_specialize=["T", "N"])
 def intra_chunk_kernel(
     q,              # [T, HQ, K] bf16 queries (OUT_PREP) or None
@@ -351,6 +377,7 @@ def intra_chunk_kernel(
     h0,             # [N, H, V, K] f32 initial state, k-last (FIRST_STEP and USE_H0) or None
     ht,             # [N, H, V, K] f32 out: state after chunk 0 (FIRST_STEP) or None
     o,              # [T, H, V] bf16 out: outputs of chunk 0 (FIRST_STEP) or None
+    flags,          # [>= N * H] int32, zero between calls (CHAIN2) or None
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
     scale,          # output scale (OUT_PREP)
@@ -382,6 +409,9 @@ def intra_chunk_kernel(
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
     PDL_TRIGGER: tl.constexpr = "",     # "start" / "end": where a PDL-launched next kernel
                                         # may be placed (.pdl); "": never
+    CHAIN2: tl.constexpr = False,       # FIRST_STEP, whole, sequences of up to 2 chunks: the
+                                        # chunk-1 program walks its chunk after the chunk-0
+                                        # program of its (sequence, head) has (flags)
     EMPTY_STATE: tl.constexpr = False,  # FIRST_STEP with no walk after it: an empty
                                         # sequence's program writes its final state (h0)
     SOLVE_DIAG: tl.constexpr = "neumann",  # "blocks" solve's diagonal 16x16 inverses:
@@ -598,6 +628,14 @@ def intra_chunk_kernel(
                                            tl.minimum(n_t, BT), i_h, i_hk, i_v, H, HQ, K, V,
                                            BT, BVF, W_SPLIT, WALK_PREC, INLINE_PREC)
                 store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
+            if CHAIN2:
+                if eos - bos > BT:   # the chunk-1 program of this (sequence, head) waits
+                    tl.debug_barrier()   # every thread's ht stores before the flag
+                    tl.atomic_xchg(flags + i_n * H + i_h, 1, sem="release", scope="gpu")
+        if CHAIN2:
+            if i_c == 1:
+                _chunk1_step(w, v, k, q, p, gc, o, ht, flags, t0, tl.minimum(n_t, BT), i_n,
+                             i_h, i_hk, scale, H, HQ, K, V, BT, BVF, WALK_PREC, INLINE_PREC)
     grid_trigger(PDL_TRIGGER == "end")
 
 
@@ -629,12 +667,16 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     1 or 2. ``maxnreg``: register cap per thread (more programs per SM; spills).
     ``first_step`` (needs ``q``): ``dict(initial_state=, final_state=, output=,
     walk_precision=, inline_precision=, BV=, whole=)`` (``BV`` 16 or 64: 32 miscompiles on
-    triton 3.6, see :class:`.config.PrefillConfig`) -- the program owning a sequence's first
+    triton 3.6, see :class:`.config.PrefillConfig`; ``flags``: see ``whole``) -- the program
+    owning a sequence's first
     chunk also walks it (outputs into ``output``, the state after it into
     ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
     ``FROM_FIRST``); ``whole=True`` (only for ``T <= 64``, where every sequence is one
     chunk): no walk follows, so empty sequences' programs also write their final state
-    (the initial state, or zeros) -- the call is this one launch. ``stack_wp`` (needs
+    (the initial state, or zeros) -- the call is this one launch. With ``tm_out`` ``whole``
+    also covers ``T <= 128`` (every sequence at most two chunks): a second chunk's program
+    waits for the first's state through ``first_step['flags']`` (int32, at least ``N * HV``
+    elements, zero between calls; each wait resets its flag). ``stack_wp`` (needs
     ``q``, non-pair storage): ``w`` and ``P``
     side by side in one ``[T, HV, 2, K]`` tensor (returned as ``w``; ``P`` is then
     None), so the walk multiplies both by the state in one product. ``split``
@@ -707,14 +749,17 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     if fs and not out_prep:
         raise ValueError("first_step needs q (the output terms)")
     h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
-    if fs.get("whole") and (use_indices or T > BT):
-        raise ValueError("first_step['whole'] (no walk after this kernel) needs T <= 64 "
-                         f"and the device chunk lookup; got T={T}, chunk_indices "
-                         f"{'given' if use_indices else 'None'}")
+    chain2 = bool(fs.get("whole")) and T > BT
+    if fs.get("whole") and (use_indices or T > 2 * BT or (chain2 and (
+            not tm_out or fs.get("flags") is None or fs["flags"].numel() < N * H))):
+        raise ValueError("first_step['whole'] (no walk after this kernel) needs T <= 64, or "
+                         "T <= 128 with tm_out and first_step['flags'] (int32, >= N * HV "
+                         "zeros), and the device chunk lookup; got T={}, chunk_indices {}"
+                         .format(T, "given" if use_indices else "None"))
     first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 64), V),
                  WALK_PREC=fs.get("walk_precision", "bf16"),
                  INLINE_PREC=fs.get("inline_precision", "bf16"),
-                 EMPTY_STATE=bool(fs.get("whole"))) if fs else {}
+                 EMPTY_STATE=bool(fs.get("whole")), CHAIN2=chain2) if fs else {}
     cb = max(1, min(col_blocks, K // 16, V // 16))
     opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices,
                 OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision,
@@ -732,7 +777,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         go = _nothing
     elif not split:
         go = _INTRA_LAUNCH.bind(grid, (
-            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, cu_seqlens,
+            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_,
+            fs.get("flags") if chain2 else None, cu_seqlens,
             chunk_indices, scale, T, N), dict(RAW_GATES=raw, **opts))
     else:
         if beta is None:
@@ -740,10 +786,10 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
 
         def go():
             intra_chunk_kernel[grid](
-                q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_,
+                q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, None,
                 cu_seqlens, chunk_indices, scale, T, N, RAW_GATES=raw, PHASE=1, **opts)
             intra_chunk_kernel[grid + (cb,)](
-                q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_,
+                q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, None,
                 cu_seqlens, chunk_indices, scale, T, N, RAW_GATES=False, PHASE=2, **opts)
     out = (w, u, gc, P, ob) if out_prep else (w, u, gc)
     if defer:

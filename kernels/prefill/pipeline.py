@@ -249,6 +249,28 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
     return BV, seg
 
 
+#: int32 flag buffers of the two-chunk one-launch path, per device (zero between calls: each
+#: waiting program resets its flag). Every buffer handed out stays referenced here, so a
+#: CUDA graph that captured one never sees it freed.
+_FLAGS: dict = {}
+_FLAGS_KEPT: list = []
+
+
+def _chain_flags(device, n: int):
+    """A zeroed int32 buffer of at least ``n`` flags on ``device``, or None when one would
+    have to be allocated while the stream is being captured (the caller then takes the
+    two-launch path)."""
+    key = str(device)
+    buf = _FLAGS.get(key)
+    if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _FLAGS[key] = buf
+        _FLAGS_KEPT.append(buf)
+    return buf
+
+
 def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                   output=None, output_state=None, check_values=None,
                   cp: Union[None, bool, int] = None, config=None):
@@ -265,11 +287,17 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     N = cu_seqlens.numel() - 1
     cfg = _config(config, D)
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
-    single = seg == 0 and cfg.single_launch and T <= BT   # every sequence is one chunk
+    # one launch when every sequence is one chunk (T <= 64), or with "tm" at most two
+    # (T <= 128: a second chunk's program waits for the first's state through flags)
+    flags = None
+    if (seg == 0 and cfg.single_launch and BT < T <= 2 * BT and cfg.intermediates == "tm"
+            and cfg.single_launch_chain2):
+        flags = _chain_flags(q.device, N * HV)
+    single = seg == 0 and cfg.single_launch and (T <= BT or flags is not None)
     first = seg == 0 and (cfg.first_chunk_inline or single)
     first_step = dict(initial_state=state, final_state=ht, output=o, whole=single,
                       walk_precision=cfg.walk_precision, inline_precision=cfg.inline_precision,
-                      BV=cfg.first_chunk_BV) if first else None
+                      BV=cfg.first_chunk_BV, flags=flags) if first else None
     stack = (cfg.stack_wp and not first and cfg.storage == "compact"
              and cfg.walk_precision == cfg.inline_precision == "bf16")
     trigger = cfg.pdl_trigger if cfg.pdl else ""
