@@ -167,7 +167,9 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
     else:
         use_cp = None
     fused_key = ("fused+cp" if use_cp else
-                 "fused+single" if use_cp is False and T <= BT and DEFAULT_CONFIG.single_launch
+                 "fused+single" if use_cp is False and DEFAULT_CONFIG.single_launch and (
+                     T <= BT or (T <= 2 * BT and DEFAULT_CONFIG.single_launch_chain2
+                                 and DEFAULT_CONFIG.intermediates == "tm"))
                  else "fused")
     if variant == "graph":
         inner = LAUNCHES[fused_key]["kernels"]

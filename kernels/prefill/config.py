@@ -381,7 +381,7 @@ def intra_maxnreg_rule(solve: str, tm: bool, single: bool = False) -> Optional[i
     """Register cap of the intra-chunk kernel when ``intra_maxnreg`` is None: 128 for the
     ``"batched"`` solve with the ``"tm"`` intermediates (the fused variant), else None (the
     compiler's choice; also for the one-launch path, ``single``, whose programs walk their
-    chunk too and are few: ``T <= 64``).
+    chunk too and are few: ``T <= 128``).
 
     That kernel needs ~150-200 registers uncapped (three programs of 4 warps per SM); at 128
     it spills nothing and four fit. Measured on an H200 (probe 33, docs/notes.md): intra

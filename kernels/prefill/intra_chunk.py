@@ -339,17 +339,18 @@ def _chunk1_step(w, v, k, q, p, gc, o, ht, flags, t0, n_t, i_n, i_h, i_hk, scale
                  INLINE_PREC: tl.constexpr):
     """``CHAIN2``: the program of a sequence's second chunk (its ``Tb``, ``Aqk`` stored) waits
     until the first chunk's program has left the state after chunk 0 in ``ht`` (flag set with
-    release semantics), resets the flag for the next call, and walks its chunk from there
-    (outputs, final state). The chunk-0 program never waits and has the lower program id in
+    release semantics, one flag per state tile), resets the flag for the next call, and walks
+    its chunk from there (outputs, final state), tile by tile. The chunk-0 program never waits and has the lower program id in
     the same column of the grid, so it is placed first: no deadlock."""
     tl.debug_barrier()   # this program's Tb / Aqk / gc stores, read back by the step
-    p_f = flags + i_n * H + i_h
-    while tl.atomic_add(p_f, 0, sem="acquire", scope="gpu") == 0:
-        pass
-    tl.atomic_xchg(p_f, 0, sem="relaxed", scope="gpu")
-    tl.debug_barrier()
     o_k = tl.arange(0, K)
     for i_v in tl.static_range(V // BVF):
+        # each state tile as soon as the chunk-0 program has stored it
+        p_f = flags + (i_n * H + i_h) * (V // BVF) + i_v
+        while tl.atomic_add(p_f, 0, sem="acquire", scope="gpu") == 0:
+            pass
+        tl.atomic_xchg(p_f, 0, sem="relaxed", scope="gpu")
+        tl.debug_barrier()
         o_v = i_v * BVF + tl.arange(0, BVF)
         p_ht = ht + (i_n * H + i_h).to(tl.int64) * (V * K) + o_v[None, :] * K + o_k[:, None]
         b_S = tl.load(p_ht, cache_modifier=".cg")   # written by another program: from L2
@@ -628,10 +629,11 @@ def intra_chunk_kernel(
                                            tl.minimum(n_t, BT), i_h, i_hk, i_v, H, HQ, K, V,
                                            BT, BVF, W_SPLIT, WALK_PREC, INLINE_PREC)
                 store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
-            if CHAIN2:
-                if eos - bos > BT:   # the chunk-1 program of this (sequence, head) waits
-                    tl.debug_barrier()   # every thread's ht stores before the flag
-                    tl.atomic_xchg(flags + i_n * H + i_h, 1, sem="release", scope="gpu")
+                if CHAIN2:
+                    if eos - bos > BT:   # the chunk-1 program waits for this tile
+                        tl.debug_barrier()   # every thread's ht stores before the flag
+                        tl.atomic_xchg(flags + (i_n * H + i_h) * (V // BVF) + i_v, 1,
+                                       sem="release", scope="gpu")
         if CHAIN2:
             if i_c == 1:
                 _chunk1_step(w, v, k, q, p, gc, o, ht, flags, t0, tl.minimum(n_t, BT), i_n,
@@ -675,8 +677,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     chunk): no walk follows, so empty sequences' programs also write their final state
     (the initial state, or zeros) -- the call is this one launch. With ``tm_out`` ``whole``
     also covers ``T <= 128`` (every sequence at most two chunks): a second chunk's program
-    waits for the first's state through ``first_step['flags']`` (int32, at least ``N * HV``
-    elements, zero between calls; each wait resets its flag). ``stack_wp`` (needs
+    waits for the first's state through ``first_step['flags']`` (int32, at least
+    ``N * HV * V / BV`` elements, zero between calls; each wait resets its flag). ``stack_wp`` (needs
     ``q``, non-pair storage): ``w`` and ``P``
     side by side in one ``[T, HV, 2, K]`` tensor (returned as ``w``; ``P`` is then
     None), so the walk multiplies both by the state in one product. ``split``
@@ -751,10 +753,11 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
     chain2 = bool(fs.get("whole")) and T > BT
     if fs.get("whole") and (use_indices or T > 2 * BT or (chain2 and (
-            not tm_out or fs.get("flags") is None or fs["flags"].numel() < N * H))):
+            not tm_out or fs.get("flags") is None
+            or fs["flags"].numel() < N * H * (V // min(fs.get("BV", 64), V))))):
         raise ValueError("first_step['whole'] (no walk after this kernel) needs T <= 64, or "
-                         "T <= 128 with tm_out and first_step['flags'] (int32, >= N * HV "
-                         "zeros), and the device chunk lookup; got T={}, chunk_indices {}"
+                         "T <= 128 with tm_out and first_step['flags'] (int32, >= N * HV * V "
+                         "/ BV zeros), and the device chunk lookup; got T={}, chunk_indices {}"
                          .format(T, "given" if use_indices else "None"))
     first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 64), V),
                  WALK_PREC=fs.get("walk_precision", "bf16"),

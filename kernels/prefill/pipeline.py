@@ -15,7 +15,7 @@ variant         stages                                                       GPU
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
 ``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3 with CP;
-                diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1 for T <= 64
+                diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1 for T <= 128
                                                                              (``single_launch``)
                 the default; with ``"wu"``: ``w``/``u`` and the output terms
                 ``P``, ``ob``); (2) state walk forming ``v_new`` and the
@@ -25,7 +25,9 @@ variant         stages                                                       GPU
                 walks start by dependent launch (:mod:`.pdl`), repeat
                 launches skip Triton's binding and every launch is bound
                 before the first (:mod:`.launch`); with ``single_launch`` (the
-                default) and T <= 64, (1) also walks each (one-chunk) sequence
+                default) and T <= 64, (1) also walks each (one-chunk) sequence;
+                with 64 < T <= 128 (``"tm"``, ``single_launch_chain2``) a second
+                chunk's program walks its chunk after the first chunk's (flags)
                 and (2) is not launched
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
 ==============  ===========================================================  =====================
@@ -292,7 +294,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     flags = None
     if (seg == 0 and cfg.single_launch and BT < T <= 2 * BT and cfg.intermediates == "tm"
             and cfg.single_launch_chain2):
-        flags = _chain_flags(q.device, N * HV)
+        flags = _chain_flags(q.device, N * HV * (D // cfg.first_chunk_BV))
     single = seg == 0 and cfg.single_launch and (T <= BT or flags is not None)
     first = seg == 0 and (cfg.first_chunk_inline or single)
     first_step = dict(initial_state=state, final_state=ht, output=o, whole=single,

@@ -144,7 +144,7 @@ def fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, n_t, i_h, i_hk, i_v, scal
     tile ``b_S`` (``w`` holds ``Tb``, ``p`` holds ``scale * Aqk``, ``[T, H, BT]``): writes
     the chunk's outputs and returns the state after it. The same arithmetic as one
     iteration of :func:`state_walk_kernel` with ``TM_FORM``; used by the intra-chunk kernel
-    to walk a chunk it has just solved (the one-launch path for ``T <= 64``)."""
+    to walk a chunk it has just solved (the one-launch path for ``T <= 128``)."""
     o_bt = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
