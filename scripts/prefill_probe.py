@@ -133,6 +133,8 @@ CONFIGS = {
     "pskaq": PrefillConfig(walk_loop_stages=2, walk_pipe_skip="aq"),
     "ls2": PrefillConfig(walk_loop_stages=2),
     "nochain2": PrefillConfig(single_launch_chain2=False),
+    "nofirst": PrefillConfig(first_chunk_inline=False),
+    "first": PrefillConfig(first_chunk_inline=True),
     "wt128": PrefillConfig(walk_transposed=True),
     "wt128_ls3": PrefillConfig(walk_transposed=True, walk_stages=3, walk_loop_stages=3),
     "wt64": PrefillConfig(walk_transposed=True, walk_BV=64),

@@ -131,6 +131,10 @@ def test_config_levers_keep_results(variant, options):
                   PrefillConfig(cp_chain_precision="tf32x3"),
                   PrefillConfig(walk_pipe_skip="q"),
                   PrefillConfig(walk_pipe_skip="aq", walk_loop_stages=2),
+                  PrefillConfig(walk_transposed=True, first_chunk_inline=False),
+                  PrefillConfig(walk_transposed=True, walk_BV=16, first_chunk_inline=False),
+                  PrefillConfig(first_chunk_inline=True, single_launch_chain2=False),
+                  PrefillConfig(first_chunk_inline=False),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):
         assert_ok(gdn_prefill(**x, variant=variant, config=other, **options), ref)
@@ -175,7 +179,8 @@ def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV
     with mock.patch.object(pipeline, "state_walk_t_fwd",
                            wraps=pipeline.state_walk_t_fwd) as walk_t:
         out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st,
-                          config=PrefillConfig(walk_transposed=True, walk_BV=BV))
+                          config=PrefillConfig(walk_transposed=True, walk_BV=BV,
+                                               first_chunk_inline=False))
     assert walk_t.call_count == 1
     assert_ok(out, ref)
 
@@ -210,6 +215,25 @@ def test_single_launch_two_chunks_can_be_turned_off():
         assert_ok(gdn_prefill(**x, variant="fused",
                               config=PrefillConfig(single_launch_chain2=False)), ref)
     assert walk.call_count == 1
+
+
+@pytest.mark.parametrize("shape, lens, cu_dtype, with_state", [
+    pytest.param(S128, [200, 64, 0, 30], torch.int64, True, id="D128-mixed-empty-state"),
+    pytest.param(S16, [64] * 5, torch.int32, False, id="D16-all-one-chunk"),
+    pytest.param(S32, [0, 500], torch.int32, True, id="D32-empty-then-500"),
+])
+def test_first_chunk_inline_tm_matches_reference(shape, lens, cu_dtype, with_state):
+    """128 < T <= 512 with "tm" (first_chunk_rule): the intra-chunk program of each
+    sequence's first chunk walks it; the walk kernel starts at chunk 1."""
+    from kernels.prefill import pipeline
+    x, ref = case(shape, lens, cu_dtype, with_state)
+    T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
+    o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+    st = torch.full((N, HV, D, D), float("nan"), device=DEV)
+    with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
+        out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st)
+    assert walk.call_count == 1 and walk.call_args.kwargs["from_first"] is True
+    assert_ok(out, ref)
 
 
 def test_single_launch_only_up_to_one_chunk():
@@ -351,7 +375,7 @@ def test_walk_tile_rule(units, V, cp, tm, expected):
     assert walk_tile_rule(units, 8, V, 132, cp, tm=tm) == expected
 
 
-@pytest.mark.parametrize("lever", ["first_chunk_inline", "stack_wp", "intra_split"])
+@pytest.mark.parametrize("lever", ["stack_wp", "intra_split"])
 def test_wu_only_levers_refused_with_tm(lever):
     with pytest.raises(ValueError, match=f"intermediates='tm' cannot be combined with {lever}"):
         PrefillConfig(**{lever: True})
@@ -388,6 +412,18 @@ def test_walk_launch_rule(BV, programs, short, precise, tm, expected, skip):
 def test_walk_transposed_rule(BV, short, precise, tm, expected):
     from kernels.prefill.config import walk_transposed_rule
     assert walk_transposed_rule(BV, short, precise, tm) is expected
+
+
+@pytest.mark.parametrize("T, tm, expected", [
+    pytest.param(128, True, False, id="T128-one-launch-path"),
+    pytest.param(129, True, True, id="T129"),
+    pytest.param(512, True, True, id="T512"),
+    pytest.param(513, True, False, id="T513"),
+    pytest.param(512, False, False, id="T512-wu"),
+])
+def test_first_chunk_rule(T, tm, expected):
+    from kernels.prefill.config import first_chunk_rule
+    assert first_chunk_rule(T, tm) is expected
 
 
 def test_walk_pipe_skip_validated():

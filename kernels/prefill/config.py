@@ -42,6 +42,7 @@ from typing import List, Optional
 
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
+           "first_chunk_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS"]
 
 
@@ -125,9 +126,9 @@ class PrefillConfig:
         first_chunk_inline: without CP, the intra-chunk program of each sequence's
             first chunk also walks that chunk (outputs and the state after it), so
             one-chunk sequences never reach the walk kernel and longer ones start at
-            chunk 1. Off by default: measured on an H200 it made the intra-chunk
-            kernel heavier for every program (57 KB shared memory, more spills) and
-            only 57x64 gained (-4 %); T=64 +43 %, 16x256 +30 % (docs/notes.md).
+            chunk 1. None: :func:`first_chunk_rule`. (With ``"wu"``, measured on an H200, it
+            made the intra-chunk kernel heavier for every program -- 57 KB shared memory,
+            more spills -- and only 57x64 gained, -4 %; T=64 +43 %, 16x256 +30 %.)
         stack_wp: store ``w`` and ``P`` side by side (``[T, HV, 2, K]``) so the fused
             walk multiplies both by the state in one ``[128, K]`` bf16 product per
             chunk instead of two ``[64, K]`` ones (only with bf16 walk and inline
@@ -181,7 +182,7 @@ class PrefillConfig:
             products, a quarter of the bytes), and the walk forms
             ``v_new = Tb (v - exp(gc) k S)`` and ``o = scale exp(gc) q S + Aqk v_new``
             itself (one more ``[64, 64] x [64, BV]`` product on its chain per chunk).
-            ``"tm"`` excludes ``first_chunk_inline``, ``stack_wp`` and ``intra_split``.
+            ``"tm"`` excludes ``stack_wp`` and ``intra_split``.
         walk_early_loads: with ``"tm"``, the fused walk (and CP phase C) issues every load
             of a chunk (``k``, ``v``, ``gc``, ``Tb``, ``q``, ``Aqk``) before its first product,
             so their latencies overlap (more live registers).
@@ -237,7 +238,7 @@ class PrefillConfig:
     walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
     cp_chain_precision: str = "bf16"
-    first_chunk_inline: bool = False
+    first_chunk_inline: Optional[bool] = None
     first_chunk_BV: int = 64
     single_launch: bool = True
     single_launch_chain2: bool = True
@@ -318,8 +319,7 @@ class PrefillConfig:
         if self.intermediates not in ("wu", "tm"):
             raise ValueError(f"intermediates must be 'wu' or 'tm', got {self.intermediates!r}")
         if self.intermediates == "tm":
-            clash = [f for f in ("first_chunk_inline", "stack_wp", "intra_split")
-                     if getattr(self, f)]
+            clash = [f for f in ("stack_wp", "intra_split") if getattr(self, f)]
             if clash:
                 raise ValueError(f"intermediates='tm' cannot be combined with {', '.join(clash)} "
                                  f"(they are built on w, u, P, ob)")
@@ -380,7 +380,8 @@ ACCURATE_CONFIG = PrefillConfig(storage="precise", intra_precision="bf16x2",
 def intra_maxnreg_rule(solve: str, tm: bool, single: bool = False) -> Optional[int]:
     """Register cap of the intra-chunk kernel when ``intra_maxnreg`` is None: 128 for the
     ``"batched"`` solve with the ``"tm"`` intermediates (the fused variant), else None (the
-    compiler's choice; also for the one-launch path, ``single``, whose programs walk their
+    compiler's choice; also when the programs walk their first chunk, ``single``: the
+    one-launch path and ``first_chunk_inline``, whose programs walk their
     chunk too and are few: ``T <= 128``).
 
     That kernel needs ~150-200 registers uncapped (three programs of 4 warps per SM); at 128
@@ -466,6 +467,15 @@ def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool,
         return 4, 2, (2 if tm and not precise else 1)
     stages = walk_stages_rule(BV, programs, n_sm)
     return walk_warps_rule(BV), min(stages, 2) if precise else stages, None
+
+
+def first_chunk_rule(T: int, tm: bool) -> bool:
+    """``first_chunk_inline`` when None: with ``"tm"`` for ``128 < T <= 512`` (no CP; the
+    one-launch path covers ``T <= 128``). There the walk kernel is short and the intra-chunk
+    kernel ~6 us, shorter than the host's second launch on a slow host, so the eager
+    span is mostly that host gap; walking each sequence's first chunk in the first kernel
+    moves GPU work under the gap (see docs/notes.md, prefill v9)."""
+    return tm and 2 * 64 < T <= 512
 
 
 def walk_transposed_rule(BV: int, short: bool, precise: bool = False, tm: bool = False) -> bool:

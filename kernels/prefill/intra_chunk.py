@@ -724,9 +724,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         raise ValueError("split needs the 'blocks' solve, no first_step and no stop_after")
     if stack_wp and (w_split or not out_prep or first_step):
         raise ValueError("stack_wp needs q, a non-pair storage of w and no first_step")
-    if tm_out and (split or stack_wp or stop_after or (first_step and not first_step.get("whole"))):
-        raise ValueError("tm_out needs no split, stack_wp or stop_after, and first_step only "
-                         "with whole=True")
+    if tm_out and (split or stack_wp or stop_after):
+        raise ValueError("tm_out needs no split, stack_wp or stop_after")
     tm_dtype = torch.float32 if storage == "precise" else torch.bfloat16
     if tm_out:
         w_split = False

@@ -51,7 +51,7 @@ from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
                      walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule,
-                     intra_maxnreg_rule)
+                     first_chunk_rule, intra_maxnreg_rule)
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
@@ -296,7 +296,10 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
             and cfg.single_launch_chain2):
         flags = _chain_flags(q.device, N * HV * (D // cfg.first_chunk_BV))
     single = seg == 0 and cfg.single_launch and (T <= BT or flags is not None)
-    first = seg == 0 and (cfg.first_chunk_inline or single)
+    inline = cfg.first_chunk_inline
+    if inline is None:
+        inline = first_chunk_rule(T, cfg.intermediates == "tm")
+    first = seg == 0 and (inline or single)
     first_step = dict(initial_state=state, final_state=ht, output=o, whole=single,
                       walk_precision=cfg.walk_precision, inline_precision=cfg.inline_precision,
                       BV=cfg.first_chunk_BV, flags=flags) if first else None
@@ -332,7 +335,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     w, u, gc, P, ob, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
         first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
-        **_intra(cfg, tm, single))
+        **_intra(cfg, tm, single or first))
     if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
         u = v
         walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
