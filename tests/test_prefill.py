@@ -131,10 +131,9 @@ def test_config_levers_keep_results(variant, options):
                   PrefillConfig(cp_chain_precision="tf32x3"),
                   PrefillConfig(walk_pipe_skip="q"),
                   PrefillConfig(walk_pipe_skip="aq", walk_loop_stages=2),
-                  PrefillConfig(walk_transposed=True, first_chunk_inline=False),
-                  PrefillConfig(walk_transposed=True, walk_BV=16, first_chunk_inline=False),
-                  PrefillConfig(first_chunk_inline=True, single_launch_chain2=False),
-                  PrefillConfig(first_chunk_inline=False),
+                  PrefillConfig(walk_transposed=True),
+                  PrefillConfig(walk_transposed=True, walk_BV=16),
+                  PrefillConfig(first_chunk_inline=True),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):
         assert_ok(gdn_prefill(**x, variant=variant, config=other, **options), ref)
@@ -223,15 +222,16 @@ def test_single_launch_two_chunks_can_be_turned_off():
     pytest.param(S32, [0, 500], torch.int32, True, id="D32-empty-then-500"),
 ])
 def test_first_chunk_inline_tm_matches_reference(shape, lens, cu_dtype, with_state):
-    """128 < T <= 512 with "tm" (first_chunk_rule): the intra-chunk program of each
-    sequence's first chunk walks it; the walk kernel starts at chunk 1."""
+    """``first_chunk_inline`` with "tm": the intra-chunk program of each sequence's first
+    chunk walks it; the walk kernel starts at chunk 1."""
     from kernels.prefill import pipeline
     x, ref = case(shape, lens, cu_dtype, with_state)
     T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
     o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
     st = torch.full((N, HV, D, D), float("nan"), device=DEV)
     with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
-        out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st)
+        out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st,
+                          config=PrefillConfig(first_chunk_inline=True))
     assert walk.call_count == 1 and walk.call_args.kwargs["from_first"] is True
     assert_ok(out, ref)
 
@@ -412,18 +412,6 @@ def test_walk_launch_rule(BV, programs, short, precise, tm, expected, skip):
 def test_walk_transposed_rule(BV, short, precise, tm, expected):
     from kernels.prefill.config import walk_transposed_rule
     assert walk_transposed_rule(BV, short, precise, tm) is expected
-
-
-@pytest.mark.parametrize("T, tm, expected", [
-    pytest.param(128, True, False, id="T128-one-launch-path"),
-    pytest.param(129, True, True, id="T129"),
-    pytest.param(512, True, True, id="T512"),
-    pytest.param(513, True, False, id="T513"),
-    pytest.param(512, False, False, id="T512-wu"),
-])
-def test_first_chunk_rule(T, tm, expected):
-    from kernels.prefill.config import first_chunk_rule
-    assert first_chunk_rule(T, tm) is expected
 
 
 def test_walk_pipe_skip_validated():

@@ -42,7 +42,6 @@ from typing import List, Optional
 
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "sweep_configs", "PRECISIONS", "walk_tile_rule",
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
-           "first_chunk_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS"]
 
 
@@ -126,9 +125,12 @@ class PrefillConfig:
         first_chunk_inline: without CP, the intra-chunk program of each sequence's
             first chunk also walks that chunk (outputs and the state after it), so
             one-chunk sequences never reach the walk kernel and longer ones start at
-            chunk 1. None: :func:`first_chunk_rule`. (With ``"wu"``, measured on an H200, it
-            made the intra-chunk kernel heavier for every program -- 57 KB shared memory,
-            more spills -- and only 57x64 gained, -4 %; T=64 +43 %, 16x256 +30 %.)
+            chunk 1. Off by default. With ``"wu"``, measured on an H200, it made the
+            intra-chunk kernel heavier for every program (57 KB shared memory, more spills)
+            and only 57x64 gained (-4 %; T=64 +43 %, 16x256 +30 %). With ``"tm"`` at T=512
+            (H100, probe 47) the intra kernel went 6.4 -> 14.8 us and the walk stayed 12.2:
+            graph 19.5 -> 26.5 us, and the eager span did not shorten (it only hides more
+            GPU time under the host's second launch).
         stack_wp: store ``w`` and ``P`` side by side (``[T, HV, 2, K]``) so the fused
             walk multiplies both by the state in one ``[128, K]`` bf16 product per
             chunk instead of two ``[64, K]`` ones (only with bf16 walk and inline
@@ -238,7 +240,7 @@ class PrefillConfig:
     walk_maxnreg: Optional[int] = None
     cp_combine: str = "inline"
     cp_chain_precision: str = "bf16"
-    first_chunk_inline: Optional[bool] = None
+    first_chunk_inline: bool = False
     first_chunk_BV: int = 64
     single_launch: bool = True
     single_launch_chain2: bool = True
@@ -467,15 +469,6 @@ def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool,
         return 4, 2, (2 if tm and not precise else 1)
     stages = walk_stages_rule(BV, programs, n_sm)
     return walk_warps_rule(BV), min(stages, 2) if precise else stages, None
-
-
-def first_chunk_rule(T: int, tm: bool) -> bool:
-    """``first_chunk_inline`` when None: with ``"tm"`` for ``128 < T <= 512`` (no CP; the
-    one-launch path covers ``T <= 128``). There the walk kernel is short and the intra-chunk
-    kernel ~6 us, shorter than the host's second launch on a slow host, so the eager
-    span is mostly that host gap; walking each sequence's first chunk in the first kernel
-    moves GPU work under the gap (see docs/notes.md, prefill v9)."""
-    return tm and 2 * 64 < T <= 512
 
 
 def walk_transposed_rule(BV: int, short: bool, precise: bool = False, tm: bool = False) -> bool:

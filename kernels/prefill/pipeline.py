@@ -51,7 +51,7 @@ from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
                      walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule,
-                     first_chunk_rule, intra_maxnreg_rule)
+                     intra_maxnreg_rule)
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
@@ -296,10 +296,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
             and cfg.single_launch_chain2):
         flags = _chain_flags(q.device, N * HV * (D // cfg.first_chunk_BV))
     single = seg == 0 and cfg.single_launch and (T <= BT or flags is not None)
-    inline = cfg.first_chunk_inline
-    if inline is None:
-        inline = first_chunk_rule(T, cfg.intermediates == "tm")
-    first = seg == 0 and (inline or single)
+    first = seg == 0 and (cfg.first_chunk_inline or single)
     first_step = dict(initial_state=state, final_state=ht, output=o, whole=single,
                       walk_precision=cfg.walk_precision, inline_precision=cfg.inline_precision,
                       BV=cfg.first_chunk_BV, flags=flags) if first else None
