@@ -136,7 +136,9 @@ def test_config_levers_keep_results(variant, options):
                   PrefillConfig(first_chunk_inline=True),
                   PrefillConfig(walk_precision="bf16", inline_precision="bf16",
                                 intra_precision="bf16")):
-        assert_ok(gdn_prefill(**x, variant=variant, config=other, **options), ref)
+        # (single_launch off: T = 160 would otherwise be one launch with walker programs)
+        assert_ok(gdn_prefill(**x, variant=variant, config=replace(other, single_launch=False),
+                              **options), ref)
 
 
 @pytest.mark.parametrize("shape, lens, cu_dtype, with_state", [
@@ -179,7 +181,7 @@ def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV
                            wraps=pipeline.state_walk_t_fwd) as walk_t:
         out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st,
                           config=PrefillConfig(walk_transposed=True, walk_BV=BV,
-                                               first_chunk_inline=False))
+                                               single_launch=False))
     assert walk_t.call_count == 1
     assert_ok(out, ref)
 
@@ -190,10 +192,12 @@ def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV
     pytest.param(S32, [64, 64], torch.int64, True, id="D32-two-full-chunks"),
     pytest.param(S32, [1, 127, 0], torch.int32, False, id="D32-1-127-empty-last"),
     pytest.param(S128, [100, 28], torch.int64, True, id="D128-100-28-state"),
+    pytest.param(S16, [300, 0, 190, 22], torch.int64, True, id="D16-512-mixed"),
+    pytest.param(S128, [6], torch.int32, False, id="D128-T6-nostate"),
 ])
-def test_single_launch_two_chunks_matches_reference(shape, lens, cu_dtype, with_state):
-    """64 < T <= 128 with "tm": one launch; a second chunk's program waits for its
-    sequence's first chunk through a flag, which it resets (all flags zero afterwards)."""
+def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state):
+    """T <= 512 with "tm": one launch, walker programs in the intra-chunk grid wait for each
+    chunk's flag and take their count off (all flags zero afterwards)."""
     from kernels.prefill import pipeline
     x, ref = case(shape, lens, cu_dtype, with_state)
     T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
@@ -207,12 +211,12 @@ def test_single_launch_two_chunks_matches_reference(shape, lens, cu_dtype, with_
     assert int(pipeline._chain_flags(torch.device(DEV), 1).abs().sum()) == 0
 
 
-def test_single_launch_two_chunks_can_be_turned_off():
+def test_single_launch_up_to_max_T_only():
     from kernels.prefill import pipeline
     x, ref = case(S16, [100, 28], torch.int64, True)
     with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
         assert_ok(gdn_prefill(**x, variant="fused",
-                              config=PrefillConfig(single_launch_chain2=False)), ref)
+                              config=PrefillConfig(single_launch_max_T=64)), ref)
     assert walk.call_count == 1
 
 

@@ -168,8 +168,8 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         use_cp = None
     fused_key = ("fused+cp" if use_cp else
                  "fused+single" if use_cp is False and DEFAULT_CONFIG.single_launch and (
-                     T <= BT or (T <= 2 * BT and DEFAULT_CONFIG.single_launch_chain2
-                                 and DEFAULT_CONFIG.intermediates == "tm"))
+                     T <= DEFAULT_CONFIG.single_launch_max_T
+                     if DEFAULT_CONFIG.intermediates == "tm" else T <= BT)
                  else "fused")
     if variant == "graph":
         inner = LAUNCHES[fused_key]["kernels"]

@@ -167,15 +167,15 @@ class PrefillConfig:
             T=64 23.0 -> 17.1; graph replay 10.0 -> 14.5 / 11.5 -> 15.3 (the intra program
             walks its two state tiles serially), still half the graph target there. With
             ``"wu"`` (probe 17, H200) it was slower on both counts (T=6 graph 15.8 -> 21.0).
-        single_launch_chain2: with ``single_launch`` and ``"tm"``, the one launch also covers
-            ``64 < T <= 128`` (every sequence at most two chunks): the program of a second
-            chunk waits (a flag in global memory, release/acquire) until the program of its
-            sequence's first chunk has walked it and left the state in the final-state
-            buffer, then walks its own chunk. The first-chunk program never waits and has
-            the lower program id, so it is placed first. Why: on a slow host the second
-            launch of the two-launch path arrives after the GPU has finished the first
-            kernel (H100, notebook 02 at 24fd842: 100+28 eager span 34.8 us against 14.0
-            graph).
+        single_launch_max_T, walker_BV: with ``single_launch`` and ``"tm"``, calls of up to
+            this many tokens (no CP) are one launch: the intra-chunk grid gets walker
+            programs (``walker_BV`` state columns of one sequence and head each) that walk
+            the sequence as the chunk programs finish (a flag per chunk in global memory,
+            release / acquire; the chunk programs never wait and have the lower program ids,
+            so they are placed first). Why: on a slow host the second launch of the
+            two-launch path arrives after the GPU has finished the first kernel (H100,
+            notebook 02 at 24fd842: 100+28 eager span 34.8 us against 14.0 graph; T=512
+            40.3 against 19.4).
         intermediates: what the intra-chunk kernel of the ``fused`` variant hands the
             walks. ``"wu"``: the WY factors ``w``, ``u`` and the output terms ``P``, ``ob``
             (``[T, HV, D]`` each); the walk's chain per chunk is ``w @ S``, ``k^T @ v_new``.
@@ -243,7 +243,8 @@ class PrefillConfig:
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
     single_launch: bool = True
-    single_launch_chain2: bool = True
+    single_launch_max_T: int = 512
+    walker_BV: int = 16
     stack_wp: bool = False
     intra_split: bool = False
     pdl: bool = True
@@ -332,6 +333,8 @@ class PrefillConfig:
             raise ValueError(f"pdl_trigger must be 'start' or 'end', got {self.pdl_trigger!r}")
         if self.cp_combine not in ("inline", "kernel"):
             raise ValueError(f"cp_combine must be 'inline' or 'kernel', got {self.cp_combine!r}")
+        if not _pow2(self.walker_BV) or self.walker_BV < 16:
+            raise ValueError(f"walker_BV must be a power of two >= 16, got {self.walker_BV}")
         if self.cp_min_avg_chunks < 1:
             raise ValueError(f"cp_min_avg_chunks must be >= 1, got {self.cp_min_avg_chunks}")
         for f in ("walk_stages", "summary_stages"):

@@ -333,30 +333,39 @@ def _store_band(p_w, X3, b_beta, D: tl.constexpr, n_t, H: tl.constexpr, BC: tl.c
 
 
 @triton.jit
-def _chunk1_step(w, v, k, q, p, gc, o, ht, flags, t0, n_t, i_n, i_h, i_hk, scale,
-                 H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 BT: tl.constexpr, BVF: tl.constexpr, WALK_PREC: tl.constexpr,
-                 INLINE_PREC: tl.constexpr):
-    """``CHAIN2``: the program of a sequence's second chunk (its ``Tb``, ``Aqk`` stored) waits
-    until the first chunk's program has left the state after chunk 0 in ``ht`` (flag set with
-    release semantics, one flag per state tile), resets the flag for the next call, and walks
-    its chunk from there (outputs, final state), tile by tile. The chunk-0 program never waits and has the lower program id in
-    the same column of the grid, so it is placed first: no deadlock."""
-    tl.debug_barrier()   # this program's Tb / Aqk / gc stores, read back by the step
-    o_k = tl.arange(0, K)
-    for i_v in tl.static_range(V // BVF):
-        # each state tile as soon as the chunk-0 program has stored it
-        p_f = flags + (i_n * H + i_h) * (V // BVF) + i_v
+def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale,
+            H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+            BT: tl.constexpr, BVW: tl.constexpr, USE_H0: tl.constexpr,
+            WALK_PREC: tl.constexpr, INLINE_PREC: tl.constexpr):
+    """``WALKERS``: walker ``j`` of head ``i_h`` owns ``BVW`` state columns of one sequence and
+    walks its chunks as the walk kernel would (:func:`.state_walk.fused_chunk_step_tm`), each
+    chunk once the program of that chunk slot has stored ``Tb``, ``Aqk`` and ``gc`` and
+    set its flag (release; the walker acquires it and takes one off, so the flags are back
+    to zero when the call ends). The chunk programs never wait and have lower program ids
+    in the same head's row of the grid, so they are placed first: no deadlock."""
+    NTW: tl.constexpr = V // BVW
+    HQ: tl.constexpr = H // G
+    i_n = j // NTW
+    i_v = j % NTW
+    i_hk = i_h // G
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    if USE_H0:
+        b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVW)
+    else:
+        b_S = tl.zeros([K, BVW], dtype=tl.float32)
+    slot0 = (bos // BT).to(tl.int32) + i_n
+    for c in tl.range(0, tl.cdiv(eos - bos, BT), num_stages=1):
+        p_f = flags + (slot0 + c) * H + i_h
         while tl.atomic_add(p_f, 0, sem="acquire", scope="gpu") == 0:
             pass
-        tl.atomic_xchg(p_f, 0, sem="relaxed", scope="gpu")
+        tl.atomic_add(p_f, -1, sem="relaxed", scope="gpu")
         tl.debug_barrier()
-        o_v = i_v * BVF + tl.arange(0, BVF)
-        p_ht = ht + (i_n * H + i_h).to(tl.int64) * (V * K) + o_v[None, :] * K + o_k[:, None]
-        b_S = tl.load(p_ht, cache_modifier=".cg")   # written by another program: from L2
-        b_S = fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, n_t, i_h, i_hk, i_v, scale,
-                                  H, HQ, K, V, BT, BVF, WALK_PREC, INLINE_PREC)
-        tl.store(p_ht, b_S)
+        t0 = bos + c * BT
+        b_S = fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, tl.minimum(eos - t0, BT),
+                                  i_h, i_hk, i_v, scale, H, HQ, K, V, BT, BVW, WALK_PREC,
+                                  INLINE_PREC)
+    store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVW)
 
 
 @triton.jit(do_not_specialize=["T", "N"])
@@ -378,7 +387,7 @@ def intra_chunk_kernel(
     h0,             # [N, H, V, K] f32 initial state, k-last (FIRST_STEP and USE_H0) or None
     ht,             # [N, H, V, K] f32 out: state after chunk 0 (FIRST_STEP) or None
     o,              # [T, H, V] bf16 out: outputs of chunk 0 (FIRST_STEP) or None
-    flags,          # [>= N * H] int32, zero between calls (CHAIN2) or None
+    flags,          # [>= slots * H] int32, zero between calls (WALKERS) or None
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
     scale,          # output scale (OUT_PREP)
@@ -410,9 +419,10 @@ def intra_chunk_kernel(
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
     PDL_TRIGGER: tl.constexpr = "",     # "start" / "end": where a PDL-launched next kernel
                                         # may be placed (.pdl); "": never
-    CHAIN2: tl.constexpr = False,       # FIRST_STEP, whole, sequences of up to 2 chunks: the
-                                        # chunk-1 program walks its chunk after the chunk-0
-                                        # program of its (sequence, head) has (flags)
+    WALKERS: tl.constexpr = False,      # TM_OUT, one launch: programs past the chunk slots
+                                        # walk (sequence, head, BVW columns) chunk by chunk,
+                                        # each chunk once its program has flagged it (flags)
+    BVW: tl.constexpr = 16,             # state tile width of the walker programs
     EMPTY_STATE: tl.constexpr = False,  # FIRST_STEP with no walk after it: an empty
                                         # sequence's program writes its final state (h0)
     SOLVE_DIAG: tl.constexpr = "neumann",  # "blocks" solve's diagonal 16x16 inverses:
@@ -427,6 +437,12 @@ def intra_chunk_kernel(
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER == "start")
     i_p, i_h = tl.program_id(0), tl.program_id(1)
+    if WALKERS:
+        n_slots = (T // BT + N).to(tl.int32)
+        if i_p >= n_slots:
+            _walker(i_p - n_slots, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale,
+                    H, G, K, V, BT, BVW, USE_H0, WALK_PREC, INLINE_PREC)
+            return
     i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
         if EMPTY_STATE:
@@ -629,15 +645,9 @@ def intra_chunk_kernel(
                                            tl.minimum(n_t, BT), i_h, i_hk, i_v, H, HQ, K, V,
                                            BT, BVF, W_SPLIT, WALK_PREC, INLINE_PREC)
                 store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
-                if CHAIN2:
-                    if eos - bos > BT:   # the chunk-1 program waits for this tile
-                        tl.debug_barrier()   # every thread's ht stores before the flag
-                        tl.atomic_xchg(flags + (i_n * H + i_h) * (V // BVF) + i_v, 1,
-                                       sem="release", scope="gpu")
-        if CHAIN2:
-            if i_c == 1:
-                _chunk1_step(w, v, k, q, p, gc, o, ht, flags, t0, tl.minimum(n_t, BT), i_n,
-                             i_h, i_hk, scale, H, HQ, K, V, BT, BVF, WALK_PREC, INLINE_PREC)
+    if WALKERS:   # this chunk's Tb, Aqk, gc are stored: release it to its walker programs
+        tl.debug_barrier()   # every thread's stores before the flag
+        tl.atomic_xchg(flags + i_p * H + i_h, V // BVW, sem="release", scope="gpu")
     grid_trigger(PDL_TRIGGER == "end")
 
 
@@ -656,7 +666,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
                     defer: bool = False, solve_diag: str = "neumann",
                     offdiag_precision: Optional[str] = None, tm_out: bool = False,
-                    band_store: bool = False, solve_tree: bool = False):
+                    band_store: bool = False, solve_tree: bool = False,
+                    walkers: Optional[dict] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
@@ -675,10 +686,13 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
     ``FROM_FIRST``); ``whole=True`` (only for ``T <= 64``, where every sequence is one
     chunk): no walk follows, so empty sequences' programs also write their final state
-    (the initial state, or zeros) -- the call is this one launch. With ``tm_out`` ``whole``
-    also covers ``T <= 128`` (every sequence at most two chunks): a second chunk's program
-    waits for the first's state through ``first_step['flags']`` (int32, at least
-    ``N * HV * V / BV`` elements, zero between calls; each wait resets its flag). ``stack_wp`` (needs
+    (the initial state, or zeros) -- the call is this one launch. ``walkers`` (with
+    ``tm_out``, instead of ``first_step``): ``dict(initial_state=, final_state=, output=,
+    flags=, BV=, walk_precision=, inline_precision=)`` -- the grid gets ``N * V / BV``
+    more programs per head that walk the sequences (:func:`_walker`), each chunk as soon as
+    its program has flagged it: the whole call in one launch for any ``T``.
+    ``flags``: int32, at least ``(T // 64 + N) * HV`` elements, zero between calls (each
+    walker takes its count off again). ``stack_wp`` (needs
     ``q``, non-pair storage): ``w`` and ``P``
     side by side in one ``[T, HV, 2, K]`` tensor (returned as ``w``; ``P`` is then
     None), so the walk multiplies both by the state in one product. ``split``
@@ -750,18 +764,28 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     if fs and not out_prep:
         raise ValueError("first_step needs q (the output terms)")
     h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
-    chain2 = bool(fs.get("whole")) and T > BT
-    if fs.get("whole") and (use_indices or T > 2 * BT or (chain2 and (
-            not tm_out or fs.get("flags") is None
-            or fs["flags"].numel() < N * H * (V // min(fs.get("BV", 64), V))))):
-        raise ValueError("first_step['whole'] (no walk after this kernel) needs T <= 64, or "
-                         "T <= 128 with tm_out and first_step['flags'] (int32, >= N * HV * V "
-                         "/ BV zeros), and the device chunk lookup; got T={}, chunk_indices {}"
-                         .format(T, "given" if use_indices else "None"))
+    if fs.get("whole") and (use_indices or T > BT):
+        raise ValueError("first_step['whole'] (no walk after this kernel) needs T <= 64 "
+                         f"and the device chunk lookup; got T={T}, chunk_indices "
+                         f"{'given' if use_indices else 'None'}")
+    wk = dict(walkers or {})
+    if wk and (not tm_out or fs or use_indices or split or wk.get("flags") is None
+               or wk["flags"].numel() < num_slots(T, N) * H):
+        raise ValueError("walkers need tm_out, no first_step, the device chunk lookup, no "
+                         "split, and walkers['flags'] (int32 zeros, >= (T // 64 + N) * HV)")
+    if wk:
+        h0, ht_, o_ = wk.get("initial_state"), wk["final_state"], wk["output"]
+        bvw = min(wk.get("BV", 16), V)
+        walk_opts = dict(WALKERS=True, BVW=bvw, USE_H0=h0 is not None,
+                         WALK_PREC=wk.get("walk_precision", "bf16"),
+                         INLINE_PREC=wk.get("inline_precision", "bf16"))
+        grid = (grid[0] + N * (V // bvw), H)
+    else:
+        walk_opts = {}
     first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 64), V),
                  WALK_PREC=fs.get("walk_precision", "bf16"),
                  INLINE_PREC=fs.get("inline_precision", "bf16"),
-                 EMPTY_STATE=bool(fs.get("whole")), CHAIN2=chain2) if fs else {}
+                 EMPTY_STATE=bool(fs.get("whole"))) if fs else {}
     cb = max(1, min(col_blocks, K // 16, V // 16))
     opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices,
                 OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision,
@@ -774,13 +798,13 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 BAND_STORE=band_store and tm_out and solve == "batched",
                 SOLVE_TREE=solve_tree and solve == "batched",
                 PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
-                **first, **({"maxnreg": maxnreg} if maxnreg else {}))
+                **first, **walk_opts, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] == 0:
         go = _nothing
     elif not split:
         go = _INTRA_LAUNCH.bind(grid, (
             q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_,
-            fs.get("flags") if chain2 else None, cu_seqlens,
+            wk.get("flags"), cu_seqlens,
             chunk_indices, scale, T, N), dict(RAW_GATES=raw, **opts))
     else:
         if beta is None:

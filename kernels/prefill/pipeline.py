@@ -15,7 +15,7 @@ variant         stages                                                       GPU
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
 ``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3 with CP;
-                diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1 for T <= 128
+                diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1 for T <= 512
                                                                              (``single_launch``)
                 the default; with ``"wu"``: ``w``/``u`` and the output terms
                 ``P``, ``ob``); (2) state walk forming ``v_new`` and the
@@ -25,9 +25,10 @@ variant         stages                                                       GPU
                 walks start by dependent launch (:mod:`.pdl`), repeat
                 launches skip Triton's binding and every launch is bound
                 before the first (:mod:`.launch`); with ``single_launch`` (the
-                default) and T <= 64, (1) also walks each (one-chunk) sequence;
-                with 64 < T <= 128 (``"tm"``, ``single_launch_chain2``) a second
-                chunk's program walks its chunk after the first chunk's (flags)
+                default) and T <= 512 (``single_launch_max_T``), (1) also has
+                walker programs that walk each sequence chunk by chunk as the
+                chunk programs flag their chunks (``"wu"``: T <= 64, the chunk's
+                program walks it)
                 and (2) is not launched
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
 ==============  ===========================================================  =====================
@@ -251,8 +252,8 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
     return BV, seg
 
 
-#: int32 flag buffers of the two-chunk one-launch path, per device (zero between calls: each
-#: waiting program resets its flag). Every buffer handed out stays referenced here, so a
+#: int32 flag buffers of the one-launch path (walker programs), per device (zero between
+#: calls: each walker takes its count off its chunks' flags). Every buffer handed out stays referenced here, so a
 #: CUDA graph that captured one never sees it freed.
 _FLAGS: dict = {}
 _FLAGS_KEPT: list = []
@@ -289,17 +290,22 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     N = cu_seqlens.numel() - 1
     cfg = _config(config, D)
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
-    # one launch when every sequence is one chunk (T <= 64), or with "tm" at most two
-    # (T <= 128: a second chunk's program waits for the first's state through flags)
-    flags = None
-    if (seg == 0 and cfg.single_launch and BT < T <= 2 * BT and cfg.intermediates == "tm"
-            and cfg.single_launch_chain2):
-        flags = _chain_flags(q.device, N * HV * (D // cfg.first_chunk_BV))
-    single = seg == 0 and cfg.single_launch and (T <= BT or flags is not None)
-    first = seg == 0 and (cfg.first_chunk_inline or single)
+    # one launch: with "tm" up to single_launch_max_T tokens (walker programs in the
+    # intra-chunk grid, flags per chunk); with "wu" when every sequence is one chunk
+    walkers = None
+    if (seg == 0 and cfg.single_launch and cfg.intermediates == "tm"
+            and T <= cfg.single_launch_max_T and not cfg.first_chunk_inline):
+        flags = _chain_flags(q.device, num_slots(T, N) * HV)
+        if flags is not None:
+            walkers = dict(initial_state=state, final_state=ht, output=o, flags=flags,
+                           BV=cfg.walker_BV, walk_precision=cfg.walk_precision,
+                           inline_precision=cfg.inline_precision)
+    single = seg == 0 and cfg.single_launch and (walkers is not None or (
+        T <= BT and cfg.intermediates == "wu"))
+    first = seg == 0 and (cfg.first_chunk_inline or (single and walkers is None))
     first_step = dict(initial_state=state, final_state=ht, output=o, whole=single,
                       walk_precision=cfg.walk_precision, inline_precision=cfg.inline_precision,
-                      BV=cfg.first_chunk_BV, flags=flags) if first else None
+                      BV=cfg.first_chunk_BV) if first else None
     stack = (cfg.stack_wp and not first and cfg.storage == "compact"
              and cfg.walk_precision == cfg.inline_precision == "bf16")
     trigger = cfg.pdl_trigger if cfg.pdl else ""
@@ -332,6 +338,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     w, u, gc, P, ob, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
         first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
+        walkers=walkers,
         **_intra(cfg, tm, single or first))
     if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
         u = v
