@@ -186,18 +186,18 @@ def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV
     assert_ok(out, ref)
 
 
-@pytest.mark.parametrize("shape, lens, cu_dtype, with_state", [
-    pytest.param(S16, [100, 0, 28], torch.int32, True, id="D16-100-0-28-state"),
-    pytest.param(S16, [65], torch.int64, False, id="D16-65-nostate"),
-    pytest.param(S32, [64, 64], torch.int64, True, id="D32-two-full-chunks"),
-    pytest.param(S32, [1, 127, 0], torch.int32, False, id="D32-1-127-empty-last"),
-    pytest.param(S128, [100, 28], torch.int64, True, id="D128-100-28-state"),
-    pytest.param(S16, [300, 0, 190, 22], torch.int64, True, id="D16-512-mixed"),
-    pytest.param(S128, [6], torch.int32, False, id="D128-T6-nostate"),
+@pytest.mark.parametrize("shape, lens, cu_dtype, with_state, max_T", [
+    pytest.param(S16, [100, 0, 28], torch.int32, True, 128, id="D16-100-0-28-state"),
+    pytest.param(S16, [65], torch.int64, False, 128, id="D16-65-nostate"),
+    pytest.param(S32, [64, 64], torch.int64, True, 128, id="D32-two-full-chunks"),
+    pytest.param(S32, [1, 127, 0], torch.int32, False, 128, id="D32-1-127-empty-last"),
+    pytest.param(S128, [100, 28], torch.int64, True, 128, id="D128-100-28-state"),
+    pytest.param(S128, [6], torch.int32, False, 128, id="D128-T6-nostate"),
+    pytest.param(S16, [300, 0, 190, 22], torch.int64, True, 512, id="D16-512-mixed"),
 ])
-def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state):
-    """T <= 512 with "tm": one launch, walker programs in the intra-chunk grid wait for each
-    chunk's flag and take their count off (all flags zero afterwards)."""
+def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state, max_T):
+    """T <= single_launch_max_T with "tm": one launch, walker programs in the intra-chunk grid
+    wait for each chunk's flag and take their count off (all flags zero afterwards)."""
     from kernels.prefill import pipeline
     x, ref = case(shape, lens, cu_dtype, with_state)
     T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
@@ -206,9 +206,15 @@ def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state
     no_walk = AssertionError("walk launched")
     with mock.patch.object(pipeline, "state_walk_fwd", side_effect=no_walk), \
             mock.patch.object(pipeline, "state_walk_t_fwd", side_effect=no_walk):
-        out = gdn_prefill(**x, variant="fused", output=o, output_state=st)
+        out = gdn_prefill(**x, variant="fused", output=o, output_state=st,
+                          config=PrefillConfig(single_launch_max_T=max_T))
     assert_ok(out, ref)
     assert int(pipeline._chain_flags(torch.device(DEV), 1).abs().sum()) == 0
+
+
+def test_walker_tiles_below_64_refused():
+    with pytest.raises(ValueError, match="walker_BV must be a power of two >= 64"):
+        PrefillConfig(walker_BV=32)
 
 
 def test_single_launch_up_to_max_T_only():

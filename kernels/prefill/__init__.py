@@ -168,7 +168,7 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         use_cp = None
     fused_key = ("fused+cp" if use_cp else
                  "fused+single" if use_cp is False and DEFAULT_CONFIG.single_launch and (
-                     T <= DEFAULT_CONFIG.single_launch_max_T
+                     T <= max(BT, DEFAULT_CONFIG.single_launch_max_T)
                      if DEFAULT_CONFIG.intermediates == "tm" else T <= BT)
                  else "fused")
     if variant == "graph":

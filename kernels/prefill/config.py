@@ -174,8 +174,13 @@ class PrefillConfig:
             release / acquire; the chunk programs never wait and have the lower program ids,
             so they are placed first). Why: on a slow host the second launch of the
             two-launch path arrives after the GPU has finished the first kernel (H100,
-            notebook 02 at 24fd842: 100+28 eager span 34.8 us against 14.0 graph; T=512
-            40.3 against 19.4).
+            notebook 02 at 24fd842: 100+28 eager span 34.8 us against 14.0 graph). Measured
+            on an H100 (probe 48, graph / eager ``cupti_cold`` us, two launches -> walkers):
+            T=6 11.7 / 33.8 -> 11.6 / 10.8, T=64 18.8 / 28.8 -> 12.1 / 11.6, 100+28 13.5 /
+            25.2 -> 15.6 / 14.9; T=512 19.7 / 32.7 -> 31.4 / 34.8 (two walkers per head
+            walk eight chunks), hence 128. ``walker_BV`` >= 64: 16 and 32 computed wrong
+            results on the GPU (triton 3.6) and pass on the interpreter; the walkers are used
+            only where the tile is at least 64 wide (head size >= 64) off the interpreter.
         intermediates: what the intra-chunk kernel of the ``fused`` variant hands the
             walks. ``"wu"``: the WY factors ``w``, ``u`` and the output terms ``P``, ``ob``
             (``[T, HV, D]`` each); the walk's chain per chunk is ``w @ S``, ``k^T @ v_new``.
@@ -243,8 +248,8 @@ class PrefillConfig:
     first_chunk_inline: bool = False
     first_chunk_BV: int = 64
     single_launch: bool = True
-    single_launch_max_T: int = 512
-    walker_BV: int = 16
+    single_launch_max_T: int = 128
+    walker_BV: int = 64
     stack_wp: bool = False
     intra_split: bool = False
     pdl: bool = True
@@ -333,8 +338,11 @@ class PrefillConfig:
             raise ValueError(f"pdl_trigger must be 'start' or 'end', got {self.pdl_trigger!r}")
         if self.cp_combine not in ("inline", "kernel"):
             raise ValueError(f"cp_combine must be 'inline' or 'kernel', got {self.cp_combine!r}")
-        if not _pow2(self.walker_BV) or self.walker_BV < 16:
-            raise ValueError(f"walker_BV must be a power of two >= 16, got {self.walker_BV}")
+        if not _pow2(self.walker_BV) or self.walker_BV < 64:
+            # 16 and 32 gave wrong results on an H100 with triton 3.6 (probe 48) while
+            # passing on the CPU interpreter -- the narrow-tile fault of first_chunk_BV=32
+            raise ValueError(f"walker_BV must be a power of two >= 64 (16 / 32 computed wrong "
+                             f"results on triton 3.6), got {self.walker_BV}")
         if self.cp_min_avg_chunks < 1:
             raise ValueError(f"cp_min_avg_chunks must be >= 1, got {self.cp_min_avg_chunks}")
         for f in ("walk_stages", "summary_stages"):

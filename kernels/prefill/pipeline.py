@@ -48,6 +48,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from .. import interpret
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
@@ -294,7 +295,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     # intra-chunk grid, flags per chunk); with "wu" when every sequence is one chunk
     walkers = None
     if (seg == 0 and cfg.single_launch and cfg.intermediates == "tm"
-            and T <= cfg.single_launch_max_T and not cfg.first_chunk_inline):
+            and T <= cfg.single_launch_max_T and not cfg.first_chunk_inline
+            and (min(cfg.walker_BV, D) >= 64 or interpret.INTERPRET)):
         flags = _chain_flags(q.device, num_slots(T, N) * HV)
         if flags is not None:
             walkers = dict(initial_state=state, final_state=ht, output=o, flags=flags,
