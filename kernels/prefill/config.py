@@ -156,16 +156,17 @@ class PrefillConfig:
         pdl_trigger: where each program of the kernel before a PDL launch lets it be
             placed: ``"end"`` (after its last store) or ``"start"`` (docs/notes.md has the
             H200 measurements of both).
-        single_launch: when every sequence fits one chunk (``T <= 64``, no CP), the
-            intra-chunk program also walks its chunk (as ``first_chunk_inline``) and the
-            walk kernel is not launched: one launch per call; empty sequences' final
-            states are written by their (otherwise idle) intra-chunk programs. On by
+        single_launch: one launch per call for short calls (no CP): with ``"tm"`` up to
+            ``single_launch_max_T`` tokens through walker programs (below); with ``"wu"``
+            when every sequence fits one chunk (``T <= 64``), the intra-chunk program also
+            walks its chunk (as ``first_chunk_inline``) and empty sequences' final states
+            are written by their (otherwise idle) intra-chunk programs. The history: on by
             default since the ``"tm"`` intermediates made the intra-chunk kernel ~6 us: the
             host then issued the walk launch after the GPU had finished the first kernel,
             and on the H100 host the eager ``cupti_cold`` span reached 2.0 x the graph time
             at T=6 / T=64. Measured on an H100 (probe 38): eager span T=6 18.5 -> 15.7 us,
             T=64 23.0 -> 17.1; graph replay 10.0 -> 14.5 / 11.5 -> 15.3 (the intra program
-            walks its two state tiles serially), still half the graph target there. With
+            walked its two state tiles serially; the walkers replaced that, probe 49). With
             ``"wu"`` (probe 17, H200) it was slower on both counts (T=6 graph 15.8 -> 21.0).
         single_launch_max_T, walker_BV: with ``single_launch`` and ``"tm"``, calls of up to
             this many tokens (no CP) are one launch: the intra-chunk grid gets walker
