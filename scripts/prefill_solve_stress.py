@@ -25,6 +25,7 @@ from kernels.stress_inputs import make_prefill_stress_inputs
 
 CONFIGS = {
     "default": PrefillConfig(),
+    "v8 walk paths": PrefillConfig(walk_transposed=False, single_launch_max_T=0),
     "neumann-ieee (blocks, default before v8)": PrefillConfig(solve="blocks"),
     "precise": ACCURATE_CONFIG,
     "wu (default before 8a40956)": PrefillConfig(intermediates="wu"),
@@ -61,6 +62,9 @@ CONFIGS = {
 SPREADS = [0.0, 0.02, 0.1, 1.0]
 PEERS = prefill_impls(("fla", "flashinfer"))
 LENS = {"8x64": [64] * 8, "300+64": [300, 64]}
+#: shapes that take the short-walk paths of the default (one launch with walkers at T <= 128;
+#: the transposed walk for short walks at width 64): ``--lens-set short``
+LENS_SHORT = {"100+28": [100, 28], "16x256": [256] * 16, "57x64": [64] * 57}
 
 
 def main():
@@ -68,13 +72,15 @@ def main():
     ap.add_argument("--out", default="solve_stress.csv")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), help="subset of CONFIGS")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--lens-set", choices=("default", "short"), default="default",
+                    help="default: 8x64 and 300+64; short: 100+28, 16x256, 57x64")
     args = ap.parse_args()
     for name, fn in PEERS.items():
         if not fn:
             print(f"{name}: {fn!r}")
     rows = []
     for spread in SPREADS:
-        for lname, lens in LENS.items():
+        for lname, lens in (LENS_SHORT if args.lens_set == "short" else LENS).items():
             x = make_prefill_stress_inputs(lens, CONTEST, spread=spread, device="cuda")
             ref = prefill_reference(**x)
             calls = {f"ours {c}": (lambda cfg=CONFIGS[c]: gdn_prefill(**x, variant="fused",
