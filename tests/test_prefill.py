@@ -209,7 +209,7 @@ def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state
         out = gdn_prefill(**x, variant="fused", output=o, output_state=st,
                           config=PrefillConfig(single_launch_max_T=max_T))
     assert_ok(out, ref)
-    assert int(pipeline._chain_flags(torch.device(DEV), 1).abs().sum()) == 0
+    assert int(pipeline._walker_flags(torch.device(DEV), 1).abs().sum()) == 0
 
 
 def test_walker_tiles_below_64_refused():

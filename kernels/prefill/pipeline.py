@@ -254,13 +254,13 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
 
 
 #: int32 flag buffers of the one-launch path (walker programs), per device (zero between
-#: calls: each walker takes its count off its chunks' flags). Every buffer handed out stays referenced here, so a
-#: CUDA graph that captured one never sees it freed.
+#: calls: each walker takes its count off its chunks' flags). Every buffer handed out stays
+#: referenced here, so a CUDA graph that captured one never sees it freed.
 _FLAGS: dict = {}
 _FLAGS_KEPT: list = []
 
 
-def _chain_flags(device, n: int):
+def _walker_flags(device, n: int):
     """A zeroed int32 buffer of at least ``n`` flags on ``device``, or None when one would
     have to be allocated while the stream is being captured (the caller then takes the
     two-launch path)."""
@@ -297,7 +297,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     if (seg == 0 and cfg.single_launch and cfg.intermediates == "tm"
             and T <= cfg.single_launch_max_T and not cfg.first_chunk_inline
             and (min(cfg.walker_BV, D) >= 64 or interpret.INTERPRET)):
-        flags = _chain_flags(q.device, num_slots(T, N) * HV)
+        flags = _walker_flags(q.device, num_slots(T, N) * HV)
         if flags is not None:
             walkers = dict(initial_state=state, final_state=ht, output=o, flags=flags,
                            BV=cfg.walker_BV, walk_precision=cfg.walk_precision,
@@ -317,24 +317,11 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     precise = cfg.storage == "precise"
     warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short,
                                                   precise=precise, tm=tm)
-    transposed = cfg.walk_transposed
-    if transposed is None:
-        transposed = walk_transposed_rule(BV, short, precise=precise, tm=tm)
-    pipe_skip = cfg.walk_pipe_skip
-    if pipe_skip is None:
-        pipe_skip = walk_pipe_skip_rule(BV, short, precise=precise, tm=tm)
     loop_stages = cfg.walk_loop_stages or loop_stages
     if loop_stages == 1 and BV < 64:
         raise ValueError(f"walk_loop_stages=1 needs a walk tile of at least 64 columns, got "
                          f"{BV} (16 / 32 hit an illegal memory access on triton 3.6); set "
                          f"walk_BV=64 or leave walk_loop_stages None")
-    walk = dict(BV=BV, num_warps=cfg.walk_warps or warps, pdl=cfg.pdl,
-                acc_fuse=cfg.walk_acc_fuse,
-                num_stages=cfg.walk_stages or stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
-                loop_stages=loop_stages, pipe_skip=pipe_skip,
-                dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
-    summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
-                           device=q.device) if seg else None)
     # every launch is bound (arguments ordered, handles fetched) before the first one:
     # on the eager path the host time between launches is what the GPU waits for
     w, u, gc, P, ob, go_intra = intra_chunk_fwd(
@@ -342,12 +329,25 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
         walkers=walkers,
         **_intra(cfg, tm, single or first))
-    if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
-        u = v
-        walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
     if single:
         go_intra()
         return o, ht
+    transposed = cfg.walk_transposed
+    if transposed is None:
+        transposed = walk_transposed_rule(BV, short, precise=precise, tm=tm)
+    pipe_skip = cfg.walk_pipe_skip
+    if pipe_skip is None:
+        pipe_skip = walk_pipe_skip_rule(BV, short, precise=precise, tm=tm)
+    walk = dict(BV=BV, num_warps=cfg.walk_warps or warps, pdl=cfg.pdl,
+                acc_fuse=cfg.walk_acc_fuse,
+                num_stages=cfg.walk_stages or stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
+                loop_stages=loop_stages, pipe_skip=pipe_skip,
+                dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
+    if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
+        u = v
+        walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
+    summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
+                           device=q.device) if seg else None)
     if seg == 0 and tm and transposed and not first:
         bvt = cfg.walk_BV or min(128, D)
         go_walk = state_walk_t_fwd(
