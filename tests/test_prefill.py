@@ -22,6 +22,7 @@ from kernels.prefill import (DEFAULT_CONFIG, VARIANTS, PrefillConfig, clear_grap
                              gdn_prefill, graph_cache_info, launch_count_hint,
                              make_prefill_impl, plan_fused, sweep_configs)
 from kernels.prefill import graph as graph_mod  # noqa: E402
+from kernels.prefill import pipeline  # noqa: E402
 from kernels.reference import prefill_reference  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
 
@@ -473,6 +474,42 @@ def test_context_parallel_rule():
     assert plan_fused(6, 1, 8, 128, cpu, cp=True)[1] >= 2
     assert plan_fused(6, 1, 8, 128, cpu, cp=1)[1] == 1   # plans are cached: True is not 1
     assert plan_fused(8192, 1, 8, 128, cpu, cp=3)[1] == 3
+    # long path (>= 16,384 tokens per sequence): 16 segments per sequence, walks 128 wide
+    assert plan_fused(16384, 1, 8, 128, cpu) == (128, 16)
+    assert plan_fused(131072, 1, 8, 128, cpu) == (128, 128)
+    assert plan_fused(1 << 20, 1, 8, 128, cpu) == (128, 1024)
+    assert plan_fused(131072, 1, 8, 128, cpu, cp=True) == (128, 128)
+    assert plan_fused(4 * 8192, 4, 8, 128, cpu)[1] == 0       # 4 sequences: enough programs
+
+
+@pytest.mark.parametrize("T, N, long, seg", [
+    (8192, 1, False, 8), (16320, 1, False, 16), (16384, 1, True, 16), (32768, 2, True, 16),
+    (131072, 1, True, 128), (1 << 20, 1, True, 1024), (64, 1, False, 2)])
+def test_cp_long_rule(T, N, long, seg):
+    from kernels.prefill.context_parallel import cp_long, cp_long_segment_chunks
+    assert cp_long(T, N) is long
+    assert cp_long_segment_chunks(T, N) == seg
+
+
+@pytest.mark.parametrize("shape, lens, seg", [
+    (S16, [100, 0, 60], 1),          # boundaries inside and between sequences, an empty one
+    (S16, [300, 5, 0, 129], 2),      # sequences shorter than a segment
+    (S32, [0], 1),                   # one empty sequence: the state is handed through
+    (S32, [200, 64, 1], 1),
+    (GDNShape(1, 2, 128), [130, 70], 1),
+])
+def test_cp_long_path(shape, lens, seg):
+    """The long-context path (transposed phase A, combine kernel, transposed phase C) forced
+    at small sizes: same results as the reference, inputs untouched."""
+    x, ref = case(shape, lens, torch.int32, True)
+    before = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
+    with mock.patch.object(pipeline, "cp_long", lambda T, N: True), \
+            mock.patch.object(pipeline, "_cp_long", wraps=pipeline._cp_long) as long_path:
+        out = gdn_prefill(**x, variant="fused", cp=seg)
+    assert long_path.call_count == 1
+    assert_ok(out, ref)
+    for n, t in before.items():
+        assert torch.equal(x[n], t), n
 
 
 # --------------------------------------------------------------------------- graph variant
@@ -628,6 +665,17 @@ def test_gpu_contest_shapes_fused_and_cp(lens):
     x, ref = case(GDNShape(4, 8, 128), lens, torch.int64, True)
     assert_ok(gdn_prefill(**x, variant="fused"), ref)
     assert_ok(gdn_prefill(**x, variant="fused", cp=True), ref)
+
+
+@pytest.mark.gpu
+def test_gpu_long_context_path():
+    """>= 16,384 tokens per sequence on average: the long CP path, against the reference."""
+    lens = [40000, 1, 20000]
+    x, ref = case(GDNShape(4, 8, 128), lens, torch.int64, True)
+    assert plan_fused(sum(lens), 3, 8, 128, "cuda")[1] > 0
+    with mock.patch.object(pipeline, "_cp_long", wraps=pipeline._cp_long) as long_path:
+        assert_ok(gdn_prefill(**x, variant="fused"), ref)
+    assert long_path.call_count == 1
 
 
 @pytest.mark.gpu

@@ -18,6 +18,17 @@ affine in its entering state (per chunk, ``S' = (exp(gc_last) I - Kd^T w) S
   segments in parallel): outputs from each segment's true entering state;
   the last segment writes the final state.
 
+**Long path** (from :data:`CP_LONG_MIN_CHUNKS` chunks, 16,384 tokens, per sequence on average;
+:func:`cp_long`): phase A and C are the transposed walk (:mod:`.state_walk_t`) at ``BV = 128``
+(phase A walks ``[I ; 0]`` as ``S^T``: two programs of 128 rows per segment and head, storing
+``[M^T ; X^T]`` k-last), phase B is :func:`segment_combine_t_kernel` (the serial pass, each
+segment's transition fetched while the previous product runs), and every sequence is cut into
+about :data:`CP_LONG_SEGMENTS` segments (:func:`cp_long_segment_chunks`), which bounds the
+serial pass and gives phase C ``16 * N * HV`` programs of 128 state columns. The chained form
+above re-chains every earlier segment in every phase-C program (quadratic in the segment
+count: 22.8 ms at 1,048,576 tokens on an H200 against 10.5 ms for the long path), and its
+32-column tiles load each chunk's ``k``, ``q``, ``Tb``, ``Aqk`` four times per head.
+
 Segments are numbered with the slot rule of :mod:`.chunk_index` with
 ``BLOCK = SEG_CHUNKS * 64`` (no host sync). Cost: phase A walks ``K + V``
 columns instead of ``V`` (about 2x the walk's work) and phase B adds
@@ -51,9 +62,13 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from .dots import mm  # noqa: E402
+from .launch import FastLaunch  # noqa: E402
 from .state_walk import load_state_tile  # noqa: E402
 
-__all__ = ["CP_MIN_AVG_CHUNKS", "cp_segment_chunks", "segment_combine_kernel", "segment_combine",
+__all__ = ["CP_MIN_AVG_CHUNKS", "CP_LONG_MIN_CHUNKS", "CP_LONG_SEGMENTS", "cp_long",
+           "cp_long_segment_chunks", "segment_combine_t_kernel", "segment_combine_t_fwd",
+           "cp_segment_chunks", "segment_combine_kernel", "segment_combine",
            "segment_combine_fwd", "COMBINE_DOT_PRECISION", "sm_count"]
 
 #: Average chunks per sequence from which CP is considered.
@@ -76,6 +91,30 @@ def sm_count(device) -> int:
 @functools.lru_cache(maxsize=None)
 def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+#: Average chunks per sequence from which context parallelism takes the long path
+#: (:func:`cp_long`): 16,384 tokens.
+CP_LONG_MIN_CHUNKS = 256
+#: Segments per sequence of the long path.
+CP_LONG_SEGMENTS = 16
+
+
+def cp_long(T: int, N: int) -> bool:
+    """Whether a context-parallel call takes the long path (transposed walks and a combine
+    kernel, :func:`.pipeline._cp_long`): from :data:`CP_LONG_MIN_CHUNKS` chunks per sequence
+    on average. Measured on an H200 (graph us, chained CP -> long path): T=8192 113 -> 138
+    (hence the threshold), 16384 261 -> 221, 131072 1869 -> 1368."""
+    return -(-int(T) // 64) / max(int(N), 1) >= CP_LONG_MIN_CHUNKS
+
+
+def cp_long_segment_chunks(T: int, N: int) -> int:
+    """Chunks per segment of the long path: the power of two nearest ``avg_chunks / 16``
+    (:data:`CP_LONG_SEGMENTS` segments per sequence), at least 2. Measured on an H200
+    (graph us): T=16384 seg 8 / 16 / 32: 266 / 221 / 259; 65536 seg 32 / 64 / 128: 759 /
+    713 / 928; 131072 seg 64 / 128: 1413 / 1368; 1048576 seg 512 / 1024: 10505 / 10476."""
+    avg = -(-int(T) // 64) / max(int(N), 1)
+    return int(max(2 ** round(math.log2(max(avg / CP_LONG_SEGMENTS, 1))), 2))
 
 
 def cp_segment_chunks(T: int, N: int, HV: int, V: int, BV: int, n_sm: int,
@@ -169,3 +208,69 @@ def segment_combine(summary: torch.Tensor, cu_seqlens: torch.Tensor,
     segment_combine_fwd(summary, s0, cu_seqlens, initial_state, seg_t=64 * seg_chunks, T=T,
                         BV=min(BV, KV - K))
     return s0
+
+
+@triton.jit(do_not_specialize=["T", "N"])
+def segment_combine_t_kernel(
+    h0,             # [N, H, V, K] f32 initial state, k-last (USE_H0) or None
+    summ,           # [S, H, K + V, K] f32 segment transitions [M^T ; X^T] (phase A)
+    s0,             # [S, H, V, K] f32 out: state entering each segment slot, k-last
+    cu_seqlens,     # [N+1] int32/int64
+    T,              # total tokens (not specialised)
+    N,              # sequences (not specialised)
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BV: tl.constexpr,
+    SEG_T: tl.constexpr,        # tokens per segment
+    USE_H0: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Phase B for the transposed walks: one program per ``(sequence, head, BV state rows)``
+    runs ``S_start(s+1)^T = S_start(s)^T M_s^T + X_s^T`` over the sequence's segments and
+    stores every segment's entering state (segment 0's is the initial state). The loads of
+    ``M_s^T`` and ``X_s^T`` do not depend on the state, so the loop's pipeline fetches the
+    next segment's while this one's product runs."""
+    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    n_seg = tl.maximum(tl.cdiv(eos - bos, SEG_T), 1)
+    slot0 = bos // SEG_T + i_n
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_vk = o_v[:, None] * K + o_k[None, :]
+    o_kk = o_k[:, None] * K + o_k[None, :]
+    if USE_H0:
+        b_St = tl.load(h0 + (i_n * H + i_h).to(tl.int64) * (V * K) + o_vk)
+    else:
+        b_St = tl.zeros([BV, K], dtype=tl.float32)
+    for i_s in tl.range(0, n_seg - 1, num_stages=2):
+        slot = slot0 + i_s
+        p_m = summ + (slot * H + i_h) * ((K + V) * K)
+        b_mt = tl.load(p_m + o_kk)                         # M^T [K, K]
+        b_xt = tl.load(p_m + K * K + o_vk)                 # X^T rows [BV, K]
+        tl.store(s0 + (slot * H + i_h) * (V * K) + o_vk, b_St)
+        b_St = mm(b_St, b_mt, DOT_PREC) + b_xt
+    tl.store(s0 + ((slot0 + n_seg - 1) * H + i_h) * (V * K) + o_vk, b_St)
+
+
+def segment_combine_t_fwd(summary: torch.Tensor, s0: torch.Tensor, cu_seqlens: torch.Tensor,
+                          initial_state: Optional[torch.Tensor], *, seg_t: int, T: int,
+                          BV: int = 16, num_warps: int = 8, defer: bool = False):
+    """Launch :func:`segment_combine_t_kernel` (grid ``(N, HV, V // BV)``); fills ``s0``
+    (`[S, HV, V, K]`) from ``summary`` (`[S, HV, K + V, K]`). bf16 products (the walks
+    round the state to bf16 for every product anyway) and ``BV = 16``: measured on an H200
+    at T=131072, 31 segments, 130 us with tf32x3 at ``BV = 32`` -> 61 us."""
+    _, H, KV, K = summary.shape
+    V = KV - K
+    N = cu_seqlens.numel() - 1
+    go = _COMBINE_T_LAUNCH.bind((N, H, V // BV), (
+        initial_state, summary, s0, cu_seqlens, T, N), dict(
+        H=H, K=K, V=V, BV=BV, SEG_T=seg_t, USE_H0=initial_state is not None,
+        DOT_PREC="bf16", num_warps=num_warps))
+    if defer:
+        return go
+    go()
+
+
+_COMBINE_T_LAUNCH = FastLaunch(segment_combine_t_kernel)

@@ -54,7 +54,8 @@ from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
                      walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule,
                      intra_maxnreg_rule)
-from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
+from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
+                               segment_combine_fwd, segment_combine_t_fwd, sm_count)
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
 from .output import chunk_output_fwd
@@ -236,17 +237,23 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
           ) -> Tuple[int, int]:
     cp = cp_key[1]
     BV = cfg.walk_BV or 16
+    long = cfg.intermediates == "tm" and cp_long(T, N)
     if cp is None:
         seg = cp_segment_chunks(T, N, HV, D, BV, sm_count(device), cfg.cp_min_avg_chunks)
+        if seg and long:
+            seg = cp_long_segment_chunks(T, N)
     elif cp is True:
-        seg = max(cp_segment_chunks(T, N, HV, D, BV, 0, 1), 2)
+        seg = (cp_long_segment_chunks(T, N) if long
+               else max(cp_segment_chunks(T, N, HV, D, BV, 0, 1), 2))
     elif cp is False or cp == 0:
         seg = 0
     elif isinstance(cp, int) and cp >= 1:
         seg = int(cp)
     else:
         raise ValueError(f"cp must be None, a bool or a segment size >= 1 (chunks), got {cp!r}")
-    if cfg.walk_BV is None:
+    if seg and long:
+        BV = min(128, D)   # the long path's walks (state_walk_t, both warpgroups)
+    elif cfg.walk_BV is None:
         units = num_slots(T, N, seg * BT) if seg else N
         BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg),
                             tm=cfg.intermediates == "tm")
@@ -346,8 +353,6 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
         u = v
         walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
-    summary = (torch.empty(num_slots(T, N, seg * BT), HV, D, 2 * D, dtype=torch.float32,
-                           device=q.device) if seg else None)
     if seg == 0 and tm and transposed and not first:
         bvt = cfg.walk_BV or min(128, D)
         go_walk = state_walk_t_fwd(
@@ -366,6 +371,11 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         go_walk()
         return o, ht
     seg_t = seg * BT
+    if tm and cp_long(T, N):
+        return _cp_long(q, k, v, w, P, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg,
+                        go_intra)
+    summary = torch.empty(num_slots(T, N, seg_t), HV, D, 2 * D, dtype=torch.float32,
+                          device=q.device)
     S = summary.shape[0]
     go_summary = state_walk_fwd(
         k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
@@ -390,4 +400,36 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     walk["pdl"] = False   # after the combine kernel, which does not trigger
     state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
                    seg_t=seg_t, **walk)
+    return o, ht
+
+
+def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, go_intra):
+    """Context parallelism of long sequences with the transposed walks (:mod:`.state_walk_t`,
+    :func:`.context_parallel.cp_long_segment_chunks`): phase A (each segment's
+    ``[M^T ; X^T]``: two programs of ``K`` rows per segment and head, 3 pipeline stages),
+    phase B (:func:`.context_parallel.segment_combine_t_fwd`: the serial pass over the
+    segments, bf16 products) and phase C (outputs from each segment's entering state,
+    ``BV = 128`` with 8 warps: both warpgroups share one load of ``k``, ``q``, ``Tb``,
+    ``Aqk``): 4 launches. Measured on an H200 (graph us, against the chained CP at
+    ``ddae264``): T=16384 261 -> 221, 32768 444 -> 385, 65536 823 -> 713, 131072 1869 ->
+    1368, 1048576 22799 -> 10476 (docs/notes.md, long context)."""
+    T, HV, D = q.shape[0], v.shape[1], v.shape[2]
+    N = cu_seqlens.numel() - 1
+    S = num_slots(T, N, seg_t)
+    summ = torch.empty(S, HV, 2 * D, D, dtype=torch.float32, device=q.device)
+    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
+    bv = min(128, D)
+    kw = dict(scale=scale, dot_precision=cfg.walk_precision, BV=bv,
+              num_warps=8 if bv >= 128 else 4, out_precision=cfg.inline_precision,
+              seg_t=seg_t, defer=True)
+    go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, summary=summ, pdl=cfg.pdl,
+                            num_stages=3, loop_stages=3, **kw)
+    go_b = segment_combine_t_fwd(summ, s0, cu_seqlens, state, seg_t=seg_t, T=T,
+                                 BV=min(16, D), defer=True)
+    go_c = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=o, final_state=ht,
+                            num_stages=2, loop_stages=2, **kw)
+    go_intra()
+    go_a()
+    go_b()
+    go_c()
     return o, ht

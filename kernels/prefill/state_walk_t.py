@@ -35,7 +35,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT  # noqa: E402
+from .chunk_index import BT, locate_block  # noqa: E402
 from .dots import mm  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
@@ -52,9 +52,11 @@ def state_walk_t_kernel(
     aq,             # [T, H, BT] bf16: scale * Aqk
     gc,             # [T, H] f32 per-chunk cumulative log decay
     h0,             # [N, H, V, K] f32 initial state, k-last (USE_H0) or None
+    s0,             # [S, H, V, K] f32 entering state per segment slot (FROM_S0) or None
+    summ,           # [S, H, K + V, K] f32 out (SUMMARY): [M^T ; X^T] per segment slot
     cu_seqlens,     # [N+1] int32/int64
-    o,              # [T, H, V] bf16 out
-    ht,             # [N, H, V, K] f32 out: final state, k-last
+    o,              # [T, H, V] bf16 out (not SUMMARY)
+    ht,             # [N, H, V, K] f32 out: final state, k-last (not SUMMARY)
     scale,          # output scale
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
@@ -67,58 +69,94 @@ def state_walk_t_kernel(
     USE_H0: tl.constexpr,
     DOT_PREC: tl.constexpr,     # products with the state and the residuals (.dots)
     OUT_PREC: tl.constexpr,     # the outputs' products
+    SEG_T: tl.constexpr = 0,    # tokens per segment (context parallelism); 0: whole sequences
+    SUMMARY: tl.constexpr = False,   # CP phase A: the segment's transition, no outputs
+    FROM_S0: tl.constexpr = False,   # CP phase C: start from the segment's entering state
     LOOP_STAGES: tl.constexpr = None,   # software-pipeline stages of the chunk loop
     PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
 ):
-    """One program per ``(sequence, value head, BV state columns)``: walks the sequence's
-    chunks from ``h0`` (or zeros), writes every output row and the final state."""
-    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """One program per ``(sequence or segment slot, value head, BV state columns)``: walks
+    its chunks from ``h0`` / ``s0`` (or zeros) and writes every output row and the final
+    state; with ``SUMMARY`` it walks ``[I | 0]`` instead (rows ``j < K`` of ``S^T`` start as
+    the identity and see no values, rows ``K + v`` start at zero and see ``v``) and stores
+    ``[M^T ; X^T]`` with ``S_end = M S_start + X``."""
+    i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    if SEG_T == 0:
+        i_n = i_u
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        ubos = bos
+        ueos = eos
+    else:
+        i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, SEG_T)
+        ubos = bos + i_s * SEG_T
+        ueos = tl.minimum(ubos + SEG_T, eos)
+        # segment 0 of an empty sequence is real (it hands the initial state through)
+        skip = (i_s > 0) & (ubos >= eos)
+        if SUMMARY:
+            skip = skip | (ueos >= eos)  # the last segment needs no transition
+        if skip:
+            grid_wait(PDL_WAIT)
+            return
     o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
+    o_v = i_v * BV + tl.arange(0, BV)       # rows of S^T (of [M^T ; X^T] with SUMMARY)
     o_bt = tl.arange(0, BT)
     o_vk = o_v[:, None] * K + o_k[None, :]                 # [BV, K] of a k-last state
     p_state = (i_n * H + i_h).to(tl.int64) * (V * K)
-    if USE_H0:   # an input of the call: read before the PDL wait
-        b_St = tl.load(h0 + p_state + o_vk)
+    if SUMMARY:
+        b_St = tl.where(o_v[:, None] == o_k[None, :], 1.0, 0.0)   # [I ; 0]
+        o_vt = o_bt[None, :] * (H * V) + (o_v - K)[:, None]        # [BV, BT]: v^T (X rows)
+        m_v = i_v * BV >= K                                         # the X rows see values
     else:
-        b_St = tl.zeros([BV, K], dtype=tl.float32)
+        o_vt = o_bt[None, :] * (H * V) + o_v[:, None]              # [BV, BT]: v^T, o^T
+        m_v = i_v >= 0
+        if FROM_S0:
+            grid_wait(PDL_WAIT)
+            b_St = tl.load(s0 + (i_u * H + i_h).to(tl.int64) * (V * K) + o_vk)
+        elif USE_H0:   # an input of the call: read before the PDL wait
+            b_St = tl.load(h0 + p_state + o_vk)
+        else:
+            b_St = tl.zeros([BV, K], dtype=tl.float32)
     o_qk = o_bt[:, None] * (HQ * K) + o_k[None, :]         # [BT, K] rows of q, k
-    o_vt = o_bt[None, :] * (H * V) + o_v[:, None]          # [BV, BT]: v^T, o^T
     o_tt = o_bt[:, None] * (H * BT) + o_bt[None, :]        # [BT, BT] rows of Tb, Aqk
     grid_wait(PDL_WAIT)
-    for i_c in tl.range(0, tl.cdiv(eos - bos, BT), num_stages=LOOP_STAGES):
-        t0 = bos + i_c * BT                                # first token of the chunk (int64)
-        m_t = o_bt < (eos - t0)
+    for i_c in tl.range(0, tl.cdiv(ueos - ubos, BT), num_stages=LOOP_STAGES):
+        t0 = ubos + i_c * BT                               # first token of the chunk (int64)
+        m_t = o_bt < (ueos - t0)
         b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
-        b_gl = tl.load(gc + (tl.minimum(t0 + BT, eos) - 1) * H + i_h)
+        b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
         b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-        b_vt = tl.load(v + (t0 * H + i_h) * V + o_vt, mask=m_t[None, :], other=0.0)
+        b_vt = tl.load(v + (t0 * H + i_h) * V + o_vt, mask=m_t[None, :] & m_v, other=0.0)
         # rhs^T = v^T - (k S)^T exp(gc): rows past the end are 0 (k, v masked)
         b_rt = b_vt.to(tl.float32) - mm(b_St, tl.trans(b_k), DOT_PREC) * tl.exp(b_gc)[None, :]
         b_tb = tl.load(tb + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
         b_nt = mm(b_rt, tl.trans(b_tb), DOT_PREC)          # v_new^T = rhs^T Tb^T
-        b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-        b_aq = tl.load(aq + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
-        b_ot = (mm(b_St, tl.trans(b_q), OUT_PREC) * (scale * tl.exp(b_gc))[None, :]
-                + mm(b_nt, tl.trans(b_aq), OUT_PREC))
-        tl.store(o + (t0 * H + i_h) * V + o_vt, b_ot.to(o.dtype.element_ty), mask=m_t[None, :])
+        if not SUMMARY:
+            b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+            b_aq = tl.load(aq + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+            b_ot = (mm(b_St, tl.trans(b_q), OUT_PREC) * (scale * tl.exp(b_gc))[None, :]
+                    + mm(b_nt, tl.trans(b_aq), OUT_PREC))
+            tl.store(o + (t0 * H + i_h) * V + o_vt, b_ot.to(o.dtype.element_ty),
+                     mask=m_t[None, :])
         # S'^T = exp(gc_last) S^T + (exp(gc_last - gc) v_new)^T k
         b_St = b_St * tl.exp(b_gl) + mm(b_nt * tl.exp(b_gl - b_gc)[None, :], b_k, DOT_PREC)
-    tl.store(ht + p_state + o_vk, b_St)
+    if SUMMARY:
+        tl.store(summ + (i_u * H + i_h).to(tl.int64) * ((K + V) * K) + o_vk, b_St)
+    elif ueos >= eos:   # the sequence's last segment (always, without CP)
+        tl.store(ht + p_state + o_vk, b_St)
 
 
 _WALK_T_LAUNCH = FastLaunch(state_walk_t_kernel)
 
 
-def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state, output, final_state,
-                     scale: float, BV: int = 128, num_warps: int = 8, num_stages: int = 2,
-                     loop_stages=None, dot_precision: str = "bf16",
-                     out_precision: str = "bf16", pdl: bool = False, defer: bool = False):
-    """Launch :func:`state_walk_t_kernel` once over ``(N, HV, V // BV)`` programs.
+def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, output=None,
+                     final_state=None, scale: float = 1.0, BV: int = 128, num_warps: int = 8,
+                     num_stages: int = 2, loop_stages=None, dot_precision: str = "bf16",
+                     out_precision: str = "bf16", pdl: bool = False, seg_t: int = 0,
+                     summary=None, s0=None, defer: bool = False):
+    """Launch :func:`state_walk_t_kernel` once.
 
     Args:
         q, k: `[T, HQ, K]` bf16. v: `[T, HV, V]` bf16.
@@ -130,19 +168,30 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state, output, 
         BV: state columns per program (rows of ``S^T``): 128 with 8 warps gives each
             warpgroup 64 rows; 64 with 4 warps is one warpgroup.
         pdl: launched with programmatic dependent launch after the intra-chunk kernel.
+        seg_t: context parallelism (:mod:`.context_parallel`): one program per segment slot of
+            ``seg_t`` tokens (``T // seg_t + N`` slots) instead of per sequence, with either
+        summary: `[S, HV, K + V, K]` f32, written (phase A: ``[M^T ; X^T]`` per slot; no
+            outputs), or
+        s0: `[S, HV, V, K]` f32 entering state per slot (phase C: outputs; each sequence's
+            last segment writes ``final_state``).
     Returns None, or with ``defer`` the bound launch without launching it.
     """
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
-    if V % BV or BV < 16:
-        raise ValueError(f"BV must divide V={V} and be >= 16, got {BV}")
+    if V % BV or K % BV or BV < 16:
+        raise ValueError(f"BV must divide V={V} and K={K} and be >= 16, got {BV}")
+    if (summary is not None or s0 is not None) != bool(seg_t):
+        raise ValueError("seg_t goes with exactly one of summary (phase A) and s0 (phase C)")
+    units = (int(T) // seg_t + N) if seg_t else N
+    rows = K + V if summary is not None else V
     pdl_opts = launch_options(pdl, k.device)
-    go = _WALK_T_LAUNCH.bind((N, H, V // BV), (
-        q, k, v, tb, aq, gc, initial_state, cu_seqlens, output, final_state, float(scale),
-        T, N), dict(
+    go = _WALK_T_LAUNCH.bind((units, H, rows // BV), (
+        q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output, final_state,
+        float(scale), T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, USE_H0=initial_state is not None,
-        DOT_PREC=dot_precision, OUT_PREC=out_precision, LOOP_STAGES=loop_stages,
+        DOT_PREC=dot_precision, OUT_PREC=out_precision, SEG_T=int(seg_t),
+        SUMMARY=summary is not None, FROM_S0=s0 is not None, LOOP_STAGES=loop_stages,
         PDL_WAIT=bool(pdl_opts), **pdl_opts, num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go
