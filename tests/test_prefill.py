@@ -18,9 +18,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.checks import check_outputs  # noqa: E402
-from kernels.prefill import (DEFAULT_CONFIG, VARIANTS, PrefillConfig, clear_graph_cache,  # noqa: E402
-                             gdn_prefill, graph_cache_info, launch_count_hint,
-                             make_prefill_impl, plan_fused, sweep_configs)
+from kernels.prefill import (ACCURATE_CONFIG, DEFAULT_CONFIG, VARIANTS, PrefillConfig,  # noqa: E402
+                             clear_graph_cache, gdn_prefill, graph_cache_info,
+                             launch_count_hint, make_prefill_impl, plan_fused)
 from kernels.prefill import graph as graph_mod  # noqa: E402
 from kernels.prefill import pipeline  # noqa: E402
 from kernels.reference import prefill_reference  # noqa: E402
@@ -105,63 +105,17 @@ def test_scale_and_preallocated_outputs(variant):
     pytest.param("no_sync", {}, id="no_sync"),
 ])
 def test_config_levers_keep_results(variant, options):
-    """Tile widths / warps / stages change the launch, never the result."""
+    """Every lever of :class:`PrefillConfig` passes the contest rule in every composition
+    (``single_launch_max_T=0``: T = 160 would otherwise be one launch)."""
     x, ref = case(S32, [100, 0, 60], torch.int32, True)   # T > 128: the walk kernel runs
-    cfg = PrefillConfig(walk_BV=16, walk_warps=4, walk_stages=2, split_BV=16, intra_warps=4,
-                        output_BV=16, summary_BV=16, summary_stages=2)
-    assert cfg.name != "default"
-    assert_ok(gdn_prefill(**x, variant=variant, config=cfg, **options), ref)
     assert_ok(gdn_prefill(**x, variant=variant, BV=16, **options), ref)
-    compact = PrefillConfig(storage="compact")
-    assert_ok(gdn_prefill(**x, variant=variant, config=compact, **options), ref)
-    for other in (PrefillConfig(solve="blocks", storage="precise"),
-                  PrefillConfig(intermediates="wu"),
-                  PrefillConfig(intermediates="wu", storage="precise", solve="tile"),
-                  PrefillConfig(intermediates="tm", storage="precise", walk_precision="bf16x2",
-                                inline_precision="bf16x2"),
-                  PrefillConfig(first_chunk_inline=True, intermediates="wu"),
-                  PrefillConfig(stack_wp=True, intermediates="wu"),
-                  PrefillConfig(intra_split=True, intermediates="wu"),
-                  PrefillConfig(solve="blocks", intra_solve_diag="rows"),
-                  PrefillConfig(solve="blocks", intra_offdiag_precision="tf32"),
-                  PrefillConfig(intra_band_store=False, intra_maxnreg=200),
-                  PrefillConfig(intra_solve_precision="ieee", intra_offdiag_precision="ieee"),
-                  PrefillConfig(intermediates="wu", solve="batched"),
-                  PrefillConfig(intra_solve_tree=True, walk_acc_fuse=True,
-                                walk_early_loads=True),
-                  PrefillConfig(cp_chain_precision="tf32x3"),
-                  PrefillConfig(walk_pipe_skip="q"),
-                  PrefillConfig(walk_pipe_skip="aq", walk_loop_stages=2),
-                  PrefillConfig(walk_transposed=True),
-                  PrefillConfig(walk_transposed=True, walk_BV=16),
-                  PrefillConfig(first_chunk_inline=True),
-                  PrefillConfig(walk_precision="bf16", inline_precision="bf16",
-                                intra_precision="bf16")):
-        # (single_launch off: T = 160 would otherwise be one launch with walker programs)
-        assert_ok(gdn_prefill(**x, variant=variant, config=replace(other, single_launch=False),
+    for cfg in (PrefillConfig(walk_BV=16), PrefillConfig(storage="precise"),
+                PrefillConfig(solve="blocks"), PrefillConfig(precision="bf16x2"),
+                PrefillConfig(cp_chain_precision="tf32x3"), PrefillConfig(cp_combine="kernel"),
+                PrefillConfig(pdl=False), ACCURATE_CONFIG):
+        assert cfg.name != "default"
+        assert_ok(gdn_prefill(**x, variant=variant, config=replace(cfg, single_launch_max_T=0),
                               **options), ref)
-
-
-@pytest.mark.parametrize("shape, lens, cu_dtype, with_state", [
-    pytest.param(S16, [1], torch.int64, True, id="D16-T1-state"),
-    pytest.param(S16, [64], torch.int32, False, id="D16-T64-nostate"),
-    pytest.param(S32, [20, 0, 9, 0], torch.int32, True, id="D32-empty-seqs-state"),
-    pytest.param(S16, [0, 30, 34], torch.int64, False, id="D16-empty-first-nostate"),
-    pytest.param(S128, [6], torch.int64, True, id="D128-T6-state"),
-])
-@pytest.mark.parametrize("form", ["tm", "wu"])
-def test_single_launch_matches_reference(shape, lens, cu_dtype, with_state, form):
-    """T <= 64: the intra-chunk program walks its chunk, no walk kernel; empty sequences'
-    final states come from their idle programs (NaN-filled outputs catch a missed write)."""
-    x, ref = case(shape, lens, cu_dtype, with_state)
-    T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
-    o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
-    st = torch.full((N, HV, D, D), float("nan"), device=DEV)
-    cfg = PrefillConfig(single_launch=True, intermediates=form)
-    with mock.patch("kernels.prefill.pipeline.state_walk_fwd",
-                    side_effect=AssertionError("walk launched")):
-        out = gdn_prefill(**x, variant="fused", config=cfg, output=o, output_state=st)
-    assert_ok(out, ref)
 
 
 @pytest.mark.parametrize("shape, lens, cu_dtype, with_state, BV", [
@@ -171,23 +125,27 @@ def test_single_launch_matches_reference(shape, lens, cu_dtype, with_state, form
     pytest.param(S128, [0, 129], torch.int32, False, 64, id="D128-empty-first-BV64"),
 ])
 def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV):
-    """``walk_transposed``: the walk holding ``S^T`` (:mod:`kernels.prefill.state_walk_t`)
-    writes every output row and final state (NaN-filled buffers catch a missed write)."""
+    """The walk holding ``S^T`` (:mod:`kernels.prefill.state_walk_t`; by
+    :func:`walk_transposed_rule` for short walks of width 64, forced here) writes every
+    output row and final state (NaN-filled buffers catch a missed write)."""
+    from kernels.prefill import pipeline
     x, ref = case(shape, lens, cu_dtype, with_state)
     T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
     o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
     st = torch.full((N, HV, D, D), float("nan"), device=DEV)
-    from kernels.prefill import pipeline
-    with mock.patch.object(pipeline, "state_walk_t_fwd",
-                           wraps=pipeline.state_walk_t_fwd) as walk_t:
+    with mock.patch.object(pipeline, "walk_transposed_rule", return_value=True), \
+            mock.patch.object(pipeline, "state_walk_t_fwd",
+                              wraps=pipeline.state_walk_t_fwd) as walk_t:
         out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st,
-                          config=PrefillConfig(walk_transposed=True, walk_BV=BV,
-                                               single_launch=False))
+                          config=PrefillConfig(walk_BV=BV, single_launch_max_T=0))
     assert walk_t.call_count == 1
     assert_ok(out, ref)
 
 
 @pytest.mark.parametrize("shape, lens, cu_dtype, with_state, max_T", [
+    pytest.param(S16, [1], torch.int64, True, 128, id="D16-T1-state"),
+    pytest.param(S16, [0, 30, 34], torch.int64, False, 128, id="D16-empty-first-nostate"),
+    pytest.param(S32, [20, 0, 9, 0], torch.int32, True, 128, id="D32-empty-seqs-state"),
     pytest.param(S16, [100, 0, 28], torch.int32, True, 128, id="D16-100-0-28-state"),
     pytest.param(S16, [65], torch.int64, False, 128, id="D16-65-nostate"),
     pytest.param(S32, [64, 64], torch.int64, True, 128, id="D32-two-full-chunks"),
@@ -197,8 +155,10 @@ def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV
     pytest.param(S16, [300, 0, 190, 22], torch.int64, True, 512, id="D16-512-mixed"),
 ])
 def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state, max_T):
-    """T <= single_launch_max_T with "tm": one launch, walker programs in the intra-chunk grid
-    wait for each chunk's flag and take their count off (all flags zero afterwards)."""
+    """T <= single_launch_max_T: one launch, walker programs in the intra-chunk grid wait
+    for each chunk's flag and take their count off (all flags zero afterwards); empty
+    sequences' final states come from their walkers (NaN-filled outputs catch a missed
+    write)."""
     from kernels.prefill import pipeline
     x, ref = case(shape, lens, cu_dtype, with_state)
     T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
@@ -213,11 +173,6 @@ def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state
     assert int(pipeline._walker_flags(torch.device(DEV), 1).abs().sum()) == 0
 
 
-def test_walker_tiles_below_64_refused():
-    with pytest.raises(ValueError, match="walker_BV must be a power of two >= 64"):
-        PrefillConfig(walker_BV=32)
-
-
 def test_single_launch_up_to_max_T_only():
     from kernels.prefill import pipeline
     x, ref = case(S16, [100, 28], torch.int64, True)
@@ -227,50 +182,29 @@ def test_single_launch_up_to_max_T_only():
     assert walk.call_count == 1
 
 
-@pytest.mark.parametrize("shape, lens, cu_dtype, with_state", [
-    pytest.param(S128, [200, 64, 0, 30], torch.int64, True, id="D128-mixed-empty-state"),
-    pytest.param(S16, [64] * 5, torch.int32, False, id="D16-all-one-chunk"),
-    pytest.param(S32, [0, 500], torch.int32, True, id="D32-empty-then-500"),
-])
-def test_first_chunk_inline_tm_matches_reference(shape, lens, cu_dtype, with_state):
-    """``first_chunk_inline`` with "tm": the intra-chunk program of each sequence's first
-    chunk walks it; the walk kernel starts at chunk 1."""
-    from kernels.prefill import pipeline
-    x, ref = case(shape, lens, cu_dtype, with_state)
-    T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
-    o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
-    st = torch.full((N, HV, D, D), float("nan"), device=DEV)
-    with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
-        out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st,
-                          config=PrefillConfig(first_chunk_inline=True))
-    assert walk.call_count == 1 and walk.call_args.kwargs["from_first"] is True
-    assert_ok(out, ref)
-
-
-def test_single_launch_only_up_to_one_chunk():
-    """Past 64 tokens the walk kernel still runs (the switch is ignored)."""
-    x, ref = case(S16, [60, 10], torch.int64, True)
-    from kernels.prefill import pipeline
-    with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
-        assert_ok(gdn_prefill(**x, variant="fused", config=PrefillConfig(single_launch=True,
-                                                                  intermediates="wu")),
-                  ref)
-    assert walk.call_count == 1
-
-
 def test_config_validation():
     with pytest.raises(ValueError, match="walk_BV"):
         PrefillConfig(walk_BV=24)
-    with pytest.raises(ValueError, match="warps"):
-        PrefillConfig(walk_warps=3)
     with pytest.raises(ValueError, match="storage"):
         PrefillConfig(storage="fp8")
     with pytest.raises(ValueError, match="solve"):
-        PrefillConfig(solve="lu")
-    with pytest.raises(ValueError, match="walk_precision"):
-        PrefillConfig(walk_precision="fp8")
+        PrefillConfig(solve="tile")
+    with pytest.raises(ValueError, match="precision must be one of 'bf16', 'bf16x2'"):
+        PrefillConfig(precision="tf32")
+    with pytest.raises(ValueError, match="cp_chain_precision"):
+        PrefillConfig(cp_chain_precision="tf32")
+    with pytest.raises(ValueError, match="cp_combine"):
+        PrefillConfig(cp_combine="serial")
+    with pytest.raises(ValueError, match="pdl"):
+        PrefillConfig(pdl=1)
+    with pytest.raises(ValueError, match="single_launch_max_T"):
+        PrefillConfig(single_launch_max_T=-1)
+    with pytest.raises(TypeError):
+        PrefillConfig(walk_warps=4)   # a removed lever
     assert PrefillConfig().name == "default"
-    assert len(sweep_configs()) > 1
+    assert ACCURATE_CONFIG.name == ("storage=precise,solve=blocks,precision=bf16x2,"
+                                    "cp_chain_precision=tf32x3")
+    assert PrefillConfig(walk_BV=128).fit(64).walk_BV == 64
     x, _ = case(S16, [20, 10, 19], torch.int64, True)
     with pytest.raises(TypeError, match="config"):
         gdn_prefill(**x, config="fast")
@@ -294,7 +228,7 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
     """CP is exact algebra: with ~fp32 walk and chain products it matches the plain walk
     to 1e-4; the default bf16 products only need to pass the contest check."""
     x, ref = case(shape, lens, torch.int64, with_state)
-    precise = PrefillConfig(walk_precision="bf16x2", cp_chain_precision="tf32x3")
+    precise = PrefillConfig(precision="bf16x2", cp_chain_precision="tf32x3")
     off = gdn_prefill(**x, variant="fused", cp=False, config=precise)
     assert_ok(off, ref)
     for seg, combine in ((1, "inline"), (2, "inline"), (2, "kernel")):
@@ -307,26 +241,22 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
                               config=PrefillConfig(cp_combine=combine)), ref)
 
 
-@pytest.mark.parametrize("seg, combine, solve, form, expected", [
-    # T=128, N=1, HV=2, D=16, compact, "wu": per token and head 16 * 8 (w, u, P, ob) + 4 (gc)
-    # + 64 * 4 (solve scratch) = 388 B; CP with 1-chunk segments: 3 slots
-    pytest.param(0, "inline", "blocks", "wu", 128 * 2 * 388, id="no-cp"),
-    pytest.param(0, "inline", "tile", "wu", 128 * 2 * 132, id="no-cp-tile-solve"),
-    pytest.param(1, "inline", "blocks", "wu", 128 * 2 * 388 + 3 * 2 * 16 * 32 * 4,
-                 id="cp-inline"),
-    pytest.param(1, "kernel", "blocks", "wu", 128 * 2 * 388 + 3 * 2 * 16 * 48 * 4,
-                 id="cp-kernel"),
-    # "tm": Tb and Aqk, 2 * 64 * 2 B, + 4 (gc) + 256 (scratch) = 516 B per token and head
-    pytest.param(0, "inline", "blocks", "tm", 128 * 2 * 516, id="tm-no-cp"),
-    pytest.param(1, "inline", "blocks", "tm", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4,
-                 id="tm-cp-inline"),
+@pytest.mark.parametrize("seg, combine, solve, storage, expected", [
+    # T=128, N=1, HV=2, D=16: Tb and Aqk, 2 * 64 * 2 B, + 4 (gc) + 256 (the "blocks"
+    # solve's scratch) = 516 B per token and head; CP with 1-chunk segments: 3 slots
+    pytest.param(0, "inline", "blocks", "compact", 128 * 2 * 516, id="blocks-no-cp"),
+    pytest.param(1, "inline", "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4,
+                 id="blocks-cp-inline"),
+    pytest.param(1, "kernel", "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 48 * 4,
+                 id="blocks-cp-kernel"),
     # the "batched" solve (the default) works in registers: no scratch
-    pytest.param(0, "inline", "batched", "tm", 128 * 2 * 260, id="tm-no-cp-batched"),
-    pytest.param(0, "inline", "batched", "wu", 128 * 2 * 132, id="no-cp-batched"),
+    pytest.param(0, "inline", "batched", "compact", 128 * 2 * 260, id="batched-no-cp"),
+    # "precise": fp32 Tb and Aqk
+    pytest.param(0, "inline", "batched", "precise", 128 * 2 * 516, id="batched-precise"),
 ])
-def test_workspace_bytes(seg, combine, solve, form, expected):
+def test_workspace_bytes(seg, combine, solve, storage, expected):
     from kernels.prefill.pipeline import workspace_bytes
-    assert workspace_bytes(128, 1, 2, 16, seg, "compact", combine, solve, form) == expected
+    assert workspace_bytes(128, 1, 2, 16, seg, storage, combine, solve) == expected
 
 
 @pytest.mark.parametrize("solve, tm, single, expected", [
@@ -334,41 +264,24 @@ def test_workspace_bytes(seg, combine, solve, form, expected):
     pytest.param("batched", True, True, None, id="batched-tm-one-launch"),
     pytest.param("batched", False, False, None, id="batched-wu"),
     pytest.param("blocks", True, False, None, id="blocks-tm"),
-    pytest.param("tile", True, False, None, id="tile-tm"),
 ])
 def test_intra_maxnreg_rule(solve, tm, single, expected):
     from kernels.prefill.config import intra_maxnreg_rule
     assert intra_maxnreg_rule(solve, tm, single) == expected
 
 
-@pytest.mark.parametrize("config, solve_diag, solve_precision, offdiag, maxnreg", [
-    pytest.param(PrefillConfig(), "neumann8", None, None, 128, id="default"),
-    pytest.param(PrefillConfig(solve="blocks"), "neumann", None, None, None, id="blocks"),
-    pytest.param(PrefillConfig(intra_solve_diag="neumann", intra_solve_precision="tf32x3",
-                               intra_maxnreg=168), "neumann", "tf32x3", None, 168,
-                 id="batched-neumann16"),
+@pytest.mark.parametrize("config, tm, single, maxnreg", [
+    pytest.param(PrefillConfig(), True, False, 128, id="default"),
+    pytest.param(PrefillConfig(), True, True, None, id="default-one-launch"),
+    pytest.param(PrefillConfig(), False, False, None, id="default-unfused"),
+    pytest.param(ACCURATE_CONFIG, True, False, None, id="accurate"),
 ])
-def test_intra_kernel_arguments_from_config(config, solve_diag, solve_precision, offdiag,
-                                            maxnreg):
-    """What the fused variant hands the intra-chunk launcher (None precisions resolve in
-    :func:`kernels.prefill.intra_chunk.intra_chunk_fwd`)."""
+def test_intra_kernel_arguments_from_config(config, tm, single, maxnreg):
+    """What the variants hand the intra-chunk launcher."""
     from kernels.prefill.pipeline import _intra
-    kw = _intra(config, tm=True)
-    assert (kw["solve_diag"], kw["solve_precision"], kw["offdiag_precision"], kw["maxnreg"]) \
-        == (solve_diag, solve_precision, offdiag, maxnreg)
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    pytest.param(dict(intra_solve_diag="rows"), "needs solve='blocks'", id="rows-batched"),
-    pytest.param(dict(solve="blocks", intra_solve_diag="neumann8"), "needs solve='batched'",
-                 id="neumann8-blocks"),
-    pytest.param(dict(solve="tile", intra_solve_diag="rows"), "needs solve='blocks'",
-                 id="rows-tile"),
-    pytest.param(dict(solve="scratch"), "solve must be", id="unknown-solve"),
-])
-def test_solve_config_refusals(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        PrefillConfig(**kwargs)
+    kw = _intra(config, tm=tm, single=single)
+    assert kw == dict(storage=config.storage, solve=config.solve,
+                      wu_precision=config.precision, maxnreg=maxnreg, num_warps=4)
 
 
 @pytest.mark.parametrize("units, V, cp, tm, expected", [
@@ -384,15 +297,6 @@ def test_solve_config_refusals(kwargs, match):
 def test_walk_tile_rule(units, V, cp, tm, expected):
     from kernels.prefill.config import walk_tile_rule
     assert walk_tile_rule(units, 8, V, 132, cp, tm=tm) == expected
-
-
-@pytest.mark.parametrize("lever", ["stack_wp", "intra_split"])
-def test_wu_only_levers_refused_with_tm(lever):
-    with pytest.raises(ValueError, match=f"intermediates='tm' cannot be combined with {lever}"):
-        PrefillConfig(**{lever: True})
-    assert PrefillConfig(**{lever: True}, intermediates="wu").intermediates == "wu"
-    with pytest.raises(ValueError, match="intermediates must be"):
-        PrefillConfig(intermediates="w")
 
 
 @pytest.mark.parametrize("BV, programs, short, precise, tm, expected, skip", [
@@ -425,49 +329,14 @@ def test_walk_transposed_rule(BV, short, precise, tm, expected):
     assert walk_transposed_rule(BV, short, precise, tm) is expected
 
 
-def test_walk_pipe_skip_validated():
-    with pytest.raises(ValueError, match="walk_pipe_skip must be"):
-        PrefillConfig(walk_pipe_skip="k")
-
-
-@pytest.mark.parametrize("options, message", [
-    pytest.param(dict(intra_solve_precision="tf32"), "unsafe for the Neumann", id="neumann-tf32"),
-    pytest.param(dict(intra_solve_precision="bf16", solve="tile"), "unsafe for the Neumann",
-                 id="tile-bf16"),
-    pytest.param(dict(intra_solve_diag="lu"), "intra_solve_diag", id="diag-unknown"),
-    pytest.param(dict(intra_offdiag_precision="fp8"), "intra_offdiag_precision",
-                 id="offdiag-unknown"),
-    pytest.param(dict(cp_chain_precision="tf32"), "cp_chain_precision", id="chain-tf32"),
-])
-def test_solve_options_refused(options, message):
-    with pytest.raises(ValueError, match=message):
-        PrefillConfig(**options)
-
-
-def test_one_pass_products_allowed_with_row_substitution():
-    cfg = PrefillConfig(solve="blocks", intra_solve_diag="rows", intra_solve_precision="tf32")
-    assert cfg.name == "solve=blocks,intra_solve_precision=tf32,intra_solve_diag=rows"
-
-
-def test_unpipelined_walk_needs_a_wide_tile():
-    x, _ = case(S32, [100, 0, 60], torch.int32, True)
-    before = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
-    with pytest.raises(ValueError, match="walk_loop_stages"):
-        gdn_prefill(**x, variant="fused", config=PrefillConfig(walk_loop_stages=1))
-    assert all(torch.equal(before[n], x[n]) for n in before)
-
-
 def test_context_parallel_rule():
     """Documented rule: CP only for long average sequences that underfill the SMs."""
     cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
     assert plan_fused(8192, 1, 8, 128, cpu) == (32, 16)      # 8 segments x 16 chunks
-    wu = PrefillConfig(intermediates="wu")
-    assert plan_fused(8192, 1, 8, 128, cpu, config=wu) == (64, 16)
     assert plan_fused(4096, 1, 8, 128, cpu)[1] == 16
     assert plan_fused(2048, 1, 8, 128, cpu) == (16, 0)       # too short: no CP, narrow tiles
     assert plan_fused(16 * 256, 16, 8, 128, cpu) == (64, 0)  # many programs: wide tiles
     assert plan_fused(4 * 1024, 4, 8, 128, cpu) == (32, 0)   # "tm": 128 programs at 32
-    assert plan_fused(4 * 1024, 4, 8, 128, cpu, config=wu) == (16, 0)
     assert plan_fused(1024, 1, 8, 128, cpu)[1] == 0       # too short
     assert plan_fused(57 * 64, 57, 8, 128, cpu)[1] == 0   # many sequences: enough programs
     assert plan_fused(8192, 1, 8, 128, cpu, cp=False)[1] == 0
@@ -712,11 +581,10 @@ def test_gpu_long_sequence_and_many_sequences(lens, cu_dtype, variant):
     pytest.param([2048], False, {}, id="T2048-walk"),
     pytest.param([8192], None, {}, id="T8192-cp-chain"),
     pytest.param([4096], 16, dict(cp_combine="kernel"), id="T4096-cp-combine-kernel"),
-    pytest.param([64] * 57, False, dict(first_chunk_inline=True, intermediates="wu"),
-                 id="57x64-first-chunk"),
-    pytest.param([100, 0, 28], False, dict(intra_split=True, intermediates="wu"),
-                 id="100+28-split"),
-    pytest.param([8192], None, dict(intermediates="wu"), id="T8192-cp-chain-wu"),
+    pytest.param([64] * 57, False, {}, id="57x64-transposed"),
+    pytest.param([100, 0, 28], False, dict(single_launch_max_T=0), id="100+28-two-launches"),
+    pytest.param([8192], None, dict(storage="precise", solve="blocks", precision="bf16x2",
+                                    cp_chain_precision="tf32x3"), id="T8192-cp-accurate"),
 ])
 def test_gpu_pdl_launches_give_the_same_bits(lens, cp, options):
     """Programmatic dependent launch changes when kernels start, never what they compute."""

@@ -22,10 +22,8 @@ def test_no_pdl_off_cuda(enabled):
 
 
 def test_pdl_is_a_config_lever_on_by_default():
-    assert PrefillConfig().pdl is True and PrefillConfig().pdl_trigger == "start"
+    assert PrefillConfig().pdl is True
     assert PrefillConfig(pdl=False).name == "pdl=False"
-    with pytest.raises(ValueError, match="pdl_trigger"):
-        PrefillConfig(pdl_trigger="middle")
 
 
 _BASE = torch.zeros(64, dtype=torch.float32)

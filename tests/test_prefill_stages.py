@@ -68,23 +68,6 @@ def ref_wy(k, v, gc, beta, cu):
     return w, u
 
 
-def ref_output_terms(q, k, v, gc, beta, cu, scale):
-    """P = scale (exp(gc) q - B (beta exp(gc) k)), ob = scale B (beta v), B = Aqk (I + A)^-1."""
-    P = torch.zeros(q.shape[0], v.shape[1], q.shape[2], dtype=torch.float64)
-    ob = torch.zeros(v.shape, dtype=torch.float64)
-    for _, _, s, e in chunks(cu):
-        for h in range(v.shape[1]):
-            qq, kk, g, bb = q[s:e, h], k[s:e, h], gc[s:e, h], beta[s:e, h]
-            dec = torch.exp(g[:, None] - g[None, :])
-            A = torch.tril(bb[:, None] * (kk @ kk.T) * dec, -1)
-            Tm = torch.linalg.inv(torch.eye(e - s, dtype=torch.float64) + A)
-            B = torch.tril((qq @ kk.T) * dec) @ Tm
-            x_ = kk * (bb * torch.exp(g))[:, None]
-            P[s:e, h] = scale * (torch.exp(g)[:, None] * qq - B @ x_)
-            ob[s:e, h] = scale * B @ (v[s:e, h].double() * bb[:, None])
-    return P, ob
-
-
 def ref_walk(k, w, u, gc, h0, cu):
     """Chunk states (at their slots), residuals and final states (k-last)."""
     T, H, K = w.shape
@@ -191,10 +174,9 @@ def test_gates_stage(lens, shape, cu_dtype):
     assert_close(gc_t, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (cumsum)")
 
 
-@pytest.mark.parametrize("solve, col_blocks, split", [("tile", 1, False), ("blocks", 2, False),
-                                                      ("blocks", 2, True), ("batched", 2, False)])
+@pytest.mark.parametrize("solve", ["batched", "blocks"])
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
-def test_intra_chunk_stage(lens, shape, cu_dtype, solve, col_blocks, split):
+def test_intra_chunk_stage(lens, shape, cu_dtype, solve):
     x = make(lens, shape, cu_dtype)
     cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
     _, beta, gc = ref_gates(cpu)
@@ -205,37 +187,23 @@ def test_intra_chunk_stage(lens, shape, cu_dtype, solve, col_blocks, split):
                                    x["cu_seqlens"], wu_dtype=torch.float32, solve=solve)
     assert_close(w, w_ref, 1e-4, "w")
     assert_close(u, u_ref, 1e-4 * max(1.0, u_ref.abs().max().item()), "u")
-    # raw gates fused in + output terms (the fused variant's first kernel), default storage
-    scale = resolve_scale(None, shape.head_dim)
-    w2, u2, gc2, P, ob = intra_chunk.intra_chunk_fwd(
+    # raw gates fused in, "precise" storage (w as a bf16 hi + lo pair)
+    w2, u2, gc2 = intra_chunk.intra_chunk_fwd(
         x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"], A_log=x["A_log"],
-        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve, col_blocks=col_blocks,
-        split=split)
+        dt_bias=x["dt_bias"], solve=solve)
     assert w2.shape == (2,) + tuple(w_ref.shape) and w2.dtype == torch.bfloat16  # (hi, lo)
     assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (fused in)")
     assert_close(w2[0].float() + w2[1].float(), w_ref, 1e-4, "w (hi + lo)")
     assert_close(u2, u_ref, 1e-4 * max(1.0, u_ref.abs().max().item()), "u (fused gates)")
-    P_ref, ob_ref = ref_output_terms(expand(cpu["q"], shape.group), k, cpu["v"], gc, beta,
-                                     cpu["cu_seqlens"], scale)
-    assert_close(P, P_ref, 1e-2 * max(1.0, P_ref.abs().max().item()), "P")
-    assert_close(ob, ob_ref, 1e-3 * max(1.0, ob_ref.abs().max().item()), "ob")
 
 
-@pytest.mark.parametrize("solve, solve_diag, tree, precision, band_store", [
-    pytest.param("blocks", "neumann", False, None, False, id="blocks-ieee"),
-    pytest.param("tile", "neumann", False, None, False, id="tile-tf32x3"),
-    pytest.param("batched", "neumann", False, None, False, id="batched-tf32x3-assembled"),
-    pytest.param("batched", "neumann", False, None, True, id="batched-tf32x3-bands"),
-    pytest.param("batched", "neumann", False, "ieee", True, id="batched-ieee-bands"),
-    pytest.param("batched", "neumann", True, None, True, id="batched-tf32x3-tree-bands"),
-    pytest.param("batched", "neumann8", False, "bf16x2", True, id="batched-diag8-bf16x2-bands"),
-])
+@pytest.mark.parametrize("solve", ["batched", "blocks"])
+@pytest.mark.parametrize("storage", ["precise", "compact"])
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES + [
     pytest.param([64, 70], GDNShape(1, 2, 128), torch.int64, id="D128-lens[64,70]-int64")])
-def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, solve_diag, tree, precision,
-                                      band_store):
-    """``tm_out``: ``Tb`` and ``scale * Aqk`` by every solve, with and without band stores
-    (fp32 storage: only the kernel's arithmetic differs from float64)."""
+def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, storage):
+    """``tm_out``: ``Tb`` and ``scale * Aqk`` by both solves (the batched one stores ``Tb``
+    band by band); fp32 storage: only the kernel's arithmetic differs from float64."""
     x = make(lens, shape, cu_dtype)
     cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
     _, beta, gc = ref_gates(cpu)
@@ -244,19 +212,44 @@ def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, solve_diag, 
                              beta, cpu["cu_seqlens"], scale)
     Tb, u, gc2, Aqk, ob = intra_chunk.intra_chunk_fwd(
         x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"], A_log=x["A_log"],
-        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve, solve_diag=solve_diag,
-        solve_tree=tree, solve_precision=precision, offdiag_precision=precision,
-        storage="precise", tm_out=True, band_store=band_store)
+        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve, storage=storage,
+        tm_out=True)
     assert u is None and ob is None and Tb.shape == Tb_ref.shape == Aqk.shape
-    assert Tb.dtype == torch.float32
+    assert Tb.dtype == Aqk.dtype == intra_chunk.STORAGE[storage]["tm"]
+    tol = 2e-4 if storage == "precise" else 1e-2   # bf16: 8 bits of mantissa
     real = torch.zeros(Tb_ref.shape, dtype=torch.bool)   # entries inside a chunk
     for _, _, s, e in chunks(cpu["cu_seqlens"]):
         real[s:e, :, :e - s] = True
     Tb_c = torch.where(real, Tb.double().cpu(), 0.0)    # columns past the end: not read
-    assert_close(Tb_c, Tb_ref, 2e-4 * max(1.0, Tb_ref.abs().max().item()), "Tb")
+    assert_close(Tb_c, Tb_ref, tol * max(1.0, Tb_ref.abs().max().item()), "Tb")
     assert_close(torch.where(real, Aqk.double().cpu(), 0.0), Aqk_ref,
-                 1e-4 * max(1.0, Aqk_ref.abs().max().item()), "scale * Aqk")
+                 tol * max(1.0, Aqk_ref.abs().max().item()), "scale * Aqk")
     assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc")
+
+
+@pytest.mark.parametrize("solve", ["batched", "blocks"])
+@pytest.mark.parametrize("stop_after", [1, 2])
+def test_intra_chunk_stop_after_instrument(solve, stop_after):
+    """``stop_after`` (stage timing): each program ends after ``A`` (1) or the solve (2)
+    and leaves the row sums of ``A`` / ``Tm`` in ``gc``."""
+    lens, shape = [70, 0, 20], GDNShape(1, 2, 16)
+    x = make(lens, shape, torch.int64)
+    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
+    _, beta, gc = ref_gates(cpu)
+    k = expand(cpu["k"], shape.group)
+    want = torch.zeros_like(gc)
+    for _, _, s, e in chunks(cpu["cu_seqlens"]):
+        for h in range(gc.shape[1]):
+            kk, g, bb = k[s:e, h], gc[s:e, h], beta[s:e, h]
+            A = torch.tril(bb[:, None] * (kk @ kk.T) * torch.exp(g[:, None] - g[None, :]), -1)
+            M = A if stop_after == 1 else torch.linalg.inv(torch.eye(e - s, dtype=A.dtype) + A)
+            want[s:e, h] = M.sum(1)
+    for tm in (False, True):
+        out = gc.float().to(DEV).clone()
+        intra_chunk.intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], gc=out,
+                                    beta=beta.float().to(DEV), q=x["q"] if tm else None,
+                                    solve=solve, stop_after=stop_after, tm_out=tm)
+        assert_close(out, want, 1e-3 * max(1.0, want.abs().max().item()), "row sums")
 
 
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)

@@ -5,13 +5,14 @@ One module per stage, each readable and testable alone:
 - :mod:`.chunk_index`       chunk bookkeeping: host-built table (sync) or device lookup
 - :mod:`.gates`             stage 1: ``g``, ``beta``, per-chunk cumulative ``g``
 - :mod:`.intra_chunk`       stage 2: ``A = beta K K^T exp(gc_i - gc_j)``, its solve, then
-                            ``Tb = Tm diag(beta)`` and ``Aqk`` (``"tm"``) or ``w``/``u`` (``"wu"``)
+                            ``Tb = Tm diag(beta)`` and ``Aqk`` (``fused``) or ``w``/``u``
 - :mod:`.state_walk`        stage 3: inter-chunk state recurrence (optionally + outputs)
+- :mod:`.state_walk_t`      the same walk on ``S^T`` (short ``fused`` walks)
 - :mod:`.output`            stage 4: ``o = scale (q exp(gc) S + causal intra-chunk term)``
 - :mod:`.context_parallel`  segment summaries + combine for long sequences with few heads
 - :mod:`.pipeline`          the variants as compositions of the stages
 - :mod:`.graph`             the ``graph`` variant (CUDA graph per shape bucket)
-- :mod:`.config`            :class:`PrefillConfig`, the launch levers (no autotuning)
+- :mod:`.config`            :class:`PrefillConfig` (8 levers) and the launch rules
 
 Public API: :func:`gdn_prefill`, :data:`VARIANTS`, :func:`make_prefill_impl`,
 :func:`launch_count_hint`.
@@ -24,14 +25,14 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .chunk_index import BT
-from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig, sweep_configs
+from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
                        prefill_no_sync, prefill_unfused)
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
            "plan_fused", "graph_cache_info", "clear_graph_cache", "PrefillConfig",
-           "DEFAULT_CONFIG", "ACCURATE_CONFIG", "sweep_configs"]
+           "DEFAULT_CONFIG", "ACCURATE_CONFIG"]
 
 VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
 
@@ -86,11 +87,11 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         cp: context parallelism (``fused``/``graph`` only): None applies the rule
             of :mod:`.context_parallel`, False turns it off, True forces it, an int
             forces segments of that many chunks.
-        config: a :class:`PrefillConfig` (launch and precision levers); None: the
-            defaults (bf16 intermediates, like FLA and FlashInfer). ``ACCURATE_CONFIG``
-            for long-memory, high-beta inputs (see :mod:`kernels.stress_inputs`).
-        BV: shorthand for the state-walk tile width (``walk_BV`` and ``split_BV``
-            of ``config``), a power of two in ``[16, D]``.
+        config: a :class:`PrefillConfig`; None: the defaults (bf16 intermediates and
+            products, like FLA and FlashInfer). ``ACCURATE_CONFIG`` for long-memory,
+            high-beta inputs (see :mod:`kernels.stress_inputs`).
+        BV: shorthand for the state-walk tile width (``walk_BV`` of ``config``), a
+            power of two in ``[16, D]``.
 
     Returns:
         ``(output [T, HV, D] bf16, new_state [N, HV, D, D] f32)``.
@@ -125,7 +126,7 @@ def _resolve(config, BV, q):
     D = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() == 3 else None
     if not isinstance(BV, int) or BV < 16 or BV & (BV - 1) or (D is not None and BV > D):
         raise ValueError(f"BV must be a power of two in [16, D], got {BV}")
-    return replace(config or DEFAULT_CONFIG, walk_BV=BV, split_BV=BV)
+    return replace(config or DEFAULT_CONFIG, walk_BV=BV)
 
 
 def make_prefill_impl(variant: str = "fused", **options):
@@ -167,9 +168,7 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
     else:
         use_cp = None
     fused_key = ("fused+cp" if use_cp else
-                 "fused+single" if use_cp is False and DEFAULT_CONFIG.single_launch and (
-                     T <= max(BT, DEFAULT_CONFIG.single_launch_max_T)
-                     if DEFAULT_CONFIG.intermediates == "tm" else T <= BT)
+                 "fused+single" if use_cp is False and T <= DEFAULT_CONFIG.single_launch_max_T
                  else "fused")
     if variant == "graph":
         inner = LAUNCHES[fused_key]["kernels"]
@@ -186,7 +185,7 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         "fused": "intra (+gates, cumsum) and walk with inline outputs",
         "fused+cp": "intra (+gates, cumsum) and walk with inline outputs; CP: segment "
                     "summaries, then the walk chaining them",
-        "fused+single": "one kernel: intra (+gates, cumsum) walking each one-chunk sequence",
+        "fused+single": "one kernel: intra (+gates, cumsum) with walker programs",
     }
     out["note"] = notes[key]
     return out

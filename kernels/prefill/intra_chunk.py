@@ -1,4 +1,4 @@
-"""Stage 2: the intra-chunk system, its solve, and the WY factors ``w`` / ``u``.
+"""Stage 2: the intra-chunk system, its solve, and what the state walk needs from it.
 
 Inside one chunk (local rows ``i, j`` in ``[0, 64)``, value head ``h``, its
 q/k head ``h // G``), with ``gc`` the per-chunk cumulative log decay::
@@ -19,43 +19,25 @@ Per ``(chunk, value head)`` program:
 1. ``A = beta K K^T * exp(gc_i - gc_j)`` (strictly lower) as one bf16 product;
 2. the solve, by ``SOLVE``:
 
-   * ``"tile"``: on the ``[64, 64]`` register tile,
-     :func:`solve_unit_lower` -- the 16 x 16 diagonal blocks ``D`` by a product
-     of Neumann factors, exact because ``D^16 = 0``, then the block-lower rest
-     ``N = (I + D)^-1 (A - D)`` with ``N^4 = 0``::
-
-         (I + A)^-1 = (I - N)(I + N^2) (I - D)(I + D^2)(I + D^4)(I + D^8)
-
-     ten ``[64, 64]`` products (``tf32x3``, ~fp32), no memory traffic;
-   * ``"blocks"`` (measured 2x faster than ``"tile"``): ``A`` through a per-token scratch
-     ``[T, HV, 64]``, the same Neumann product on each diagonal block, the
-     off-diagonal blocks by ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj`` (fp32
-     ``ieee`` products), ``Tm`` written back and reloaded as one tile;
-   * ``"batched"``: the same block formulas in registers, :func:`solve_batched` --
-     the blocks of ``A`` taken from the register tile, and the four blocks of
-     each block diagonal multiplied as one ``[4, 16, 16]`` batch (twelve
-     dependent batched products instead of ~40 single ones, no scratch, no
-     barriers);
-3. ``w = (Tm * beta exp(gc)) @ k`` and ``u = (Tm * beta) @ v`` with the fp32
-   factor split into bf16 hi + lo (:mod:`.dots`, ``"bf16x2"``; k and v are
-   exact in bf16).
-
-With ``OUT_PREP`` (the ``fused`` variant) it also folds the chunk's outputs
-into two per-token terms so the state walk needs neither ``q`` nor the
-causal ``q k^T`` product. Since ``o = scale (exp(gc) q S0 + Aqk v_new)`` and
-``v_new = u - w S0``::
-
-    Aqk = (q k^T * exp(gc_i - gc_j)) for j <= i, else 0
-    P   = scale * (exp(gc) q - Aqk @ w)                    # [64, K]
-    ob  = scale * Aqk @ u                                  # [64, V]
-    o   = P @ S0 + ob                                      # in the walk
-
-with ``w`` and ``u`` exactly as stored (the walk's ``v_new`` uses the same).
+   * ``"batched"`` (the default): the 16 x 16 block formulas in registers,
+     :func:`solve_batched` -- the four blocks of each block diagonal multiplied as one
+     ``[4, 16, 16]`` batch, the diagonal inverses through their 8 x 8 blocks in bf16x2,
+     the off-diagonal blocks in one tf32 pass; no scratch, no barriers;
+   * ``"blocks"``: ``A`` through a per-token scratch ``[T, HV, 64]``, the Neumann
+     product ``(I-D)(I+D^2)(I+D^4)(I+D^8)`` on each diagonal block, the off-diagonal
+     blocks by ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj``, all fp32 ``ieee`` products
+     (the accurate preset's solve);
+3. ``TM_OUT`` (the ``fused`` variant): store ``Tb = Tm diag(beta)`` and, computed before
+   the solve, ``scale * Aqk`` with ``Aqk = (q k^T * exp(gc_i - gc_j))`` for ``j <= i``;
+   the walk forms ``v_new = Tb (v - exp(gc) k S0)`` and ``o = scale exp(gc) q S0 +
+   Aqk v_new`` itself (:mod:`.state_walk`, ``TM_FORM``). Otherwise (the unfused
+   compositions) ``w = (Tm * beta exp(gc)) @ k`` and ``u = (Tm * beta) @ v`` in two blocks
+   of columns, with the fp32 factor in ``WU_PREC`` (:mod:`.dots`).
 
 With ``RAW_GATES`` the kernel also computes ``g``, ``beta`` and the
 per-chunk cumulative sum from ``a``, ``b``, ``A_log``, ``dt_bias`` (stage 1
-fused in) and writes ``gc`` for the later stages: this is the first of the
-``fused`` variant's kernels.
+fused in) and writes ``gc`` for the later stages. With ``WALKERS`` (the one-launch
+path) the grid has extra programs that walk the sequences (:func:`_walker`).
 """
 from __future__ import annotations
 
@@ -74,62 +56,48 @@ from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
-from .state_walk import (fused_chunk_step, fused_chunk_step_tm, load_state_tile,  # noqa: E402
-                         store_state_tile)
+from .state_walk import fused_chunk_step_tm, load_state_tile, store_state_tile  # noqa: E402
 
-__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "solve_unit_lower", "BC",
-           "solve_batched", "WU_PRECISION", "OUT_PRECISION", "SOLVE", "SOLVES", "SOLVE_PRECISION",
-           "OFFDIAG_PRECISION", "DIAG8_PRECISION", "STORAGE"]
+__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "BC", "solve_batched",
+           "WU_PRECISION", "SOLVE", "SOLVES", "SOLVE_PRECISION", "OFFDIAG_PRECISION",
+           "STORAGE", "COL_BLOCKS"]
 
 #: Sub-block size of the solve.
 BC = 16
-#: Precision (:mod:`.dots`) of ``w`` / ``u`` (they feed the state).
+#: Default precision (:mod:`.dots`) of ``w`` / ``u`` (they feed the state).
 WU_PRECISION = "bf16x2"
-#: Precision of the output terms ``Aqk @ w`` and ``Aqk @ u`` (outputs only).
-OUT_PRECISION = "bf16x2"
-#: Default solve: ``"batched"`` (registers, batched 16 x 16 products; on an H200 the intra-chunk
-#: kernel 27.7 -> 13.5 us at 57x64, 49.2 -> 22.5 at T=8192 against ``"blocks"``, with the
-#: ``"neumann8"`` diagonal inverses of the fused variant, the precisions below, band stores
-#: and a 128-register cap; docs/notes.md "Prefill v8"),
-#: ``"blocks"`` (scratch) or ``"tile"`` (registers; 2x slower than ``"blocks"``: ten
-#: dependent [64, 64] tf32x3 products).
+#: Default solve (H200, intra-chunk kernel against ``"blocks"``: 57x64 27.7 -> 13.5 us,
+#: T=8192 49.2 -> 22.5; docs/notes.md "Prefill v8").
 SOLVE = "batched"
-#: The solves: registers (``"tile"``, ``"batched"``) or a scratch (``"blocks"``).
-SOLVES = ("tile", "blocks", "batched")
-#: Precision of the solve's products by solve: ~fp32 (``"tf32x3"``, ``"ieee"``) for the
-#: diagonal Neumann inverses, whose powers of ``A`` can grow large on correlated keys.
-#: ``"batched"`` with ``"ieee"`` (FMA products) was slower than ``"blocks"`` on an H200
-#: (57x64 intra 32.0 vs 27.9 us); with ``"tf32x3"`` it runs on the tensor cores.
-SOLVE_PRECISION = {"tile": "tf32x3", "blocks": "ieee", "batched": "tf32x3"}
-#: Precision of the ``"neumann8"`` diagonal inverses (``"batched"`` solve): their Neumann
-#: powers stay within 35 x the entries, so bf16 hi + lo products (~16 bits) suffice; on an
-#: H200 they cut the intra-chunk kernel by ~2 us against tf32x3 16 x 16 Neumann products
-#: (57x64 15.7 -> 13.5 us) at the same hard-input errors (max abs 0.037 vs 0.037 on identical
-#: keys; probe 36, ``prefill_solve_stress_186686f.csv``).
-DIAG8_PRECISION = "bf16x2"
-#: Precision of the off-diagonal block products by solve (None: as :data:`SOLVE_PRECISION`).
-#: Their operands are bounded by the inverse itself: one tf32 pass (H200, hard inputs of
-#: :mod:`kernels.stress_inputs`: max abs error 0.037 vs 0.031 with tf32x3; FLA 0.032,
-#: FlashInfer 0.035 on the same case).
-OFFDIAG_PRECISION = {"tile": None, "blocks": None, "batched": "tf32"}
-#: Storage of the per-token intermediates, by name (``PrefillConfig.storage``):
-#: ``w`` as a bf16 (hi, lo) pair ``[2, T, HV, K]`` ("pair") or a dtype, ``u``, ``P``, ``ob``.
-#: "precise": fp32-like ``w``/``u``/``ob`` -- on a long-memory head (decay ~0.998/token,
-#: CPU, T=1000, D=128) the final state is within ~1e-5 of a float64 recurrence;
-#: "compact": all bf16 (like FLA's ``w``/``u``), about half the bytes per token and head
-#: written here and read by the walk, ~4e-3 state error on that head (bf16 ``w`` ~4e-3,
-#: bf16 ``u`` ~2e-3; the contest tolerance is 1e-2). The pair lets the walk feed both
-#: halves to the tensor cores instead of splitting fp32 tiles in registers.
+SOLVES = ("batched", "blocks")
+#: Precision of the diagonal inverses by solve. ``"batched"``: Neumann on 8 x 8 blocks,
+#: whose powers stay within 35 x the entries, so bf16 hi + lo products suffice (H200: 57x64
+#: 15.7 -> 13.5 us against tf32x3 16 x 16 Neumann products, same hard-input errors; probe
+#: 36). ``"blocks"``: fp32 FMA products. One-pass tf32 / bf16 Neumann products reached
+#: errors of 1e14 on correlated keys (:mod:`kernels.stress_inputs`).
+SOLVE_PRECISION = {"batched": "bf16x2", "blocks": "ieee"}
+#: Precision of the off-diagonal block products: their operands are bounded by the inverse
+#: itself, so one tf32 pass does (H200, hard inputs: max abs error 0.037 vs 0.031 with
+#: tf32x3; FLA 0.032, FlashInfer 0.035 on the same case).
+OFFDIAG_PRECISION = {"batched": "tf32", "blocks": "ieee"}
+#: ``w`` / ``u`` products in this many blocks of columns (fewer live registers).
+COL_BLOCKS = 2
+#: Storage of the per-token intermediates, by name (``PrefillConfig.storage``): ``w`` as a
+#: bf16 (hi, lo) pair ``[2, T, HV, K]`` ("pair") or a dtype, ``u``; ``tm`` for ``Tb`` and
+#: ``scale * Aqk``. "precise": on a long-memory head (decay ~0.998/token, CPU, T=1000,
+#: D=128) the final state is within ~1e-5 of a float64 recurrence; "compact": all bf16
+#: (like FLA's ``w`` / ``u``), half the bytes, ~4e-3 state error on that head (the contest
+#: tolerance is 1e-2).
 STORAGE = {
-    "precise": dict(w="pair", u=torch.float32, p=torch.bfloat16, ob=torch.float32),
-    "compact": dict(w=torch.bfloat16, u=torch.bfloat16, p=torch.bfloat16, ob=torch.bfloat16),
+    "precise": dict(w="pair", u=torch.float32, tm=torch.float32),
+    "compact": dict(w=torch.bfloat16, u=torch.bfloat16, tm=torch.bfloat16),
 }
 
 
 @triton.jit
 def _mm(x, y, PREC: tl.constexpr):
-    """fp32 product of two small blocks of the ``"blocks"`` solve (``PREC``: ``"ieee"``
-    FMA products, or a tensor-core precision of :mod:`.dots`)."""
+    """fp32 product of two small blocks of the solve (``PREC``: ``"ieee"`` FMA products, or
+    a tensor-core precision of :mod:`.dots`)."""
     if PREC == "ieee":
         return tl.dot(x, y, input_precision="ieee")
     else:
@@ -156,7 +124,8 @@ def _put(p_At, b_X, I: tl.constexpr, J: tl.constexpr, n_t, H: tl.constexpr, BT: 
 
 @triton.jit
 def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
-    """``(I + A)^-1`` of a strictly lower ``[16, 16]`` block: ``(I-A)(I+A^2)(I+A^4)(I+A^8)``."""
+    """``(I + A)^-1`` of a strictly lower ``[16, 16]`` block: ``(I-A)(I+A^2)(I+A^4)(I+A^8)``
+    (exact: ``A^16 = 0``)."""
     o_c = tl.arange(0, BC)
     b_I = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
     b_T = b_I - b_A
@@ -165,53 +134,6 @@ def _inv_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
         b_P = _mm(b_P, b_P, PREC)
         b_T = _mm(b_T, b_I + b_P, PREC)
     return b_T
-
-
-@triton.jit
-def _inv_unit_lower_rows(p_At, I: tl.constexpr, n_t, H: tl.constexpr, BT: tl.constexpr,
-                         BC: tl.constexpr):
-    """``(I + A_II)^-1`` of diagonal block ``I`` of the scratch by forward substitution:
-    row ``i`` is ``e_i - sum_{j<i} A_ij T_j``, rows of ``A`` loaded from the scratch.
-    No intermediate grows beyond the inverse itself (a Neumann product's powers of
-    ``A`` can reach binomial sizes on correlated keys), fp32 throughout."""
-    o_c = tl.arange(0, BC)
-    b_T = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)   # rows not yet done: e_i
-    for i in tl.static_range(1, BC):
-        b_a = tl.load(p_At + (I * BC + i) * (H * BT) + I * BC + o_c,
-                      mask=(o_c < i) & (I * BC + i < n_t), other=0.0)
-        b_t = tl.sum(b_a[:, None] * b_T, axis=0)              # sum_j A_ij T_j
-        b_T = tl.where(o_c[:, None] == i, b_T - b_t[None, :], b_T)
-    return b_T
-
-
-@triton.jit
-def solve_unit_lower(b_A, BC: tl.constexpr, PREC: tl.constexpr):
-    """``(I + A)^-1`` of a strictly lower ``[BT, BT]`` tile (``BT = 4 BC``), in registers.
-
-    With ``D`` the ``BC x BC`` diagonal blocks of ``A`` and ``L = A - D``:
-    ``(I + A) = (I + D)(I + N)`` with ``N = (I + D)^-1 L``, strictly block lower over
-    4 blocks (``N^4 = 0``), hence::
-
-        (I + D)^-1 = (I - D)(I + D^2)(I + D^4)(I + D^8)      # D^16 = 0 (BC = 16)
-        (I + A)^-1 = (I - N)(I + N^2) (I + D)^-1
-
-    Ten ``[BT, BT]`` products in precision ``PREC`` (:mod:`.dots`), no scratch memory.
-    """
-    BT_: tl.constexpr = b_A.shape[0]
-    tl.static_assert(BT_ == 4 * BC)
-    tl.static_assert(BC == 16)
-    o = tl.arange(0, BT_)
-    b_I = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
-    b_D = tl.where((o[:, None] // BC) == (o[None, :] // BC), b_A, 0.0)
-    b_L = b_A - b_D
-    b_Ti = b_I - b_D
-    b_P = b_D
-    for _ in tl.static_range(3):
-        b_P = mm(b_P, b_P, PREC)
-        b_Ti = mm(b_Ti, b_I + b_P, PREC)
-    b_N = mm(b_Ti, b_L, PREC)
-    b_N2 = mm(b_N, b_N, PREC)
-    return mm(mm(b_I - b_N, b_I + b_N2, PREC), b_Ti, PREC)
 
 
 @triton.jit
@@ -234,26 +156,12 @@ def _shift(X3, D: tl.constexpr):
 
 
 @triton.jit
-def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr,
-                  TREE: tl.constexpr = False, DIAG8: tl.constexpr = False):
+def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower ``[BT, BT]`` tile (``BT = 4 BC``) in registers,
-    the four ``BC x BC`` block diagonals at once as batched ``[4, BC, BC]`` products.
-
-    ``T_D[I]`` is block ``(I, I - D)`` of the inverse; with ``A_D[I]`` the same block of
-    ``A``::
-
-        T_0 = (I + A_0)^-1 = (I - A_0)(I + A_0^2)(I + A_0^4)(I + A_0^8)   # A_0^16 = 0
-        T_D[I] = -T_0[I] sum_{m=1..D} A_m[I] T_{D-m}[I - m]
-
-    (block forward substitution, as the ``"blocks"`` solve, by block diagonal instead of
-    by block): six dependent products for ``T_0``, two for each further diagonal, twelve
-    in all, each a batch of four ``[BC, BC]`` products -- no scratch memory, no barriers.
-    ``PREC`` / ``OFF_PREC``: precision of the ``T_0`` / the further products (:mod:`.dots`,
-    or ``"ieee"``). Returns the ``[BT, BT]`` inverse.
-    """
+    assembled from :func:`solve_bands`. Returns the ``[BT, BT]`` inverse."""
     BT_: tl.constexpr = b_A.shape[0]
     NB: tl.constexpr = BT_ // BC
-    T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC, TREE, DIAG8)
+    T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC)
     o_b = tl.arange(0, NB)
     d_ij = o_b[:, None, None, None] - o_b[None, None, :, None]   # I - J
     T4 = (tl.where(d_ij == 0, T0[:, :, None, :], 0.0) + tl.where(d_ij == 1, T1[:, :, None, :], 0.0)
@@ -262,12 +170,22 @@ def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.conste
 
 
 @triton.jit
-def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr,
-                TREE: tl.constexpr = False, DIAG8: tl.constexpr = False):
+def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr):
     """The block diagonals ``(T_0, T_1, T_2, T_3)`` (``[4, BC, BC]`` each, entry ``I`` is
-    block ``(I, I - D)``) of ``(I + A)^-1``; see :func:`solve_batched`. ``TREE``: the
-    Neumann factors of ``T_0`` multiplied as a tree (five dependent products, not six);
-    ``DIAG8``: ``T_0`` from its 8 x 8 diagonal blocks (smaller Neumann powers, see the code)."""
+    block ``(I, I - D)``) of ``(I + A)^-1`` for a strictly lower ``[4 BC, 4 BC]`` tile.
+
+    With ``A_D[I]`` block ``(I, I - D)`` of ``A``, by block forward substitution, one block
+    diagonal at a time, each product a batch of four ``[BC, BC]`` products::
+
+        T_0 = (I + A_0)^-1
+        T_D[I] = -T_0[I] sum_{m=1..D} A_m[I] T_{D-m}[I - m]
+
+    ``T_0`` through the 8 x 8 diagonal blocks ``D8`` of ``A_0`` (``D8^8 = 0``) and its
+    lower-left block ``L8``: ``I + A_0 = (I + D8)(I + N)`` with ``N = (I + D8)^-1 L8``,
+    ``N^2 = 0``, so ``(I + A_0)^-1 = (I - N)(I + D8)^-1``: the Neumann powers stay within
+    ``C(7, 3) = 35 x`` the entries (``C(15, 7) = 6435 x`` for 16 x 16). ``PREC`` /
+    ``OFF_PREC``: precision of ``T_0`` / of the further products (:mod:`.dots`, or ``"ieee"``).
+    """
     BT_: tl.constexpr = b_A.shape[0]
     NB: tl.constexpr = BT_ // BC
     tl.static_assert(NB == 4)
@@ -275,29 +193,12 @@ def solve_bands(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexp
     o_c = tl.arange(0, BC)
     b_I = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)[None, :, :]
     A0 = _band(A4, 0)
-    if DIAG8:
-        # (I + A0)^-1 through its 8 x 8 diagonal blocks D8 (D8^8 = 0) and the lower-left
-        # block L8: I + A0 = (I + D8)(I + N) with N = (I + D8)^-1 L8, N^2 = 0, so
-        # (I + A0)^-1 = (I - N)(I + D8)^-1: six products, five dependent, and the Neumann
-        # powers stay within C(7, 3) = 35 x the entries (C(15, 7) = 6435 x for 16 x 16)
-        m8 = (o_c[:, None] // 8) == (o_c[None, :] // 8)
-        D8 = tl.where(m8[None, :, :], A0, 0.0)
-        P2 = _mm(D8, D8, PREC)
-        P4 = _mm(P2, P2, PREC)
-        Ti8 = _mm(_mm(b_I - D8, b_I + P2, PREC), b_I + P4, PREC)
-        T0 = _mm(b_I - _mm(Ti8, A0 - D8, PREC), Ti8, PREC)
-    elif TREE:   # ((I - A)(I + A^2)) ((I + A^4)(I + A^8)): five dependent products, not six
-        P2 = _mm(A0, A0, PREC)
-        P4 = _mm(P2, P2, PREC)
-        L = _mm(b_I - A0, b_I + P2, PREC)
-        P8 = _mm(P4, P4, PREC)
-        T0 = _mm(L, _mm(b_I + P4, b_I + P8, PREC), PREC)
-    else:
-        T0 = b_I - A0
-        P = A0
-        for _ in tl.static_range(3):
-            P = _mm(P, P, PREC)
-            T0 = _mm(T0, b_I + P, PREC)
+    m8 = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    D8 = tl.where(m8[None, :, :], A0, 0.0)
+    P2 = _mm(D8, D8, PREC)
+    P4 = _mm(P2, P2, PREC)
+    Ti8 = _mm(_mm(b_I - D8, b_I + P2, PREC), b_I + P4, PREC)
+    T0 = _mm(b_I - _mm(Ti8, A0 - D8, PREC), Ti8, PREC)
     A1 = _band(A4, 1)
     A2 = _band(A4, 2)
     A3 = _band(A4, 3)
@@ -370,7 +271,7 @@ def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale,
 
 @triton.jit(do_not_specialize=["T", "N"])
 def intra_chunk_kernel(
-    q,              # [T, HQ, K] bf16 queries (OUT_PREP) or None
+    q,              # [T, HQ, K] bf16 queries (TM_OUT) or None
     k,              # [T, HQ, K] bf16 keys
     v,              # [T, H, V] bf16 values
     a,              # [T, H] bf16 raw decay input (RAW_GATES) or None
@@ -379,18 +280,17 @@ def intra_chunk_kernel(
     dt_bias,        # [H] f32 (RAW_GATES) or None
     gc,             # [T, H] f32 per-chunk cumulative log decay: written (RAW_GATES) or read
     beta,           # [T, H] f32 sigmoid(b), read (not RAW_GATES) or None
-    w,              # [T, H, K] out, or [2, T, H, K] bf16 hi/lo pair (W_SPLIT)
-    u,              # [T, H, V] out
-    p,              # [T, H, K] out: output term P (OUT_PREP) or None
-    ob,             # [T, H, V] out: output term ob (OUT_PREP) or None
+    w,              # [T, H, K] out, [2, T, H, K] bf16 hi/lo pair (W_SPLIT), or Tb [T, H, BT]
+    u,              # [T, H, V] out (not TM_OUT) or None
+    p,              # [T, H, BT] out: scale * Aqk (TM_OUT) or None
     At,             # [T, H, BT] f32 scratch: A, then Tm ("blocks" solve) or None
-    h0,             # [N, H, V, K] f32 initial state, k-last (FIRST_STEP and USE_H0) or None
-    ht,             # [N, H, V, K] f32 out: state after chunk 0 (FIRST_STEP) or None
-    o,              # [T, H, V] bf16 out: outputs of chunk 0 (FIRST_STEP) or None
+    h0,             # [N, H, V, K] f32 initial state, k-last (WALKERS and USE_H0) or None
+    ht,             # [N, H, V, K] f32 out: final state (WALKERS) or None
+    o,              # [T, H, V] bf16 out: outputs (WALKERS) or None
     flags,          # [>= slots * H] int32, zero between calls (WALKERS) or None
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
-    scale,          # output scale (OUT_PREP)
+    scale,          # output scale (TM_OUT)
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -401,41 +301,26 @@ def intra_chunk_kernel(
     BC: tl.constexpr,           # sub-block size of the solve (16)
     RAW_GATES: tl.constexpr,    # stage 1 fused in
     USE_INDICES: tl.constexpr,  # chunk from the host table (else device lookup)
-    OUT_PREP: tl.constexpr,     # also write the output terms P and ob
     W_SPLIT: tl.constexpr,      # store w as a bf16 (hi, lo) pair
     WU_PREC: tl.constexpr,      # precision of w / u (see .dots)
-    OUT_PREC: tl.constexpr,     # precision of the output terms
-    SOLVE: tl.constexpr,        # "tile" / "batched": registers (solve_unit_lower /
-                                # solve_batched); "blocks": scratch
-    SOLVE_PREC: tl.constexpr,   # precision of the solve's products
-    COL_BLOCKS: tl.constexpr,   # column blocks of step 3 (divides K and V)
-    WP_STACK: tl.constexpr = False,     # w and P stored side by side: w is [T, H, 2, K]
-    PHASE: tl.constexpr = 0,            # 0: all; split in two launches: 1 gates + solve, 2 products
-    FIRST_STEP: tl.constexpr = False,   # also walk each sequence's chunk 0 (fused, no CP)
-    USE_H0: tl.constexpr = False,       # FIRST_STEP from h0 (else zeros)
-    BVF: tl.constexpr = 64,             # state tile width of FIRST_STEP
-    WALK_PREC: tl.constexpr = "bf16",   # FIRST_STEP: products with the state
-    INLINE_PREC: tl.constexpr = "bf16",  # FIRST_STEP: P @ S
+    SOLVE: tl.constexpr,        # "batched" (registers, solve_bands) or "blocks" (scratch)
+    SOLVE_PREC: tl.constexpr,   # precision of the diagonal inverses' products
+    OFFDIAG_PREC: tl.constexpr,  # precision of the off-diagonal block products
+    COL_BLOCKS: tl.constexpr,   # column blocks of the w / u products (divides K and V)
+    TM_OUT: tl.constexpr = False,       # store Tb = Tm diag(beta) into w ([T, H, BT]) and
+                                        # scale * Aqk into p ([T, H, BT]); no w / u
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
-    PDL_TRIGGER: tl.constexpr = "",     # "start" / "end": where a PDL-launched next kernel
-                                        # may be placed (.pdl); "": never
+    PDL_TRIGGER: tl.constexpr = False,  # a PDL-launched next kernel may be placed at once
     WALKERS: tl.constexpr = False,      # TM_OUT, one launch: programs past the chunk slots
                                         # walk (sequence, head, BVW columns) chunk by chunk,
                                         # each chunk once its program has flagged it (flags)
-    BVW: tl.constexpr = 16,             # state tile width of the walker programs
-    EMPTY_STATE: tl.constexpr = False,  # FIRST_STEP with no walk after it: an empty
-                                        # sequence's program writes its final state (h0)
-    SOLVE_DIAG: tl.constexpr = "neumann",  # "blocks" solve's diagonal 16x16 inverses:
-                                           # "neumann" products or "rows" substitution
-    OFFDIAG_PREC: tl.constexpr = "",    # "blocks" solve's off-diagonal products ("": SOLVE_PREC)
-    TM_OUT: tl.constexpr = False,       # store Tb = Tm diag(beta) into w ([T, H, BT]) and
-                                        # scale * Aqk into p ([T, H, BT], OUT_PREP); no step 3
-    SOLVE_TREE: tl.constexpr = False,   # "batched" solve: Neumann factors as a tree
-    BAND_STORE: tl.constexpr = False,   # TM_OUT with the "batched" solve: store Tb by block
-                                        # diagonals straight from the solve (no assembly)
+    BVW: tl.constexpr = 64,             # state tile width of the walker programs
+    USE_H0: tl.constexpr = False,       # WALKERS from h0 (else zeros)
+    WALK_PREC: tl.constexpr = "bf16",   # WALKERS: products with the state
+    INLINE_PREC: tl.constexpr = "bf16",  # WALKERS: the output products
 ):
     tl.static_assert(BT == 4 * BC)
-    grid_trigger(PDL_TRIGGER == "start")
+    grid_trigger(PDL_TRIGGER)
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     if WALKERS:
         n_slots = (T // BT + N).to(tl.int32)
@@ -445,18 +330,7 @@ def intra_chunk_kernel(
             return
     i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
-        if EMPTY_STATE:
-            if eos == bos:   # (an empty sequence owns exactly one slot, with i_c == 0)
-                for i_v in tl.static_range(V // BVF):
-                    if USE_H0:
-                        b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVF)
-                    else:
-                        b_S = tl.zeros([K, BVF], dtype=tl.float32)
-                    store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
         return
-    tl.static_assert(not FIRST_STEP or OUT_PREP)
-    tl.static_assert(not WP_STACK or (OUT_PREP and not W_SPLIT and not FIRST_STEP))
-    WS: tl.constexpr = 2 if WP_STACK else 1   # w's (token, head) stride in units of K
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
     t0 = bos + i_c * BT                 # first token of the chunk (int64)
@@ -467,7 +341,7 @@ def intra_chunk_kernel(
     # scalar base pointers at the chunk's first token; int32 tile offsets
     o_hr = o_r * H                                      # [BT] rows of [T, H] tensors
     o_qk = o_r[:, None] * (HQ * K) + o_k[None, :]       # [BT, K] rows of q, k
-    o_at = o_r[:, None] * (H * BT) + o_r[None, :]       # [BT, BT] rows of the scratch
+    o_at = o_r[:, None] * (H * BT) + o_r[None, :]       # [BT, BT] rows of the scratch, Tb, Aqk
 
     # gates: g, beta and the chunk's cumulative sum (rows past the end: g = 0, beta = 0)
     if RAW_GATES:
@@ -477,8 +351,6 @@ def intra_chunk_kernel(
         tl.store(gc + t0 * H + i_h + o_hr, b_gc, mask=m_r)
         b_beta = tl.sigmoid(tl.load(b + t0 * H + i_h + o_hr, mask=m_r, other=0.0).to(tl.float32))
         b_beta = tl.where(m_r, b_beta, 0.0)
-        if PHASE == 1:   # for the second launch
-            tl.store(beta + t0 * H + i_h + o_hr, b_beta, mask=m_r)
     else:
         b_gc = tl.load(gc + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
         b_beta = tl.load(beta + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
@@ -487,34 +359,24 @@ def intra_chunk_kernel(
 
     # 1. A = beta K K^T exp(gc_i - gc_j), strictly lower
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
-    if PHASE != 2:
-        b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
-        b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
-    if OUT_PREP:   # (in PHASE 1 unused after its return: removed by the compiler)
-        # the causal q k^T term now, while k is loaded (k, q and the decays die before
-        # the solve: fewer live registers through it)
+    b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
+    b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
+    if TM_OUT:
+        # the causal q k^T term now, while k is loaded, and stored at once (k, q and the
+        # decays die before the solve: fewer live registers through it)
         b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
         b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
         b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
-        if TM_OUT:   # stored now: not live through the solve
-            tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
-                     mask=m_r[:, None])
+        tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
+                 mask=m_r[:, None])
     if STOP_AFTER == 1:   # instrument: stage timing (keeps A alive through a row sum)
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_A, axis=1), mask=m_r)
         return
-    if PHASE == 2:
-        # 2. Tm as the first launch left it in the scratch
-        b_T = tl.load(At + (t0 * H + i_h) * BT + o_at, mask=m_r[:, None], other=0.0)
-    elif SOLVE == "tile":
-        # 2. Tm = (I + A)^-1 on the register tile (no scratch, no barriers)
-        b_T = solve_unit_lower(b_A, BC, SOLVE_PREC)
-    elif SOLVE == "batched":
+    if SOLVE == "batched":
         # 2. Tm = (I + A)^-1 by block diagonals, batched 16 x 16 products in registers
-        if TM_OUT and BAND_STORE:
+        if TM_OUT and STOP_AFTER == 0:
             # Tb stored band by band (no [BT, BT] assembly), upper bands as zeros
-            T0, T1, T2, T3 = solve_bands(b_A, BC, SOLVE_PREC,
-                                         OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC,
-                                         SOLVE_TREE, SOLVE_DIAG == "neumann8")
+            T0, T1, T2, T3 = solve_bands(b_A, BC, SOLVE_PREC, OFFDIAG_PREC)
             p_w = w + (t0 * H + i_h) * BT
             _store_band(p_w, T0, b_beta, 0, n_t, H, BC)
             _store_band(p_w, T1, b_beta, 1, n_t, H, BC)
@@ -524,9 +386,7 @@ def intra_chunk_kernel(
             _store_band(p_w, T0, b_beta, -2, n_t, H, BC)
             _store_band(p_w, T0, b_beta, -3, n_t, H, BC)
         else:
-            b_T = solve_batched(b_A, BC, SOLVE_PREC,
-                                OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC, SOLVE_TREE,
-                                SOLVE_DIAG == "neumann8")
+            b_T = solve_batched(b_A, BC, SOLVE_PREC, OFFDIAG_PREC)
     else:
         # 2. Tm = (I + A)^-1 in 16 x 16 blocks through the scratch
         p_At = At + (t0 * H + i_h) * BT
@@ -538,17 +398,11 @@ def intra_chunk_kernel(
         b_A30 = _blk(p_At, 3, 0, n_t, H, BT, BC)
         b_A31 = _blk(p_At, 3, 1, n_t, H, BT, BC)
         b_A32 = _blk(p_At, 3, 2, n_t, H, BT, BC)
-        SP: tl.constexpr = OFFDIAG_PREC if OFFDIAG_PREC != "" else SOLVE_PREC
-        if SOLVE_DIAG == "rows":
-            b_T00 = _inv_unit_lower_rows(p_At, 0, n_t, H, BT, BC)
-            b_T11 = _inv_unit_lower_rows(p_At, 1, n_t, H, BT, BC)
-            b_T22 = _inv_unit_lower_rows(p_At, 2, n_t, H, BT, BC)
-            b_T33 = _inv_unit_lower_rows(p_At, 3, n_t, H, BT, BC)
-        else:
-            b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC, SOLVE_PREC)
-            b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC, SOLVE_PREC)
-            b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC, SOLVE_PREC)
-            b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC, SOLVE_PREC)
+        b_T00 = _inv_unit_lower(_blk(p_At, 0, 0, n_t, H, BT, BC), BC, SOLVE_PREC)
+        b_T11 = _inv_unit_lower(_blk(p_At, 1, 1, n_t, H, BT, BC), BC, SOLVE_PREC)
+        b_T22 = _inv_unit_lower(_blk(p_At, 2, 2, n_t, H, BT, BC), BC, SOLVE_PREC)
+        b_T33 = _inv_unit_lower(_blk(p_At, 3, 3, n_t, H, BT, BC), BC, SOLVE_PREC)
+        SP: tl.constexpr = OFFDIAG_PREC
         b_T10 = -_mm(_mm(b_T11, b_A10, SP), b_T00, SP)
         b_T21 = -_mm(_mm(b_T22, b_A21, SP), b_T11, SP)
         b_T32 = -_mm(_mm(b_T33, b_A32, SP), b_T22, SP)
@@ -573,35 +427,23 @@ def intra_chunk_kernel(
     if STOP_AFTER == 2:   # instrument: stage timing
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_T, axis=1), mask=m_r)
         return
-    if PHASE == 1:   # split: Tm stays in the scratch for the second launch
-        return
-    if TM_OUT and BAND_STORE and SOLVE == "batched":
-        pass   # stored band by band above
-    elif TM_OUT:
-        # the "tm" intermediates: the walk forms v_new = Tb (v - exp(gc) k S) itself
-        # (scale * Aqk went to p before the solve)
-        tl.store(w + (t0 * H + i_h) * BT + o_at, (b_T * b_beta[None, :]).to(w.dtype.element_ty),
-                 mask=m_r[:, None])
+    if TM_OUT:
+        if SOLVE != "batched":   # (the batched solve stored Tb band by band above)
+            tl.store(w + (t0 * H + i_h) * BT + o_at,
+                     (b_T * b_beta[None, :]).to(w.dtype.element_ty), mask=m_r[:, None])
     else:
-        # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v, and the output terms, in
-        #    COL_BLOCKS blocks of columns (fewer live registers: no [64, K] fp32 pair at once)
-        b_bg = b_beta * tl.exp(b_gc)
-        b_Tw = b_T * b_bg[None, :]
+        # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v in COL_BLOCKS blocks of
+        #    columns (fewer live registers: no [64, K] fp32 pair at once)
+        b_Tw = b_T * (b_beta * tl.exp(b_gc))[None, :]
         b_Tu = b_T * b_beta[None, :]
-        # with OUT_PREP: o = scale (exp(gc) q S0 + Aqk (u - w S0)) = P @ S0 + ob, w, u as stored
         BKC: tl.constexpr = K // COL_BLOCKS
         BVC: tl.constexpr = V // COL_BLOCKS
         o_kc = tl.arange(0, BKC)
         o_vc = tl.arange(0, BVC)
-        NB: tl.constexpr = 1 if PHASE == 2 else COL_BLOCKS
-        for j_b in tl.static_range(NB):
-            if PHASE == 2:   # split: one column block per program (grid axis 2)
-                i_b = tl.program_id(2)
-            else:
-                i_b = j_b
-            o_qkc = o_r[:, None] * (HQ * K) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of q, k
-            o_wkc = o_r[:, None] * (H * K * WS) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of w, p
-            o_hvc = o_r[:, None] * (H * V) + i_b * BVC + o_vc[None, :]    # [BT, BVC] of v, u, ob
+        for i_b in tl.static_range(COL_BLOCKS):
+            o_qkc = o_r[:, None] * (HQ * K) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of k
+            o_wkc = o_r[:, None] * (H * K) + i_b * BKC + o_kc[None, :]    # [BT, BKC] of w
+            o_hvc = o_r[:, None] * (H * V) + i_b * BVC + o_vc[None, :]    # [BT, BVC] of v, u
             b_kc = tl.load(k + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
             b_w = mm(b_Tw, b_kc, WU_PREC)
             if W_SPLIT:   # stored as a bf16 hi + lo pair: the walk feeds both to the tensor cores
@@ -611,44 +453,13 @@ def intra_chunk_kernel(
                          mask=m_r[:, None])
             else:
                 b_w = b_w.to(w.dtype.element_ty)   # the walk reads w as stored
-                tl.store(w + (t0 * H + i_h) * (K * WS) + o_wkc, b_w, mask=m_r[:, None])
+                tl.store(w + (t0 * H + i_h) * K + o_wkc, b_w, mask=m_r[:, None])
             b_vc = tl.load(v + (t0 * H + i_h) * V + o_hvc, mask=m_r[:, None], other=0.0)
             b_u = mm(b_Tu, b_vc, WU_PREC).to(u.dtype.element_ty)
             tl.store(u + (t0 * H + i_h) * V + o_hvc, b_u, mask=m_r[:, None])
-            if OUT_PREP:
-                b_qc = tl.load(q + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
-                b_p = b_qc.to(tl.float32) * tl.exp(b_gc)[:, None] - mm(b_Aqk, b_w, OUT_PREC)
-                if WP_STACK:   # P next to w: [T, H, 2, K]
-                    tl.store(w + K + (t0 * H + i_h) * (2 * K) + o_wkc,
-                             (scale * b_p).to(w.dtype.element_ty), mask=m_r[:, None])
-                else:
-                    tl.store(p + (t0 * H + i_h) * K + o_wkc, (scale * b_p).to(p.dtype.element_ty),
-                             mask=m_r[:, None])
-                b_ob = mm(b_Aqk, b_u, OUT_PREC)
-                tl.store(ob + (t0 * H + i_h) * V + o_hvc, (scale * b_ob).to(ob.dtype.element_ty),
-                         mask=m_r[:, None])
-    if FIRST_STEP:
-        if i_c == 0:
-            # the state walk's first step for this sequence, from w, u, P, ob as stored
-            tl.debug_barrier()   # written above by other threads of this program
-            for i_v in tl.static_range(V // BVF):
-                if USE_H0:
-                    b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVF)
-                else:
-                    b_S = tl.zeros([K, BVF], dtype=tl.float32)
-                if TM_OUT:   # Tb (in w) and scale * Aqk (in p) as stored above
-                    b_S = fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0,
-                                              tl.minimum(n_t, BT), i_h, i_hk, i_v, scale, H, HQ,
-                                              K, V, BT, BVF, WALK_PREC, INLINE_PREC)
-                else:
-                    b_S = fused_chunk_step(b_S, w, u, k, p, ob, gc, o, T, t0,
-                                           tl.minimum(n_t, BT), i_h, i_hk, i_v, H, HQ, K, V,
-                                           BT, BVF, W_SPLIT, WALK_PREC, INLINE_PREC)
-                store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVF)
     if WALKERS:   # this chunk's Tb, Aqk, gc are stored: release it to its walker programs
         tl.debug_barrier()   # every thread's stores before the flag
         tl.atomic_xchg(flags + i_p * H + i_h, V // BVW, sem="release", scope="gpu")
-    grid_trigger(PDL_TRIGGER == "end")
 
 
 _INTRA_LAUNCH = FastLaunch(intra_chunk_kernel)
@@ -659,71 +470,36 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     a=None, b=None, A_log=None, dt_bias=None, q=None, scale: float = 1.0,
                     chunk_indices: Optional[torch.Tensor] = None,
                     wu_dtype: Optional[torch.dtype] = None, storage: str = "precise",
-                    solve: str = SOLVE, solve_precision: Optional[str] = None,
-                    wu_precision: str = WU_PRECISION, out_precision: str = OUT_PRECISION,
-                    col_blocks: int = 1, num_warps: int = 8, stop_after: int = 0,
-                    maxnreg: Optional[int] = None, first_step: Optional[dict] = None,
-                    stack_wp: bool = False, split: bool = False, pdl_trigger: str = "",
-                    defer: bool = False, solve_diag: str = "neumann",
-                    offdiag_precision: Optional[str] = None, tm_out: bool = False,
-                    band_store: bool = False, solve_tree: bool = False,
+                    solve: str = SOLVE, wu_precision: str = WU_PRECISION, num_warps: int = 4,
+                    stop_after: int = 0, maxnreg: Optional[int] = None, pdl_trigger: str = "",
+                    defer: bool = False, tm_out: bool = False,
                     walkers: Optional[dict] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
-    are required); output terms when ``q`` is given. ``solve``: ``"tile"``
-    (registers, :func:`solve_unit_lower`) or ``"blocks"`` (16 x 16 blocks through a
-    ``[T, HV, 64]`` f32 scratch). ``col_blocks``: step 3 in that many column blocks
-    (a power of two dividing ``K`` and ``V``; fewer live registers); or ``"batched"``
-    (:func:`solve_batched`, registers, no scratch). ``stop_after``
-    (instrument for stage timing, results then invalid): end each program after step
-    1 or 2. ``maxnreg``: register cap per thread (more programs per SM; spills).
-    ``first_step`` (needs ``q``): ``dict(initial_state=, final_state=, output=,
-    walk_precision=, inline_precision=, BV=, whole=)`` (``BV`` 16 or 64: 32 miscompiles on
-    triton 3.6, see :class:`.config.PrefillConfig`; ``flags``: see ``whole``) -- the program
-    owning a sequence's first
-    chunk also walks it (outputs into ``output``, the state after it into
-    ``final_state``), so the walk starts at chunk 1 (:mod:`.state_walk`,
-    ``FROM_FIRST``); ``whole=True`` (only for ``T <= 64``, where every sequence is one
-    chunk): no walk follows, so empty sequences' programs also write their final state
-    (the initial state, or zeros) -- the call is this one launch. ``walkers`` (with
-    ``tm_out``, instead of ``first_step``): ``dict(initial_state=, final_state=, output=,
-    flags=, BV=, walk_precision=, inline_precision=)`` -- the grid gets ``N * V / BV``
-    more programs per head that walk the sequences (:func:`_walker`), each chunk as soon as
-    its program has flagged it: the whole call in one launch for any ``T``.
-    ``flags``: int32, at least ``(T // 64 + N) * HV`` elements, zero between calls (each
-    walker takes its count off again). ``stack_wp`` (needs
-    ``q``, non-pair storage): ``w`` and ``P``
-    side by side in one ``[T, HV, 2, K]`` tensor (returned as ``w``; ``P`` is then
-    None), so the walk multiplies both by the state in one product. ``split``
-    (``"blocks"`` solve, no ``first_step``): two launches of the same kernel, (1)
-    gates + ``A`` + solve leaving ``Tm`` in the scratch, (2) the products, one
-    program per (chunk, head, column block): smaller programs. ``pdl_trigger``
-    (``"start"``, ``"end"`` or ``""``): where each program lets a PDL-launched next kernel
-    be placed (:mod:`.pdl`).
-    ``solve_diag``: the diagonal 16 x 16 inverses by Neumann products (``"neumann"``),
-    forward substitution over rows (``"rows"``, ``"blocks"`` solve) or through their
-    8 x 8 blocks (``"neumann8"``, ``"batched"`` solve);
-    ``offdiag_precision``: precision of the off-diagonal block products (None:
-    :data:`OFFDIAG_PRECISION` of the solve, or else as ``solve_precision``).
-    ``tm_out`` (the ``"tm"`` intermediates of :class:`.config.PrefillConfig`): stop after
-    the solve and store ``Tb = Tm diag(beta)`` ``[T, HV, 64]`` in place of ``w`` and, with
-    ``q``, ``scale * Aqk`` ``[T, HV, 64]`` in place of ``P`` (bf16, or fp32 with
-    ``storage="precise"``); ``u`` and ``ob`` are then None. The walk forms
-    ``v_new = Tb (v - exp(gc) k S)`` and ``o = scale exp(gc) q S + Aqk v_new`` itself
-    (:mod:`.state_walk`, ``TM_FORM``). ``band_store`` (``tm_out`` with the ``"batched"``
-    solve): ``Tb`` stored block diagonal by block diagonal straight from the solve.
-    ``solve_tree`` (``"batched"``): the diagonal Neumann factors multiplied as a tree.
-    ``defer``: allocate and bind but do not launch; the launch is the last element
+    are required). ``solve``: ``"batched"`` or ``"blocks"`` (a ``[T, HV, 64]`` f32
+    scratch). ``storage``: :data:`STORAGE` (``wu_dtype`` overrides it for ``w`` / ``u``).
+    ``tm_out`` (needs ``q``; the ``fused`` variant): store ``Tb = Tm diag(beta)`` and
+    ``scale * Aqk`` (``[T, HV, 64]`` each) instead of ``w`` / ``u``; returns ``(Tb, None,
+    gc, Aqk, None)``. Otherwise returns ``(w, u, gc)``: ``w`` ``[T, HV, K]`` or a
+    ``[2, T, HV, K]`` bf16 (hi, lo) pair. ``stop_after`` (instrument for stage timing,
+    results then invalid): end each program after step 1 or 2. ``maxnreg``: register cap
+    per thread. ``pdl_trigger``: ``"start"`` lets a PDL-launched next kernel be placed at
+    the start of each program (:mod:`.pdl`), ``""`` never.
+    ``walkers`` (with ``tm_out``): ``dict(initial_state=, final_state=, output=, flags=,
+    BV=, walk_precision=, inline_precision=)`` -- the grid gets ``N * V / BV`` more
+    programs per head that walk the sequences (:func:`_walker`), each chunk as soon as its
+    program has flagged it: the whole call in one launch. ``flags``: int32, at least
+    ``(T // 64 + N) * HV`` elements, zero between calls (each walker takes its count off
+    again). ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
-    Returns ``(w, u, gc)``, or ``(w, u, gc, P, ob)`` when ``q`` is given.
     """
     if solve not in SOLVES:
         raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
-    if (solve_diag, solve) not in (("neumann", solve), ("rows", "blocks"),
-                                   ("neumann8", "batched")):
-        raise ValueError(f"solve_diag={solve_diag!r} does not apply to the {solve!r} solve "
-                         "('rows': 'blocks'; 'neumann8': 'batched')")
+    if tm_out and q is None:
+        raise ValueError("tm_out needs q (scale * Aqk is stored with Tb)")
+    if pdl_trigger not in ("start", ""):
+        raise ValueError(f"pdl_trigger must be 'start' or '', got {pdl_trigger!r}")
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
@@ -732,92 +508,48 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     if raw:
         gc = torch.empty(T, H, dtype=torch.float32, device=dev)
     st = STORAGE[storage]
-    w_split = wu_dtype is None and st["w"] == "pair"
-    out_prep = q is not None
-    if split and (solve != "blocks" or first_step or stop_after):
-        raise ValueError("split needs the 'blocks' solve, no first_step and no stop_after")
-    if stack_wp and (w_split or not out_prep or first_step):
-        raise ValueError("stack_wp needs q, a non-pair storage of w and no first_step")
-    if tm_out and (split or stack_wp or stop_after):
-        raise ValueError("tm_out needs no split, stack_wp or stop_after")
-    tm_dtype = torch.float32 if storage == "precise" else torch.bfloat16
+    w_split = not tm_out and wu_dtype is None and st["w"] == "pair"
     if tm_out:
-        w_split = False
-        w = torch.empty(T, H, BT, dtype=tm_dtype, device=dev)
-    elif w_split:
-        w = torch.empty(2, T, H, K, dtype=torch.bfloat16, device=dev)
-    elif stack_wp:
-        w = torch.empty(T, H, 2, K, dtype=wu_dtype or st["w"], device=dev)
+        w = torch.empty(T, H, BT, dtype=st["tm"], device=dev)
+        u = None
+        P = torch.empty(T, H, BT, dtype=st["tm"], device=dev)
     else:
-        w = torch.empty(T, H, K, dtype=wu_dtype or st["w"], device=dev)
-    At = torch.empty(T, H, BT, dtype=torch.float32, device=dev) if solve == "blocks" else None
-    if tm_out:
-        u = ob = None
-        P = torch.empty(T, H, BT, dtype=tm_dtype, device=dev) if out_prep else None
-    else:
+        w = (torch.empty(2, T, H, K, dtype=torch.bfloat16, device=dev) if w_split else
+             torch.empty(T, H, K, dtype=wu_dtype or st["w"], device=dev))
         u = torch.empty(T, H, V, dtype=wu_dtype or st["u"], device=dev)
-        P = torch.empty(T, H, K, dtype=st["p"], device=dev) if out_prep and not stack_wp else None
-        ob = torch.empty(T, H, V, dtype=st["ob"], device=dev) if out_prep else None
+        P = None
+    At = torch.empty(T, H, BT, dtype=torch.float32, device=dev) if solve == "blocks" else None
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
-    fs = dict(first_step or {})
-    if fs and not out_prep:
-        raise ValueError("first_step needs q (the output terms)")
-    h0, ht_, o_ = fs.get("initial_state"), fs.get("final_state"), fs.get("output")
-    if fs.get("whole") and (use_indices or T > BT):
-        raise ValueError("first_step['whole'] (no walk after this kernel) needs T <= 64 "
-                         f"and the device chunk lookup; got T={T}, chunk_indices "
-                         f"{'given' if use_indices else 'None'}")
     wk = dict(walkers or {})
-    if wk and (not tm_out or fs or use_indices or split or wk.get("flags") is None
+    if wk and (not tm_out or use_indices or stop_after or wk.get("flags") is None
                or wk["flags"].numel() < num_slots(T, N) * H):
-        raise ValueError("walkers need tm_out, no first_step, the device chunk lookup, no "
-                         "split, and walkers['flags'] (int32 zeros, >= (T // 64 + N) * HV)")
+        raise ValueError("walkers need tm_out, the device chunk lookup, no stop_after, and "
+                         "walkers['flags'] (int32 zeros, >= (T // 64 + N) * HV)")
+    h0 = ht_ = o_ = None
+    walk_opts = {}
     if wk:
         h0, ht_, o_ = wk.get("initial_state"), wk["final_state"], wk["output"]
-        bvw = min(wk.get("BV", 16), V)
+        bvw = min(wk.get("BV", 64), V)
         walk_opts = dict(WALKERS=True, BVW=bvw, USE_H0=h0 is not None,
                          WALK_PREC=wk.get("walk_precision", "bf16"),
                          INLINE_PREC=wk.get("inline_precision", "bf16"))
         grid = (grid[0] + N * (V // bvw), H)
-    else:
-        walk_opts = {}
-    first = dict(FIRST_STEP=True, USE_H0=h0 is not None, BVF=min(fs.get("BV", 64), V),
-                 WALK_PREC=fs.get("walk_precision", "bf16"),
-                 INLINE_PREC=fs.get("inline_precision", "bf16"),
-                 EMPTY_STATE=bool(fs.get("whole"))) if fs else {}
-    cb = max(1, min(col_blocks, K // 16, V // 16))
     opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices,
-                OUT_PREP=out_prep, W_SPLIT=w_split, WU_PREC=wu_precision,
-                OUT_PREC=out_precision, SOLVE=solve,
-                SOLVE_PREC=solve_precision or (DIAG8_PRECISION if solve_diag == "neumann8"
-                                               else SOLVE_PRECISION[solve]), COL_BLOCKS=cb,
-                SOLVE_DIAG=solve_diag,
-                OFFDIAG_PREC=offdiag_precision or OFFDIAG_PRECISION[solve] or "",
-                STOP_AFTER=stop_after, WP_STACK=stack_wp, TM_OUT=tm_out, num_warps=num_warps,
-                BAND_STORE=band_store and tm_out and solve == "batched",
-                SOLVE_TREE=solve_tree and solve == "batched",
-                PDL_TRIGGER=pdl_trigger if pdl_supported(dev) else "",
-                **first, **walk_opts, **({"maxnreg": maxnreg} if maxnreg else {}))
+                W_SPLIT=w_split, WU_PREC=wu_precision, SOLVE=solve,
+                SOLVE_PREC=SOLVE_PRECISION[solve], OFFDIAG_PREC=OFFDIAG_PRECISION[solve],
+                COL_BLOCKS=max(1, min(COL_BLOCKS, K // 16, V // 16)), TM_OUT=tm_out,
+                STOP_AFTER=stop_after, num_warps=num_warps,
+                PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(dev),
+                **walk_opts, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] == 0:
         go = _nothing
-    elif not split:
-        go = _INTRA_LAUNCH.bind(grid, (
-            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_,
-            wk.get("flags"), cu_seqlens,
-            chunk_indices, scale, T, N), dict(RAW_GATES=raw, **opts))
     else:
-        if beta is None:
-            beta = torch.empty(T, H, dtype=torch.float32, device=dev)
-
-        def go():
-            intra_chunk_kernel[grid](
-                q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, None,
-                cu_seqlens, chunk_indices, scale, T, N, RAW_GATES=raw, PHASE=1, **opts)
-            intra_chunk_kernel[grid + (cb,)](
-                q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, ob, At, h0, ht_, o_, None,
-                cu_seqlens, chunk_indices, scale, T, N, RAW_GATES=False, PHASE=2, **opts)
-    out = (w, u, gc, P, ob) if out_prep else (w, u, gc)
+        go = _INTRA_LAUNCH.bind(grid, (
+            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, At, h0, ht_, o_,
+            wk.get("flags"), cu_seqlens, chunk_indices, scale, T, N),
+            dict(RAW_GATES=raw, **opts))
+    out = (w, u, gc, P, None) if tm_out else (w, u, gc)
     if defer:
         return out + (go,)
     go()
@@ -843,7 +575,7 @@ def intra_chunk(k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, beta: torch.
         use_indices: host-built chunk table (syncs) instead of the device lookup.
         wu_dtype: storage dtype of ``w`` and ``u``; None: :data:`STORAGE` ``"precise"``
             (``w`` as a bf16 hi/lo pair, ``u`` fp32).
-        solve: ``"tile"`` or ``"blocks"`` (see the module doc).
+        solve: ``"batched"`` or ``"blocks"`` (see the module doc).
     Returns:
         ``(w, u)``: ``w`` `[T, HV, K]` in ``wu_dtype`` or `[2, T, HV, K]` bf16 (hi, lo);
         ``u`` `[T, HV, V]`.

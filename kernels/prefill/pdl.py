@@ -14,8 +14,7 @@ kernel's last programs.
 Rules the kernels follow (so ordering stays transitive across three kernels):
 
 * the intra-chunk kernel and CP phase A trigger at the start of each program
-  (``PrefillConfig.pdl_trigger="start"``, the default) or after its last store
-  (``"end"``);
+  (after the last store measured no better: docs/notes.md);
 * every program of a PDL-launched kernel waits before it exits, also on its
   early-return paths, so that kernel's completion implies the completion of the
   kernel before it (phase C reads what the intra-chunk kernel wrote two launches

@@ -15,21 +15,17 @@ variant         stages                                                       GPU
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
 ``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3 with CP;
-                diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1 for T <= 512
-                                                                             (``single_launch``)
-                the default; with ``"wu"``: ``w``/``u`` and the output terms
-                ``P``, ``ob``); (2) state walk forming ``v_new`` and the
+                diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128
+                intermediates); (2) state walk forming ``v_new`` and the     (``single_launch_max_T``)
                 outputs inline; with context parallelism (2) becomes
                 segment summaries, then the walk that chains them (a
                 separate combine kernel with ``cp_combine="kernel"``: 4);
                 walks start by dependent launch (:mod:`.pdl`), repeat
                 launches skip Triton's binding and every launch is bound
-                before the first (:mod:`.launch`); with ``single_launch`` (the
-                default) and T <= 512 (``single_launch_max_T``), (1) also has
-                walker programs that walk each sequence chunk by chunk as the
-                chunk programs flag their chunks (``"wu"``: T <= 64, the chunk's
-                program walks it)
-                and (2) is not launched
+                before the first (:mod:`.launch`); for T <= 128, (1) also
+                has walker programs that walk each sequence chunk by chunk
+                as the chunk programs flag their chunks, and (2) is not
+                launched
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
 ==============  ===========================================================  =====================
 
@@ -51,9 +47,10 @@ import torch
 from .. import interpret
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
-from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_launch_rule,
-                     walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule,
-                     intra_maxnreg_rule)
+from .config import (COMBINE_WARPS, DEFAULT_CONFIG, INTRA_WARPS, OUTPUT_BV, OUTPUT_WARPS,
+                     SHORT_WALK_CHUNKS, SPLIT_STAGES, SPLIT_WARPS, SUMMARY_STAGES,
+                     SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
+                     walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
                                segment_combine_fwd, segment_combine_t_fwd, sm_count)
 from .gates import chunk_gates_fwd, gates_torch
@@ -116,30 +113,22 @@ def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
     T, _, K = k.shape
     H, V = u.shape[1], u.shape[2]
     N = cu_seqlens.numel() - 1
-    BV = cfg.split_BV or default_bv(V, N * H, sm_count(q.device))
+    BV = cfg.walk_BV or default_bv(V, N * H, sm_count(q.device))
     h = torch.empty(num_slots(T, N), H, K, V, dtype=torch.float32, device=q.device)
     v_new = torch.empty(T, H, V, dtype=torch.float32, device=q.device)
     state_walk_fwd(k, w, u, gc, cu_seqlens, initial_state=state, h=h, v_new=v_new,
-                   final_state=ht, BV=BV, num_warps=cfg.walk_warps or 4,
-                   num_stages=cfg.walk_stages or 2, dot_precision=cfg.walk_precision)
+                   final_state=ht, BV=BV, num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES,
+                   dot_precision=cfg.precision)
     chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, output=o, chunk_indices=idx,
-                     BV=cfg.output_BV, num_warps=cfg.output_warps)
+                     BV=min(OUTPUT_BV, V), num_warps=OUTPUT_WARPS)
     return o, ht
 
 
 def _intra(cfg: PrefillConfig, tm: bool = False, single: bool = False) -> dict:
     """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config (``tm``: the
     ``"tm"`` intermediates of the fused variant; ``single``: its one-launch path)."""
-    maxnreg = cfg.intra_maxnreg or intra_maxnreg_rule(cfg.solve, tm, single)
-    return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.intra_precision,
-                out_precision=cfg.intra_precision, col_blocks=cfg.intra_col_blocks,
-                solve_precision=cfg.intra_solve_precision, maxnreg=maxnreg,
-                solve_diag=cfg.intra_solve_diag or ("neumann8" if cfg.solve == "batched"
-                                                    else "neumann"),
-                offdiag_precision=cfg.intra_offdiag_precision,
-                split=cfg.intra_split and cfg.solve == "blocks" and not cfg.first_chunk_inline,
-                band_store=cfg.intra_band_store, solve_tree=cfg.intra_solve_tree,
-                num_warps=cfg.intra_warps)
+    return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.precision,
+                maxnreg=intra_maxnreg_rule(cfg.solve, tm, single), num_warps=INTRA_WARPS)
 
 
 @functools.lru_cache(maxsize=64)
@@ -197,18 +186,14 @@ def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
 
 
 def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
-                    storage: str = "precise", cp_combine: str = "inline",
-                    solve: str = "blocks", intermediates: str = "wu") -> int:
-    """Bytes of intermediates one ``fused`` call allocates (outputs excluded): ``w``,
-    ``u``, ``P``, ``ob`` in ``storage`` (``intermediates="wu"``) or ``Tb`` and ``Aqk``
-    ``[T, HV, 64]`` (``"tm"``: bf16, fp32 with ``"precise"``), ``gc`` f32, the
+                    storage: str = "compact", cp_combine: str = "inline",
+                    solve: str = "batched") -> int:
+    """Bytes of intermediates one ``fused`` call allocates (outputs excluded): ``Tb`` and
+    ``Aqk`` ``[T, HV, 64]`` (bf16, fp32 with ``"precise"`` storage), ``gc`` f32, the
     ``[T, HV, 64]`` f32 scratch of the ``"blocks"`` solve; with CP (``seg_chunks``) the
     segment summaries ``[S, HV, D, 2D]`` f32 and, with ``cp_combine="kernel"``, the
     entering states ``[S, HV, D, D]``."""
-    if intermediates == "tm":
-        per_tok = 2 * BT * (4 if storage == "precise" else 2)             # Tb, Aqk
-    else:
-        per_tok = D * {"precise": 4 + 4 + 2 + 4, "compact": 2 + 2 + 2 + 2}[storage]
+    per_tok = 2 * BT * (4 if storage == "precise" else 2)             # Tb, Aqk
     ws = T * HV * (per_tok + 4 + (BT * 4 if solve == "blocks" else 0))
     if seg_chunks:
         S = num_slots(T, N, seg_chunks * BT)
@@ -237,9 +222,9 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
           ) -> Tuple[int, int]:
     cp = cp_key[1]
     BV = cfg.walk_BV or 16
-    long = cfg.intermediates == "tm" and cp_long(T, N)
+    long = cp_long(T, N)
     if cp is None:
-        seg = cp_segment_chunks(T, N, HV, D, BV, sm_count(device), cfg.cp_min_avg_chunks)
+        seg = cp_segment_chunks(T, N, HV, D, BV, sm_count(device))
         if seg and long:
             seg = cp_long_segment_chunks(T, N)
     elif cp is True:
@@ -255,8 +240,7 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
         BV = min(128, D)   # the long path's walks (state_walk_t, both warpgroups)
     elif cfg.walk_BV is None:
         units = num_slots(T, N, seg * BT) if seg else N
-        BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg),
-                            tm=cfg.intermediates == "tm")
+        BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg), tm=True)
     return BV, seg
 
 
@@ -285,7 +269,8 @@ def _walker_flags(device, n: int):
 def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                   output=None, output_state=None, check_values=None,
                   cp: Union[None, bool, int] = None, config=None):
-    """Fewest launches: (1) gates+cumsum+solve+``w``/``u``, (2) walk + inline outputs.
+    """Fewest launches: (1) gates + cumsum + solve (``Tb``, ``Aqk``), (2) walk + inline
+    outputs.
 
     With context parallelism (see :mod:`.context_parallel`), (2) becomes phase A
     (segment summaries) and phase C (walk + outputs), phase C chaining the earlier
@@ -298,93 +283,64 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     N = cu_seqlens.numel() - 1
     cfg = _config(config, D)
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
-    # one launch: with "tm" up to single_launch_max_T tokens (walker programs in the
-    # intra-chunk grid, flags per chunk); with "wu" when every sequence is one chunk
+    precise = cfg.storage == "precise"
+    prec = dict(dot_precision=cfg.precision, out_precision=cfg.precision)
+    # one launch up to single_launch_max_T tokens: walker programs in the intra-chunk grid
+    # (flags per chunk)
     walkers = None
-    if (seg == 0 and cfg.single_launch and cfg.intermediates == "tm"
-            and T <= cfg.single_launch_max_T and not cfg.first_chunk_inline
-            and (min(cfg.walker_BV, D) >= 64 or interpret.INTERPRET)):
+    if (seg == 0 and T <= cfg.single_launch_max_T
+            and (min(WALKER_BV, D) >= 64 or interpret.INTERPRET)):
         flags = _walker_flags(q.device, num_slots(T, N) * HV)
         if flags is not None:
             walkers = dict(initial_state=state, final_state=ht, output=o, flags=flags,
-                           BV=cfg.walker_BV, walk_precision=cfg.walk_precision,
-                           inline_precision=cfg.inline_precision)
-    single = seg == 0 and cfg.single_launch and (walkers is not None or (
-        T <= BT and cfg.intermediates == "wu"))
-    first = seg == 0 and (cfg.first_chunk_inline or (single and walkers is None))
-    first_step = dict(initial_state=state, final_state=ht, output=o, whole=single,
-                      walk_precision=cfg.walk_precision, inline_precision=cfg.inline_precision,
-                      BV=cfg.first_chunk_BV) if first else None
-    stack = (cfg.stack_wp and not first and cfg.storage == "compact"
-             and cfg.walk_precision == cfg.inline_precision == "bf16")
-    trigger = cfg.pdl_trigger if cfg.pdl else ""
+                           BV=WALKER_BV, walk_precision=cfg.precision,
+                           inline_precision=cfg.precision)
+    trigger = "start" if cfg.pdl else ""
     programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
     short = seg == 0 and T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
-    tm = cfg.intermediates == "tm"
-    precise = cfg.storage == "precise"
     warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short,
-                                                  precise=precise, tm=tm)
-    loop_stages = cfg.walk_loop_stages or loop_stages
-    if loop_stages == 1 and BV < 64:
-        raise ValueError(f"walk_loop_stages=1 needs a walk tile of at least 64 columns, got "
-                         f"{BV} (16 / 32 hit an illegal memory access on triton 3.6); set "
-                         f"walk_BV=64 or leave walk_loop_stages None")
+                                                  precise=precise, tm=True)
     # every launch is bound (arguments ordered, handles fetched) before the first one:
     # on the eager path the host time between launches is what the GPU waits for
-    w, u, gc, P, ob, go_intra = intra_chunk_fwd(
+    Tb, _, gc, Aqk, _, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
-        first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
-        walkers=walkers,
-        **_intra(cfg, tm, single or first))
-    if single:
+        pdl_trigger=trigger, defer=True, tm_out=True, walkers=walkers,
+        **_intra(cfg, True, walkers is not None))
+    if walkers is not None:
         go_intra()
         return o, ht
-    transposed = cfg.walk_transposed
-    if transposed is None:
-        transposed = walk_transposed_rule(BV, short, precise=precise, tm=tm)
-    pipe_skip = cfg.walk_pipe_skip
-    if pipe_skip is None:
-        pipe_skip = walk_pipe_skip_rule(BV, short, precise=precise, tm=tm)
-    walk = dict(BV=BV, num_warps=cfg.walk_warps or warps, pdl=cfg.pdl,
-                acc_fuse=cfg.walk_acc_fuse,
-                num_stages=cfg.walk_stages or stages, maxnreg=cfg.walk_maxnreg, wp_stack=stack,
-                loop_stages=loop_stages, pipe_skip=pipe_skip,
-                dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision)
-    if tm:   # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
-        u = v
-        walk.update(q=q, scale=scale, tm_form=True, early_loads=cfg.walk_early_loads)
-    if seg == 0 and tm and transposed and not first:
+    if seg == 0 and walk_transposed_rule(BV, short, precise=precise, tm=True):
         bvt = cfg.walk_BV or min(128, D)
         go_walk = state_walk_t_fwd(
-            q, k, v, w, P, gc, cu_seqlens, initial_state=state, output=o, final_state=ht,
-            scale=scale, BV=bvt, num_warps=cfg.walk_warps or (8 if bvt >= 128 else 4),
-            num_stages=cfg.walk_stages or 2, loop_stages=cfg.walk_loop_stages or 2,
-            dot_precision=cfg.walk_precision, out_precision=cfg.inline_precision,
-            pdl=cfg.pdl, defer=True)
+            q, k, v, Tb, Aqk, gc, cu_seqlens, initial_state=state, output=o, final_state=ht,
+            scale=scale, BV=bvt, num_warps=8 if bvt >= 128 else 4, num_stages=2,
+            loop_stages=2, pdl=cfg.pdl, defer=True, **prec)
         go_intra()
         go_walk()
         return o, ht
+    # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
+    walk = dict(BV=BV, num_warps=warps, num_stages=stages, loop_stages=loop_stages,
+                pdl=cfg.pdl, q=q, scale=scale, tm_form=True,
+                pipe_skip=walk_pipe_skip_rule(BV, short, precise=precise, tm=True), **prec)
     if seg == 0:
-        go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
-                                 output=o, final_state=ht, from_first=first, defer=True, **walk)
+        go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
+                                 output=o, final_state=ht, defer=True, **walk)
         go_intra()
         go_walk()
         return o, ht
     seg_t = seg * BT
-    if tm and cp_long(T, N):
-        return _cp_long(q, k, v, w, P, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg,
+    if cp_long(T, N):
+        return _cp_long(q, k, v, Tb, Aqk, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg,
                         go_intra)
     summary = torch.empty(num_slots(T, N, seg_t), HV, D, 2 * D, dtype=torch.float32,
                           device=q.device)
-    S = summary.shape[0]
     go_summary = state_walk_fwd(
-        k, w, u, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
+        k, Tb, v, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
         pdl_trigger=trigger if cfg.cp_combine == "inline" else "",
-        BV=cfg.summary_BV or min(64 if tm else 32, 2 * D),
-        num_warps=cfg.summary_warps, wp_stack=stack, num_stages=cfg.summary_stages,
-        dot_precision=cfg.walk_precision, tm_form=tm, defer=True)
+        BV=min(64, 2 * D), num_warps=SUMMARY_WARPS, num_stages=SUMMARY_STAGES,
+        dot_precision=cfg.precision, tm_form=True, defer=True)
     if cfg.cp_combine == "inline":
-        go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
+        go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
                                  summary=summary, chain=True, output=o, final_state=ht,
                                  seg_t=seg_t, chain_precision=cfg.cp_chain_precision,
                                  defer=True, **walk)
@@ -394,11 +350,11 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         return o, ht
     go_intra()
     go_summary()
-    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
+    s0 = torch.empty(summary.shape[0], HV, D, D, dtype=torch.float32, device=q.device)
     segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
-                        num_warps=cfg.combine_warps)
+                        num_warps=COMBINE_WARPS)
     walk["pdl"] = False   # after the combine kernel, which does not trigger
-    state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
+    state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, s0=s0, output=o, final_state=ht,
                    seg_t=seg_t, **walk)
     return o, ht
 
@@ -419,8 +375,8 @@ def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, g
     summ = torch.empty(S, HV, 2 * D, D, dtype=torch.float32, device=q.device)
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
     bv = min(128, D)
-    kw = dict(scale=scale, dot_precision=cfg.walk_precision, BV=bv,
-              num_warps=8 if bv >= 128 else 4, out_precision=cfg.inline_precision,
+    kw = dict(scale=scale, dot_precision=cfg.precision, BV=bv,
+              num_warps=8 if bv >= 128 else 4, out_precision=cfg.precision,
               seg_t=seg_t, defer=True)
     go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, summary=summ, pdl=cfg.pdl,
                             num_stages=3, loop_stages=3, **kw)

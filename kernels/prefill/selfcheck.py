@@ -3,7 +3,7 @@
     python -m kernels.prefill.selfcheck                       # all variants, all shapes
     python -m kernels.prefill.selfcheck --shapes T8192 T6 --variants fused --time
     python -m kernels.prefill.selfcheck --shapes T8192 --cp 0 4 8 16 --time
-    python -m kernels.prefill.selfcheck --shapes T8192 T64 57x64 --sweep --time
+    python -m kernels.prefill.selfcheck --shapes T8192 T64 57x64 --accurate --time
 
 Correctness is the contest rule (:func:`kernels.checks.check_outputs`) against
 :func:`kernels.reference.prefill_reference` on :func:`kernels.spec.make_prefill_inputs`
@@ -23,7 +23,7 @@ from ..checks import check_outputs
 from ..reference import prefill_reference
 from ..spec import CONTEST, PREFILL_SHAPES, GDNShape, make_prefill_inputs
 from . import VARIANTS, gdn_prefill, launch_count_hint, plan_fused
-from .config import DEFAULT_CONFIG, PrefillConfig, sweep_configs
+from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig
 
 __all__ = ["run_checks", "main"]
 
@@ -94,14 +94,15 @@ def main(argv=None):
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--cp", nargs="+", type=int, default=None,
                     help="segment sizes to force for fused/graph (0 = off); default: the rule")
-    ap.add_argument("--sweep", action="store_true", help="fused with sweep_configs()")
+    ap.add_argument("--accurate", action="store_true",
+                    help="fused with DEFAULT_CONFIG and ACCURATE_CONFIG")
     ap.add_argument("--time", action="store_true", help="also time (graph, cupti_cold)")
     ap.add_argument("--nostate", action="store_true")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cps = [None] if args.cp is None else [c if c else False for c in args.cp]
-    configs = sweep_configs() if args.sweep else None
-    variants = ["fused"] if args.sweep else args.variants
+    configs = [DEFAULT_CONFIG, ACCURATE_CONFIG] if args.accurate else None
+    variants = ["fused"] if args.accurate else args.variants
     rows = run_checks(args.shapes, variants, cps=cps, configs=configs,
                       time_methods=("graph", "cupti_cold") if args.time else (),
                       device=device, with_state=not args.nostate)
