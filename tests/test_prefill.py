@@ -111,7 +111,7 @@ def test_config_levers_keep_results(variant, options):
     assert_ok(gdn_prefill(**x, variant=variant, BV=16, **options), ref)
     for cfg in (PrefillConfig(walk_BV=16), PrefillConfig(storage="precise"),
                 PrefillConfig(solve="blocks"), PrefillConfig(precision="bf16x2"),
-                PrefillConfig(cp_chain_precision="tf32x3"), PrefillConfig(cp_combine="kernel"),
+                PrefillConfig(cp_chain_precision="tf32x3"),
                 PrefillConfig(pdl=False), ACCURATE_CONFIG):
         assert cfg.name != "default"
         assert_ok(gdn_prefill(**x, variant=variant, config=replace(cfg, single_launch_max_T=0),
@@ -193,8 +193,6 @@ def test_config_validation():
         PrefillConfig(precision="tf32")
     with pytest.raises(ValueError, match="cp_chain_precision"):
         PrefillConfig(cp_chain_precision="tf32")
-    with pytest.raises(ValueError, match="cp_combine"):
-        PrefillConfig(cp_combine="serial")
     with pytest.raises(ValueError, match="pdl"):
         PrefillConfig(pdl=1)
     with pytest.raises(ValueError, match="single_launch_max_T"):
@@ -231,32 +229,33 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
     precise = PrefillConfig(precision="bf16x2", cp_chain_precision="tf32x3")
     off = gdn_prefill(**x, variant="fused", cp=False, config=precise)
     assert_ok(off, ref)
-    for seg, combine in ((1, "inline"), (2, "inline"), (2, "kernel")):
-        on = gdn_prefill(**x, variant="fused", cp=seg,
-                         config=replace(precise, cp_combine=combine))
-        assert_ok(on, ref)
-        torch.testing.assert_close(on[1], off[1], atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(on[0].float(), off[0].float(), atol=1e-2, rtol=0)
-        assert_ok(gdn_prefill(**x, variant="fused", cp=seg,
-                              config=PrefillConfig(cp_combine=combine)), ref)
+    for seg, long in ((1, False), (2, False), (2, True)):   # chained, then the long path
+        with mock.patch.object(pipeline, "cp_long", lambda T, N: long):
+            on = gdn_prefill(**x, variant="fused", cp=seg, config=precise)
+            assert_ok(on, ref)
+            torch.testing.assert_close(on[1], off[1], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(on[0].float(), off[0].float(), atol=1e-2, rtol=0)
+            assert_ok(gdn_prefill(**x, variant="fused", cp=seg), ref)
 
 
-@pytest.mark.parametrize("seg, combine, solve, storage, expected", [
+@pytest.mark.parametrize("seg, long, solve, storage, expected", [
     # T=128, N=1, HV=2, D=16: Tb and Aqk, 2 * 64 * 2 B, + 4 (gc) + 256 (the "blocks"
     # solve's scratch) = 516 B per token and head; CP with 1-chunk segments: 3 slots
-    pytest.param(0, "inline", "blocks", "compact", 128 * 2 * 516, id="blocks-no-cp"),
-    pytest.param(1, "inline", "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4,
-                 id="blocks-cp-inline"),
-    pytest.param(1, "kernel", "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 48 * 4,
-                 id="blocks-cp-kernel"),
+    pytest.param(0, False, "blocks", "compact", 128 * 2 * 516, id="blocks-no-cp"),
+    pytest.param(1, False, "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4,
+                 id="blocks-cp-chained"),
+    # the long path also holds the entering states [S, HV, D, D]
+    pytest.param(1, True, "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 48 * 4,
+                 id="blocks-cp-long"),
     # the "batched" solve (the default) works in registers: no scratch
-    pytest.param(0, "inline", "batched", "compact", 128 * 2 * 260, id="batched-no-cp"),
+    pytest.param(0, False, "batched", "compact", 128 * 2 * 260, id="batched-no-cp"),
     # "precise": fp32 Tb and Aqk
-    pytest.param(0, "inline", "batched", "precise", 128 * 2 * 516, id="batched-precise"),
+    pytest.param(0, False, "batched", "precise", 128 * 2 * 516, id="batched-precise"),
 ])
-def test_workspace_bytes(seg, combine, solve, storage, expected):
+def test_workspace_bytes(seg, long, solve, storage, expected):
     from kernels.prefill.pipeline import workspace_bytes
-    assert workspace_bytes(128, 1, 2, 16, seg, storage, combine, solve) == expected
+    with mock.patch.object(pipeline, "cp_long", lambda T, N: long):
+        assert workspace_bytes(128, 1, 2, 16, seg, storage, solve) == expected
 
 
 @pytest.mark.parametrize("solve, tm, single, expected", [
@@ -537,13 +536,17 @@ def test_gpu_contest_shapes_fused_and_cp(lens):
 
 
 @pytest.mark.gpu
-def test_gpu_long_context_path():
-    """>= 16,384 tokens per sequence on average: the long CP path, against the reference."""
+@pytest.mark.parametrize("accurate", [False, True], ids=["default", "accurate"])
+def test_gpu_long_context_path(accurate):
+    """>= 16,384 tokens per sequence on average: the long CP path, against the reference
+    (also with ACCURATE_CONFIG)."""
+    from kernels.prefill import ACCURATE_CONFIG
     lens = [40000, 1, 20000]
     x, ref = case(GDNShape(4, 8, 128), lens, torch.int64, True)
-    assert plan_fused(sum(lens), 3, 8, 128, "cuda")[1] > 0
+    cfg = ACCURATE_CONFIG if accurate else None
+    assert plan_fused(sum(lens), 3, 8, 128, "cuda", config=cfg)[1] > 0
     with mock.patch.object(pipeline, "_cp_long", wraps=pipeline._cp_long) as long_path:
-        assert_ok(gdn_prefill(**x, variant="fused"), ref)
+        assert_ok(gdn_prefill(**x, variant="fused", config=cfg), ref)
     assert long_path.call_count == 1
 
 
@@ -580,7 +583,7 @@ def test_gpu_long_sequence_and_many_sequences(lens, cu_dtype, variant):
 @pytest.mark.parametrize("lens, cp, options", [
     pytest.param([2048], False, {}, id="T2048-walk"),
     pytest.param([8192], None, {}, id="T8192-cp-chain"),
-    pytest.param([4096], 16, dict(cp_combine="kernel"), id="T4096-cp-combine-kernel"),
+    pytest.param([40000], None, {}, id="T40000-cp-long"),
     pytest.param([64] * 57, False, {}, id="57x64-transposed"),
     pytest.param([100, 0, 28], False, dict(single_launch_max_T=0), id="100+28-two-launches"),
     pytest.param([8192], None, dict(storage="precise", solve="blocks", precision="bf16x2",

@@ -289,7 +289,7 @@ def test_output_stage(lens, shape, cu_dtype):
 
 @pytest.mark.parametrize("seg_chunks", [1, 2], ids=["SEG1", "SEG2"])
 def test_context_parallel_summary_and_combine(seg_chunks):
-    """Phase A gives each segment's affine map; phase B the true entering states."""
+    """Phase A gives each segment's affine map; chained, the true entering states."""
     lens, shape = [300, 0, 129, 1], GDNShape(1, 2, 16)
     x = make(lens, shape, torch.int64)
     cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
@@ -304,8 +304,15 @@ def test_context_parallel_summary_and_combine(seg_chunks):
     wf, uf, gcf = (t.float().to(DEV) for t in (w, u, gc))
     state_walk.state_walk_fwd(x["k"], wf, uf, gcf, x["cu_seqlens"], summary=summ, seg_t=seg_t,
                               BV=16)
-    s0 = context_parallel.segment_combine(summ, x["cu_seqlens"], x["state"], seg_chunks,
-                                          BV=16)
+    # phase B in float64 from the summaries: S_start(s+1) = M_s S_start(s) + X_s
+    s0 = torch.full((S, H, D, D), float("nan"), dtype=torch.float64)
+    sm = summ.double().cpu()
+    for n in range(N):
+        b0, b1 = int(cu[n]), int(cu[n + 1])
+        slot0, n_seg = b0 // seg_t + n, max(-(-(b1 - b0) // seg_t), 1)
+        s0[slot0] = cpu["state"][n].double().transpose(-1, -2)
+        for i in range(n_seg - 1):
+            s0[slot0 + i + 1] = sm[slot0 + i, :, :, :D] @ s0[slot0 + i] + sm[slot0 + i, :, :, D:]
     # float64: walk each segment from [I | 0] and from the true state
     h_ref, _, _ = ref_walk(k, w, u, gc, cpu["state"], cu)   # states at chunk slots
     bounds = cu.tolist()

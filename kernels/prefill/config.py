@@ -29,7 +29,7 @@ __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "walk_tile_rule
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS",
            "INTRA_WARPS", "OUTPUT_BV", "OUTPUT_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES",
-           "COMBINE_WARPS", "WALKER_BV", "SPLIT_WARPS", "SPLIT_STAGES"]
+           "WALKER_BV", "SPLIT_WARPS", "SPLIT_STAGES"]
 
 #: ``num_warps`` of the intra-chunk kernel (H200: 8 warps were slower).
 INTRA_WARPS = 4
@@ -39,7 +39,7 @@ OUTPUT_BV, OUTPUT_WARPS = 64, 4
 SPLIT_WARPS, SPLIT_STAGES = 4, 2
 #: CP phase A: warps and stages (3 stages: T=8192 phase A 56 -> 46 us on an H200; ~115 KB
 #: of shared memory at D = 128); phase B: warps.
-SUMMARY_WARPS, SUMMARY_STAGES, COMBINE_WARPS = 4, 3, 4
+SUMMARY_WARPS, SUMMARY_STAGES = 4, 3
 #: State columns per walker program of the one-launch path. 16 and 32 computed wrong results
 #: on an H100 with triton 3.6 (probe 48) while passing on the interpreter, so the walkers
 #: run only where the head size is at least 64 off the interpreter.
@@ -69,9 +69,6 @@ class PrefillConfig:
         cp_chain_precision: products ``M_s @ S`` of phase C's chain: ``"bf16"`` (H200 T=8192
             207.5 -> 189.5 us graph against tf32x3, same errors to the 4th digit),
             ``"bf16x2"`` or ``"tf32x3"`` (~fp32).
-        cp_combine: how CP finds each segment's entering state: ``"inline"`` (phase C
-            chains the earlier segments' transitions: 3 launches) or ``"kernel"`` (a serial
-            combine kernel: 4 launches).
         pdl: launch the walks with programmatic dependent launch (:mod:`.pdl`; Hopper and
             newer, ignored elsewhere): -0.5...-3 us per call on an H200.
         single_launch_max_T: calls of up to this many tokens (no CP, head size >= 64) are
@@ -85,7 +82,6 @@ class PrefillConfig:
     solve: str = "batched"
     precision: str = "bf16"
     cp_chain_precision: str = "bf16"
-    cp_combine: str = "inline"
     pdl: bool = True
     single_launch_max_T: int = 128
 
@@ -94,8 +90,7 @@ class PrefillConfig:
             raise ValueError(f"walk_BV must be None or a power of two >= 16, got {self.walk_BV}")
         for f, ok in (("storage", ("compact", "precise")), ("solve", ("batched", "blocks")),
                       ("precision", ("bf16", "bf16x2")),
-                      ("cp_chain_precision", ("bf16", "bf16x2", "tf32x3")),
-                      ("cp_combine", ("inline", "kernel"))):
+                      ("cp_chain_precision", ("bf16", "bf16x2", "tf32x3"))):
             if getattr(self, f) not in ok:
                 raise ValueError(f"{f} must be one of {', '.join(map(repr, ok))}, "
                                  f"got {getattr(self, f)!r}")

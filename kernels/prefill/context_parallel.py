@@ -5,33 +5,29 @@ Without it the state walk runs ``N * HV * V/BV`` programs, each walking all
 few heads leaves most SMs idle. The state transition of a segment is
 affine in its entering state (per chunk, ``S' = (exp(gc_last) I - Kd^T w) S
 + Kd^T u`` with ``Kd = k * exp(gc_last - gc)``), so with segments of
-``SEG_CHUNKS`` chunks:
+``SEG_CHUNKS`` chunks, in two forms by length:
 
-* **phase A** (:func:`.state_walk.state_walk_kernel` with ``SUMMARY``, all
-  segments in parallel): each segment's ``S_end = M_s S_start + X_s`` by
-  walking the block ``[I | 0]`` (``K + V`` columns) through its chunks;
-* **phase B** (:func:`segment_combine_kernel`, one program per ``(sequence,
-  head, V tile)``): the short serial pass ``S_start(s+1) = M_s S_start(s) + X_s``
-  from the initial state; ``M_s @ S`` is done in ``BK``-row blocks of ``S``
-  read back from the buffer just written (``tl.debug_barrier`` between);
-* **phase C** (the state walk with ``FROM_S0`` and ``FUSE_OUTPUT``, all
-  segments in parallel): outputs from each segment's true entering state;
-  the last segment writes the final state.
+* **chained** (4,096 to 16,383 tokens per sequence on average; 3 launches): phase A
+  (:func:`.state_walk.state_walk_kernel` with ``SUMMARY``, all segments in parallel) gives
+  each segment's ``S_end = M_s S_start + X_s`` by walking the block ``[I | 0]`` (``K + V``
+  columns) through its chunks; phase C (the walk with ``CHAIN`` and inline outputs) finds
+  its entering state by chaining the earlier segments' ``[M | X]`` from the initial state,
+  then walks its segment; the last segment writes the final state.
 
-**Long path** (from :data:`CP_LONG_MIN_CHUNKS` chunks, 16,384 tokens, per sequence on average;
+* **long** (from :data:`CP_LONG_MIN_CHUNKS` chunks, 16,384 tokens, per sequence on average;
 :func:`cp_long`): phase A and C are the transposed walk (:mod:`.state_walk_t`) at ``BV = 128``
 (phase A walks ``[I ; 0]`` as ``S^T``: two programs of 128 rows per segment and head, storing
 ``[M^T ; X^T]`` k-last), phase B is :func:`segment_combine_t_kernel` (the serial pass, each
 segment's transition fetched while the previous product runs), and every sequence is cut into
 about :data:`CP_LONG_SEGMENTS` segments (:func:`cp_long_segment_chunks`), which bounds the
-serial pass and gives phase C ``16 * N * HV`` programs of 128 state columns. The chained form
-above re-chains every earlier segment in every phase-C program (quadratic in the segment
+serial pass and gives phase C ``16 * N * HV`` programs of 128 state columns. The chained form re-chains every earlier segment in every phase-C program (quadratic in the segment
 count: 22.8 ms at 1,048,576 tokens on an H200 against 10.5 ms for the long path), and its
-32-column tiles load each chunk's ``k``, ``q``, ``Tb``, ``Aqk`` four times per head.
+32-column tiles load each chunk's ``k``, ``q``, ``Tb``, ``Aqk`` four times per head: the
+  long path paid from 16,384 tokens on (docs/notes.md, prefill v10), not at 8,192.
 
 Segments are numbered with the slot rule of :mod:`.chunk_index` with
 ``BLOCK = SEG_CHUNKS * 64`` (no host sync). Cost: phase A walks ``K + V``
-columns instead of ``V`` (about 2x the walk's work) and phase B adds
+columns instead of ``V`` (about 2x the walk's work) and the chain or phase B adds
 ``n_segments`` serial ``K x K x V`` products; latency goes from
 ``chunks`` serial chunk steps to about ``2 * SEG_CHUNKS + chunks / SEG_CHUNKS``.
 
@@ -64,19 +60,13 @@ import triton.language as tl  # noqa: E402
 
 from .dots import mm  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
-from .state_walk import load_state_tile  # noqa: E402
 
 __all__ = ["CP_MIN_AVG_CHUNKS", "CP_LONG_MIN_CHUNKS", "CP_LONG_SEGMENTS", "cp_long",
            "cp_long_segment_chunks", "segment_combine_t_kernel", "segment_combine_t_fwd",
-           "cp_segment_chunks", "segment_combine_kernel", "segment_combine",
-           "segment_combine_fwd", "COMBINE_DOT_PRECISION", "sm_count"]
+           "cp_segment_chunks", "sm_count"]
 
 #: Average chunks per sequence from which CP is considered.
 CP_MIN_AVG_CHUNKS = 64
-#: ``input_precision`` of ``M_s @ S`` in the phase-B combine kernel (3 tf32 passes: ~fp32
-#: accuracy); the inline chain of phase C takes ``PrefillConfig.cp_chain_precision``.
-COMBINE_DOT_PRECISION = "tf32x3"
-
 
 def sm_count(device) -> int:
     """Streaming multiprocessors of ``device``; 132 (an H100/H200) off CUDA (cached)."""
@@ -126,88 +116,6 @@ def cp_segment_chunks(T: int, N: int, HV: int, V: int, BV: int, n_sm: int,
         return 0
     seg = 2 ** round(math.log2(math.sqrt(2 * avg)))
     return int(min(max(seg, 2), 64))
-
-
-@triton.jit(do_not_specialize=["T", "N"])
-def segment_combine_kernel(
-    h0,             # [N, H, V, K] f32 initial state, k-last (USE_H0) or None
-    summ,           # [S, H, K, K+V] f32 segment transitions [M | X] (phase A)
-    s0,             # [S, H, K, V] f32 out: state entering each segment slot
-    cu_seqlens,     # [N+1] int32/int64
-    T,              # total tokens (not specialised)
-    N,              # sequences (not specialised)
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BV: tl.constexpr,
-    BK: tl.constexpr,           # row block of S in M @ S
-    SEG_T: tl.constexpr,        # tokens per segment
-    USE_H0: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    n_seg = tl.maximum(tl.cdiv(eos - bos, SEG_T), 1)
-    slot0 = bos // SEG_T + i_n
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_b = tl.arange(0, BK)
-    if USE_H0:
-        b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BV)
-    else:
-        b_S = tl.zeros([K, BV], dtype=tl.float32)
-    for i_s in range(0, n_seg - 1):
-        slot = slot0 + i_s
-        p_s0 = s0 + (slot * H + i_h) * K * V
-        p_m = summ + (slot * H + i_h) * K * (K + V)
-        tl.store(p_s0 + o_k[:, None] * V + o_v[None, :], b_S)
-        tl.debug_barrier()   # the row blocks below are read by other threads
-        b_S = tl.load(p_m + o_k[:, None] * (K + V) + K + o_v[None, :])        # X_s
-        for i_b in tl.static_range(0, K // BK):
-            b_m = tl.load(p_m + o_k[:, None] * (K + V) + i_b * BK + o_b[None, :])  # M_s[:, blk]
-            b_s = tl.load(p_s0 + (i_b * BK + o_b[:, None]) * V + o_v[None, :])    # S[blk, :]
-            b_S += tl.dot(b_m, b_s, input_precision=DOT_PREC)
-    slot = slot0 + n_seg - 1
-    tl.store(s0 + ((slot * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], b_S)
-
-
-def segment_combine_fwd(summary: torch.Tensor, s0: torch.Tensor, cu_seqlens: torch.Tensor,
-                        initial_state: Optional[torch.Tensor], *, seg_t: int, T: int,
-                        BV: int, BK: int = 32, num_warps: int = 4) -> None:
-    """Launch :func:`segment_combine_kernel` once (grid ``(N, HV, V // BV)``); fills ``s0``."""
-    _, H, K, KV = summary.shape
-    V = KV - K
-    N = cu_seqlens.numel() - 1
-    segment_combine_kernel[(N, H, V // BV)](
-        initial_state, summary, s0, cu_seqlens, T, N,
-        H=H, K=K, V=V, BV=BV, BK=min(BK, K), SEG_T=seg_t, USE_H0=initial_state is not None,
-        DOT_PREC=COMBINE_DOT_PRECISION, num_warps=num_warps,
-    )
-
-
-def segment_combine(summary: torch.Tensor, cu_seqlens: torch.Tensor,
-                    initial_state: Optional[torch.Tensor], seg_chunks: int, *,
-                    BV: int = 32) -> torch.Tensor:
-    """Phase B alone: the state entering every segment, from the segment transitions.
-
-    Args:
-        summary: `[T // (64 seg_chunks) + N, HV, K, K + V]` f32 per segment slot
-            ``[M | X]`` (phase A; the last segment of each sequence is not read).
-        cu_seqlens: `[N+1]` int32/int64.
-        initial_state: `[N, HV, V, K]` f32 k-last, or None (zeros).
-        seg_chunks: chunks per segment.
-        BV: state tile width (a power of two dividing ``V``, >= 16).
-    Returns:
-        `[T // (64 seg_chunks) + N, HV, K, V]` f32 entering state per segment slot
-        (gap slots unwritten).
-    """
-    S, H, K, KV = summary.shape
-    s0 = torch.empty(S, H, K, KV - K, dtype=torch.float32, device=summary.device)
-    T = (S - (cu_seqlens.numel() - 1)) * 64 * seg_chunks   # any T with the same slot count
-    segment_combine_fwd(summary, s0, cu_seqlens, initial_state, seg_t=64 * seg_chunks, T=T,
-                        BV=min(BV, KV - K))
-    return s0
 
 
 @triton.jit(do_not_specialize=["T", "N"])

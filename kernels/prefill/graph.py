@@ -20,8 +20,7 @@ outputs at ``T_pad``/``N_pad`` plus the graph's private pool holding the
 intermediates of ``fused`` (:func:`.pipeline.workspace_bytes`: ``Tb`` and ``Aqk``,
 ``gc`` per token and head, and the scratch of a ``"blocks"`` solve (the default
 ``"batched"`` solve needs none); with CP the segment summaries
-``[S, HV, D, 2D]`` f32, and the entering states ``[S, HV, D, D]`` with
-``cp_combine="kernel"``). At T_pad = 8192, N_pad = 1 and the contest shape that is
+``[S, HV, D, 2D]`` f32, and on the long path the entering states ``[S, HV, D, D]``). At T_pad = 8192, N_pad = 1 and the contest shape that is
 about 79 MB with the defaults (static buffers ~52 MB, intermediates ~26 MB; ~43 MB of
 intermediates with the ``"blocks"`` solve). The cache keeps
 the ``MAX_BUCKETS`` most recently used buckets (LRU); :func:`clear_graph_cache`
@@ -136,8 +135,7 @@ class _Bucket:
         self.graph = None
         _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
         cfg = config or DEFAULT_CONFIG
-        ws = workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage, cfg.cp_combine,
-                             cfg.solve)   # the graph's pool
+        ws = workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage, cfg.solve)   # the graph's pool
         static = sum(t.numel() * t.element_size() for t in self._tensors())
         self.nbytes = static + ws
         self.seg_chunks = seg

@@ -14,12 +14,14 @@ variant         stages                                                       GPU
                 table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
                 host sync, no value check of ``cu_seqlens`` on CUDA
-``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3 with CP;
+``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3-4 with CP;
                 diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128
                 intermediates); (2) state walk forming ``v_new`` and the     (``single_launch_max_T``)
                 outputs inline; with context parallelism (2) becomes
-                segment summaries, then the walk that chains them (a
-                separate combine kernel with ``cp_combine="kernel"``: 4);
+                segment summaries, then the walk that chains them;
+                from 16,384 tokens per sequence (long path) the
+                transposed summaries, a combine kernel and the
+                transposed walk from the entering states: 4;
                 walks start by dependent launch (:mod:`.pdl`), repeat
                 launches skip Triton's binding and every launch is bound
                 before the first (:mod:`.launch`); for T <= 128, (1) also
@@ -47,12 +49,12 @@ import torch
 from .. import interpret
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
-from .config import (COMBINE_WARPS, DEFAULT_CONFIG, INTRA_WARPS, OUTPUT_BV, OUTPUT_WARPS,
+from .config import (DEFAULT_CONFIG, INTRA_WARPS, OUTPUT_BV, OUTPUT_WARPS,
                      SHORT_WALK_CHUNKS, SPLIT_STAGES, SPLIT_WARPS, SUMMARY_STAGES,
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
                      walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
-                               segment_combine_fwd, segment_combine_t_fwd, sm_count)
+                               segment_combine_t_fwd, sm_count)
 from .gates import chunk_gates_fwd, gates_torch
 from .intra_chunk import intra_chunk_fwd
 from .output import chunk_output_fwd
@@ -186,19 +188,18 @@ def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
 
 
 def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
-                    storage: str = "compact", cp_combine: str = "inline",
-                    solve: str = "batched") -> int:
+                    storage: str = "compact", solve: str = "batched") -> int:
     """Bytes of intermediates one ``fused`` call allocates (outputs excluded): ``Tb`` and
     ``Aqk`` ``[T, HV, 64]`` (bf16, fp32 with ``"precise"`` storage), ``gc`` f32, the
     ``[T, HV, 64]`` f32 scratch of the ``"blocks"`` solve; with CP (``seg_chunks``) the
-    segment summaries ``[S, HV, D, 2D]`` f32 and, with ``cp_combine="kernel"``, the
-    entering states ``[S, HV, D, D]``."""
+    segment summaries ``[S, HV, D, 2D]`` f32 and, on the long path (:func:`.context_parallel.cp_long`),
+    the entering states ``[S, HV, D, D]``."""
     per_tok = 2 * BT * (4 if storage == "precise" else 2)             # Tb, Aqk
     ws = T * HV * (per_tok + 4 + (BT * 4 if solve == "blocks" else 0))
     if seg_chunks:
         S = num_slots(T, N, seg_chunks * BT)
         ws += S * HV * D * 2 * D * 4                  # summaries [M | X]
-        if cp_combine == "kernel":
+        if cp_long(T, N):
             ws += S * HV * D * D * 4                  # entering states
     return ws
 
@@ -274,8 +275,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
 
     With context parallelism (see :mod:`.context_parallel`), (2) becomes phase A
     (segment summaries) and phase C (walk + outputs), phase C chaining the earlier
-    segments' transitions itself (``cp_combine="inline"``) or reading the entering
-    states of a phase-B combine kernel (``"kernel"``).
+    segments' transitions itself; from 16,384 tokens per sequence the long path
+    (:func:`_cp_long`: transposed walks, a phase-B combine kernel).
     """
     shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                                  output, output_state, check_values)
@@ -336,26 +337,16 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                           device=q.device)
     go_summary = state_walk_fwd(
         k, Tb, v, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
-        pdl_trigger=trigger if cfg.cp_combine == "inline" else "",
+        pdl_trigger=trigger,
         BV=min(64, 2 * D), num_warps=SUMMARY_WARPS, num_stages=SUMMARY_STAGES,
         dot_precision=cfg.precision, tm_form=True, defer=True)
-    if cfg.cp_combine == "inline":
-        go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
-                                 summary=summary, chain=True, output=o, final_state=ht,
-                                 seg_t=seg_t, chain_precision=cfg.cp_chain_precision,
-                                 defer=True, **walk)
-        go_intra()
-        go_summary()
-        go_walk()
-        return o, ht
+    go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
+                             summary=summary, chain=True, output=o, final_state=ht,
+                             seg_t=seg_t, chain_precision=cfg.cp_chain_precision,
+                             defer=True, **walk)
     go_intra()
     go_summary()
-    s0 = torch.empty(summary.shape[0], HV, D, D, dtype=torch.float32, device=q.device)
-    segment_combine_fwd(summary, s0, cu_seqlens, state, seg_t=seg_t, T=T, BV=BV,
-                        num_warps=COMBINE_WARPS)
-    walk["pdl"] = False   # after the combine kernel, which does not trigger
-    state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, s0=s0, output=o, final_state=ht,
-                   seg_t=seg_t, **walk)
+    go_walk()
     return o, ht
 
 
