@@ -51,6 +51,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from .chunk_index import seq_bounds  # noqa: E402
 from .state_walk import load_state_tile  # noqa: E402
 
 __all__ = ["CP_MIN_AVG_CHUNKS", "cp_segment_chunks", "segment_combine_kernel", "segment_combine",
@@ -107,8 +108,7 @@ def segment_combine_kernel(
     DOT_PREC: tl.constexpr,
 ):
     i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T)
     n_seg = tl.maximum(tl.cdiv(eos - bos, SEG_T), 1)
     slot0 = bos // SEG_T + i_n
     o_k = tl.arange(0, K)
@@ -165,7 +165,8 @@ def segment_combine(summary: torch.Tensor, cu_seqlens: torch.Tensor,
     """
     S, H, K, KV = summary.shape
     s0 = torch.empty(S, H, K, KV - K, dtype=torch.float32, device=summary.device)
-    T = (S - (cu_seqlens.numel() - 1)) * 64 * seg_chunks   # any T with the same slot count
+    # the largest T with this slot count (the bounds' clamp; slots stay < S)
+    T = (S - (cu_seqlens.numel() - 1) + 1) * 64 * seg_chunks - 1
     segment_combine_fwd(summary, s0, cu_seqlens, initial_state, seg_t=64 * seg_chunks, T=T,
                         BV=min(BV, KV - K))
     return s0

@@ -38,8 +38,11 @@ anything is allocated or launched. Metadata checks always; the value checks
 of ``cu_seqlens`` (start 0, non-decreasing, end ``T``) cost a device-to-host
 copy, so the host-sync variants always do them, while ``no_sync``, ``fused``
 and ``graph`` do them only when the tensors are not on CUDA (``check_values=None``,
-the default; pass True/False to force). On CUDA those variants trust
-``cu_seqlens``: invalid values give wrong results, not an error.
+the default; pass True/False to force). Unchecked values cannot make a kernel
+read or write out of bounds (:func:`.chunk_index.seq_bounds`), and the call's
+last launch checks them on the device (:mod:`.guard`): if invalid, every row of
+``output`` and every final state become NaN, and the optional ``status`` tensor
+says why (one more launch per call, or none for ``graph``; no sync).
 """
 from __future__ import annotations
 
@@ -56,12 +59,14 @@ from .config import (DEFAULT_CONFIG, SHORT_WALK_CHUNKS, PrefillConfig, walk_laun
                      intra_maxnreg_rule)
 from .context_parallel import cp_segment_chunks, segment_combine_fwd, sm_count
 from .gates import chunk_gates_fwd, gates_torch
+from .guard import check_status_tensor, guard_fwd
 from .intra_chunk import intra_chunk_fwd
 from .output import chunk_output_fwd
 from .state_walk import default_bv, state_walk_fwd
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
+           "fused_launches",
            "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
 
 #: Launches per call on a GPU, by variant (``kernels``: GPU kernels incl. torch ops;
@@ -91,12 +96,15 @@ def check_out_tensor(name: str, t, shape, dtype, device) -> None:
 
 
 def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
-           check_values):
-    """Validate, resolve the scale, allocate (or check) the outputs."""
+           check_values, status=None):
+    """Validate, resolve the scale, allocate (or check) the outputs. Returns ``(shape,
+    scale, output, output_state, checked)``; ``checked``: the values of ``cu_seqlens``
+    were checked on the host (else :func:`_finish` guards the outputs on the device)."""
     if check_values is None:
         check_values = q.device.type != "cuda" if isinstance(q, torch.Tensor) else True
     shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                                     check_values=check_values)
+    check_status_tensor(status, q.device)
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
     if output is not None:
@@ -107,7 +115,18 @@ def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, outp
                                                       device=q.device)
     ht = output_state if output_state is not None else torch.empty(
         N, HV, D, D, dtype=torch.float32, device=q.device)
-    return shape, resolve_scale(scale, D), o, ht
+    return shape, resolve_scale(scale, D), o, ht, bool(check_values)
+
+
+def _finish(cu_seqlens, o, ht, checked, status, flags=None, pdl=False):
+    """After the call's kernels: checked on the host -> ``status = 0`` (if given); else the
+    device-side guard (:mod:`.guard`: NaN outputs and status bits on invalid values)."""
+    if checked:
+        if status is not None:
+            status.zero_()
+    else:
+        guard_fwd(cu_seqlens, o, ht, status=status, flags=flags, pdl=pdl)
+    return o, ht
 
 
 def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg):
@@ -155,44 +174,49 @@ def _config(config, D) -> PrefillConfig:
 
 
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                    output=None, output_state=None, check_values=True, config=None):
+                    output=None, output_state=None, check_values=True, config=None,
+                    status=None):
     """The seed's starting shape: torch gates, host-sync chunk table, 4 Triton kernels."""
-    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                 output, output_state, check_values)
+    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                          scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
     g, beta = gates_torch(A_log, a, dt_bias, b)
     idx = prepare_chunk_indices(cu_seqlens)
     gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
                               **_intra(cfg))
-    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
+    _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
+    return _finish(cu_seqlens, o, ht, checked, status)
 
 
 def _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
-                           output_state, check_values, use_indices, config):
-    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                 output, output_state, check_values)
+                           output_state, check_values, use_indices, config, status):
+    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                          scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
     idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
     gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
                               **_intra(cfg))
-    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
+    _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
+    return _finish(cu_seqlens, o, ht, checked, status)
 
 
 def prefill_fused_gates(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                        output=None, output_state=None, check_values=True, config=None):
+                        output=None, output_state=None, check_values=True, config=None,
+                        status=None):
     """One gates+cumsum kernel from raw inputs; still a host-sync chunk table."""
     return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                  output, output_state, check_values, True, config)
+                                  output, output_state, check_values, True, config, status)
 
 
 def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                    output=None, output_state=None, check_values=None, config=None):
+                    output=None, output_state=None, check_values=None, config=None,
+                    status=None):
     """As ``fused_gates`` with the device-side chunk lookup: no host sync."""
     return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                  output, output_state, check_values, False, config)
+                                  output, output_state, check_values, False, config, status)
 
 
 def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
@@ -277,19 +301,30 @@ def _walker_flags(device, n: int):
 
 def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                   output=None, output_state=None, check_values=None,
-                  cp: Union[None, bool, int] = None, config=None):
+                  cp: Union[None, bool, int] = None, config=None, status=None):
     """Fewest launches: (1) gates+cumsum+solve+``w``/``u``, (2) walk + inline outputs.
 
     With context parallelism (see :mod:`.context_parallel`), (2) becomes phase A
     (segment summaries) and phase C (walk + outputs), phase C chaining the earlier
     segments' transitions itself (``cp_combine="inline"``) or reading the entering
-    states of a phase-B combine kernel (``"kernel"``).
+    states of a phase-B combine kernel (``"kernel"``). Unchecked ``cu_seqlens`` values
+    are checked on the device by one more launch (:mod:`.guard`).
     """
-    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                 output, output_state, check_values)
+    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                          scale, output, output_state, check_values, status)
+    cfg = _config(config, shape.head_dim)
+    flags = fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
+                           shape, cp, cfg)
+    return _finish(cu_seqlens, o, ht, checked, status, flags, pdl=cfg.pdl)
+
+
+def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, shape,
+                   cp, cfg) -> Optional[torch.Tensor]:
+    """The ``fused`` variant's kernels on validated inputs and allocated outputs (no guard:
+    :mod:`.graph` guards in its unpack kernel). Returns the one-launch path's flag buffer
+    if that path ran (the guard zeroes it on invalid ``cu_seqlens``), else None."""
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
-    cfg = _config(config, D)
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
     # one launch: with "tm" up to single_launch_max_T tokens (walker programs in the
     # intra-chunk grid, flags per chunk); with "wu" when every sequence is one chunk
@@ -329,9 +364,10 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         first_step=first_step, stack_wp=stack, pdl_trigger=trigger, defer=True, tm_out=tm,
         walkers=walkers,
         **_intra(cfg, tm, single or first))
+    flags_used = walkers["flags"] if walkers is not None else None
     if single:
         go_intra()
-        return o, ht
+        return flags_used
     transposed = cfg.walk_transposed
     if transposed is None:
         transposed = walk_transposed_rule(BV, short, precise=precise, tm=tm)
@@ -358,13 +394,13 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
             pdl=cfg.pdl, defer=True)
         go_intra()
         go_walk()
-        return o, ht
+        return None
     if seg == 0:
         go_walk = state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, initial_state=state,
                                  output=o, final_state=ht, from_first=first, defer=True, **walk)
         go_intra()
         go_walk()
-        return o, ht
+        return None
     seg_t = seg * BT
     S = summary.shape[0]
     go_summary = state_walk_fwd(
@@ -381,7 +417,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         go_intra()
         go_summary()
         go_walk()
-        return o, ht
+        return None
     go_intra()
     go_summary()
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
@@ -390,4 +426,4 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     walk["pdl"] = False   # after the combine kernel, which does not trigger
     state_walk_fwd(k, w, u, gc, cu_seqlens, p=P, ob=ob, s0=s0, output=o, final_state=ht,
                    seg_t=seg_t, **walk)
-    return o, ht
+    return None

@@ -35,7 +35,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT  # noqa: E402
+from .chunk_index import BT, seq_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
@@ -75,8 +75,7 @@ def state_walk_t_kernel(
     i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     o_bt = tl.arange(0, BT)
