@@ -37,6 +37,8 @@ on the device (:mod:`.guard` turns the call's outputs into NaN).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from .. import interpret
 
 interpret.install()
@@ -65,12 +67,15 @@ def num_slots(T: int, N: int, block: int = BT) -> int:
     return int(T) // int(block) + int(N)
 
 
-def prepare_chunk_indices(cu_seqlens: torch.Tensor, block: int = BT) -> torch.Tensor:
+def prepare_chunk_indices(cu_seqlens: torch.Tensor, block: int = BT,
+                          T: Optional[int] = None) -> torch.Tensor:
     """Host-built ``(sequence, chunk)`` table (syncs: reads ``cu_seqlens`` on the host).
 
     Args:
         cu_seqlens: `[N+1]` int32/int64 sequence boundaries.
         block: chunk size in tokens.
+        T: total tokens; if given, the bounds are clamped as :func:`seq_bounds` does
+            (the table of unchecked values stays at most ``T // block + N`` rows).
     Returns:
         `[NC, 2]` int32 on ``cu_seqlens.device``: row ``i`` is ``(n, c)``, the
         ``c``-th chunk of sequence ``n``; ``NC = sum(ceil(len_n / block))``.
@@ -78,7 +83,11 @@ def prepare_chunk_indices(cu_seqlens: torch.Tensor, block: int = BT) -> torch.Te
     bounds = cu_seqlens.tolist()  # device -> host copy: the sync this variant pays for
     rows = []
     for n in range(len(bounds) - 1):
-        length = bounds[n + 1] - bounds[n]
+        bos, eos = bounds[n], bounds[n + 1]
+        if T is not None:
+            bos = min(max(bos, 0), T)
+            eos = min(max(eos, bos), T)
+        length = eos - bos
         rows.extend((n, c) for c in range(triton.cdiv(length, block)))
     table = torch.tensor(rows, dtype=torch.int32).reshape(-1, 2)
     return table.to(cu_seqlens.device)  # host -> device copy

@@ -181,7 +181,7 @@ def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
                                           scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
     g, beta = gates_torch(A_log, a, dt_bias, b)
-    idx = prepare_chunk_indices(cu_seqlens)
+    idx = prepare_chunk_indices(cu_seqlens, T=q.shape[0])
     gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
                               **_intra(cfg))
@@ -194,7 +194,7 @@ def _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sca
     shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                           scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
-    idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
+    idx = prepare_chunk_indices(cu_seqlens, T=q.shape[0]) if use_indices else None
     gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
