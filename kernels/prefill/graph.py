@@ -52,7 +52,7 @@ import triton.language as tl  # noqa: E402
 
 from .chunk_index import cu_status  # noqa: E402
 from .config import DEFAULT_CONFIG  # noqa: E402
-from .guard import CU_BLOCK, guard_tail  # noqa: E402
+from .guard import guard_tail  # noqa: E402
 from .pipeline import _begin, _config, fused_launches, plan_fused, workspace_bytes  # noqa: E402
 
 __all__ = ["prefill_graph", "bucket_of", "graph_cache_info", "clear_graph_cache",
@@ -100,7 +100,7 @@ def pack_kernel(
 def unpack_kernel(os_, hts, o, ht, n_o, n_ht,
                   cu, status, flags, T, N, n_flags,  # the guard (see .guard): caller's cu
                   BLOCK: tl.constexpr, HAS_STATUS: tl.constexpr, HAS_FLAGS: tl.constexpr):
-    st = cu_status(cu, N, T, CU_BLOCK)
+    st = cu_status(cu, N, T, 128)   # (128: .guard.CU_BLOCK; a jit body reads no globals)
     guard_tail(st, status, flags, n_flags, HAS_STATUS, HAS_FLAGS, BLOCK)
     p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = p < n_o
