@@ -188,19 +188,21 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
     if variant == "graph":
         inner = LAUNCHES[fused_key]["kernels"]
         return dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, graph_launches=1,
-                    cp=use_cp, note=f"pack kernel + 1 graph replay ({inner} kernels inside) "
-                                    "+ unpack kernel; first call per bucket also captures")
+                    cp=use_cp, note=f"pack kernel + 1 graph replay ({inner - 1} kernels "
+                                    "inside) + unpack kernel (checks cu_seqlens); first call "
+                                    "per bucket also captures")
     key = fused_key if variant == "fused" else variant
     out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
     notes = {
         "unfused": "8 torch gate ops + cumsum, intra, walk, output; cu_seqlens read on host "
                    "twice (validation, chunk table) and the table copied back",
         "fused_gates": "gates+cumsum, intra, walk, output; host-built chunk table as unfused",
-        "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup",
-        "fused": "intra (+gates, cumsum) and walk with inline outputs",
+        "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup; guard",
+        "fused": "intra (+gates, cumsum) and walk with inline outputs; guard",
         "fused+cp": "intra (+gates, cumsum) and walk with inline outputs; CP: segment "
-                    "summaries, then the walk chaining them",
-        "fused+single": "one kernel: intra (+gates, cumsum) walking each one-chunk sequence",
+                    "summaries, then the walk chaining them; guard",
+        "fused+single": "intra (+gates, cumsum) walking each sequence in the same launch; "
+                        "guard",
     }
     out["note"] = notes[key]
     return out

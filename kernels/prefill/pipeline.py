@@ -12,11 +12,12 @@ variant         stages                                                       GPU
                 output kernel
 ``fused_gates`` one gates+cumsum kernel from raw inputs; host-built chunk    4 kernels + 3 copies
                 table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
-``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
-                host sync, no value check of ``cu_seqlens`` on CUDA
+``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     5 kernels (4 + guard),
+                host sync; ``cu_seqlens`` checked on the device (guard)      no copies
 ``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3 with CP;
                 diag(beta)`` and ``scale * Aqk`` (``"tm"`` intermediates,    1 for T <= 512
-                                                                             (``single_launch``)
+                                                                             (``single_launch``);
+                                                                             each + 1 guard on CUDA
                 the default; with ``"wu"``: ``w``/``u`` and the output terms
                 ``P``, ``ob``); (2) state walk forming ``v_new`` and the
                 outputs inline; with context parallelism (2) becomes
@@ -69,15 +70,17 @@ __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill
            "fused_launches",
            "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
 
-#: Launches per call on a GPU, by variant (``kernels``: GPU kernels incl. torch ops;
+#: Launches per call on a GPU with the default ``check_values`` (``no_sync`` and ``fused``
+#: include the device-side guard of ``cu_seqlens``, :mod:`.guard`), by variant
+#: (``kernels``: GPU kernels incl. torch ops;
 #: ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device).
 LAUNCHES = {
     "unfused": dict(kernels=12, triton=4, torch_ops=8, copies=3, syncs=2),
     "fused_gates": dict(kernels=4, triton=4, torch_ops=0, copies=3, syncs=2),
-    "no_sync": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
-    "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
-    "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
-    "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
+    "no_sync": dict(kernels=5, triton=5, torch_ops=0, copies=0, syncs=0),
+    "fused": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
+    "fused+single": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
+    "fused+cp": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
 }
 
 
