@@ -14,6 +14,14 @@ a CUDA GPU and ``smoke`` otherwise. Parameters, later ones winning:
 3. ``device``, ``output_root`` (absolute) and ``profile`` — always;
 4. ``-p NAME=VALUE`` from the command line (values parsed as YAML).
 
+One run at a time per output root: the runner holds an exclusive lock on
+``<output_root>/.runner.lock`` (``flock``: released by the OS however the run
+ends, SIGKILL included) and writes its pid, start time and command into it; a
+second run into the same root stops at once (exit 2) with a message naming the
+first. Holding the lock, the runner first cleans what killed runs left in
+``<output_root>/<gpu-slug>/`` (:func:`kernels.bench.results.sweep_leftovers`:
+``.tmp-*`` folders deleted, results caught mid-swap restored).
+
 Each notebook executes into a temporary file. On success it lands at
 ``<output_root>/<gpu-slug>/<stem>.ipynb`` with an ``.html`` export beside it
 (when nbconvert is installed); the notebook itself writes its CSV/PNG/
@@ -34,6 +42,8 @@ Importing this module imports neither torch nor papermill.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
 import os
 import re
 import shutil
@@ -47,7 +57,7 @@ from typing import Dict, List, Optional, Sequence
 __all__ = ["REPO_ROOT", "NOTEBOOK_DIR", "PROFILE_DIR", "PROFILES", "RunResult",
            "discover_notebooks", "select_notebooks", "load_profile", "resolve_profile",
            "notebook_parameters", "build_parameters", "current_gpu_slug", "run_notebook",
-           "main"]
+           "RunLock", "LOCK_NAME", "main"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -60,6 +70,62 @@ _STEM = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
 
 class RunnerError(Exception):
     """A usage problem (bad profile, selection or parameter); exit code 2."""
+
+
+# --------------------------------------------------------------------------- lock
+
+LOCK_NAME = ".runner.lock"
+
+
+class RunLock:
+    """Exclusive lock of an output root (``<root>/.runner.lock``, ``flock``).
+
+    ``acquire()`` raises :class:`RunnerError` naming the holder (pid, host, start
+    time, command) when another process holds it. The OS drops the lock when the
+    holder exits or is killed; the file stays (empty once released).
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.path = self.root / LOCK_NAME
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "RunLock":
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                info = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
+            except ValueError:
+                info = {}
+            os.close(fd)
+            who = (f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started "
+                   f"{info.get('started', '?')}, command: {info.get('command', '?')}")
+            raise RunnerError(f"another run is writing into {self.root} ({who}); wait for it "
+                              f"to finish or stop it (lock: {self.path})") from None
+        info = dict(pid=os.getpid(), host=os.uname().nodename,
+                    started=time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                    command=" ".join(getattr(sys, "orig_argv", sys.argv)))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False
 
 
 # --------------------------------------------------------------------------- discovery
@@ -268,7 +334,8 @@ def run_notebook(path: Path, params: dict, out_dir: Path, *, progress_bar: bool 
     final = out_dir / f"{stem}.ipynb"
     failed = out_dir / f"failed-{stem}.ipynb"
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=f"gdn-run-{stem}-") as tmp:
+    # inside out_dir (".tmp-": swept by the next run if this one is killed)
+    with tempfile.TemporaryDirectory(prefix=f".tmp-run-{stem}-", dir=out_dir) as tmp:
         executed = Path(tmp) / f"{stem}.ipynb"
         try:
             papermill.execute_notebook(
@@ -358,9 +425,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.list:
         _list(profile, root, plans)
         return 0
+    try:
+        lock = RunLock(root).acquire()
+    except RunnerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _run_all(args, profile, root, plans)
+    finally:
+        lock.release()
+
+
+def _run_all(args, profile, root, plans) -> int:
+    from .bench.results import sweep_leftovers
+
     _prepare_environment()
     slug = current_gpu_slug()
     out_dir = root / slug
+    for line in sweep_leftovers(out_dir):
+        print(line, flush=True)
     print(f"profile {profile['name']}, device {args.device}, gpu {slug}, results in {out_dir}; "
           f"notebooks: {', '.join(stem for stem, *_ in plans)}", flush=True)
     results: List[RunResult] = []

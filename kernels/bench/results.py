@@ -14,12 +14,19 @@ the last good results are untouched.
 
 Use it as a context manager, or across notebook cells with
 ``open()`` ... ``commit()`` (``abort()`` on failure).
+
+A run killed outright (SIGKILL, power loss) cannot clean up: it leaves its
+``.tmp-*`` folder behind, and if it died between the two renames of ``commit``
+the last good results sit in ``.old-<notebook>-<pid>``. :func:`sweep_leftovers`
+(called by :mod:`kernels.runner` once it holds the output root's lock, so no
+other run is writing) deletes the former and renames the latter back.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Dict, Optional, Union
@@ -28,7 +35,34 @@ import pandas as pd
 
 from .device import gpu_slug, slugify
 
-__all__ = ["ResultWriter", "load_results", "load_provenance"]
+__all__ = ["ResultWriter", "load_results", "load_provenance", "sweep_leftovers"]
+
+_OLD = re.compile(r"^\.old-(?P<notebook>.+)-\d+$")
+
+
+def sweep_leftovers(parent: Union[str, Path]) -> list:
+    """Clean what killed runs left in ``<root>/<slug>`` (call only while no other run
+    writes there): ``.tmp-*`` folders are deleted; an ``.old-<notebook>-<pid>`` folder is
+    renamed back to ``<notebook>`` when that is missing (the kill fell between the two
+    renames of a commit), else deleted. Returns one line per action."""
+    parent = Path(parent)
+    done = []
+    if not parent.is_dir():
+        return done
+    for p in sorted(parent.iterdir()):
+        m = _OLD.match(p.name)
+        if p.name.startswith(".tmp-"):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+            done.append(f"removed leftover {p}")
+        elif m and p.is_dir():
+            final = parent / m.group("notebook")
+            if final.exists():
+                shutil.rmtree(p, ignore_errors=True)
+                done.append(f"removed leftover {p}")
+            else:
+                os.rename(p, final)
+                done.append(f"restored last good results {final} from {p}")
+    return done
 
 
 def _json_default(obj):

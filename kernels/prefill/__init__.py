@@ -27,12 +27,13 @@ import torch
 from .chunk_index import BT
 from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
+from .guard import describe_status
 from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
                        prefill_no_sync, prefill_unfused)
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
            "plan_fused", "graph_cache_info", "clear_graph_cache", "PrefillConfig",
-           "DEFAULT_CONFIG", "ACCURATE_CONFIG"]
+           "DEFAULT_CONFIG", "ACCURATE_CONFIG", "describe_status"]
 
 VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
 
@@ -55,7 +56,8 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 check_values: Optional[bool] = None,
                 cp: Union[None, bool, int] = None,
                 config: Optional[PrefillConfig] = None,
-                BV: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                BV: Optional[int] = None,
+                status: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Gated DeltaNet chunked prefill over packed variable-length sequences.
 
     Per sequence and value head ``h`` (float32), with ``S = state[h].T`` `[K, V]`::
@@ -81,9 +83,15 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         variant: one of :data:`VARIANTS` (see :mod:`.pipeline` for what each launches).
         output: optional preallocated `[T, HV, D]` bf16 output.
         output_state: optional preallocated `[N, HV, D, D]` f32 final state.
-        check_values: check the values of ``cu_seqlens`` (a device-to-host copy on
-            CUDA). None: always for ``unfused``/``fused_gates`` (they sync anyway),
-            only off CUDA for ``no_sync``/``fused``/``graph``.
+        check_values: check the values of ``cu_seqlens`` on the host (a device-to-host
+            copy and a sync on CUDA; a ValueError naming ``cu_seqlens`` if invalid).
+            None: always for ``unfused``/``fused_gates`` (they sync anyway), only off
+            CUDA for ``no_sync``/``fused``/``graph``. Unchecked values are checked on the
+            device instead (:mod:`.guard`, no sync): if invalid (``cu[0] != 0``,
+            ``cu[N] != T``, decreasing, or an entry outside ``[0, T]``) the kernels stay
+            in bounds and every row of ``output`` and every final state is NaN. Cost:
+            one extra launch reading ``cu_seqlens`` (``graph``: none, its unpack kernel
+            checks).
         cp: context parallelism (``fused``/``graph`` only): None applies the rule
             of :mod:`.context_parallel`, False turns it off, True forces it, an int
             forces segments of that many chunks.
@@ -92,6 +100,11 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             high-beta inputs (see :mod:`kernels.stress_inputs`).
         BV: shorthand for the state-walk tile width (``walk_BV`` of ``config``), a
             power of two in ``[16, D]``.
+        status: optional `[1]` int32 tensor on the inputs' device; the call writes the
+            validity bits of ``cu_seqlens`` into it without a sync (0: valid; else
+            :data:`.chunk_index.CU_START` 1, ``CU_END`` 2, ``CU_DECREASING`` 4,
+            ``CU_RANGE`` 8 OR-ed; :func:`.guard.describe_status` words them). Read it
+            whenever convenient (reading a CUDA tensor syncs).
 
     Returns:
         ``(output [T, HV, D] bf16, new_state [N, HV, D, D] f32)``.
@@ -101,7 +114,8 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         allocated or launched; ValueError for an unknown ``variant``.
     """
     fn = _impl(variant)
-    kwargs = dict(output=output, output_state=output_state, config=_resolve(config, BV, q))
+    kwargs = dict(output=output, output_state=output_state, config=_resolve(config, BV, q),
+                  status=status)
     if check_values is not None:
         kwargs["check_values"] = check_values
     if variant in _CP_VARIANTS:
@@ -173,19 +187,20 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
     if variant == "graph":
         inner = LAUNCHES[fused_key]["kernels"]
         return dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, graph_launches=1,
-                    cp=use_cp, note=f"pack kernel + 1 graph replay ({inner} kernels inside) "
-                                    "+ unpack kernel; first call per bucket also captures")
+                    cp=use_cp, note=f"pack kernel + 1 graph replay ({inner - 1} kernels "
+                                    "inside) + unpack kernel (checks cu_seqlens); first call "
+                                    "per bucket also captures")
     key = fused_key if variant == "fused" else variant
     out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
     notes = {
         "unfused": "8 torch gate ops + cumsum, intra, walk, output; cu_seqlens read on host "
                    "twice (validation, chunk table) and the table copied back",
         "fused_gates": "gates+cumsum, intra, walk, output; host-built chunk table as unfused",
-        "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup",
-        "fused": "intra (+gates, cumsum) and walk with inline outputs",
+        "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup; guard",
+        "fused": "intra (+gates, cumsum) and walk with inline outputs; guard",
         "fused+cp": "intra (+gates, cumsum) and walk with inline outputs; CP: segment "
-                    "summaries, then the walk chaining them",
-        "fused+single": "one kernel: intra (+gates, cumsum) with walker programs",
+                    "summaries, then the walk chaining them; guard",
+        "fused+single": "one kernel: intra (+gates, cumsum) with walker programs; guard",
     }
     out["note"] = notes[key]
     return out

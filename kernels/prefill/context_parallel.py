@@ -58,6 +58,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from .chunk_index import seq_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 
@@ -140,8 +141,7 @@ def segment_combine_t_kernel(
     ``M_s^T`` and ``X_s^T`` do not depend on the state, so the loop's pipeline fetches the
     next segment's while this one's product runs."""
     i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T)
     n_seg = tl.maximum(tl.cdiv(eos - bos, SEG_T), 1)
     slot0 = bos // SEG_T + i_n
     o_k = tl.arange(0, K)

@@ -70,7 +70,7 @@ def chunk_gates_kernel(
     USE_INDICES: tl.constexpr,  # chunk from the host table (else device lookup)
 ):
     i_p = tl.program_id(0)
-    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
+    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, T, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
         return
     o_t = bos + i_c * BT + tl.arange(0, BT)

@@ -47,8 +47,10 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from .chunk_index import cu_status  # noqa: E402
 from .config import DEFAULT_CONFIG  # noqa: E402
-from .pipeline import _begin, plan_fused, prefill_fused, workspace_bytes  # noqa: E402
+from .guard import guard_tail  # noqa: E402
+from .pipeline import _begin, _config, fused_launches, plan_fused, workspace_bytes  # noqa: E402
 
 __all__ = ["prefill_graph", "bucket_of", "graph_cache_info", "clear_graph_cache",
            "MAX_BUCKETS", "FALLBACK_NOTE", "pack_kernel", "unpack_kernel"]
@@ -91,13 +93,18 @@ def pack_kernel(
     tl.store(dt_biass + o, tl.load(dt_bias + o, mask=m), mask=m)
 
 
-@triton.jit(do_not_specialize=["n_o", "n_ht"])
-def unpack_kernel(os_, hts, o, ht, n_o, n_ht, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["n_o", "n_ht", "T", "N", "n_flags"])
+def unpack_kernel(os_, hts, o, ht, n_o, n_ht,
+                  cu, status, flags, T, N, n_flags,  # the guard (see .guard): caller's cu
+                  BLOCK: tl.constexpr, HAS_STATUS: tl.constexpr, HAS_FLAGS: tl.constexpr):
+    st = cu_status(cu, N, T, 128)   # (128: .guard.CU_BLOCK; a jit body reads no globals)
+    guard_tail(st, status, flags, n_flags, HAS_STATUS, HAS_FLAGS, BLOCK)
     p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = p < n_o
-    tl.store(o + p, tl.load(os_ + p, mask=m), mask=m)
+    b_o = tl.load(os_ + p, mask=m)
+    tl.store(o + p, tl.where(st != 0, float("nan"), b_o.to(tl.float32)).to(b_o.dtype), mask=m)
     m = p < n_ht
-    tl.store(ht + p, tl.load(hts + p, mask=m), mask=m)
+    tl.store(ht + p, tl.where(st != 0, float("nan"), tl.load(hts + p, mask=m)), mask=m)
 
 
 def _pow2(x: int) -> int:
@@ -133,6 +140,7 @@ class _Bucket:
         self.o = torch.empty(T_pad, HV, D, dtype=torch.bfloat16, device=dev)
         self.ht = torch.empty(N_pad, HV, D, D, dtype=torch.float32, device=dev)
         self.graph = None
+        self.flags = None   # the one-launch path's flag buffer the kernels use, if any
         _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
         cfg = config or DEFAULT_CONFIG
         ws = workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage, cfg.solve)   # the graph's pool
@@ -158,36 +166,45 @@ class _Bucket:
             BLOCK=PACK_BLOCK, HAS_H0=state is not None,
         )
 
-    def run(self):
-        """The padded fused prefill on the static buffers (what the graph captures)."""
-        prefill_fused(self.q, self.k, self.v, self.state, self.A_log, self.a, self.dt_bias,
-                      self.b, self.cu, self.scale, output=self.o, output_state=self.ht,
-                      check_values=False, cp=self.cp, config=self.config)
+    def run(self, shape):
+        """The padded fused prefill on the static buffers (what the graph captures); its
+        ``cu_seqlens`` is guarded by :meth:`unload` on the caller's tensors."""
+        self.flags = fused_launches(self.q, self.k, self.v, self.state, self.A_log, self.a,
+                                    self.dt_bias, self.b, self.cu, self.scale, self.o, self.ht,
+                                    shape, self.cp, _config(self.config, shape.head_dim))
 
-    def capture(self):
+    def capture(self, shape):
         stream = torch.cuda.Stream(device=self.q.device)
         stream.wait_stream(torch.cuda.current_stream(self.q.device))
         with torch.cuda.stream(stream):
-            self.run()   # warm-up: compiles the kernels outside the capture
+            self.run(shape)   # warm-up: compiles the kernels outside the capture
         torch.cuda.current_stream(self.q.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.run()
+            self.run(shape)
         self.graph = graph
 
-    def unload(self, o, ht):
+    def unload(self, o, ht, cu_seqlens, status):
+        """Copy the outputs out; NaN instead if the caller's ``cu_seqlens`` is invalid (the
+        guard of :mod:`.guard`, fused into this kernel), status bits into ``status``."""
         n_o, n_ht = o.numel(), ht.numel()
         n = max(n_o, n_ht, 1)
-        unpack_kernel[(triton.cdiv(n, PACK_BLOCK),)](self.o, self.ht, o, ht, n_o, n_ht,
-                                                    BLOCK=PACK_BLOCK)
+        flags = self.flags
+        unpack_kernel[(triton.cdiv(n, PACK_BLOCK),)](
+            self.o, self.ht, o, ht, n_o, n_ht, cu_seqlens, status, flags, o.shape[0],
+            cu_seqlens.numel() - 1, flags.numel() if flags is not None else 0,
+            BLOCK=PACK_BLOCK, HAS_STATUS=status is not None, HAS_FLAGS=flags is not None)
 
 
 def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                  output=None, output_state=None, check_values=None, cp=None, config=None):
-    """``fused`` through a per-bucket CUDA graph (eager padded bucket off CUDA)."""
+                  output=None, output_state=None, check_values=None, cp=None, config=None,
+                  status=None):
+    """``fused`` through a per-bucket CUDA graph (eager padded bucket off CUDA). The unpack
+    kernel checks ``cu_seqlens`` on the device (NaN outputs if invalid, see :mod:`.guard`),
+    whether or not the host checked it too."""
     global _warned
-    shape, scale_r, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                   output, output_state, check_values)
+    shape, scale_r, o, ht, _ = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                      output, output_state, check_values, status)
     T, N = q.shape[0], cu_seqlens.numel() - 1
     T_pad, N_pad = bucket_of(T, N)
     on_cuda = q.device.type == "cuda"
@@ -203,17 +220,17 @@ def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     _CACHE.move_to_end(key)
     bucket.load(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens)
     if on_cuda and torch.cuda.is_current_stream_capturing():
-        bucket.run()   # inside someone else's capture: let it record the kernels
+        bucket.run(shape)   # inside someone else's capture: let it record the kernels
     elif on_cuda:
         if bucket.graph is None:
-            bucket.capture()
+            bucket.capture(shape)
         bucket.graph.replay()
     else:
         if not _warned:
             warnings.warn(FALLBACK_NOTE, RuntimeWarning, stacklevel=2)
             _warned = True
-        bucket.run()
-    bucket.unload(o, ht)
+        bucket.run(shape)
+    bucket.unload(o, ht, cu_seqlens, status)
     return o, ht
 
 

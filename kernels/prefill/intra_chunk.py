@@ -51,7 +51,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, chunk_of_program, num_slots, prepare_chunk_indices  # noqa: E402
+from .chunk_index import (BT, CU_DECREASING, chunk_of_program, cu_status, num_slots,  # noqa: E402
+                          prepare_chunk_indices, seq_bounds)
 from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
@@ -234,7 +235,7 @@ def _store_band(p_w, X3, b_beta, D: tl.constexpr, n_t, H: tl.constexpr, BC: tl.c
 
 
 @triton.jit
-def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale,
+def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale, T, N,
             H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
             BT: tl.constexpr, BVW: tl.constexpr, USE_H0: tl.constexpr,
             WALK_PREC: tl.constexpr, INLINE_PREC: tl.constexpr):
@@ -243,14 +244,18 @@ def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale,
     chunk once the program of that chunk slot has stored ``Tb``, ``Aqk`` and ``gc`` and
     set its flag (release; the walker acquires it and takes one off, so the flags are back
     to zero when the call ends). The chunk programs never wait and have lower program ids
-    in the same head's row of the grid, so they are placed first: no deadlock."""
+    in the same head's row of the grid, so they are placed first: no deadlock. With a
+    decreasing ``cu_seqlens`` the slots of different sequences may overlap, so a walker
+    could wait for a flag another walker took: walkers then walk no chunk (the call's
+    guard, :mod:`.guard`, NaN-fills the outputs and zeroes the flags)."""
     NTW: tl.constexpr = V // BVW
     HQ: tl.constexpr = H // G
     i_n = j // NTW
     i_v = j % NTW
     i_hk = i_h // G
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T)
+    if (cu_status(cu_seqlens, N, T, 128) & CU_DECREASING) != 0:
+        eos = bos   # (no chunk: no wait)
     if USE_H0:
         b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVW)
     else:
@@ -326,9 +331,9 @@ def intra_chunk_kernel(
         n_slots = (T // BT + N).to(tl.int32)
         if i_p >= n_slots:
             _walker(i_p - n_slots, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale,
-                    H, G, K, V, BT, BVW, USE_H0, WALK_PREC, INLINE_PREC)
+                    T, N, H, G, K, V, BT, BVW, USE_H0, WALK_PREC, INLINE_PREC)
             return
-    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
+    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, T, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
         return
     HQ: tl.constexpr = H // G

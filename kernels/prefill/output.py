@@ -77,7 +77,7 @@ def chunk_output_kernel(
     DOT_PREC: tl.constexpr,
 ):
     i_p, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, BT, USE_INDICES)
+    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, T, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
         return
     HQ: tl.constexpr = H // G

@@ -12,11 +12,12 @@ variant         stages                                                       GPU
                 output kernel
 ``fused_gates`` one gates+cumsum kernel from raw inputs; host-built chunk    4 kernels + 3 copies
                 table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
-``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     4 kernels, no copies
-                host sync, no value check of ``cu_seqlens`` on CUDA
+``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     5 kernels (4 + guard),
+                host sync; ``cu_seqlens`` checked on the device (guard)      no copies
 ``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3-4 with CP;
                 diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128
-                intermediates); (2) state walk forming ``v_new`` and the     (``single_launch_max_T``)
+                intermediates); (2) state walk forming ``v_new`` and the     (``single_launch_max_T``);
+                                                                             each + 1 guard on CUDA
                 outputs inline; with context parallelism (2) becomes
                 segment summaries, then the walk that chains them;
                 from 16,384 tokens per sequence (long path) the
@@ -36,8 +37,11 @@ anything is allocated or launched. Metadata checks always; the value checks
 of ``cu_seqlens`` (start 0, non-decreasing, end ``T``) cost a device-to-host
 copy, so the host-sync variants always do them, while ``no_sync``, ``fused``
 and ``graph`` do them only when the tensors are not on CUDA (``check_values=None``,
-the default; pass True/False to force). On CUDA those variants trust
-``cu_seqlens``: invalid values give wrong results, not an error.
+the default; pass True/False to force). Unchecked values cannot make a kernel
+read or write out of bounds (:func:`.chunk_index.seq_bounds`), and the call's
+last launch checks them on the device (:mod:`.guard`): if invalid, every row of
+``output`` and every final state become NaN, and the optional ``status`` tensor
+says why (one more launch per call, or none for ``graph``; no sync).
 """
 from __future__ import annotations
 
@@ -56,23 +60,27 @@ from .config import (DEFAULT_CONFIG, INTRA_WARPS, OUTPUT_BV, OUTPUT_WARPS,
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
                                segment_combine_t_fwd, sm_count)
 from .gates import chunk_gates_fwd, gates_torch
+from .guard import check_status_tensor, guard_fwd
 from .intra_chunk import intra_chunk_fwd
 from .output import chunk_output_fwd
 from .state_walk import default_bv, state_walk_fwd
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
+           "fused_launches",
            "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
 
-#: Launches per call on a GPU, by variant (``kernels``: GPU kernels incl. torch ops;
+#: Launches per call on a GPU with the default ``check_values`` (``no_sync`` and ``fused``
+#: include the device-side guard of ``cu_seqlens``, :mod:`.guard`), by variant
+#: (``kernels``: GPU kernels incl. torch ops;
 #: ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device).
 LAUNCHES = {
     "unfused": dict(kernels=12, triton=4, torch_ops=8, copies=3, syncs=2),
     "fused_gates": dict(kernels=4, triton=4, torch_ops=0, copies=3, syncs=2),
-    "no_sync": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
-    "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
-    "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
-    "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
+    "no_sync": dict(kernels=5, triton=5, torch_ops=0, copies=0, syncs=0),
+    "fused": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
+    "fused+single": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
+    "fused+cp": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
 }
 
 
@@ -91,12 +99,15 @@ def check_out_tensor(name: str, t, shape, dtype, device) -> None:
 
 
 def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
-           check_values):
-    """Validate, resolve the scale, allocate (or check) the outputs."""
+           check_values, status=None):
+    """Validate, resolve the scale, allocate (or check) the outputs. Returns ``(shape,
+    scale, output, output_state, checked)``; ``checked``: the values of ``cu_seqlens``
+    were checked on the host (else :func:`_finish` guards the outputs on the device)."""
     if check_values is None:
         check_values = q.device.type != "cuda" if isinstance(q, torch.Tensor) else True
     shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                                     check_values=check_values)
+    check_status_tensor(status, q.device)
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
     if output is not None:
@@ -107,7 +118,18 @@ def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, outp
                                                       device=q.device)
     ht = output_state if output_state is not None else torch.empty(
         N, HV, D, D, dtype=torch.float32, device=q.device)
-    return shape, resolve_scale(scale, D), o, ht
+    return shape, resolve_scale(scale, D), o, ht, bool(check_values)
+
+
+def _finish(cu_seqlens, o, ht, checked, status, flags=None, pdl=False):
+    """After the call's kernels: checked on the host -> ``status = 0`` (if given); else the
+    device-side guard (:mod:`.guard`: NaN outputs and status bits on invalid values)."""
+    if checked:
+        if status is not None:
+            status.zero_()
+    else:
+        guard_fwd(cu_seqlens, o, ht, status=status, flags=flags, pdl=pdl)
+    return o, ht
 
 
 def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg):
@@ -147,44 +169,49 @@ def _config(config, D) -> PrefillConfig:
 
 
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                    output=None, output_state=None, check_values=True, config=None):
+                    output=None, output_state=None, check_values=True, config=None,
+                    status=None):
     """The seed's starting shape: torch gates, host-sync chunk table, 4 Triton kernels."""
-    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                 output, output_state, check_values)
+    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                          scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
     g, beta = gates_torch(A_log, a, dt_bias, b)
-    idx = prepare_chunk_indices(cu_seqlens)
+    idx = prepare_chunk_indices(cu_seqlens, T=q.shape[0])
     gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
                               **_intra(cfg))
-    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
+    _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
+    return _finish(cu_seqlens, o, ht, checked, status)
 
 
 def _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
-                           output_state, check_values, use_indices, config):
-    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                 output, output_state, check_values)
+                           output_state, check_values, use_indices, config, status):
+    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                          scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
-    idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
+    idx = prepare_chunk_indices(cu_seqlens, T=q.shape[0]) if use_indices else None
     gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                chunk_indices=idx)
     w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
                               **_intra(cfg))
-    return _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
+    _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
+    return _finish(cu_seqlens, o, ht, checked, status)
 
 
 def prefill_fused_gates(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                        output=None, output_state=None, check_values=True, config=None):
+                        output=None, output_state=None, check_values=True, config=None,
+                        status=None):
     """One gates+cumsum kernel from raw inputs; still a host-sync chunk table."""
     return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                  output, output_state, check_values, True, config)
+                                  output, output_state, check_values, True, config, status)
 
 
 def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
-                    output=None, output_state=None, check_values=None, config=None):
+                    output=None, output_state=None, check_values=None, config=None,
+                    status=None):
     """As ``fused_gates`` with the device-side chunk lookup: no host sync."""
     return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                  output, output_state, check_values, False, config)
+                                  output, output_state, check_values, False, config, status)
 
 
 def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
@@ -269,20 +296,31 @@ def _walker_flags(device, n: int):
 
 def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                   output=None, output_state=None, check_values=None,
-                  cp: Union[None, bool, int] = None, config=None):
+                  cp: Union[None, bool, int] = None, config=None, status=None):
     """Fewest launches: (1) gates + cumsum + solve (``Tb``, ``Aqk``), (2) walk + inline
     outputs.
 
     With context parallelism (see :mod:`.context_parallel`), (2) becomes phase A
     (segment summaries) and phase C (walk + outputs), phase C chaining the earlier
     segments' transitions itself; from 16,384 tokens per sequence the long path
-    (:func:`_cp_long`: transposed walks, a phase-B combine kernel).
+    (:func:`_cp_long`: transposed walks, a phase-B combine kernel). Unchecked
+    ``cu_seqlens`` values are checked on the device by one more launch (:mod:`.guard`).
     """
-    shape, scale, o, ht = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                 output, output_state, check_values)
+    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                          scale, output, output_state, check_values, status)
+    cfg = _config(config, shape.head_dim)
+    flags = fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
+                           shape, cp, cfg)
+    return _finish(cu_seqlens, o, ht, checked, status, flags, pdl=cfg.pdl)
+
+
+def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, shape,
+                   cp, cfg) -> Optional[torch.Tensor]:
+    """The ``fused`` variant's kernels on validated inputs and allocated outputs (no guard:
+    :mod:`.graph` guards in its unpack kernel). Returns the one-launch path's flag buffer
+    if that path ran (the guard zeroes it on invalid ``cu_seqlens``), else None."""
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
-    cfg = _config(config, D)
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
     precise = cfg.storage == "precise"
     prec = dict(dot_precision=cfg.precision, out_precision=cfg.precision)
@@ -309,7 +347,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
         **_intra(cfg, True, walkers is not None))
     if walkers is not None:
         go_intra()
-        return o, ht
+        return walkers["flags"]
     if seg == 0 and walk_transposed_rule(BV, short, precise=precise, tm=True):
         bvt = cfg.walk_BV or min(128, D)
         go_walk = state_walk_t_fwd(
@@ -318,7 +356,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
             loop_stages=2, pdl=cfg.pdl, defer=True, **prec)
         go_intra()
         go_walk()
-        return o, ht
+        return None
     # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
     walk = dict(BV=BV, num_warps=warps, num_stages=stages, loop_stages=loop_stages,
                 pdl=cfg.pdl, q=q, scale=scale, tm_form=True,
@@ -328,7 +366,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                                  output=o, final_state=ht, defer=True, **walk)
         go_intra()
         go_walk()
-        return o, ht
+        return None
     seg_t = seg * BT
     if cp_long(T, N):
         return _cp_long(q, k, v, Tb, Aqk, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg,
@@ -347,7 +385,7 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     go_intra()
     go_summary()
     go_walk()
-    return o, ht
+    return None
 
 
 def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, go_intra):
@@ -379,4 +417,4 @@ def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, g
     go_a()
     go_b()
     go_c()
-    return o, ht
+    return None

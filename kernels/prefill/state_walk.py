@@ -20,9 +20,7 @@ what else happens:
   ``[I | 0]`` over ``K + V`` columns, producing its affine transition
   ``S_end = M S_start + X`` (``M`` in the first ``K`` columns, ``X`` in the
   last ``V``), stored per segment slot; the last segment of a sequence is skipped;
-* ``FROM_S0`` (phase C): start from the segment's true entering state,
-  computed by :mod:`.context_parallel`'s combine kernel;
-* ``CHAIN`` (phase C without that kernel): each program computes its
+* ``CHAIN`` (phase C): each program computes its
   segment's entering state itself, ``S <- M_j S + X_j`` over the sequence's
   earlier segments ``j`` (their ``[M | X]`` in ``summ``), from the initial
   state: redundant across segments but parallel, and one launch fewer;
@@ -47,7 +45,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, locate_block, num_slots  # noqa: E402
+from .chunk_index import BT, locate_block, num_slots, seq_bounds  # noqa: E402
 from .dots import mm, mm_pair  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
@@ -142,7 +140,6 @@ def state_walk_kernel(
     u,              # [T, H, V] WY factor (bf16 or f32), or the values v (TM_FORM)
     gc,             # [T, H] f32 per-chunk cumulative log decay
     h0,             # [N, H, V, K] f32 initial state, k-last (USE_H0) or None
-    s0,             # [S, H, K, V] f32 entering state per segment slot (FROM_S0) or None
     cu_seqlens,     # [N+1] int32/int64
     o,              # [T, H, V] bf16 out (FUSE_OUTPUT) or None
     h,              # [C, H, K, V] f32 out: state entering each chunk slot (STORE_H) or None
@@ -161,7 +158,6 @@ def state_walk_kernel(
     BV: tl.constexpr,           # state tile width
     SEG_T: tl.constexpr,        # tokens per unit (segment); 0: a unit is a whole sequence
     USE_H0: tl.constexpr,
-    FROM_S0: tl.constexpr,
     CHAIN: tl.constexpr,        # entering state from the earlier segments' [M | X] (summ)
     STORE_H: tl.constexpr,
     STORE_VNEW: tl.constexpr,
@@ -189,12 +185,11 @@ def state_walk_kernel(
     i_hk = i_h // G
     if SEG_T == 0:
         i_n = i_u
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        bos, eos = seq_bounds(cu_seqlens, i_n, T)
         ubos = bos
         ueos = eos
     else:
-        i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, SEG_T)
+        i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, T, SEG_T)
         ubos = bos + i_s * SEG_T
         ueos = tl.minimum(ubos + SEG_T, eos)
         # segment 0 of an empty sequence is real (it hands the initial state through)
@@ -222,10 +217,7 @@ def state_walk_kernel(
     else:
         m_u = o_v < V
         o_tv = o_bt[:, None] * (H * V) + o_v[None, :]            # [BT, BV] rows of u, o, v_new
-        if FROM_S0:
-            grid_wait(PDL_WAIT)
-            b_S = tl.load(s0 + (i_u * H + i_h).to(tl.int64) * (K * V) + o_kv)
-        elif CHAIN:
+        if CHAIN:
             # S_start(j+1) = M_j S_start(j) + X_j over the sequence's earlier segments
             if USE_H0:
                 b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BV)
@@ -303,7 +295,7 @@ def state_walk_kernel(
 _WALK_LAUNCH = FastLaunch(state_walk_kernel)
 
 
-def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, initial_state=None, s0=None,
+def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, initial_state=None,
                    output=None, h=None, v_new=None, final_state=None, summary=None,
                    seg_t: int = 0, BV: int = 32, num_warps: int = 4, num_stages: int = 2,
                    dot_precision: str = WALK_DOT_PRECISION,
@@ -348,10 +340,10 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, initial_state=None, s0=No
     grid = (units, H, cols // BV)
     pdl_opts = launch_options(pdl, k.device)
     go = _WALK_LAUNCH.bind(grid, (
-        p, k, w, u, gc, initial_state, s0, cu_seqlens, output, h, v_new, final_state,
+        p, k, w, u, gc, initial_state, cu_seqlens, output, h, v_new, final_state,
         summary, q if tm_form else None, float(scale) if tm_form else 1.0, T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
-        USE_H0=initial_state is not None, FROM_S0=s0 is not None, CHAIN=chain,
+        USE_H0=initial_state is not None, CHAIN=chain,
         STORE_H=h is not None, STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None,
         SUMMARY=is_summary, TM_FORM=tm_form, PIPE_SKIP_Q=pipe_skip == "q" and output is not None,
         W_SPLIT=w.dim() == 4, DOT_PREC=dot_precision, OUT_PREC=out_precision,

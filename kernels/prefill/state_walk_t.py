@@ -35,7 +35,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, locate_block  # noqa: E402
+from .chunk_index import BT, locate_block, seq_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
@@ -85,12 +85,11 @@ def state_walk_t_kernel(
     i_hk = i_h // G
     if SEG_T == 0:
         i_n = i_u
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        bos, eos = seq_bounds(cu_seqlens, i_n, T)
         ubos = bos
         ueos = eos
     else:
-        i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, SEG_T)
+        i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, T, SEG_T)
         ubos = bos + i_s * SEG_T
         ueos = tl.minimum(ubos + SEG_T, eos)
         # segment 0 of an empty sequence is real (it hands the initial state through)

@@ -1,0 +1,145 @@
+"""Invalid ``cu_seqlens`` never passes for a result (issue 19).
+
+With ``check_values=False`` the host does not look at the values (what the no-sync CUDA
+paths do by default), so these interpreter runs exercise the device-side path: bounds
+clamped in every kernel (outputs written only inside their tensors: canaries around
+them stay intact), the guard turning every output row and final state into NaN, the
+status bits, inputs untouched, the one-launch path's flags back at zero. With values
+checked the same inputs raise a ValueError naming ``cu_seqlens`` before any launch.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.prefill import describe_status, gdn_prefill  # noqa: E402
+from kernels.prefill import pipeline  # noqa: E402
+from kernels.prefill.chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START  # noqa: E402
+from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+S16 = GDNShape(1, 2, 16)
+LENS = [3, 70, 0, 20]          # T = 93: the one-launch path of fused; 2 chunks in one sequence
+T = sum(LENS)
+CANARY = 7.0
+
+# (id, cu_seqlens, expected status bits)
+BAD = [
+    ("end-short", [0, 3, 73, 73, 90], CU_END),
+    ("end-long", [0, 3, 73, 73, 95], CU_END | CU_RANGE),
+    ("negative", [-5, 3, 73, 73, 93], CU_START | CU_RANGE),
+    ("decreasing", [0, 50, 20, 73, 93], CU_DECREASING),
+    ("huge", [0, 3, 2**40, 73, 93], CU_DECREASING | CU_RANGE),
+    ("start", [3, 3, 73, 73, 93], CU_START),
+]
+# (variant, cp): every composition; fused with cp=True forces the CP walk at T = 93
+VARIANTS = [("fused", None), ("fused", True), ("no_sync", None), ("graph", None),
+            ("unfused", None), ("fused_gates", None)]
+
+
+@pytest.fixture(scope="module")
+def x():
+    return make_prefill_inputs(LENS, S16, seed=3, device=DEV)
+
+
+def _args(x, cu):
+    return (x["q"], x["k"], x["v"], x["state"], x["A_log"], x["a"], x["dt_bias"], x["b"], cu,
+            x["scale"])
+
+
+def _canaried(shape, dtype, pad=4096):
+    """An output tensor of ``shape`` inside a buffer with ``CANARY`` around it."""
+    n = 1
+    for s in shape:
+        n *= s
+    buf = torch.full((n + 2 * pad,), CANARY, dtype=dtype, device=DEV)
+    return buf, buf[pad:pad + n].view(shape), pad
+
+
+def _run(x, cu, variant, cp, status):
+    N = cu.numel() - 1
+    HV, D = x["v"].shape[1], x["v"].shape[2]
+    ob, o, pad = _canaried((T, HV, D), torch.bfloat16)
+    hb, h, _ = _canaried((N, HV, D, D), torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # graph's no-CUDA fallback note
+        out = gdn_prefill(*_args(x, cu), variant=variant, cp=cp, check_values=False,
+                          output=o, output_state=h, status=status)
+    assert out[0].data_ptr() == o.data_ptr() and out[1].data_ptr() == h.data_ptr()
+    for buf in (ob, hb):   # nothing written outside the outputs
+        assert bool((buf[:pad] == CANARY).all()) and bool((buf[-pad:] == CANARY).all())
+    return o, h
+
+
+@pytest.mark.parametrize("variant,cp", [pytest.param(v, c, id=f"{v}{'-cp' if c else ''}")
+                                        for v, c in VARIANTS])
+def test_invalid_cu_seqlens_gives_nan_and_status(x, variant, cp):
+    status = torch.full((1,), -1, dtype=torch.int32, device=DEV)
+    # valid: the same numbers as the host-checked call, status 0
+    o, h = _run(x, x["cu_seqlens"], variant, cp, status)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        o2, h2 = gdn_prefill(*_args(x, x["cu_seqlens"]), variant=variant, cp=cp)
+    assert torch.equal(o, o2) and torch.equal(h, h2)
+    assert bool(o.isfinite().all()) and int(status) == 0
+    before = {k: v.clone() for k, v in x.items() if isinstance(v, torch.Tensor)}
+    for name, values, bits in BAD:
+        cu = torch.tensor(values, dtype=torch.int64, device=DEV)
+        o, h = _run(x, cu, variant, cp, status)
+        assert bool(o.isnan().all()), f"{name}: output not all NaN"
+        assert bool(h.isnan().all()), f"{name}: output_state not all NaN"
+        assert int(status) == bits, f"{name}: status {int(status)} ({describe_status(status)})"
+        assert cu.tolist() == values
+    for k, v in before.items():
+        assert torch.equal(x[k], v), f"input {k} was modified"
+
+
+def test_decreasing_cu_seqlens_leaves_walker_flags_zero(x):
+    """One-launch path: walkers of a decreasing cu_seqlens walk nothing (no wait that
+    could hang) and the guard zeroes the flags, so the next valid call is right."""
+    cu = torch.tensor([0, 80, 20, 73, 93], dtype=torch.int64, device=DEV)
+    o, h = _run(x, cu, "fused", None, None)
+    assert bool(o.isnan().all()) and bool(h.isnan().all())
+    flags = pipeline._FLAGS[str(torch.device(DEV))]
+    assert int(flags.abs().sum()) == 0
+    o, h = _run(x, x["cu_seqlens"], "fused", None, None)
+    o2, h2 = gdn_prefill(*_args(x, x["cu_seqlens"]), variant="fused", check_values=True)
+    assert torch.equal(o, o2) and torch.equal(h, h2)
+
+
+@pytest.mark.parametrize("variant", ["fused", "no_sync", "graph", "unfused"])
+@pytest.mark.parametrize("name,values,match", [
+    ("negative", [-5, 3, 73, 73, 93], "cu_seqlens must start at 0"),
+    ("decreasing", [0, 50, 20, 73, 93], "cu_seqlens must be non-decreasing"),
+    ("start", [3, 3, 73, 73, 93], "cu_seqlens must start at 0"),
+    ("end-short", [0, 3, 73, 73, 90], r"cu_seqlens\[-1\] must equal T"),
+    ("end-long", [0, 3, 73, 73, 95], r"cu_seqlens\[-1\] must equal T"),
+])
+def test_checked_values_raise_before_launch(x, variant, name, values, match):
+    cu = torch.tensor(values, dtype=torch.int64, device=DEV)
+    o = torch.full((T, 2, 16), CANARY, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match=match):
+        gdn_prefill(*_args(x, cu), variant=variant, check_values=True, output=o)
+    assert bool((o == CANARY).all())   # nothing launched
+
+
+@pytest.mark.parametrize("status,exc,match", [
+    (torch.zeros(1, dtype=torch.int64), ValueError, "status must be a one-element int32"),
+    (torch.zeros(2, dtype=torch.int32), ValueError, "status must be a one-element int32"),
+    ([0], TypeError, "status must be a torch.Tensor"),
+])
+def test_status_buffer_checked(x, status, exc, match):
+    with pytest.raises(exc, match=match):
+        gdn_prefill(*_args(x, x["cu_seqlens"]), status=status)
+
+
+def test_status_zero_when_checked_on_host(x):
+    status = torch.full((1,), -1, dtype=torch.int32, device=DEV)
+    gdn_prefill(*_args(x, x["cu_seqlens"]), variant="unfused", status=status)
+    assert int(status) == 0 and describe_status(status) == "ok"
+    assert describe_status(CU_END | CU_DECREASING) == "cu_seqlens[-1] != T; cu_seqlens decreases"
