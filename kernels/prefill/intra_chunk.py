@@ -51,7 +51,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import (BT, CU_DECREASING, chunk_of_program, cu_status, num_slots,  # noqa: E402
+from .chunk_index import (BT, chunk_of_program, cu_status, num_slots,  # noqa: E402
                           prepare_chunk_indices, seq_bounds)
 from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
@@ -254,7 +254,7 @@ def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale, T, N
     i_v = j % NTW
     i_hk = i_h // G
     bos, eos = seq_bounds(cu_seqlens, i_n, T)
-    if (cu_status(cu_seqlens, N, T, 128) & CU_DECREASING) != 0:
+    if (cu_status(cu_seqlens, N, T, 128) & 4) != 0:   # CU_DECREASING (a literal: triton 3.6 refuses globals)
         eos = bos   # (no chunk: no wait)
     if USE_H0:
         b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVW)
