@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, locate_block, num_slots, seq_bounds  # noqa: E402
+from .chunk_index import BT, num_slots, segment_bounds, seq_bounds  # noqa: E402
 from .dots import mm, mm_pair  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
@@ -189,13 +189,8 @@ def state_walk_kernel(
         ubos = bos
         ueos = eos
     else:
-        i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, T, SEG_T)
-        ubos = bos + i_s * SEG_T
-        ueos = tl.minimum(ubos + SEG_T, eos)
-        # segment 0 of an empty sequence is real (it hands the initial state through)
-        skip = (i_s > 0) & (ubos >= eos)
-        if SUMMARY:
-            skip = skip | (ueos >= eos)  # the last segment needs no transition
+        i_n, i_s, bos, eos, ubos, ueos, skip = segment_bounds(i_u, cu_seqlens, N, T, SEG_T,
+                                                              SUMMARY)
         if skip:
             grid_wait(PDL_WAIT)
             return
