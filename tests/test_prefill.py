@@ -505,12 +505,14 @@ def test_bad_options(kwargs, exc, match):
 
 def test_launch_count_hint():
     hints = {v: launch_count_hint(v, T=64, N=1) for v in VARIANTS}
-    assert hints["fused"]["kernels"] <= 3 and hints["fused"]["syncs"] == 0
+    assert hints["fused"]["kernels"] == 1 and hints["fused"]["syncs"] == 0   # one launch
     assert hints["no_sync"]["syncs"] == 0 and hints["no_sync"]["copies"] == 0
     assert hints["unfused"]["syncs"] > 0 and hints["unfused"]["torch_ops"] == 8
     assert hints["graph"]["graph_launches"] == 1
     assert launch_count_hint("fused", T=8192, N=1, device="cpu")["cp"] is True
-    assert launch_count_hint("fused", T=8192, N=1, device="cpu")["kernels"] == 4  # CP + guard
+    assert launch_count_hint("fused", T=8192, N=1, device="cpu")["kernels"] == 3  # CP
+    assert launch_count_hint("fused", T=512, N=1, device="cpu")["kernels"] == 2   # intra, walk
+    assert launch_count_hint("fused", T=65536, N=1, device="cpu")["kernels"] == 4  # long CP
     with pytest.raises(ValueError):
         launch_count_hint("nope")
 

@@ -4,13 +4,18 @@ With ``check_values=False`` the host does not look at the values (what the no-sy
 paths do by default), so these interpreter runs exercise the device-side path: bounds
 clamped in every kernel (outputs written only inside their tensors: canaries around
 them stay intact), the guard turning every output row and final state into NaN, the
-status bits, inputs untouched, the one-launch path's flags back at zero. With values
+status bits, inputs untouched, the one-launch path's flags left at zero. Every path of
+``fused`` carries the guard in its last kernel: the one-launch walkers, the walk alone
+(``single_launch_max_T=0``), the chained CP walk and the long CP path's phase C. With values
 checked the same inputs raise a ValueError naming ``cu_seqlens`` before any launch.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import warnings
+from unittest import mock
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
 
@@ -18,7 +23,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.prefill import describe_status, gdn_prefill  # noqa: E402
-from kernels.prefill import pipeline  # noqa: E402
+from kernels.prefill import DEFAULT_CONFIG, pipeline  # noqa: E402
 from kernels.prefill.chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
 
@@ -37,9 +42,20 @@ BAD = [
     ("huge", [0, 3, 2**40, 73, 93], CU_DECREASING | CU_RANGE),
     ("start", [3, 3, 73, 73, 93], CU_START),
 ]
-# (variant, cp): every composition; fused with cp=True forces the CP walk at T = 93
-VARIANTS = [("fused", None), ("fused", True), ("no_sync", None), ("graph", None),
-            ("unfused", None), ("fused_gates", None)]
+# (id, variant, cp, path): every composition and every path of fused: the one-launch
+# walkers (T = 93), the walk kernel alone, the chained CP walk (cp=True) and the long CP path
+WALK_ONLY = dataclasses.replace(DEFAULT_CONFIG, single_launch_max_T=0)
+VARIANTS = [("fused", "fused", None, None), ("fused-walk", "fused", None, "walk"),
+            ("fused-cp", "fused", True, None), ("fused-cp-long", "fused", True, "long"),
+            ("no_sync", "no_sync", None, None), ("graph", "graph", None, None),
+            ("unfused", "unfused", None, None), ("fused_gates", "fused_gates", None, None)]
+
+
+def _path(path):
+    """The context that sends a fused call down ``path`` (None: the default rules)."""
+    if path == "long":
+        return mock.patch.object(pipeline, "cp_long", lambda T, N: True)
+    return contextlib.nullcontext()
 
 
 @pytest.fixture(scope="module")
@@ -61,36 +77,38 @@ def _canaried(shape, dtype, pad=4096):
     return buf, buf[pad:pad + n].view(shape), pad
 
 
-def _run(x, cu, variant, cp, status):
+def _run(x, cu, variant, cp, status, path=None):
     N = cu.numel() - 1
     HV, D = x["v"].shape[1], x["v"].shape[2]
     ob, o, pad = _canaried((T, HV, D), torch.bfloat16)
     hb, h, _ = _canaried((N, HV, D, D), torch.float32)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _path(path):
         warnings.simplefilter("ignore", RuntimeWarning)   # graph's no-CUDA fallback note
         out = gdn_prefill(*_args(x, cu), variant=variant, cp=cp, check_values=False,
-                          output=o, output_state=h, status=status)
+                          output=o, output_state=h, status=status,
+                          config=WALK_ONLY if path == "walk" else None)
     assert out[0].data_ptr() == o.data_ptr() and out[1].data_ptr() == h.data_ptr()
     for buf in (ob, hb):   # nothing written outside the outputs
         assert bool((buf[:pad] == CANARY).all()) and bool((buf[-pad:] == CANARY).all())
     return o, h
 
 
-@pytest.mark.parametrize("variant,cp", [pytest.param(v, c, id=f"{v}{'-cp' if c else ''}")
-                                        for v, c in VARIANTS])
-def test_invalid_cu_seqlens_gives_nan_and_status(x, variant, cp):
+@pytest.mark.parametrize("variant,cp,path", [pytest.param(v, c, p, id=i)
+                                             for i, v, c, p in VARIANTS])
+def test_invalid_cu_seqlens_gives_nan_and_status(x, variant, cp, path):
     status = torch.full((1,), -1, dtype=torch.int32, device=DEV)
     # valid: the same numbers as the host-checked call, status 0
-    o, h = _run(x, x["cu_seqlens"], variant, cp, status)
-    with warnings.catch_warnings():
+    o, h = _run(x, x["cu_seqlens"], variant, cp, status, path)
+    with warnings.catch_warnings(), _path(path):
         warnings.simplefilter("ignore", RuntimeWarning)
-        o2, h2 = gdn_prefill(*_args(x, x["cu_seqlens"]), variant=variant, cp=cp)
+        o2, h2 = gdn_prefill(*_args(x, x["cu_seqlens"]), variant=variant, cp=cp,
+                             config=WALK_ONLY if path == "walk" else None)
     assert torch.equal(o, o2) and torch.equal(h, h2)
     assert bool(o.isfinite().all()) and int(status) == 0
     before = {k: v.clone() for k, v in x.items() if isinstance(v, torch.Tensor)}
     for name, values, bits in BAD:
         cu = torch.tensor(values, dtype=torch.int64, device=DEV)
-        o, h = _run(x, cu, variant, cp, status)
+        o, h = _run(x, cu, variant, cp, status, path)
         assert bool(o.isnan().all()), f"{name}: output not all NaN"
         assert bool(h.isnan().all()), f"{name}: output_state not all NaN"
         assert int(status) == bits, f"{name}: status {int(status)} ({describe_status(status)})"
@@ -100,8 +118,8 @@ def test_invalid_cu_seqlens_gives_nan_and_status(x, variant, cp):
 
 
 def test_decreasing_cu_seqlens_leaves_walker_flags_zero(x):
-    """One-launch path: walkers of a decreasing cu_seqlens walk nothing (no wait that
-    could hang) and the guard zeroes the flags, so the next valid call is right."""
+    """One-launch path: with a decreasing cu_seqlens no chunk program sets a flag and no
+    walker waits (no hang), so the flags stay zero and the next valid call is right."""
     cu = torch.tensor([0, 80, 20, 73, 93], dtype=torch.int64, device=DEV)
     o, h = _run(x, cu, "fused", None, None)
     assert bool(o.isnan().all()) and bool(h.isnan().all())

@@ -185,11 +185,10 @@ def _call(target: str, x: dict):
 
 
 def _reference(target: str, x: dict):
-    import torch
-
+    """The float32 reference on the inputs' own device (on a GPU: seconds for the CP case's
+    1,200 tokens, where the CPU's token loop took minutes with 8 cases at once)."""
     from ..reference import decode_reference, prefill_reference
-    cpu = {n: (t.to("cpu") if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
-    return (decode_reference(**cpu) if target == "decode" else prefill_reference(**cpu))
+    return decode_reference(**x) if target == "decode" else prefill_reference(**x)
 
 
 def _classify(out, ref) -> str:

@@ -26,6 +26,7 @@ import torch
 
 from .chunk_index import BT
 from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig
+from .context_parallel import cp_long
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .guard import describe_status
 from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
@@ -90,8 +91,9 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             device instead (:mod:`.guard`, no sync): if invalid (``cu[0] != 0``,
             ``cu[N] != T``, decreasing, or an entry outside ``[0, T]``) the kernels stay
             in bounds and every row of ``output`` and every final state is NaN. Cost:
-            one extra launch reading ``cu_seqlens`` (``graph``: none, its unpack kernel
-            checks).
+            ``fused``: none beyond each program of the last kernel reading ``cu_seqlens``
+            (``N + 1`` entries) once; ``graph``: the same in its unpack kernel;
+            ``no_sync``: one extra launch.
         cp: context parallelism (``fused``/``graph`` only): None applies the rule
             of :mod:`.context_parallel`, False turns it off, True forces it, an int
             forces segments of that many chunks.
@@ -181,13 +183,13 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         use_cp = bool(seg)
     else:
         use_cp = None
-    fused_key = ("fused+cp" if use_cp else
+    fused_key = (("fused+cp_long" if cp_long(T, N) else "fused+cp") if use_cp else
                  "fused+single" if use_cp is False and T <= DEFAULT_CONFIG.single_launch_max_T
                  else "fused")
     if variant == "graph":
         inner = LAUNCHES[fused_key]["kernels"]
         return dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, graph_launches=1,
-                    cp=use_cp, note=f"pack kernel + 1 graph replay ({inner - 1} kernels "
+                    cp=use_cp, note=f"pack kernel + 1 graph replay ({inner} kernels "
                                     "inside) + unpack kernel (checks cu_seqlens); first call "
                                     "per bucket also captures")
     key = fused_key if variant == "fused" else variant
@@ -197,10 +199,12 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
                    "twice (validation, chunk table) and the table copied back",
         "fused_gates": "gates+cumsum, intra, walk, output; host-built chunk table as unfused",
         "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup; guard",
-        "fused": "intra (+gates, cumsum) and walk with inline outputs; guard",
+        "fused": "intra (+gates, cumsum) and walk with inline outputs (+ guard)",
         "fused+cp": "intra (+gates, cumsum) and walk with inline outputs; CP: segment "
-                    "summaries, then the walk chaining them; guard",
-        "fused+single": "one kernel: intra (+gates, cumsum) with walker programs; guard",
+                    "summaries, then the walk chaining them (+ guard)",
+        "fused+cp_long": "intra (+gates, cumsum); long CP: transposed segment summaries, "
+                         "combine, transposed walk from the entering states (+ guard)",
+        "fused+single": "one kernel: intra (+gates, cumsum) with walker programs (+ guard)",
     }
     out["note"] = notes[key]
     return out

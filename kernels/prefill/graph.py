@@ -49,7 +49,6 @@ import triton.language as tl  # noqa: E402
 
 from .chunk_index import cu_status  # noqa: E402
 from .config import DEFAULT_CONFIG  # noqa: E402
-from .guard import guard_tail  # noqa: E402
 from .pipeline import _begin, _config, fused_launches, plan_fused, workspace_bytes  # noqa: E402
 
 __all__ = ["prefill_graph", "bucket_of", "graph_cache_info", "clear_graph_cache",
@@ -93,12 +92,14 @@ def pack_kernel(
     tl.store(dt_biass + o, tl.load(dt_bias + o, mask=m), mask=m)
 
 
-@triton.jit(do_not_specialize=["n_o", "n_ht", "T", "N", "n_flags"])
+@triton.jit(do_not_specialize=["n_o", "n_ht", "T", "N"])
 def unpack_kernel(os_, hts, o, ht, n_o, n_ht,
-                  cu, status, flags, T, N, n_flags,  # the guard (see .guard): caller's cu
-                  BLOCK: tl.constexpr, HAS_STATUS: tl.constexpr, HAS_FLAGS: tl.constexpr):
-    st = cu_status(cu, N, T, 128)   # (128: .guard.CU_BLOCK; a jit body reads no globals)
-    guard_tail(st, status, flags, n_flags, HAS_STATUS, HAS_FLAGS, BLOCK)
+                  cu, status, T, N,  # the guard (see .guard): the caller's cu_seqlens
+                  BLOCK: tl.constexpr, HAS_STATUS: tl.constexpr):
+    st = cu_status(cu, N, T, 128)   # (128 entries per load; a jit body reads no globals)
+    if HAS_STATUS:
+        if tl.program_id(0) == 0:
+            tl.store(status, st)
     p = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = p < n_o
     b_o = tl.load(os_ + p, mask=m)
@@ -140,7 +141,6 @@ class _Bucket:
         self.o = torch.empty(T_pad, HV, D, dtype=torch.bfloat16, device=dev)
         self.ht = torch.empty(N_pad, HV, D, D, dtype=torch.float32, device=dev)
         self.graph = None
-        self.flags = None   # the one-launch path's flag buffer the kernels use, if any
         _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
         cfg = config or DEFAULT_CONFIG
         ws = workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage, cfg.solve)   # the graph's pool
@@ -169,9 +169,9 @@ class _Bucket:
     def run(self, shape):
         """The padded fused prefill on the static buffers (what the graph captures); its
         ``cu_seqlens`` is guarded by :meth:`unload` on the caller's tensors."""
-        self.flags = fused_launches(self.q, self.k, self.v, self.state, self.A_log, self.a,
-                                    self.dt_bias, self.b, self.cu, self.scale, self.o, self.ht,
-                                    shape, self.cp, _config(self.config, shape.head_dim))
+        fused_launches(self.q, self.k, self.v, self.state, self.A_log, self.a, self.dt_bias,
+                       self.b, self.cu, self.scale, self.o, self.ht, shape, self.cp,
+                       _config(self.config, shape.head_dim))
 
     def capture(self, shape):
         stream = torch.cuda.Stream(device=self.q.device)
@@ -189,11 +189,9 @@ class _Bucket:
         guard of :mod:`.guard`, fused into this kernel), status bits into ``status``."""
         n_o, n_ht = o.numel(), ht.numel()
         n = max(n_o, n_ht, 1)
-        flags = self.flags
         unpack_kernel[(triton.cdiv(n, PACK_BLOCK),)](
-            self.o, self.ht, o, ht, n_o, n_ht, cu_seqlens, status, flags, o.shape[0],
-            cu_seqlens.numel() - 1, flags.numel() if flags is not None else 0,
-            BLOCK=PACK_BLOCK, HAS_STATUS=status is not None, HAS_FLAGS=flags is not None)
+            self.o, self.ht, o, ht, n_o, n_ht, cu_seqlens, status, o.shape[0],
+            cu_seqlens.numel() - 1, BLOCK=PACK_BLOCK, HAS_STATUS=status is not None)
 
 
 def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,

@@ -55,6 +55,7 @@ from .chunk_index import (BT, chunk_of_program, cu_status, num_slots,  # noqa: E
                           prepare_chunk_indices, seq_bounds)
 from .dots import mm, split  # noqa: E402
 from .gates import log_decay  # noqa: E402
+from .guard import guard_outputs  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
 from .state_walk import fused_chunk_step_tm, load_state_tile, store_state_tile  # noqa: E402
@@ -244,18 +245,17 @@ def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale, T, N
     chunk once the program of that chunk slot has stored ``Tb``, ``Aqk`` and ``gc`` and
     set its flag (release; the walker acquires it and takes one off, so the flags are back
     to zero when the call ends). The chunk programs never wait and have lower program ids
-    in the same head's row of the grid, so they are placed first: no deadlock. With a
-    decreasing ``cu_seqlens`` the slots of different sequences may overlap, so a walker
-    could wait for a flag another walker took: walkers then walk no chunk (the call's
-    guard, :mod:`.guard`, NaN-fills the outputs and zeroes the flags)."""
+    in the same head's row of the grid, so they are placed first: no deadlock. A decreasing
+    ``cu_seqlens`` (slots of different sequences may overlap, so a walker could wait for a
+    flag another walker took) never gets here: every walker goes to
+    :func:`.guard.guard_outputs` instead and no chunk program sets a flag (with ``GUARD``,
+    any invalid ``cu_seqlens`` does)."""
     NTW: tl.constexpr = V // BVW
     HQ: tl.constexpr = H // G
     i_n = j // NTW
     i_v = j % NTW
     i_hk = i_h // G
     bos, eos = seq_bounds(cu_seqlens, i_n, T)
-    if (cu_status(cu_seqlens, N, T, 128) & 4) != 0:   # CU_DECREASING (a literal: triton 3.6 refuses globals)
-        eos = bos   # (no chunk: no wait)
     if USE_H0:
         b_S = load_state_tile(h0, i_n, i_h, i_v, H, K, V, BVW)
     else:
@@ -293,6 +293,7 @@ def intra_chunk_kernel(
     ht,             # [N, H, V, K] f32 out: final state (WALKERS) or None
     o,              # [T, H, V] bf16 out: outputs (WALKERS) or None
     flags,          # [>= slots * H] int32, zero between calls (WALKERS) or None
+    status,         # [1] int32 out: the guard's status bits (WALKERS and HAS_STATUS) or None
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
     scale,          # output scale (TM_OUT)
@@ -323,13 +324,24 @@ def intra_chunk_kernel(
     USE_H0: tl.constexpr = False,       # WALKERS from h0 (else zeros)
     WALK_PREC: tl.constexpr = "bf16",   # WALKERS: products with the state
     INLINE_PREC: tl.constexpr = "bf16",  # WALKERS: the output products
+    GUARD: tl.constexpr = False,        # WALKERS: NaN outputs for any invalid cu_seqlens
+                                        # (else only for a decreasing one, see _walker)
+    HAS_STATUS: tl.constexpr = False,   # GUARD: store the guard's status bits (.guard)
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER)
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     if WALKERS:
+        # the guard (.guard): an invalid cu_seqlens -> no flags, NaN outputs from the walkers
+        st = cu_status(cu_seqlens, N, T, 128)
+        if not GUARD:
+            st = st & 4   # CU_DECREASING (a literal: triton 3.6 refuses globals in a kernel)
         n_slots = (T // BT + N).to(tl.int32)
         if i_p >= n_slots:
+            n_w = tl.num_programs(0) - n_slots
+            if guard_outputs(st, o, ht, status, T, N, i_p - n_slots + n_w * i_h, n_w * H, H, V,
+                             K, HAS_STATUS, False) != 0:
+                return
             _walker(i_p - n_slots, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale,
                     T, N, H, G, K, V, BT, BVW, USE_H0, WALK_PREC, INLINE_PREC)
             return
@@ -464,7 +476,8 @@ def intra_chunk_kernel(
             tl.store(u + (t0 * H + i_h) * V + o_hvc, b_u, mask=m_r[:, None])
     if WALKERS:   # this chunk's Tb, Aqk, gc are stored: release it to its walker programs
         tl.debug_barrier()   # every thread's stores before the flag
-        tl.atomic_xchg(flags + i_p * H + i_h, V // BVW, sem="release", scope="gpu")
+        if st == 0:
+            tl.atomic_xchg(flags + i_p * H + i_h, V // BVW, sem="release", scope="gpu")
 
 
 _INTRA_LAUNCH = FastLaunch(intra_chunk_kernel)
@@ -492,11 +505,13 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     per thread. ``pdl_trigger``: ``"start"`` lets a PDL-launched next kernel be placed at
     the start of each program (:mod:`.pdl`), ``""`` never.
     ``walkers`` (with ``tm_out``): ``dict(initial_state=, final_state=, output=, flags=,
-    BV=, walk_precision=, inline_precision=)`` -- the grid gets ``N * V / BV`` more
+    BV=, walk_precision=, inline_precision=, guard=, status=)`` -- the grid gets ``N * V / BV`` more
     programs per head that walk the sequences (:func:`_walker`), each chunk as soon as its
     program has flagged it: the whole call in one launch. ``flags``: int32, at least
     ``(T // 64 + N) * HV`` elements, zero between calls (each walker takes its count off
-    again). ``defer``: allocate and bind but do not launch; the launch is the last element
+    again). With ``guard`` the walkers carry the guard (:mod:`.guard`): an invalid
+    ``cu_seqlens`` gives NaN outputs and final states (its bits into ``status``, a `[1]`
+    int32, if given) and leaves the flags at zero. ``defer``: allocate and bind but do not launch; the launch is the last element
     of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
     """
     if solve not in SOLVES:
@@ -538,7 +553,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         bvw = min(wk.get("BV", 64), V)
         walk_opts = dict(WALKERS=True, BVW=bvw, USE_H0=h0 is not None,
                          WALK_PREC=wk.get("walk_precision", "bf16"),
-                         INLINE_PREC=wk.get("inline_precision", "bf16"))
+                         INLINE_PREC=wk.get("inline_precision", "bf16"),
+                         GUARD=bool(wk.get("guard")),
+                         HAS_STATUS=bool(wk.get("guard")) and wk.get("status") is not None)
         grid = (grid[0] + N * (V // bvw), H)
     opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices,
                 W_SPLIT=w_split, WU_PREC=wu_precision, SOLVE=solve,
@@ -552,7 +569,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     else:
         go = _INTRA_LAUNCH.bind(grid, (
             q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, At, h0, ht_, o_,
-            wk.get("flags"), cu_seqlens, chunk_indices, scale, T, N),
+            wk.get("flags"), wk.get("status"), cu_seqlens, chunk_indices, scale, T, N),
             dict(RAW_GATES=raw, **opts))
     out = (w, u, gc, P, None) if tm_out else (w, u, gc)
     if defer:

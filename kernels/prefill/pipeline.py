@@ -17,8 +17,7 @@ variant         stages                                                       GPU
 ``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3-4 with CP;
                 diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128
                 intermediates); (2) state walk forming ``v_new`` and the     (``single_launch_max_T``);
-                                                                             each + 1 guard on CUDA
-                outputs inline; with context parallelism (2) becomes
+                outputs inline (and guarding ``cu_seqlens``);                the guard inside the last with context parallelism (2) becomes
                 segment summaries, then the walk that chains them;
                 from 16,384 tokens per sequence (long path) the
                 transposed summaries, a combine kernel and the
@@ -39,9 +38,10 @@ copy, so the host-sync variants always do them, while ``no_sync``, ``fused``
 and ``graph`` do them only when the tensors are not on CUDA (``check_values=None``,
 the default; pass True/False to force). Unchecked values cannot make a kernel
 read or write out of bounds (:func:`.chunk_index.seq_bounds`), and the call's
-last launch checks them on the device (:mod:`.guard`): if invalid, every row of
-``output`` and every final state become NaN, and the optional ``status`` tensor
-says why (one more launch per call, or none for ``graph``; no sync).
+kernel that writes the outputs checks them on the device (:mod:`.guard`): if invalid,
+every row of ``output`` and every final state become NaN, and the optional ``status``
+tensor says why (no sync; no extra launch for ``fused`` and ``graph``, one for
+``no_sync``, whose outputs two kernels write).
 """
 from __future__ import annotations
 
@@ -70,17 +70,18 @@ __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill
            "fused_launches",
            "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
 
-#: Launches per call on a GPU with the default ``check_values`` (``no_sync`` and ``fused``
-#: include the device-side guard of ``cu_seqlens``, :mod:`.guard`), by variant
+#: Launches per call on a GPU with the default ``check_values`` (``no_sync`` includes the
+#: device-side guard of ``cu_seqlens``, :mod:`.guard`; ``fused`` guards in its last kernel)
 #: (``kernels``: GPU kernels incl. torch ops;
 #: ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device).
 LAUNCHES = {
     "unfused": dict(kernels=12, triton=4, torch_ops=8, copies=3, syncs=2),
     "fused_gates": dict(kernels=4, triton=4, torch_ops=0, copies=3, syncs=2),
     "no_sync": dict(kernels=5, triton=5, torch_ops=0, copies=0, syncs=0),
-    "fused": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
-    "fused+single": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
-    "fused+cp": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
+    "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
+    "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
+    "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
+    "fused+cp_long": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
 }
 
 
@@ -121,14 +122,15 @@ def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, outp
     return shape, resolve_scale(scale, D), o, ht, bool(check_values)
 
 
-def _finish(cu_seqlens, o, ht, checked, status, flags=None, pdl=False):
-    """After the call's kernels: checked on the host -> ``status = 0`` (if given); else the
-    device-side guard (:mod:`.guard`: NaN outputs and status bits on invalid values)."""
+def _finish(cu_seqlens, o, ht, checked, status, pdl=False):
+    """After the kernels of a composition whose outputs two kernels write: checked on the
+    host -> ``status = 0`` (if given); else the device-side guard's own launch
+    (:mod:`.guard`: NaN outputs and status bits on invalid values)."""
     if checked:
         if status is not None:
             status.zero_()
     else:
-        guard_fwd(cu_seqlens, o, ht, status=status, flags=flags, pdl=pdl)
+        guard_fwd(cu_seqlens, o, ht, status=status, pdl=pdl)
     return o, ht
 
 
@@ -304,21 +306,23 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     (segment summaries) and phase C (walk + outputs), phase C chaining the earlier
     segments' transitions itself; from 16,384 tokens per sequence the long path
     (:func:`_cp_long`: transposed walks, a phase-B combine kernel). Unchecked
-    ``cu_seqlens`` values are checked on the device by one more launch (:mod:`.guard`).
+    ``cu_seqlens`` values are checked on the device by the last kernel (:mod:`.guard`).
     """
     shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                           scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
-    flags = fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
-                           shape, cp, cfg)
-    return _finish(cu_seqlens, o, ht, checked, status, flags, pdl=cfg.pdl)
+    fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
+                   shape, cp, cfg, guard=not checked, status=status)
+    if checked and status is not None:
+        status.zero_()
+    return o, ht
 
 
 def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, shape,
-                   cp, cfg) -> Optional[torch.Tensor]:
-    """The ``fused`` variant's kernels on validated inputs and allocated outputs (no guard:
-    :mod:`.graph` guards in its unpack kernel). Returns the one-launch path's flag buffer
-    if that path ran (the guard zeroes it on invalid ``cu_seqlens``), else None."""
+                   cp, cfg, guard=False, status=None) -> None:
+    """The ``fused`` variant's kernels on validated inputs and allocated outputs. ``guard``:
+    the kernel that writes the outputs checks ``cu_seqlens`` on the device (:mod:`.guard`;
+    ``status`` gets its bits; :mod:`.graph` guards in its unpack kernel instead)."""
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
@@ -333,7 +337,7 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
         if flags is not None:
             walkers = dict(initial_state=state, final_state=ht, output=o, flags=flags,
                            BV=WALKER_BV, walk_precision=cfg.precision,
-                           inline_precision=cfg.precision)
+                           inline_precision=cfg.precision, guard=guard, status=status)
     trigger = "start" if cfg.pdl else ""
     programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
     short = seg == 0 and T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
@@ -347,13 +351,13 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
         **_intra(cfg, True, walkers is not None))
     if walkers is not None:
         go_intra()
-        return walkers["flags"]
+        return None
     if seg == 0 and walk_transposed_rule(BV, short, precise=precise, tm=True):
         bvt = cfg.walk_BV or min(128, D)
         go_walk = state_walk_t_fwd(
             q, k, v, Tb, Aqk, gc, cu_seqlens, initial_state=state, output=o, final_state=ht,
             scale=scale, BV=bvt, num_warps=8 if bvt >= 128 else 4, num_stages=2,
-            loop_stages=2, pdl=cfg.pdl, defer=True, **prec)
+            loop_stages=2, pdl=cfg.pdl, guard=guard, status=status, defer=True, **prec)
         go_intra()
         go_walk()
         return None
@@ -363,14 +367,15 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
                 pipe_skip=walk_pipe_skip_rule(BV, short, precise=precise, tm=True), **prec)
     if seg == 0:
         go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
-                                 output=o, final_state=ht, defer=True, **walk)
+                                 output=o, final_state=ht, guard=guard, status=status,
+                                 defer=True, **walk)
         go_intra()
         go_walk()
         return None
     seg_t = seg * BT
     if cp_long(T, N):
         return _cp_long(q, k, v, Tb, Aqk, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg,
-                        go_intra)
+                        go_intra, guard, status)
     summary = torch.empty(num_slots(T, N, seg_t), HV, D, 2 * D, dtype=torch.float32,
                           device=q.device)
     go_summary = state_walk_fwd(
@@ -381,14 +386,15 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
     go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
                              summary=summary, chain=True, output=o, final_state=ht,
                              seg_t=seg_t, chain_precision=cfg.cp_chain_precision,
-                             defer=True, **walk)
+                             guard=guard, status=status, defer=True, **walk)
     go_intra()
     go_summary()
     go_walk()
     return None
 
 
-def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, go_intra):
+def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, go_intra,
+             guard, status):
     """Context parallelism of long sequences with the transposed walks (:mod:`.state_walk_t`,
     :func:`.context_parallel.cp_long_segment_chunks`): phase A (each segment's
     ``[M^T ; X^T]``: two programs of ``K`` rows per segment and head, 3 pipeline stages),
@@ -412,7 +418,7 @@ def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, g
     go_b = segment_combine_t_fwd(summ, s0, cu_seqlens, state, seg_t=seg_t, T=T,
                                  BV=min(16, D), defer=True)
     go_c = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=o, final_state=ht,
-                            num_stages=2, loop_stages=2, **kw)
+                            num_stages=2, loop_stages=2, guard=guard, status=status, **kw)
     go_intra()
     go_a()
     go_b()

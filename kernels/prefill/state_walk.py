@@ -45,8 +45,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, num_slots, segment_bounds, seq_bounds  # noqa: E402
+from .chunk_index import BT, cu_status, num_slots, segment_bounds, seq_bounds  # noqa: E402
 from .dots import mm, mm_pair  # noqa: E402
+from .guard import guard_outputs  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
 
@@ -148,6 +149,7 @@ def state_walk_kernel(
     summ,           # [S, H, K, K+V] f32 segment transitions [M | X]: out (SUMMARY), in (CHAIN)
     q,              # [T, HQ, K] bf16 queries (TM_FORM and FUSE_OUTPUT) or None
     scale,          # output scale (TM_FORM and FUSE_OUTPUT)
+    status,         # [1] int32 out: the guard's status bits (GUARD and HAS_STATUS) or None
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -176,11 +178,19 @@ def state_walk_kernel(
     PIPE_SKIP_Q: tl.constexpr = False,  # TM_FORM + FUSE_OUTPUT: q is loaded outside the chunk
                                         # loop's pipeline (its stage buffers cost shared
                                         # memory; the load's latency is exposed)
+    GUARD: tl.constexpr = False,        # FUSE_OUTPUT: outputs NaN if cu_seqlens is invalid
+    HAS_STATUS: tl.constexpr = False,   # GUARD: store the status bits into status (.guard)
 ):
     # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
     # exits, so this kernel's completion implies the earlier kernels' completion
     grid_trigger(PDL_TRIGGER)
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if GUARD:
+        n_u = tl.num_programs(0)
+        if guard_outputs(cu_status(cu_seqlens, N, T, 128), o, ht, status, T, N,
+                         i_u + n_u * (i_h + H * i_v), n_u * H * tl.num_programs(2), H, V, K,
+                         HAS_STATUS, PDL_WAIT) != 0:
+            return
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
     if SEG_T == 0:
@@ -297,7 +307,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, initial_state=None,
                    out_precision: str = OUTPUT_INLINE_PRECISION, chain: bool = False,
                    chain_precision: str = "tf32x3", pdl: bool = False, pdl_trigger: str = "",
                    loop_stages: Optional[int] = None, defer: bool = False, q=None,
-                   scale: float = 1.0, tm_form: bool = False, pipe_skip: str = ""):
+                   scale: float = 1.0, tm_form: bool = False, pipe_skip: str = "",
+                   guard: bool = False, status=None):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     Grid: ``(units, HV, columns // BV)`` with units ``N`` (``seg_t == 0``) or
@@ -316,6 +327,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, initial_state=None,
     output): ``q`` is loaded outside the chunk loop's software pipeline: its stage buffers
     are the difference between one and two programs per SM at width 64 with a 2-stage
     loop (131 KB of shared memory with every load pipelined, 99 KB without ``q``'s).
+    ``guard`` (with ``output``): check ``cu_seqlens`` on the device and write NaN outputs if
+    it is invalid (:mod:`.guard`), its bits into ``status`` (`[1]` int32) if given.
     Writes into the given output tensors; returns None, or with ``defer`` the bound
     launch (a zero-argument callable, :meth:`.launch.FastLaunch.bind`) without launching.
     """
@@ -326,6 +339,8 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, initial_state=None,
         raise ValueError("tm_form needs w as Tb [T, HV, 64]")
     if output is not None and (not tm_form or q is None or p is None):
         raise ValueError("inline outputs need tm_form, p (scale * Aqk, [T, HV, 64]) and q")
+    if guard and output is None:
+        raise ValueError("guard goes with the inline outputs (output)")
     if pipe_skip not in ("", "q") or pdl_trigger not in ("", "start"):
         raise ValueError(f"pipe_skip must be '' or 'q' and pdl_trigger '' or 'start', got "
                          f"{pipe_skip!r}, {pdl_trigger!r}")
@@ -336,14 +351,15 @@ def state_walk_fwd(k, w, u, gc, cu_seqlens, *, p=None, initial_state=None,
     pdl_opts = launch_options(pdl, k.device)
     go = _WALK_LAUNCH.bind(grid, (
         p, k, w, u, gc, initial_state, cu_seqlens, output, h, v_new, final_state,
-        summary, q if tm_form else None, float(scale) if tm_form else 1.0, T, N), dict(
+        summary, q if tm_form else None, float(scale) if tm_form else 1.0, status, T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
         USE_H0=initial_state is not None, CHAIN=chain,
         STORE_H=h is not None, STORE_VNEW=v_new is not None, FUSE_OUTPUT=output is not None,
         SUMMARY=is_summary, TM_FORM=tm_form, PIPE_SKIP_Q=pipe_skip == "q" and output is not None,
         W_SPLIT=w.dim() == 4, DOT_PREC=dot_precision, OUT_PREC=out_precision,
         CHAIN_PREC=chain_precision, LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts),
-        PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(k.device), **pdl_opts,
+        PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(k.device), GUARD=guard,
+        HAS_STATUS=guard and status is not None, **pdl_opts,
         num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go

@@ -35,8 +35,9 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, segment_bounds, seq_bounds  # noqa: E402
+from .chunk_index import BT, cu_status, segment_bounds, seq_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
+from .guard import guard_outputs  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
 
@@ -57,6 +58,7 @@ def state_walk_t_kernel(
     cu_seqlens,     # [N+1] int32/int64
     o,              # [T, H, V] bf16 out (not SUMMARY)
     ht,             # [N, H, V, K] f32 out: final state, k-last (not SUMMARY)
+    status,         # [1] int32 out: the guard's status bits (GUARD and HAS_STATUS) or None
     scale,          # output scale
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
@@ -74,6 +76,8 @@ def state_walk_t_kernel(
     FROM_S0: tl.constexpr = False,   # CP phase C: start from the segment's entering state
     LOOP_STAGES: tl.constexpr = None,   # software-pipeline stages of the chunk loop
     PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
+    GUARD: tl.constexpr = False,        # outputs NaN if cu_seqlens is invalid (.guard)
+    HAS_STATUS: tl.constexpr = False,   # GUARD: store the status bits into status
 ):
     """One program per ``(sequence or segment slot, value head, BV state columns)``: walks
     its chunks from ``h0`` / ``s0`` (or zeros) and writes every output row and the final
@@ -81,6 +85,12 @@ def state_walk_t_kernel(
     the identity and see no values, rows ``K + v`` start at zero and see ``v``) and stores
     ``[M^T ; X^T]`` with ``S_end = M S_start + X``."""
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if GUARD:
+        n_u = tl.num_programs(0)
+        if guard_outputs(cu_status(cu_seqlens, N, T, 128), o, ht, status, T, N,
+                         i_u + n_u * (i_h + H * i_v), n_u * H * tl.num_programs(2), H, V, K,
+                         HAS_STATUS, PDL_WAIT) != 0:
+            return
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
     if SEG_T == 0:
@@ -149,7 +159,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
                      final_state=None, scale: float = 1.0, BV: int = 128, num_warps: int = 8,
                      num_stages: int = 2, loop_stages=None, dot_precision: str = "bf16",
                      out_precision: str = "bf16", pdl: bool = False, seg_t: int = 0,
-                     summary=None, s0=None, defer: bool = False):
+                     summary=None, s0=None, guard: bool = False, status=None,
+                     defer: bool = False):
     """Launch :func:`state_walk_t_kernel` once.
 
     Args:
@@ -168,6 +179,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
             outputs), or
         s0: `[S, HV, V, K]` f32 entering state per slot (phase C: outputs; each sequence's
             last segment writes ``final_state``).
+        guard: check ``cu_seqlens`` on the device and write NaN outputs if it is invalid
+            (:mod:`.guard`; not with ``summary``); ``status``: `[1]` int32 for its bits.
     Returns None, or with ``defer`` the bound launch without launching it.
     """
     T, HQ, K = k.shape
@@ -177,16 +190,19 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         raise ValueError(f"BV must divide V={V} and K={K} and be >= 16, got {BV}")
     if (summary is not None or s0 is not None) != bool(seg_t):
         raise ValueError("seg_t goes with exactly one of summary (phase A) and s0 (phase C)")
+    if guard and summary is not None:
+        raise ValueError("guard goes with the outputs, not with summary (phase A)")
     units = (int(T) // seg_t + N) if seg_t else N
     rows = K + V if summary is not None else V
     pdl_opts = launch_options(pdl, k.device)
     go = _WALK_T_LAUNCH.bind((units, H, rows // BV), (
         q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output, final_state,
-        float(scale), T, N), dict(
+        status, float(scale), T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, USE_H0=initial_state is not None,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, SEG_T=int(seg_t),
         SUMMARY=summary is not None, FROM_S0=s0 is not None, LOOP_STAGES=loop_stages,
-        PDL_WAIT=bool(pdl_opts), **pdl_opts, num_warps=num_warps, num_stages=num_stages))
+        PDL_WAIT=bool(pdl_opts), GUARD=guard, HAS_STATUS=guard and status is not None,
+        **pdl_opts, num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go
     go()
