@@ -255,3 +255,41 @@ def test_steps_reference_is_consecutive_decode_steps():
     assert torch.equal(final, state)
     with pytest.raises(ValueError, match="record_steps"):
         decode_steps_reference(**inp, record_steps=(6,))
+
+
+# ----------------------------------------------------------------------------- GPU
+
+GPU_SERVING_CONFIGS = ["BV8-w1-s1-t1", "BV32-w4-s1-t1-k32", "BV32-w4-s1-t2-k32-pf",
+                       "BV64-w8-s1-t2-k32-pf-ef", None]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 33, 512])
+@pytest.mark.parametrize("T, state_dtype, pooled, inter", [
+    (1, torch.float32, True, False), (4, torch.float32, False, True),
+    (2, torch.bfloat16, True, True), (1, torch.bfloat16, False, False)])
+def test_serving_contest_shape_on_gpu(B, T, state_dtype, pooled, inter, cuda_device):
+    """Pool (with a padding and an out-of-range slot, unchecked), T tokens, bf16
+    state, intermediates: compiled for the GPU at the contest shape, every config."""
+    shape = GDNShape(4, 8, 128)
+    inp = make_decode_inputs(B, shape, seed=B + T, device=cuda_device, tokens=T,
+                             state_dtype=state_dtype, pool_size=2 * B if pooled else None)
+    if pooled and B > 1:
+        inp["state_indices"][0] = -1
+    ref = decode_reference(**inp, intermediate_states=inter)
+    for name in GPU_SERVING_CONFIGS:
+        own = dict(inp, state=inp["state"].clone())
+        res = gdn_decode(**own, config=name, intermediate_states=inter)
+        torch.cuda.synchronize()
+        assert check_outputs(tuple(res), tuple(ref)).ok, name
+    if pooled:
+        P = 2 * B
+        buf = torch.zeros(P + 2, 8, 128, 128, dtype=state_dtype, device=cuda_device)
+        pool = buf[:P]
+        pool.copy_(inp["state"])
+        bad = inp["state_indices"].clone()
+        bad[-1] = P  # out of range: padding on the unchecked path
+        out, _ = gdn_decode(**{**inp, "state": pool, "state_indices": bad})[:2]
+        torch.cuda.synchronize()
+        assert torch.count_nonzero(buf[P:]) == 0, "memory past the pool was written"
+        assert torch.count_nonzero(out[-1]) == 0

@@ -74,7 +74,7 @@ def gdn_decode_kernel(
     o,            # [B, T, HV, D] bf16 output
     scale,        # f32 output scale
     P,            # pool size (slots >= P are treated as padding)
-    T,            # tokens per sequence (>= 1)
+    T: tl.constexpr,            # tokens per sequence (>= 1; a loop, not unrolled)
     HQ: tl.constexpr,           # q/k heads
     HV: tl.constexpr,           # value heads (multiple of HQ)
     D: tl.constexpr,            # head size K = V (power of two)

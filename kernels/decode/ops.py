@@ -79,8 +79,8 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
     grid = (cfg.programs(B, HV, D),)
     gdn_decode_kernel[grid](
         q, k, v, state, ht, hi, state_indices if pooled else q, A_log, a, dt_bias, b, o,
-        resolve_scale(scale, D), state.shape[0], T,
-        HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES, PREFETCH=cfg.PREFETCH,
+        resolve_scale(scale, D), state.shape[0],
+        T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES, PREFETCH=cfg.PREFETCH,
         EVICT="evict_first" if cfg.EVICT_FIRST else "", POOLED=pooled,
         INTERMEDIATE=intermediate_states,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
