@@ -17,7 +17,11 @@ B≈16. This module measures the same on the GPU at hand:
    :mod:`kernels.bench.roofline`).
 4. :func:`plot_time_vs_B`, :func:`plot_speedup` (crossovers by log-linear
    interpolation, :func:`crossover_points`), :func:`plot_bw_fraction`.
-5. :func:`conclusion_markdown` — the conclusion, computed from the tables.
+5. :func:`run_serving` (sections 7a–c: pooled vs dense state, ``T`` tokens per
+   call, fp32 vs bf16 state, with FlashInfer's bf16-state and multi-token
+   kernels) and :func:`run_drift` (section 8: a bf16 state over
+   ``drift_steps`` consecutive steps) — from :mod:`.decode_serving`.
+6. :func:`conclusion_markdown` — the conclusion, computed from the tables.
 
 Implementation names (the ``impls`` parameter): ``ours-adaptive`` (the
 config this run's sweep picked per B, or :func:`kernels.decode.config_for`
