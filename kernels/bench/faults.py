@@ -118,7 +118,7 @@ def cases() -> List[Case]:
 
     add("valid", "match", lambda x, dev, other: None)
     add("q_float32", "error", _set("q", lambda t, d, o: t.float()))
-    add("state_bfloat16", "error", _set("state", lambda t, d, o: t.bfloat16()))
+    add("state_float16", "error", _set("state", lambda t, d, o: t.half()))  # bf16: a decode option
     add("a_float32", "error", _set("a", lambda t, d, o: t.float()))
     add("k_short", "error", _set("k", lambda t, d, o: t[..., :-1].contiguous()))
     add("v_heads", "error", _set("v", lambda t, d, o: t[..., :1, :].contiguous()))
