@@ -18,17 +18,17 @@ from .table import config_for_device
 __all__ = ["gdn_decode_fwd", "gdn_decode"]
 
 
-def _check_output(output, q, B, HV, D) -> None:
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(f"output must be a torch.Tensor or None, got {type(output).__name__}")
-    if output.dtype != torch.bfloat16:
-        raise TypeError(f"output must have dtype torch.bfloat16, got {output.dtype}")
-    if tuple(output.shape) != (B, 1, HV, D):
-        raise ValueError(f"output must have shape {(B, 1, HV, D)}, got {tuple(output.shape)}")
-    if output.device != q.device:
-        raise ValueError(f"output must be on {q.device} (like q), got {output.device}")
-    if not output.is_contiguous():
-        raise ValueError(f"output must be contiguous (got strides {output.stride()})")
+def _check_buffer(name, x, dtype, shape, q) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if x.device != q.device:
+        raise ValueError(f"{name} must be on {q.device} (like q), got {x.device}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {x.stride()})")
 
 
 def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
@@ -43,17 +43,24 @@ def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
     return config
 
 
-def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output):
+def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+                   output_state=None):
     """Check, allocate, launch. Returns ``(output, new_state)``; see :func:`gdn_decode`."""
     shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale)
     HQ, HV, D = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     B = q.shape[0]
     if output is not None:
-        _check_output(output, q, B, HV, D)
+        _check_buffer("output", output, torch.bfloat16, (B, 1, HV, D), q)
+    if output_state is not None:
+        if inplace:
+            raise ValueError("output_state must be None when inplace=True (the new state "
+                             "goes into state)")
+        _check_buffer("output_state", output_state, torch.float32, (B, HV, D, D), q)
     cfg = _resolve_config(config, B, D, q.device)
 
     o = output if output is not None else q.new_empty((B, 1, HV, D))
-    ht = state if inplace else torch.empty_like(state)
+    ht = state if inplace else (output_state if output_state is not None
+                                else torch.empty_like(state))
     grid = (cfg.programs(B, HV, D),)
     gdn_decode_kernel[grid](
         q, k, v, state, ht, A_log, a, dt_bias, b, o, resolve_scale(scale, D),
@@ -68,7 +75,8 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
                A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor,
                scale: Optional[float] = None, *,
                config: Union[DecodeConfig, str, None] = None, inplace: bool = False,
-               output: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               output: Optional[torch.Tensor] = None,
+               output_state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """One Gated DeltaNet decode step (one token per sequence), one kernel launch.
 
     Gates are computed in the kernel from their raw inputs:
@@ -90,6 +98,9 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
             :func:`kernels.decode.config_for` of the batch size on this GPU.
         inplace: write the new state into ``state`` and return it.
         output: optional preallocated `[B, 1, HV, D]` bf16 output.
+        output_state: optional preallocated `[B, HV, D, D]` f32 buffer for the new
+            state (not with ``inplace``); the contest's destination-passing entry
+            point (:mod:`kernels.contest`) writes into the evaluator's buffers.
 
     Returns:
         ``(output [B, 1, HV, D] bf16, new_state [B, HV, D, D] f32)``.
@@ -98,4 +109,5 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
         TypeError / ValueError naming the offending argument, before anything
         is allocated or written.
     """
-    return gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output)
+    return gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+                          output_state)
