@@ -343,7 +343,10 @@ def test_notebook_cupti_cold_reads_committed_results():
                  fib_us=3.0, cupti_cold_us=2.0, host_call_us=1.0, max_abs_err=0.0),
             dict(op="decode", workload="4", solution="gdn-decode-ours", status="PASSED",
                  fib_us=2.1, cupti_cold_us=2.0, host_call_us=1.0, max_abs_err=0.0)]
+    rows.append(dict(op="decode", workload="8", solution="gdn-decode-ours",
+                     status="INCORRECT_NUMERICAL", fib_us=None, cupti_cold_us=None,
+                     host_call_us=None, max_abs_err=0.5))
     df = comparison_table(rows, nb)
-    assert df.flag.tolist() == [True, False]
-    assert df.notebook_cupti_cold_us.tolist() == [nb[("gdn-decode-ours", "1")],
-                                                  nb[("gdn-decode-ours", "4")]]
+    assert df.flag.tolist() == [True, False, False]   # a failed row is reported, not flagged
+    assert df.notebook_cupti_cold_us.tolist() == [nb[("gdn-decode-ours", w)] for w in "148"]
+    assert df.fib_over_cupti.isna().tolist() == [False, False, True]

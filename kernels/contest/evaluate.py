@@ -172,6 +172,8 @@ def comparison_table(rows: List[dict], notebook: Dict[tuple, float]):
     import pandas as pd
 
     df = pd.DataFrame(rows)
+    for col in ("fib_us", "cupti_cold_us", "host_call_us", "max_abs_err"):
+        df[col] = pd.to_numeric(df[col])        # None (not timed / failed) -> NaN
     df["notebook_cupti_cold_us"] = [notebook.get((r.solution, r.workload)) for r in df.itertuples()]
     df["fib_over_cupti"] = df.fib_us / df.cupti_cold_us
     df["fib_minus_cupti_us"] = df.fib_us - df.cupti_cold_us
@@ -268,6 +270,14 @@ def evaluate(ops: Sequence[str] = ("decode", "prefill"), *, out: Optional[str] =
             print(f"{op} {wl['key']:>8} {tr.solution:<24} {row['status']:<20} "
                   f"fib {row['fib_us'] or float('nan'):9.1f} us  cupti_cold "
                   f"{row['cupti_cold_us'] or float('nan'):9.1f} us", flush=True)
+        seen = {(r["workload"], r["solution"]) for r in rows if r["op"] == op}
+        for wl in wls[op]:      # flashinfer-bench skips a workload whose run raised: say so
+            for name in sols:
+                if (wl["key"], name) not in seen:
+                    rows.append(dict(op=op, workload=wl["key"], solution=name,
+                                     status="NO_TRACE (see logs/)", fib_us=None,
+                                     max_abs_err=None, max_rel_err=None, cupti_cold_us=None,
+                                     host_call_us=None))
     df = comparison_table(rows, notebook_cupti_cold(RESULTS / slug))
     df.to_csv(root / "comparison.csv", index=False)
     info = dict(version=package_version("flashinfer_bench", dists=("flashinfer-bench",)), warmup=warmup,
