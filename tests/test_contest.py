@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -63,7 +64,7 @@ def test_check_imports_refuses_other_packages():
         bundle.check_imports({"gdn/decode/ops.py": "import numpy as np\n"})
 
 
-def test_flatten_refuses_duplicate_names_and_keeps_one_future(tmp_path):
+def test_flatten_refuses_duplicate_names_and_keeps_one_future():
     flat = bundle.flatten_modules(["kernels.spec", "kernels.reference"])
     assert flat.count("from __future__ import annotations") == 1
     assert "from .spec" not in flat
@@ -82,7 +83,7 @@ def test_definition_matches_the_public_names_and_our_spec(op):
     assert d["name"] == f"gdn_{op}_qk4_v8_d128_k_last"
     fn = decode_reference if op == "decode" else prefill_reference
     # inputs in our calling convention's order, then the two outputs
-    assert list(d["inputs"]) == list(__import__("inspect").signature(fn).parameters)
+    assert list(d["inputs"]) == list(inspect.signature(fn).parameters)
     assert list(d["outputs"]) == ["output", "new_state"]
     const = {n: a["value"] for n, a in d["axes"].items() if a["type"] == "const"}
     assert const["num_q_heads"] == const["num_k_heads"] == CONTEST.num_q_heads
@@ -122,9 +123,9 @@ def test_workloads_cover_the_contest_axes():
     Ts = [w["trace"]["workload"]["axes"]["total_seq_len"] for w in pre]
     Ns = [w["trace"]["workload"]["axes"]["num_seqs"] for w in pre]
     assert min(Ts) == 6 and max(Ts) == 8192 and min(Ns) == 1 and max(Ns) == 57
+    assert len({w["trace"]["workload"]["uuid"] for w in dec + pre}) == len(dec + pre)
     for w in dec + pre:
         wl = w["trace"]["workload"]
-        assert len({w["trace"]["workload"]["uuid"] for w in dec + pre}) == len(dec + pre)
         assert wl["inputs"]["scale"] == {"type": "scalar", "value": 1 / math.sqrt(128)}
         paths = {i["path"] for n, i in wl["inputs"].items() if n != "scale"}
         assert paths == {defs.blob_path(w["trace"]["definition"], wl["uuid"])}
