@@ -351,3 +351,22 @@ def test_notebook_cupti_cold_reads_committed_results():
     assert df.flag.tolist() == [True, False, False]   # a failed row is reported, not flagged
     assert df.notebook_cupti_cold_us.tolist() == [nb[("gdn-decode-ours", w)] for w in "148"]
     assert df.fib_over_cupti.isna().tolist() == [False, False, True]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_FIB, reason=NO_FIB)
+def test_evaluate_decode_on_gpu(tmp_path):
+    """flashinfer-bench end to end on our decode solution (short run; no baseline)."""
+    from kernels.contest.evaluate import evaluate
+
+    root = evaluate(["decode"], out=str(tmp_path), warmup=2, iterations=5, trials=1, rep=5,
+                    baseline=False)
+    import pandas as pd
+
+    df = pd.read_csv(root / "comparison.csv")
+    assert df.workload.astype(str).tolist() == [str(b) for b in DECODE_BATCH_SIZES]
+    assert (df.status == "PASSED").all(), df[["workload", "status"]]
+    assert (df.fib_us > 0).all() and (df.cupti_cold_us > 0).all() and (df.host_call_us > 0).all()
+    traces = (root / "traces" / "gdn" / f"{defs.definition_name('decode')}.jsonl").read_text()
+    assert len(traces.strip().splitlines()) == len(DECODE_BATCH_SIZES)
+    assert (root / "comparison.md").read_text().startswith("# flashinfer-bench vs our cupti_cold")
