@@ -26,6 +26,7 @@ from kernels.spec import (CONTEST, DECODE_BATCH_SIZES, PREFILL_SHAPES, GDNShape,
                           validate_prefill_inputs)
 
 REPO = Path(__file__).resolve().parent.parent
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/test_decode.py
 HAS_FIB = importlib.util.find_spec("flashinfer_bench") is not None
 NO_FIB = "flashinfer-bench is not importable (GPU-host wheels in .gpufib; not a CI dependency)"
 
@@ -201,24 +202,31 @@ class Blocked:
 
 
 sys.meta_path.insert(0, Blocked())
+import os
 import torch
 
+# compiled on a GPU host (TRITON_INTERPRET=0, as tests/conftest.py decides), else the interpreter
+dev = "cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu"
 mod = importlib.import_module(sys.argv[1])
 args, outs = torch.load(sys.argv[2])
+args = [a.to(dev) if isinstance(a, torch.Tensor) else a for a in args]
+outs = [o.to(dev) for o in outs]
 mod.run(*args, *outs)
-torch.save(outs, sys.argv[3])
+torch.save([o.cpu() for o in outs], sys.argv[3])
 """
 
 
 def _run_packed(tmp_path, sol, args, outs):
     """Unpack ``sol`` into a clean folder and call its entry in a fresh interpreter that
-    cannot import ``kernels`` (clean PYTHONPATH, cwd outside the repository)."""
+    cannot import ``kernels`` (clean PYTHONPATH, cwd outside the repository, imports of
+    kernels/FLA/FlashInfer blocked): under the Triton interpreter on the CPU, compiled
+    on a GPU host."""
     sol = json.loads(write_solution(sol, tmp_path / "packed").read_text())
     module = unpack(sol, tmp_path / "build")
     (tmp_path / "runner.py").write_text(_RUNNER)
     torch.save((args, outs), tmp_path / "in.pt")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(tmp_path / "build"))
+    env.update(TRITON_INTERPRET=os.environ["TRITON_INTERPRET"], PYTHONPATH=str(tmp_path / "build"))
     r = subprocess.run([sys.executable, "-P", str(tmp_path / "runner.py"), module,
                         str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -227,7 +235,7 @@ def _run_packed(tmp_path, sol, args, outs):
 
 
 @pytest.mark.parametrize("B, shape", [(1, CONTEST), (3, GDNShape(2, 4, 32))])
-def test_packed_decode_runs_alone_under_interpreter(tmp_path, B, shape):
+def test_packed_decode_runs_alone(tmp_path, B, shape):
     x = make_decode_inputs(B, shape, seed=B, scale=0.0 if B == 3 else None)
     x["scale"] = 1 / math.sqrt(shape.head_dim) if x["scale"] is None else x["scale"]
     ins, _ = entry_params("decode")
@@ -245,7 +253,7 @@ def test_packed_decode_runs_alone_under_interpreter(tmp_path, B, shape):
     ([5, 0, 70], GDNShape(1, 2, 32), "fused"),
     ([100, 28], GDNShape(2, 4, 16), "graph"),
 ])
-def test_packed_prefill_runs_alone_under_interpreter(tmp_path, lens, shape, variant):
+def test_packed_prefill_runs_alone(tmp_path, lens, shape, variant):
     x = make_prefill_inputs(lens, shape, seed=len(lens))
     x["scale"] = 1 / math.sqrt(shape.head_dim)
     ins, _ = entry_params("prefill")
@@ -261,7 +269,7 @@ def test_packed_prefill_runs_alone_under_interpreter(tmp_path, lens, shape, vari
 def test_gdn_decode_output_state_is_written_and_checked():
     from kernels.decode import gdn_decode
 
-    x = make_decode_inputs(2, GDNShape(1, 2, 16), seed=4)
+    x = make_decode_inputs(2, GDNShape(1, 2, 16), seed=4, device=DEVICE)
     out = torch.empty_like(x["v"])
     st = torch.full_like(x["state"], float("nan"))
     o, s = gdn_decode(**x, output=out, output_state=st)
@@ -298,7 +306,7 @@ def test_flashinfer_bench_accepts_our_definition_workloads_and_solutions(op):
     ("prefill", defs.workloads("prefill", prefill_shapes={"x": [5, 3]})[0]),
 ])
 def test_flashinfer_bench_builds_and_runs_ours_against_our_reference(op, wl):
-    """Its own builder and reference runner, on the CPU (interpreter): the check its
+    """Its own builder and reference runner (on the CPU: the interpreter): the check its
     evaluator makes, minus the CUDA timing."""
     from flashinfer_bench.compile import BuilderRegistry
     from flashinfer_bench.data import Definition, Solution
@@ -307,9 +315,9 @@ def test_flashinfer_bench_builds_and_runs_ours_against_our_reference(op, wl):
     d = Definition.model_validate(defs.definition(op))
     ref = reg.build_reference(d)
     ours = reg.build(d, Solution.model_validate(solution(op)))
-    x = defs.workload_inputs(op, wl)
+    x = defs.workload_inputs(op, wl, device=DEVICE)
     args = [x[n] for n in d.inputs]
-    outs = [torch.empty(s, dtype=t) for s, t in
+    outs = [torch.empty(s, dtype=t, device=DEVICE) for s, t in
             zip(d.get_output_shapes(wl["trace"]["workload"]["axes"]), d.torch_output_dtypes)]
     ours(*args, *outs)
     res = check_outputs(outs, ref(*args))
