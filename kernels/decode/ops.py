@@ -18,17 +18,17 @@ from .table import config_for_device
 __all__ = ["gdn_decode_fwd", "gdn_decode"]
 
 
-def _check_output(output, q, B, T, HV, D) -> None:
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(f"output must be a torch.Tensor or None, got {type(output).__name__}")
-    if output.dtype != torch.bfloat16:
-        raise TypeError(f"output must have dtype torch.bfloat16, got {output.dtype}")
-    if tuple(output.shape) != (B, T, HV, D):
-        raise ValueError(f"output must have shape {(B, T, HV, D)}, got {tuple(output.shape)}")
-    if output.device != q.device:
-        raise ValueError(f"output must be on {q.device} (like q), got {output.device}")
-    if not output.is_contiguous():
-        raise ValueError(f"output must be contiguous (got strides {output.stride()})")
+def _check_buffer(name, x, dtype, shape, q) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if x.device != q.device:
+        raise ValueError(f"{name} must be on {q.device} (like q), got {x.device}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {x.stride()})")
 
 
 def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
@@ -55,7 +55,7 @@ def _resolve_inplace(inplace, pooled: bool) -> bool:
 
 
 def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
-                   state_indices, intermediate_states, check_values):
+                   state_indices, intermediate_states, check_values, output_state=None):
     """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
     see :func:`gdn_decode`."""
     if check_values is None:
@@ -70,11 +70,17 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
         raise TypeError(f"intermediate_states must be a bool, got "
                         f"{type(intermediate_states).__name__}")
     if output is not None:
-        _check_output(output, q, B, T, HV, D)
+        _check_buffer("output", output, torch.bfloat16, (B, T, HV, D), q)
+    if output_state is not None:
+        if inplace:
+            raise ValueError("output_state must be None when the state is updated in place "
+                             "(inplace=True or state_indices)")
+        _check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
     cfg = _resolve_config(config, B, D, q.device)
 
     o = output if output is not None else q.new_empty((B, T, HV, D))
-    ht = state if inplace else torch.empty_like(state)
+    ht = state if inplace else (output_state if output_state is not None
+                                else torch.empty_like(state))
     hi = (state.new_empty((B, T, HV, D, D)) if intermediate_states else ht)
     grid = (cfg.programs(B, HV, D),)
     gdn_decode_kernel[grid](
@@ -93,7 +99,8 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
                scale: Optional[float] = None, state_indices: Optional[torch.Tensor] = None, *,
                config: Union[DecodeConfig, str, None] = None, inplace: Optional[bool] = None,
                output: Optional[torch.Tensor] = None, intermediate_states: bool = False,
-               check_values: Optional[bool] = None) -> Tuple[torch.Tensor, ...]:
+               check_values: Optional[bool] = None,
+               output_state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
     """Gated DeltaNet decode of ``T >= 1`` tokens per sequence, one kernel launch.
 
     Each state tile is read once, updated for the ``T`` tokens in order in f32
@@ -135,6 +142,10 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
         check_values: check the slot values of ``state_indices`` on the host (a
             device-to-host copy). None (default): True unless the tensors are on
             CUDA.
+        output_state: optional preallocated buffer for the new state, shaped and typed
+            like ``state`` (dense only, not with ``inplace``); the contest's
+            destination-passing entry point (:mod:`kernels.contest`) writes into the
+            evaluator's buffers.
 
     Returns:
         ``(output [B, T, HV, D] bf16, new_state)``, ``new_state`` shaped and typed
@@ -146,4 +157,4 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
         is allocated or written.
     """
     return gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
-                          state_indices, intermediate_states, check_values)
+                          state_indices, intermediate_states, check_values, output_state)
