@@ -1,7 +1,7 @@
-"""Stage 3, transposed: the fused ``"tm"`` walk holding the state as ``S^T``.
+"""Stage 3, transposed: the walk holding the state as ``S^T``.
 
 The same recurrence and outputs as :func:`.state_walk.state_walk_kernel` with
-``TM_FORM`` and ``FUSE_OUTPUT`` (no context parallelism), written for the
+``FUSE_OUTPUT``, written for the
 tensor cores' operand rules. Hopper's ``wgmma`` reads its right operand from
 shared memory and may take its left one from registers; its row count per
 warpgroup is 64. The untransposed walk multiplies loaded tiles by computed
