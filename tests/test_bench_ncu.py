@@ -133,3 +133,23 @@ def test_run_ncu_on_our_decode(tmp_path):
     df = run_ncu(dict(impl="ours", B=4), out_csv=tmp_path / "raw.csv")
     assert set(DEFAULT_METRICS) <= set(df["metric"]) and df["launch"].nunique() == 1
     assert (tmp_path / "raw.csv").read_text()
+
+
+def test_command_line_with_sections_and_one_kernel():
+    cmd = ncu_command(dict(impl="ours", op="prefill", lens=[8192]), ncu="ncu", python="py",
+                      sections=("SpeedOfLight", "WarpStateStats"), kernel="state_walk")
+    line = " ".join(cmd)
+    assert line.startswith("ncu --csv --page details --print-units base ")
+    assert "--section SpeedOfLight --section WarpStateStats" in line and "--metrics" not in line
+    assert "-k regex:state_walk -c 1" in line
+    assert line.endswith("--impl ours --op prefill --range gdnbench_measured --lens 8192")
+
+
+def test_details_page_keeps_the_section():
+    text = "\n".join([
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+        '"Section Name","Metric Name","Metric Unit","Metric Value"',
+        '"0","1","p","h","k","1","7","Occupancy","Achieved Occupancy","%","31.5"',
+    ])
+    row = parse_ncu_csv(text).iloc[0]
+    assert row["section"] == "Occupancy" and row["value"] == 31.5
