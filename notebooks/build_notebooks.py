@@ -1,4 +1,4 @@
-"""Generate the three notebooks of the suite from this one file.
+"""Generate the notebooks of the suite from this one file.
 
     python notebooks/build_notebooks.py           # (re)write notebooks/*.ipynb
     python notebooks/build_notebooks.py --check   # exit 1 if a committed notebook differs
@@ -227,10 +227,82 @@ display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
 ]
 
+# --------------------------------------------------------------------------- 04
+
+SCALING = [
+    ("md", """\
+# 04 — Prefill scaling and anatomy: how does the time grow with the length, and where does it go?
+
+The contest stops at 8,192 tokens; Qwen3-Next prompts do not. Issue 18 measured on an
+H200 (graph replay) that FlashQLA (Qwen's TileLang prefill, automatic intra-card context
+parallelism) and FlashInfer keep the GPU full at long lengths: ours took 1,880 µs at
+131,072 tokens against FlashQLA's 718 (2.6×), while the compulsory bytes at that length
+are ≈ 120 µs.
+
+This notebook times one sequence of 8k to 131k tokens, batches (4×8192, 8×4096) and the
+contest shapes for ours and every peer — FLA with its Triton kernels (`fla (triton)`) and
+with its FlashQLA backend (`fla (flashqla backend)`), FlashQLA itself, FlashInfer — each
+gated first against the float32 reference (its chunked form, checked against the token
+loop); FlashQLA runs in a worker process with its own site (`GDN_QLA_SITE`) and the same
+instruments. Then it opens our pipeline: the GPU time of each kernel by role (intra-chunk,
+walk, context-parallel phases A/B/C), each kernel against its two roofline floors
+(compulsory bytes / measured copy bandwidth, tensor FLOPs / measured bf16 GEMM rate), how
+the call is split (path, segments, programs per SM from the kernels compiled for sm_90),
+and Nsight Compute sections of one kernel. Every title names the GPU and the method."""),
+    ("params", None),
+    ("code", IMPORTS.format(module="prefill_scaling")),
+    ("md", """\
+## 1. Correctness gate
+Every implementation at every shape against the chunked float32 reference (contest rule,
+both outputs); the reference against the token loop where that is affordable. Whatever
+fails is not timed."""),
+    ("code", """\
+gate = xp.run_gate(run)
+run.show(xp.plot_gate_errors(gate), "gate_errors")
+display(run.state["reference_check"])
+xp.gate_summary(gate)"""),
+    ("md", "## 2. Time vs length"),
+    ("code", """\
+times = xp.run_times(run, gate)
+run.show(xp.plot_time_vs_T(times), "time_vs_T")
+xp.ratio_table(times)"""),
+    ("md", """\
+## 3. How our call is split
+Path (one launch, walk, chained or long context parallelism), walk tile width, chunks per
+segment and segments, launches: the host rules of `kernels.prefill` for each shape."""),
+    ("code", """\
+plan = xp.plan_table(run)
+plan"""),
+    ("md", """\
+## 4. Where our time goes: kernels, rooflines, resources
+Per-kernel GPU durations (CUPTI kernel records through torch.profiler, eager calls, warm
+L2; median of `kernel_calls`), each kernel's floors, and every launch compiled for sm_90
+(registers, spill stack, shared memory, programs per SM, waves over the SMs)."""),
+    ("code", """\
+anatomy = xp.run_anatomy(run, times)
+run.show(xp.plot_kernel_breakdown(anatomy["kernels"]), "kernel_breakdown")
+run.show(xp.plot_roofline(anatomy["roofline"]), "roofline")
+display(anatomy["roofline"])
+anatomy["resources"]"""),
+    ("md", "## 5. Nsight Compute sections of one kernel"),
+    ("code", """\
+ncu = xp.run_ncu_sections(run)
+xp.ncu_summary(ncu)"""),
+    ("md", "## Conclusion"),
+    ("code", """\
+conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, plan=plan,
+                                         roofline=anatomy["roofline"],
+                                         reference_check=run.state["reference_check"]))
+run.write_text(conclusion, "conclusion.md")
+display(Markdown(conclusion))"""),
+    ("code", "run.finish()"),
+]
+
 NOTEBOOKS = {
     "01_decode_crossover": ("decode_crossover", DECODE),
     "02_prefill_launch_overhead": ("prefill_overhead", PREFILL),
     "03_ncu_instruction_counts": ("ncu_counts", NCU),
+    "04_prefill_scaling": ("prefill_scaling", SCALING),
 }
 
 
