@@ -284,13 +284,21 @@ run.show(xp.plot_kernel_breakdown(anatomy["kernels"]), "kernel_breakdown")
 run.show(xp.plot_roofline(anatomy["roofline"]), "roofline")
 display(anatomy["roofline"])
 anatomy["resources"]"""),
-    ("md", "## 5. Nsight Compute sections of one kernel"),
+    ("md", """\
+## 5. Accuracy on hard inputs
+Correlated keys (spread 0: identical keys in a sequence), beta ≈ 0.98, decay > 0.99 per
+token (`kernels.stress_inputs`): max abs error against the chunked float32 reference, for
+every implementation and ours with `ACCURATE_CONFIG`. The contest tolerance is 1e-2."""),
+    ("code", """\
+stress = xp.run_stress(run)
+xp.stress_table(stress)"""),
+    ("md", "## 6. Nsight Compute sections of one kernel"),
     ("code", """\
 ncu = xp.run_ncu_sections(run)
 xp.ncu_summary(ncu)"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, plan=plan,
+conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, plan=plan, stress=stress,
                                          roofline=anatomy["roofline"],
                                          reference_check=run.state["reference_check"]))
 run.write_text(conclusion, "conclusion.md")

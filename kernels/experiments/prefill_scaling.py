@@ -18,7 +18,8 @@ length, and where does our pipeline's time go?
    split (:func:`plan_table`: path, tile width, segments) → ``plan.csv``; registers, shared
    memory and programs per SM of every launch compiled for sm_90
    (:mod:`kernels.bench.sm90`) → ``resources.csv``.
-4. :func:`run_ncu_sections` — Nsight Compute sections of one kernel of one call
+4. :func:`run_stress` — accuracy on hard inputs (``stress.csv``; the questions
+   ``scripts/prefill_solve_stress.py`` answered). :func:`run_ncu_sections` — Nsight Compute sections of one kernel of one call
    (``ncu_shape``, ``ncu_kernel``) → ``ncu_sections.csv``.
 5. Figures and :func:`conclusion_markdown`, computed from the tables.
 
@@ -61,6 +62,10 @@ PARAMS = COMMON_PARAMS + (
     Param("anatomy_shapes", "list", ["57x64", "8192", "4x8192", "131072"],
           "shapes whose per-kernel times, rooflines and sm_90 resources are measured"),
     Param("kernel_calls", "int", 7, "recorded calls per anatomy shape (median per kernel)"),
+    Param("stress_shapes", "list", ["8192", "57x64"],
+          "shapes of the accuracy check on hard inputs (kernels.stress_inputs)"),
+    Param("stress_spreads", "list", [0.0, 0.02, 0.1, 1.0],
+          "key spreads of the hard inputs (0: identical keys in a sequence)"),
     Param("ncu_shape", "str", "131072", "shape of the Nsight Compute profile ('' to skip)"),
     Param("ncu_kernel", "str", "state_walk",
           "regex: the first launch of our call matching it is profiled"),
@@ -367,6 +372,53 @@ def run_anatomy(run: Run, times: pd.DataFrame) -> Dict[str, pd.DataFrame]:
     return out
 
 
+def run_stress(run: Run) -> pd.DataFrame:
+    """Accuracy on hard inputs (:func:`kernels.stress_inputs.make_prefill_stress_inputs`:
+    correlated keys, beta ~ 0.98, decay > 0.99 per token) at ``stress_shapes`` x
+    ``stress_spreads``: every implementation, plus ours with ``ACCURATE_CONFIG``, against
+    the chunked float32 reference (``stress.csv``). Not a timing gate: the contest inputs
+    are; this says which implementation stays within the tolerance where keys correlate."""
+    from kernels.prefill import ACCURATE_CONFIG, make_prefill_impl
+    from kernels.reference import prefill_reference_chunked
+    from kernels.stress_inputs import make_prefill_stress_inputs
+
+    impls = dict(run.state["impls"])
+    if "ours" in impls:
+        impls["ours (ACCURATE_CONFIG)"] = make_prefill_impl("fused", config=ACCURATE_CONFIG)
+    rows = []
+    for spec in run.params["stress_shapes"]:
+        lab, lens = parse_shape(spec)
+        for spread in run.params["stress_spreads"]:
+            x = make_prefill_stress_inputs(lens, run.state["shape"], spread=float(spread),
+                                           seed=run.params["seed"], device=run.device)
+            ref = prefill_reference_chunked(**x)
+            key = f"stress-{lab}-{spread}"
+            for name, fn in impls.items():
+                if not fn:
+                    continue
+                label = name if name.startswith("ours") else label_of(name)
+                try:
+                    g = _gate_one(run, fn, key, x, ref)
+                except Exception as e:
+                    g = dict(status="error", ok=False, reason=short_reason(e))
+                rows.append(dict(label=label, lens=lab, spread=float(spread),
+                                 status=g.get("status"), max_abs_err=g.get("max_abs_err"),
+                                 rel_l2_err=g.get("rel_l2_err"), reason=g.get("reason", ""),
+                                 gpu=run.gpu))
+    df = pd.DataFrame(rows)
+    if len(df):
+        run.write_csv(df, "stress")
+    return df
+
+
+def stress_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Max abs error per implementation (rows) and (shape, spread) (columns)."""
+    if df is None or df.empty:
+        return pd.DataFrame()
+    return df.pivot_table(index="label", columns=["lens", "spread"], values="max_abs_err",
+                          sort=False)
+
+
 def run_ncu_sections(run: Run) -> pd.DataFrame:
     """Nsight Compute sections of the first launch matching ``ncu_kernel`` in one call of
     ours at ``ncu_shape`` (``ncu_sections.csv``); empty with the reason printed when ncu or
@@ -540,6 +592,12 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         if unav:
             txt += f" Not available here: {', '.join(unav)}."
         lines.append(txt)
+    st = dfs.get("stress")
+    if st is not None and len(st):
+        items = [f"{lab} {int((g.status == PASS).sum())}/{len(g)}"
+                 for lab, g in st.groupby("label", sort=False)]
+        lines.append(f"**Hard inputs** (correlated keys, beta ≈ 0.98, long memory; within the "
+                     f"contest tolerance / cases): " + ", ".join(items) + ".")
     if times is None or times.empty:
         lines.append("**No timings** in this run.")
         return "\n\n".join(lines)
