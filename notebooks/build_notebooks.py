@@ -165,7 +165,7 @@ run.show(xp.plot_gantt_shape(run), "gantt")"""),
     ("md", "## 4. What each step of the pipeline saves"),
     ("code", """\
 waterfalls = xp.waterfalls(run, times)
-run.show(xp.plot_waterfall(waterfalls), "waterfall")"""),
+run.show(xp.plot_waterfall(waterfalls, gpu=run.gpu), "waterfall")"""),
     ("md", "## 5. Time vs total length"),
     ("code", """\
 run.show(xp.plot_time_vs_T(times), "time_vs_T")"""),
@@ -208,8 +208,8 @@ metrics.head(12)"""),
     ("md", "## 2. Per implementation: totals and per state byte"),
     ("code", """\
 totals = xp.summarize(run, metrics)
-run.show(xp.plot_metric_bars(totals, run.params["metrics"]), "metrics_per_impl")
-run.show(xp.plot_per_state_byte(totals), "per_state_byte")
+run.show(xp.plot_metric_bars(totals, run.params["metrics"], gpu=run.gpu), "metrics_per_impl")
+run.show(xp.plot_per_state_byte(totals, gpu=run.gpu), "per_state_byte")
 totals"""),
     ("md", """\
 ## 3. Our BV sweep against the V-tile model
@@ -217,7 +217,7 @@ totals"""),
 gates once; the model predicts instructions linear in it."""),
     ("code", """\
 fit = xp.bv_fit(run, totals)
-run.show(xp.plot_bv_sweep(fit, B=run.params["B"]), "bv_sweep")
+run.show(xp.plot_bv_sweep(fit, B=run.params["B"], gpu=run.gpu), "bv_sweep")
 fit["table"] if fit else None"""),
     ("md", "## Conclusion"),
     ("code", """\

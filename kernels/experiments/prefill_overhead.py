@@ -228,9 +228,12 @@ def plot_gate_errors(gate: pd.DataFrame):
         ax.set_yscale("log")
         ax.set_xticks(np.arange(len(shapes)) + w * (len(labels) - 1) / 2, shapes, rotation=30)
         ax.set_title(title, fontsize=9)
+        ax.set_xlabel("shape (sequence lengths)")
+        ax.set_ylabel("error (log)")
         if col == "max_abs_err":
             ax.axhline(1e-2, color="k", ls="--", lw=0.8, label="atol 1e-2")
-        ax.legend(fontsize=7)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="outside right upper")
     gpu = str(gate.gpu.iloc[0]) if len(gate) else ""
     fig.suptitle(f"Prefill correctness gate vs float32 reference — {gpu}")
     return fig
@@ -373,7 +376,7 @@ def waterfalls(run: Run, times: pd.DataFrame) -> List[pd.DataFrame]:
     return out
 
 
-def plot_waterfall(tables: Sequence[pd.DataFrame]):
+def plot_waterfall(tables: Sequence[pd.DataFrame], gpu: str = ""):
     """One panel per waterfall table: the first variant's time, each step's
     change (green: saved, red: cost), the last variant's time."""
     tables = [w for w in tables if len(w)]
@@ -401,37 +404,44 @@ def plot_waterfall(tables: Sequence[pd.DataFrame]):
         ax.set_xticks(range(n + 1), names, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("time per call (µs)")
         ax.set_title(f"lens={w.lens.iloc[0]} ({w.method.iloc[0]})", fontsize=9)
-    fig.suptitle("Prefill: what each step of the pipeline saves")
+    fig.suptitle(f"Prefill: what each step of the pipeline saves — {gpu or 'GPU not given'} "
+                 f"— {tables[0].method.iloc[0]}")
     return fig
 
 
 def plot_time_vs_T(times: pd.DataFrame):
-    """Time vs total tokens T (log-log), one line per implementation (single
-    sequences joined, multi-sequence shapes as ×), one panel per method."""
+    """Time vs total tokens T (log-log), one line per implementation over the single
+    sequences (one colour per implementation in every panel), each multi-sequence shape
+    as a marker of its own (legend), one panel per method."""
     if times is None or times.empty:
         return None
+    from matplotlib.lines import Line2D
+
     methods = unique_in_order(times.method)
+    labels = unique_in_order(times.label)
+    colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+    batches = unique_in_order(times[times.N > 1].sort_values("T").lens)
+    markers = dict(zip(batches, "xP^vsD*<>p"))
     fig, axes = new_figure(1, max(1, len(methods)), panel=(5.6, 4.0))
     gpu = str(times.gpu.iloc[0]) if len(times) else ""
     for ax, method in zip(axes.flat, methods):
         t = times[times.method == method]
-        for k, label in enumerate(unique_in_order(t.label)):
+        for label in unique_in_order(t.label):
             s = t[t.label == label].sort_values(["T", "N"])
             one = s[s.N == 1]
-            line, = ax.plot(one["T"], one.median_us, marker="o", ms=3, label=label)
-            many = s[s.N > 1]
-            ax.scatter(many["T"], many.median_us, marker="x", color=line.get_color())
-            if k == 0:
-                for r in many.itertuples():
-                    ax.annotate(r.lens, (r.T, r.median_us), fontsize=6, xytext=(3, -8),
-                                textcoords="offset points")
+            ax.plot(one["T"], one.median_us, marker="o", ms=3, color=colors[label])
+            for r in s[s.N > 1].itertuples():
+                ax.scatter([r.T], [r.median_us], marker=markers.get(r.lens, "x"),
+                           color=colors[label], s=22)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("total tokens T")
-        ax.set_ylabel("time per call (µs)")
+        ax.set_xlabel("total tokens T (log)")
+        ax.set_ylabel("time per call (µs, log)")
         ax.set_title(f"{method} — {gpu}", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.suptitle("GDN prefill: time vs total length (× = several sequences)")
+    handles = [Line2D([], [], color=colors[lab], marker="o", ms=3, label=lab) for lab in labels]
+    handles += [Line2D([], [], color="k", marker=markers[b], ls="", label=b) for b in batches]
+    fig.legend(handles=handles, fontsize=7, loc="outside right upper")
+    fig.suptitle("GDN prefill: time vs total length (lines: one sequence; markers: batches)")
     return fig
 
 
@@ -461,8 +471,12 @@ def plot_busy_idle(times: pd.DataFrame, shapes: Optional[Sequence[str]] = None):
         ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=7)
         ax.set_ylabel("µs (one call)")
         ax.set_title(f"lens={lens}", fontsize=9)
-        ax.legend(fontsize=6)
-    fig.suptitle("Prefill: GPU busy vs idle within one call's wall span (% idle on top)")
+        ax.margins(y=0.12)   # room for the % labels
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="outside right upper")
+    gpu = str(t.gpu.iloc[0]) if "gpu" in t and len(t) else ""
+    fig.suptitle(f"Prefill: GPU busy vs idle within one call's wall span (% idle on top) — "
+                 f"{gpu} — one eager call recorded with torch.profiler (CUPTI)")
     return fig
 
 
@@ -476,10 +490,10 @@ def plot_gantt_shape(run: Run):
     from kernels.bench.timeline import plot_gantt
 
     fig, axes = new_figure(1, 1, panel=(11.0, 0.5 * len(tls) + 1.8))
-    res = plot_gantt(tls, ax=axes[0][0])
-    fig = getattr(res, "figure", None) or (res if hasattr(res, "savefig") else fig)
     lab = parse_shape(run.params["gantt_shape"])[0]
-    fig.suptitle(f"Prefill lens={lab}: one call per implementation — {run.gpu}")
+    res = plot_gantt(tls, ax=axes[0][0], title=f"Prefill lens={lab}: one eager call per "
+                     f"implementation — {run.gpu} — torch.profiler (CUPTI) records")
+    fig = getattr(res, "figure", None) or (res if hasattr(res, "savefig") else fig)
     return fig
 
 
