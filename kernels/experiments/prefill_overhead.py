@@ -41,7 +41,7 @@ from .common import (COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
 
 STEM = "02_prefill_launch_overhead"
 DEFAULT_VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
-PEERS = ("fla", "flashinfer")
+PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer")
 SEED_IDLE_FRAC = 0.93   # seed: 93 % of prefill wall time GPU idle (T=6; GPU not stated)
 SEED_LAUNCHES = 51      # seed: kernel launches per forward pass
 SEED_GAP_VS_FI = 8.3    # seed, B200 CUPTI: fla-chunk 1536 µs vs fi-baseline 185 µs
@@ -50,7 +50,9 @@ PARAMS = COMMON_PARAMS + (
     Param("shapes", "list",
           ["T6", "T64", "100+28", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"],
           "prefill shapes: names of kernels.spec.PREFILL_SHAPES, '100+28', '4x1024' or lists of lengths"),
-    Param("impls", "list", ["ours", "fla", "flashinfer"], "implementations: ours, fla, flashinfer"),
+    Param("impls", "list", ["ours", "fla", "fla_flashqla", "flashqla", "flashinfer"],
+          "implementations: ours, fla (triton), fla_flashqla (FLA's FlashQLA backend), flashqla, "
+          "flashinfer (the FlashQLA ones run in kernels.peers_worker, GDN_QLA_SITE)"),
     Param("variants", "list", list(DEFAULT_VARIANTS), "our pipeline variants (kernels.prefill.VARIANTS)"),
     Param("methods", "list", ["cupti_cold", "graph"], "timing methods (cupti_cold span, graph replay)"),
     Param("repetitions", "int", 50, "timed calls per point"),
@@ -156,11 +158,24 @@ def resolve_impls(run: Run) -> Dict[str, Tuple[str, str, object]]:
             out[f"ours-{v}"] = ("ours", v, fn)
     peers = [n for n in p["impls"] if n in PEERS]
     if peers:
-        from kernels.peers import prefill_impls
+        from kernels.peers import WORKER_PEERS, prefill_impls, prefill_label
+        from kernels.peers_worker import remote_prefill_impls
 
-        for name, fn in prefill_impls(tuple(peers)).items():
-            out[name] = (name, "default", fn)
+        local = [n for n in peers if n not in WORKER_PEERS]
+        remote = [n for n in peers if n in WORKER_PEERS]
+        found = dict(prefill_impls(tuple(local))) if local else {}
+        if remote:
+            found.update(remote_prefill_impls(remote))
+        for name in peers:
+            out[prefill_label(name)] = (name, "default", found[name])
     return out
+
+
+def _gate(run: Run, fn, lab: str, inputs, ref) -> dict:
+    """:func:`gate_call`, or the peer worker's gate for a peer that runs there."""
+    if getattr(fn, "remote", False):
+        return fn.run(lab, inputs, ref, device=run.device)["gate"]
+    return gate_call(fn, inputs, ref, run.device)
 
 
 class _Unavailable:
@@ -192,7 +207,10 @@ def run_gate(run: Run) -> pd.DataFrame:
                 rows.append(dict(base, status=UNAVAILABLE, ok=False,
                                  reason=getattr(fn, "reason", "not available")))
                 continue
-            rows.append(dict(base, **gate_call(fn, inputs, ref, run.device)))
+            try:
+                rows.append(dict(base, **_gate(run, fn, lab, inputs, ref)))
+            except Exception as e:  # a peer worker that dies is reported like a failing call
+                rows.append(dict(base, status=ERROR, ok=False, reason=short_reason(e)))
     gate = pd.DataFrame(rows)
     for label, g in gate[gate.status == UNAVAILABLE].groupby("label", sort=False):
         run.skip(f"{label} (all shapes)", str(g.reason.iloc[0]))
@@ -284,6 +302,10 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 if not g.empty and g.status.iloc[0] != UNAVAILABLE:
                     run.skip(f"{label} lens={lab}", f"gate {g.status.iloc[0]}")
                 continue
+            if getattr(fn, "remote", False):
+                rows += _measure_remote(run, fn, label, impl, variant, lab, lens, inputs,
+                                        methods, gantt_label)
+                continue
             call = (lambda f=fn: f(**inputs))
             summ = {}
             try:
@@ -291,15 +313,11 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 summ = dict(tl.summary())
                 if lab == gantt_label:
                     run.state["timelines"][label] = tl
-                    path = run.path(f"trace_{lab}_{label}.json")
+                    path = run.path(f"trace_{lab}_{re.sub(r'[^A-Za-z0-9_.+-]', '_', label)}.json")
                     tl.export_chrome_trace(path)
             except Exception as e:
                 run.skip(f"timeline {label} lens={lab}", short_reason(e))
-            base = dict(impl=impl, variant=variant, lens=lab, T=sum(lens), N=len(lens),
-                        launches=summ.get("launches", np.nan), busy_us=summ.get("busy_us", np.nan),
-                        span_us=summ.get("span_us", np.nan), idle_frac=summ.get("idle_frac", np.nan),
-                        largest_gap_us=max(summ.get("largest_gaps_us") or [np.nan]),
-                        gpu=run.gpu, label=label)
+            base = _base_row(run, impl, variant, lab, lens, label, summ)
             for method in methods:
                 try:
                     t = time_call(call, method, rep=p["repetitions"], warmup=p["warmup"])
@@ -314,6 +332,44 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     else:
         print("no timings in this run: prefill_times.csv not written")
     return times
+
+
+def _base_row(run, impl, variant, lab, lens, label, summ) -> dict:
+    return dict(impl=impl, variant=variant, lens=lab, T=sum(lens), N=len(lens),
+                launches=summ.get("launches", np.nan), busy_us=summ.get("busy_us", np.nan),
+                span_us=summ.get("span_us", np.nan), idle_frac=summ.get("idle_frac", np.nan),
+                largest_gap_us=max(summ.get("largest_gaps_us") or [np.nan]),
+                gpu=run.gpu, label=label)
+
+
+def _measure_remote(run, fn, label, impl, variant, lab, lens, inputs, methods, gantt_label):
+    """Timeline + timings of a peer that runs in :mod:`kernels.peers_worker` (gated again
+    there on the same inputs)."""
+    from kernels.bench.timeline import Timeline
+
+    p = run.params
+    trace = str(run.path(f"trace_{lab}_{impl}.json")) if lab == gantt_label else None
+    try:
+        res = fn.run(lab, inputs, run.state["refs"][lab], device=run.device, methods=methods,
+                     rep=p["repetitions"], warmup=p["warmup"], timeline=True, trace=trace)
+    except Exception as e:
+        run.skip(f"{label} lens={lab}", short_reason(e))
+        return []
+    if res["gate"].get("status") != PASS:
+        run.skip(f"{label} lens={lab}", f"gate {res['gate'].get('status')} in the timing run")
+        return []
+    if res.get("timeline_error"):
+        run.skip(f"timeline {label} lens={lab}", res["timeline_error"])
+    if trace and res.get("timeline"):
+        run.state["timelines"][label] = Timeline.from_chrome_trace(trace)
+    base = _base_row(run, impl, variant, lab, lens, label, res.get("timeline") or {})
+    rows = []
+    for t in res["timings"]:
+        if "error" in t:
+            run.skip(f"{label} lens={lab} {t['method']}", t["error"])
+        else:
+            rows.append(dict(base, **t))
+    return rows
 
 
 def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
