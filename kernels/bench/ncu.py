@@ -256,8 +256,11 @@ def _parse_raw(header: list, body: list) -> pd.DataFrame:
 def _parse_details(header: list, body: list) -> pd.DataFrame:
     ix = {h: i for i, h in enumerate(header)}
     out = []
+    need = max(ix["Metric Name"], ix["Metric Value"], ix["Kernel Name"])
     for r in body:
-        if len(r) < len(header) or r[0] == "ID":
+        # metric rows end at "Metric Value" (ncu 2025 adds rule columns that only its rule
+        # rows fill); rule rows have no metric name
+        if len(r) <= need or r[0] == "ID" or not r[ix["Metric Name"]].strip():
             continue
         v, u = _to_base(_number(r[ix["Metric Value"]]), r[ix.get("Metric Unit", 0)]
                         if "Metric Unit" in ix else "")

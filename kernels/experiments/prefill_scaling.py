@@ -343,7 +343,7 @@ def run_anatomy(run: Run, times: pd.DataFrame) -> Dict[str, pd.DataFrame]:
         except Exception as e:
             run.skip(f"per-kernel times lens={lab}", short_reason(e))
             continue
-        kern.append(kt.assign(lens=lab, T=T, N=N))
+        kern.append(kt.assign(lens=lab, T=T, N=N, gpu=run.gpu))
         _, seg = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
         for k in kt.itertuples():
             try:
@@ -447,14 +447,14 @@ def run_ncu_sections(run: Run) -> pd.DataFrame:
 
 
 def ncu_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """The headline metrics of :func:`run_ncu_sections` (throughputs, occupancy, registers,
-    shared memory, the largest warp stall reasons)."""
+    """The profiled kernel's metrics, one row per (section, metric): ``kernel, section,
+    metric, value, unit`` (rows without a value dropped)."""
     if df is None or df.empty:
         return pd.DataFrame()
-    keys = ("Throughput", "Duration", "Occupancy", "Registers Per Thread", "Shared Memory",
-            "Warp Cycles Per Issued Instruction", "Stall", "Block Limit")
-    m = df[df.metric.astype(str).str.contains("|".join(keys))]
-    return m[["kernel", "section", "metric", "value", "unit"]].reset_index(drop=True)
+    cols = [c for c in ("kernel", "section", "metric", "value", "unit") if c in df]
+    out = df[df.value.notna()][cols]
+    return out.sort_values([c for c in ("section", "metric") if c in out], kind="stable") \
+        .reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- 4. figures
@@ -475,10 +475,11 @@ def plot_time_vs_T(times: pd.DataFrame):
     t = t[t.method == method]
     fig, axes = new_figure(1, 2, panel=(6.2, 4.2))
     ax = axes[0][0]
-    for label in unique_in_order(t.impl):
+    for i, label in enumerate(unique_in_order(t.impl)):
         s = t[t.impl == label].sort_values("T")
         one = s[s.N == 1]
-        line, = ax.plot(one["T"], one.median_us, marker="o", ms=3, label=label)
+        line, = ax.plot(one["T"], one.median_us, marker="o", ms=3, label=label,
+                        ls=("-", "--", "-.", ":")[i % 4])   # equal peers stay distinguishable
         many = s[s.N > 1]
         ax.scatter(many["T"], many.median_us, marker="x", color=line.get_color())
     ax.set_xscale("log")
@@ -514,29 +515,31 @@ _ROLE_COLORS = {"intra-chunk": "tab:blue", "intra-chunk + walkers": "tab:cyan",
 
 
 def plot_kernel_breakdown(kernels: pd.DataFrame):
-    """Per anatomy shape: our call's kernel times by role, stacked (µs), with the call's
-    wall span marked."""
+    """Per anatomy shape: each kernel role's share of our call's summed kernel time (stacked
+    to 1, linear), with the kernel time and the call's wall span in µs above each bar."""
     if kernels is None or kernels.empty:
         return None
     shapes = unique_in_order(kernels.lens)
-    fig, axes = new_figure(1, 1, panel=(max(5.0, 1.3 * len(shapes) + 2.5), 4.0))
+    fig, axes = new_figure(1, 1, panel=(max(5.0, 1.3 * len(shapes) + 3.0), 4.0))
     ax = axes[0][0]
-    roles = unique_in_order(kernels.role)
+    totals = np.array([kernels[kernels.lens == s].median_us.sum() for s in shapes])
     bottom = np.zeros(len(shapes))
-    for role in roles:
+    for role in unique_in_order(kernels.role):
         vals = np.array([kernels[(kernels.lens == s) & (kernels.role == role)].median_us.sum()
-                         for s in shapes])
-        ax.bar(range(len(shapes)), vals, bottom=bottom, label=role,
+                         for s in shapes]) / totals
+        ax.bar(range(len(shapes)), vals, bottom=bottom, label=role, width=0.6,
                color=_ROLE_COLORS.get(role))
         bottom += vals
-    spans = [float(kernels[kernels.lens == s].span_us.iloc[0]) for s in shapes]
-    ax.scatter(range(len(shapes)), spans, marker="_", s=400, color="k", label="wall span")
+    for i, s in enumerate(shapes):
+        span = float(kernels[kernels.lens == s].span_us.iloc[0])
+        ax.text(i, 1.01, f"kernels {fmt_us(totals[i])}\nspan {fmt_us(span)}", ha="center",
+                va="bottom", fontsize=7)
+    ax.set_ylim(0, 1.18)
     ax.set_xticks(range(len(shapes)), shapes)
-    ax.set_yscale("log")
-    ax.set_ylabel("µs per call (log)")
+    ax.set_ylabel("share of the call's kernel time")
     ax.set_xlabel("shape")
-    ax.legend(fontsize=7, loc="upper left")
-    gpu = str(kernels.gpu.iloc[0]) if "gpu" in kernels else ""
+    fig.legend(fontsize=7, loc="outside right upper")
+    gpu = str(kernels.gpu.iloc[0]) if "gpu" in kernels and len(kernels) else ""
     fig.suptitle(f"Where our prefill's time goes — {gpu} — kernel durations "
                  f"(CUPTI via torch.profiler, eager, warm L2)")
     return fig
@@ -561,7 +564,8 @@ def plot_roofline(roof: pd.DataFrame):
         ax.set_yscale("log")
         ax.set_title(f"lens={s}", fontsize=9)
     axes[0][0].set_ylabel("µs (log)")
-    axes[0][0].legend(fontsize=6, loc="lower left")
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="outside right upper")
     fig.suptitle(f"Roofline per kernel of our prefill — {roof.gpu.iloc[0]} — kernel "
                  f"durations (CUPTI), floors from measured copy bandwidth / GEMM rate")
     return fig
