@@ -251,7 +251,7 @@ def plot_gate_errors(gate: pd.DataFrame):
         if col == "max_abs_err":
             ax.axhline(1e-2, color="k", ls="--", lw=0.8, label="atol 1e-2")
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, fontsize=7, loc="outside right upper")
+    fig.legend(handles, names, fontsize=7, loc="outside right center")
     gpu = str(gate.gpu.iloc[0]) if len(gate) else ""
     fig.suptitle(f"Prefill correctness gate vs float32 reference — {gpu}")
     return fig
@@ -496,7 +496,7 @@ def plot_time_vs_T(times: pd.DataFrame):
         ax.set_title(f"{method} — {gpu}", fontsize=9)
     handles = [Line2D([], [], color=colors[lab], marker="o", ms=3, label=lab) for lab in labels]
     handles += [Line2D([], [], color="k", marker=markers[b], ls="", label=b) for b in batches]
-    fig.legend(handles=handles, fontsize=7, loc="outside right upper")
+    fig.legend(handles=handles, fontsize=7, loc="outside right center")
     fig.suptitle("GDN prefill: time vs total length (lines: one sequence; markers: batches)")
     return fig
 
@@ -529,7 +529,7 @@ def plot_busy_idle(times: pd.DataFrame, shapes: Optional[Sequence[str]] = None):
         ax.set_title(f"lens={lens}", fontsize=9)
         ax.margins(y=0.12)   # room for the % labels
     handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, fontsize=7, loc="outside right upper")
+    fig.legend(handles, names, fontsize=7, loc="outside right center")
     gpu = str(t.gpu.iloc[0]) if "gpu" in t and len(t) else ""
     fig.suptitle(f"Prefill: GPU busy vs idle within one call's wall span (% idle on top) — "
                  f"{gpu} — one eager call recorded with torch.profiler (CUPTI)")

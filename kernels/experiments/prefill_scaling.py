@@ -538,10 +538,10 @@ def plot_kernel_breakdown(kernels: pd.DataFrame):
     ax.set_xticks(range(len(shapes)), shapes)
     ax.set_ylabel("share of the call's kernel time")
     ax.set_xlabel("shape")
-    fig.legend(fontsize=7, loc="outside right upper")
+    fig.legend(fontsize=7, loc="outside right center")
     gpu = str(kernels.gpu.iloc[0]) if "gpu" in kernels and len(kernels) else ""
-    fig.suptitle(f"Where our prefill's time goes — {gpu} — kernel durations "
-                 f"(CUPTI via torch.profiler, eager, warm L2)")
+    fig.suptitle(f"Where our prefill's time goes — {gpu}\nkernel durations (CUPTI via "
+                 f"torch.profiler), eager calls, warm L2", fontsize=10)
     return fig
 
 
@@ -550,12 +550,13 @@ def plot_roofline(roof: pd.DataFrame):
     if roof is None or roof.empty:
         return None
     shapes = unique_in_order(roof.lens)
-    fig, axes = new_figure(1, len(shapes), panel=(3.8, 3.8), sharey=True)
+    fig, axes = new_figure(1, len(shapes), panel=(max(4.6, 10.0 / len(shapes)), 3.8),
+                           sharey=True)
     for ax, s in zip(axes.flat, shapes):
         r = roof[roof.lens == s].reset_index(drop=True)
         x = np.arange(len(r))
         ax.bar(x, r.measured_us, color=[_ROLE_COLORS.get(x_, "0.6") for x_ in r.role],
-               label="measured")
+               label="measured (colour: role)")
         ax.scatter(x, r.bytes_floor_us, marker="v", color="k", zorder=3,
                    label="bytes / copy bandwidth")
         ax.scatter(x, r.flops_floor_us, marker="^", color="tab:olive", zorder=3,
@@ -565,9 +566,10 @@ def plot_roofline(roof: pd.DataFrame):
         ax.set_title(f"lens={s}", fontsize=9)
     axes[0][0].set_ylabel("µs (log)")
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, fontsize=7, loc="outside right upper")
-    fig.suptitle(f"Roofline per kernel of our prefill — {roof.gpu.iloc[0]} — kernel "
-                 f"durations (CUPTI), floors from measured copy bandwidth / GEMM rate")
+    fig.legend(handles, names, fontsize=7, loc="outside right center")
+    fig.suptitle(f"Roofline per kernel of our prefill — {roof.gpu.iloc[0]}\nkernel durations "
+                 f"(CUPTI, eager, warm L2) vs bytes / copy bandwidth and FLOPs / bf16 GEMM rate "
+                 f"(both measured)", fontsize=10)
     return fig
 
 
