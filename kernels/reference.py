@@ -10,6 +10,8 @@ Per sequence and value head ``h``, with ``S = state[h].T`` of shape ``[K, V]``::
 
 This is the spec: every implementation is checked against it. It runs on any
 device (a token loop, vectorised over heads); it is slow by design.
+:func:`prefill_reference_chunked` computes the same in the chunked form (float32, TF32
+off) for lengths where the token loop is too slow (notebook 04, up to 131,072 tokens).
 """
 from __future__ import annotations
 
