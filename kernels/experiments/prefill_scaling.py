@@ -28,8 +28,7 @@ GPU-only steps print why they are skipped on the CPU (the smoke profile runs the
 """
 from __future__ import annotations
 
-import math
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 import pandas as pd
@@ -602,8 +601,8 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     if st is not None and len(st):
         items = [f"{lab} {int((g.status == PASS).sum())}/{len(g)}"
                  for lab, g in st.groupby("label", sort=False)]
-        lines.append(f"**Hard inputs** (correlated keys, beta ≈ 0.98, long memory; within the "
-                     f"contest tolerance / cases): " + ", ".join(items) + ".")
+        lines.append("**Hard inputs** (correlated keys, beta ≈ 0.98, long memory; within the "
+                     "contest tolerance / cases): " + ", ".join(items) + ".")
     if times is None or times.empty:
         lines.append("**No timings** in this run.")
         return "\n\n".join(lines)
