@@ -135,7 +135,9 @@ workload 0 (one sequence of T=6):
   185 µs (**8.3×**); next steps: no host syncs, CUDA graphs, fewer kernels.
 
 Our pipeline exposes each step as a variant: `unfused → fused_gates → no_sync
-→ graph → fused`. For every variant, FLA and FlashInfer, and shapes from T=6 to
+→ graph → fused`. For every variant, FLA (its Triton path, and dispatching to
+FlashQLA), FlashQLA (in a worker process with its own site, `GDN_QLA_SITE`) and
+FlashInfer, and shapes from T=6 to
 T=8192 (one or many sequences) this notebook records one call's GPU timeline
 (launches, busy time, wall span, idle fraction), times it with `cupti_cold`
 (launch gaps count) and `graph` replay (they don't), and draws the Gantt chart
