@@ -88,3 +88,24 @@ def test_remote_impls_and_site(monkeypatch, tmp_path, data):
     monkeypatch.setenv(peers_worker.SITE_ENV, str(tmp_path / "absent"))
     missing = peers_worker.remote_prefill_impls(["good"], peers_module=FAKE)["good"]
     assert not missing and "is not a folder" in missing.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["flashqla", "fla_flashqla"])
+def test_gpu_flashqla_peers_in_their_worker(name):
+    """On a GPU host with GDN_QLA_SITE: the FlashQLA peers pass the gate and are timed."""
+    from kernels.reference import prefill_reference_chunked
+
+    try:
+        peer = peers_worker.remote_prefill_impls([name])[name]
+        if not peer:
+            pytest.skip(peer.reason)
+        for lens in ([64], [100, 28], [8192]):
+            x = make_prefill_inputs(lens, device="cuda")
+            res = peer.run(str(lens), x, prefill_reference_chunked(**x), device="cuda",
+                           methods=["graph"], rep=3, warmup=2)
+            assert res["gate"]["status"] == "pass", res["gate"]
+            assert res["gate"]["input_untouched"] is True
+            assert res["timings"][0]["method"] == "graph" and res["timings"][0]["median_us"] > 0
+    finally:
+        peers_worker.close_workers()
