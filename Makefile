@@ -2,8 +2,13 @@
 #   make run    - bootstrap an environment, run all notebooks through papermill
 #                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter)
 #   make test   - bootstrap an environment, run the whole test suite
-# and one helper:
+# and helpers:
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
+#   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
+#                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
+#   make contest-eval [CONTEST_ARGS="--ops decode"]
+#                 flashinfer-bench on our solutions and FlashInfer (CUDA GPU) ->
+#                 results/<gpu>/contest/ (traces, comparison table)
 #
 # scripts/bootstrap.sh prints the python to use (.venv/bin/python on a CPU
 # machine; the host's python3 where it already has a CUDA torch).
@@ -14,10 +19,12 @@ NOTEBOOKS ?= all
 RUN_ARGS ?=
 PYTEST_ARGS ?= -q -rs --durations=15
 OUT ?= results/compare
+PACK_OUT ?= build/contest
+CONTEST_ARGS ?=
 
 INTERPRET = TRITON_INTERPRET=$${TRITON_INTERPRET-$$($$PY -c 'import torch;print(0 if torch.cuda.is_available() else 1)')}
 
-.PHONY: run test compare bootstrap
+.PHONY: run test compare bootstrap pack contest-eval
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -34,3 +41,10 @@ test:
 compare:
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=$(OUT)]" >&2; exit 2; }
 	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.compare $(A) $(B) --out $(OUT)
+
+pack:
+	@test "$(OP)" = decode -o "$(OP)" = prefill || { echo "usage: make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=$(PACK_OUT)]" >&2; exit 2; }
+	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.contest pack --op $(OP) $(if $(VARIANT),--variant $(VARIANT)) --out $(PACK_OUT)
+
+contest-eval:
+	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.contest evaluate $(CONTEST_ARGS)

@@ -28,7 +28,19 @@ Decode peers
                 alone, but the input state is overwritten (it violates the
                 convention; use it for timing and Nsight Compute, gate with
                 ``flashinfer``).
+``flashinfer_bf16_inplace``  the same ``gated_delta_rule_decode_pretranspose`` on a
+                *bf16* state (FlashInfer's bf16-state kernel: state read and written
+                in bf16; versions that have it also take ``T > 1`` tokens there),
+                updated in place like ``flashinfer_inplace``; refuses an f32 state.
+``flashinfer_mtp_inplace``  ``flashinfer.gdn_decode.gated_delta_rule_mtp`` (multi-token
+                decode, ``[B, T, ...]`` inputs) on an f32 state used as a pool of ``B``
+                slots (indices ``0..B-1``, made once per batch size and device),
+                ``disable_state_update=False``, no intermediate states; updates the
+                state in place.
 ``torch``       :func:`kernels.reference.decode_reference` (eager float32 PyTorch).
+
+The ``*_inplace`` peers break the convention on purpose (the kernel alone is
+timed); callers gate and time them on their own copy of the state.
 
 Prefill peers
 -------------
@@ -83,7 +95,8 @@ from .spec import resolve_scale
 __all__ = ["Unavailable", "DECODE_PEERS", "PREFILL_PEERS", "WORKER_PEERS", "PREFILL_LABELS",
            "decode_impls", "prefill_impls", "peer_status", "prefill_gates", "prefill_label"]
 
-DECODE_PEERS = ("fla", "flashinfer", "flashinfer_inplace", "torch")
+DECODE_PEERS = ("fla", "flashinfer", "flashinfer_inplace", "flashinfer_bf16_inplace",
+                "flashinfer_mtp_inplace", "torch")
 PREFILL_PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer", "torch")
 #: Prefill peers the notebooks run in :mod:`kernels.peers_worker` (tilelang's own site).
 WORKER_PEERS = ("flashqla", "fla_flashqla")
@@ -310,6 +323,51 @@ def _flashinfer_decode(copy_state: bool) -> Callable:
     return flashinfer_decode
 
 
+def _flashinfer_bf16_decode() -> Callable:
+    _need_package("flashinfer", "flashinfer-python")
+    _need_cuda("FlashInfer GDN bf16-state decode (CuTe-DSL)", min_cc=(9, 0))
+    kernel = _import("flashinfer.gdn_decode", "gated_delta_rule_decode_pretranspose",
+                     "flashinfer-python")
+    _need_params(kernel, ("use_qk_l2norm", "output"),
+                 "flashinfer gated_delta_rule_decode_pretranspose")
+
+    def flashinfer_decode_bf16_inplace(q, k, v, state, A_log, a, dt_bias, b, scale=None):
+        """FlashInfer pretranspose decode on a bf16 state, updated in place."""
+        if state.dtype != torch.bfloat16:
+            raise TypeError(f"flashinfer_bf16_inplace needs a bf16 state, got {state.dtype}")
+        out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
+        o, new = kernel(q, k, v, state, A_log, a, dt_bias, b,
+                        scale=resolve_scale(scale, q.shape[-1]), output=out, use_qk_l2norm=False)
+        return _bf16(o if o is not None else out), (new if new is not None else state)
+
+    return flashinfer_decode_bf16_inplace
+
+
+def _flashinfer_mtp_decode() -> Callable:
+    _need_package("flashinfer", "flashinfer-python")
+    _need_cuda("FlashInfer GDN MTP decode (CuTe-DSL)", min_cc=(9, 0))
+    kernel = _import("flashinfer.gdn_decode", "gated_delta_rule_mtp", "flashinfer-python")
+    _need_params(kernel, ("intermediate_states_buffer", "disable_state_update", "use_qk_l2norm",
+                          "output"), "flashinfer gated_delta_rule_mtp")
+    slots: Dict[tuple, torch.Tensor] = {}
+
+    def flashinfer_mtp_inplace(q, k, v, state, A_log, a, dt_bias, b, scale=None):
+        """FlashInfer MTP decode of ``T`` tokens; ``state`` is a pool of ``B`` slots,
+        updated in place."""
+        B = q.shape[0]
+        key = (B, state.device)
+        if key not in slots:
+            slots[key] = torch.arange(B, dtype=torch.int32, device=state.device)
+        out = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
+        o, new = kernel(q, k, v, state, slots[key], A_log, a, dt_bias, b,
+                        scale=resolve_scale(scale, q.shape[-1]), output=out,
+                        intermediate_states_buffer=None, disable_state_update=False,
+                        use_qk_l2norm=False)
+        return _bf16(o if o is not None else out), (new if new is not None else state)
+
+    return flashinfer_mtp_inplace
+
+
 def _flashinfer_prefill() -> Callable:
     _need_package("flashinfer", "flashinfer-python")
     _need_cuda("FlashInfer GDN prefill", min_cc=(9, 0))
@@ -357,6 +415,8 @@ _DECODE_BUILDERS = {
     "fla": _fla_decode,
     "flashinfer": lambda: _flashinfer_decode(copy_state=True),
     "flashinfer_inplace": lambda: _flashinfer_decode(copy_state=False),
+    "flashinfer_bf16_inplace": _flashinfer_bf16_decode,
+    "flashinfer_mtp_inplace": _flashinfer_mtp_decode,
     "torch": _torch_decode,
 }
 _PREFILL_BUILDERS = {
@@ -399,10 +459,11 @@ def prefill_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict
 def _version(name: str) -> str:
     from .bench.provenance import package_version
 
-    module = {"fla": "fla", "fla_flashqla": "flash_qla", "flashqla": "flash_qla",
-              "flashinfer": "flashinfer", "flashinfer_inplace": "flashinfer",
-              "torch": "torch"}.get(name, name)
-    return package_version(module, ("flash-qla",) if module == "flash_qla" else None)
+    if name.startswith("flashinfer"):
+        return package_version("flashinfer")
+    if name in ("flashqla", "fla_flashqla"):
+        return package_version("flash_qla", ("flash-qla",))
+    return package_version(name)
 
 
 def peer_status():

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .spec import resolve_scale, validate_decode_inputs, validate_prefill_inputs
 
-__all__ = ["gates_reference", "decode_reference", "prefill_reference",
+__all__ = ["gates_reference", "decode_reference", "decode_steps_reference", "prefill_reference",
            "prefill_reference_chunked"]
 
 
@@ -38,9 +38,11 @@ def gates_reference(A_log, a, dt_bias, b) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.exp(g), torch.sigmoid(b.float())
 
 
-def _run_tokens(S, q, k, v, decay, beta, scale, group):
+def _run_tokens(S, q, k, v, decay, beta, scale, group, record=None):
     """Walk tokens of one sequence. S `[HV,K,V]` f32 (updated, returned), q/k `[L,HQ,D]`,
-    v `[L,HV,D]`, decay/beta `[L,HV]`. Returns (o `[L,HV,D]` f32, S)."""
+    v `[L,HV,D]`, decay/beta `[L,HV]`. Returns (o `[L,HV,D]` f32, S); with ``record``
+    (a dict ``{step: None}``, steps counted from 1) also fills ``record[step] = S``
+    after that token."""
     q = q.float().repeat_interleave(group, dim=1)
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float()
@@ -50,31 +52,93 @@ def _run_tokens(S, q, k, v, decay, beta, scale, group):
         pred = torch.einsum("hk,hkv->hv", k[t], S)
         S = S + beta[t][:, None, None] * k[t][:, :, None] * (v[t] - pred)[:, None, :]
         outs.append(scale * torch.einsum("hk,hkv->hv", q[t], S))
+        if record is not None and t + 1 in record:
+            record[t + 1] = S
     o = torch.stack(outs) if outs else v.new_zeros(0, *v.shape[1:])
     return o, S
 
 
-def decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional[float] = None):
-    """One decode step for a batch of sequences.
+def decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional[float] = None,
+                     state_indices: Optional[torch.Tensor] = None, *,
+                     intermediate_states: bool = False):
+    """One decode call for a batch of sequences of ``T`` tokens each.
 
     Args:
-        q, k: `[B,1,HQ,D]` bf16.  v: `[B,1,HV,D]` bf16.
-        state: `[B,HV,D,D]` f32, k-last (element (k, v) at ``state[b,h,v,k]``); untouched.
-        A_log, dt_bias: `[HV]` f32.  a, b: `[B,1,HV]` bf16.
+        q, k: `[B,T,HQ,D]` bf16.  v: `[B,T,HV,D]` bf16.
+        state: `[B,HV,D,D]` f32 or bf16, k-last (element (k, v) at ``state[b,h,v,k]``),
+            or a pool `[P,HV,D,D]` read at ``state_indices``; untouched.
+        A_log, dt_bias: `[HV]` f32.  a, b: `[B,T,HV]` bf16.
         scale: float; None or 0 means ``1/sqrt(D)``.
+        state_indices: `[B]` int32/int64 pool slot per sequence (checked: below
+            ``P``, no slot twice); a negative slot is padding: output zeros, no
+            state read or written.
+        intermediate_states: also return the state after every token.
     Returns:
-        ``(output [B,1,HV,D] bf16, new_state [B,HV,D,D] f32)``.
+        ``(output [B,T,HV,D] bf16, new_state)`` where ``new_state`` is the updated
+        copy of ``state`` (same shape and dtype: computed in f32, rounded once at
+        the end); with ``intermediate_states`` a third `[B,T,HV,D,D]` tensor in the
+        state's dtype (zeros for padding sequences).
+    """
+    shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices)
+    scale = resolve_scale(scale, shape.head_dim)
+    B, T = q.shape[0], q.shape[1]
+    hv, d = shape.num_v_heads, shape.head_dim
+    decay, beta = gates_reference(A_log, a, dt_bias, b)  # [B,T,HV]
+    slots = (list(range(B)) if state_indices is None
+             else state_indices.to("cpu", torch.int64).tolist())
+    new_state = state.clone()
+    out = torch.zeros(B, T, hv, d, dtype=torch.float32, device=q.device)
+    inter = (torch.zeros(B, T, hv, d, d, dtype=state.dtype, device=q.device)
+             if intermediate_states else None)
+    for i, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        S = state[slot].float().transpose(-1, -2)
+        record = dict.fromkeys(range(1, T + 1)) if intermediate_states else None
+        o, S = _run_tokens(S, q[i], k[i], v[i], decay[i], beta[i], scale, shape.group, record)
+        out[i] = o
+        new_state[slot] = S.transpose(-1, -2).to(state.dtype)
+        if intermediate_states:
+            for t in range(T):
+                inter[i, t] = record[t + 1].transpose(-1, -2).to(state.dtype)
+    out = out.to(torch.bfloat16)
+    return (out, new_state, inter) if intermediate_states else (out, new_state)
+
+
+def decode_steps_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional[float] = None,
+                           *, record_steps=()):
+    """``N`` consecutive single-token decode steps in float32, nothing rounded.
+
+    The drift yardstick: step ``t`` uses ``q[:, t]``, ``k[:, t]``, ... and the
+    state left by step ``t-1``; the state stays f32 throughout (a bf16 ``state``
+    input is widened once) and the outputs are not rounded to bf16.
+
+    Args:
+        q, k: `[B,N,HQ,D]` bf16.  v: `[B,N,HV,D]` bf16.  a, b: `[B,N,HV]` bf16.
+        state: `[B,HV,D,D]` f32 or bf16 (untouched).  A_log, dt_bias: `[HV]` f32.
+        record_steps: steps (1..N) after which to keep the state.
+    Returns:
+        ``(output [B,N,HV,D] f32, new_state [B,HV,D,D] f32, {step: state [B,HV,D,D] f32})``.
     """
     shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale)
     scale = resolve_scale(scale, shape.head_dim)
-    decay, beta = gates_reference(A_log, a, dt_bias, b)  # [B,1,HV]
-    outs, states = [], []
+    N = q.shape[1]
+    steps = sorted({int(s) for s in record_steps})
+    if any(s < 1 or s > N for s in steps):
+        raise ValueError(f"record_steps must lie in 1..N={N}, got {steps}")
+    decay, beta = gates_reference(A_log, a, dt_bias, b)
+    outs, finals = [], []
+    recorded = {s: [] for s in steps}
     for i in range(q.shape[0]):
-        S = state[i].float().transpose(-1, -2)
-        o, S = _run_tokens(S, q[i], k[i], v[i], decay[i], beta[i], scale, shape.group)
+        record = dict.fromkeys(steps)
+        o, S = _run_tokens(state[i].float().transpose(-1, -2), q[i], k[i], v[i], decay[i],
+                           beta[i], scale, shape.group, record)
         outs.append(o)
-        states.append(S.transpose(-1, -2))
-    return torch.stack(outs).to(torch.bfloat16), torch.stack(states).contiguous()
+        finals.append(S.transpose(-1, -2))
+        for s in steps:
+            recorded[s].append(record[s].transpose(-1, -2))
+    return (torch.stack(outs), torch.stack(finals).contiguous(),
+            {s: torch.stack(x).contiguous() for s, x in recorded.items()})
 
 
 def prefill_reference(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,

@@ -4,11 +4,14 @@ Shapes (Qwen3-Next at tensor-parallel 4): ``HQ = HK = 4`` query/key heads,
 ``HV = 8`` value heads, head size ``D = K = V = 128``. Value head ``h`` reads
 q/k head ``h // (HV // HQ)`` (grouped value attention, GVA).
 
-Decode inputs (one token per sequence)::
+Decode inputs (``T`` tokens per sequence: 1 for the contest, 2..4 for
+multi-token / speculative decoding)::
 
-    q, k     [B, 1, HQ, D] bf16      v        [B, 1, HV, D] bf16
-    state    [B, HV, D, D] f32 (k-last: element (k, v) at state[b, h, v, k])
-    A_log    [HV] f32                a, b     [B, 1, HV] bf16
+    q, k     [B, T, HQ, D] bf16      v        [B, T, HV, D] bf16
+    state    [B, HV, D, D] f32 or bf16 (k-last: element (k, v) at state[b, h, v, k]),
+             or a pool [P, HV, D, D] with state_indices [B] int32/int64 (slot per
+             sequence; a negative slot is padding)
+    A_log    [HV] f32                a, b     [B, T, HV] bf16
     dt_bias  [HV] f32                scale    float (0 or None -> 1/sqrt(D))
 
 Prefill inputs (packed variable-length sequences)::
@@ -40,6 +43,7 @@ __all__ = [
     "validate_decode_inputs",
     "validate_prefill_inputs",
     "decode_state_bytes",
+    "STATE_DTYPES",
 ]
 
 
@@ -90,9 +94,15 @@ def resolve_scale(scale: Optional[float], head_dim: int) -> float:
     return float(scale)
 
 
-def decode_state_bytes(batch: int, shape: GDNShape = CONTEST) -> int:
-    """Bytes of fp32 state one decode step must read and write: ``2 * B*HV*D*D*4``."""
-    return 2 * batch * shape.num_v_heads * shape.head_dim * shape.head_dim * 4
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def decode_state_bytes(batch: int, shape: GDNShape = CONTEST,
+                       state_dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of state one decode call must read and write (once each, whatever
+    the tokens per sequence): ``2 * B*HV*D*D * element size`` (4 for fp32, 2 for bf16)."""
+    elem = torch.empty((), dtype=state_dtype).element_size()
+    return 2 * batch * shape.num_v_heads * shape.head_dim * shape.head_dim * elem
 
 
 # --------------------------------------------------------------------------- inputs
@@ -112,27 +122,41 @@ def _gate_params(hv: int, gen: torch.Generator):
 
 def make_decode_inputs(batch: int, shape: GDNShape = CONTEST, *, seed: int = 0,
                        device="cpu", state_scale: float = 0.1,
-                       scale: Optional[float] = None) -> dict:
+                       scale: Optional[float] = None, tokens: int = 1,
+                       state_dtype: torch.dtype = torch.float32,
+                       pool_size: Optional[int] = None) -> dict:
     """Seeded realistic decode inputs (a dict keyed by argument name).
 
-    Returns ``q, k [B,1,HQ,D] bf16`` (unit norm per head), ``v [B,1,HV,D] bf16``,
-    ``state [B,HV,D,D] f32``, ``A_log, dt_bias [HV] f32``, ``a, b [B,1,HV] bf16``,
-    ``scale``.
+    Returns ``q, k [B,T,HQ,D] bf16`` (unit norm per head), ``v [B,T,HV,D] bf16``,
+    ``state [B,HV,D,D]`` in ``state_dtype`` (f32 or bf16), ``A_log, dt_bias [HV] f32``,
+    ``a, b [B,T,HV] bf16``, ``scale``; ``T = tokens``. With ``pool_size = P`` the
+    state is a pool ``[P,HV,D,D]`` and ``state_indices [B] int32`` holds distinct
+    random slots (``P >= B``).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens}")
+    if state_dtype not in STATE_DTYPES:
+        raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16, got {state_dtype}")
+    if pool_size is not None and pool_size < batch:
+        raise ValueError(f"pool_size must be >= batch={batch}, got {pool_size}")
     gen = torch.Generator().manual_seed(seed)
     hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     bf = torch.bfloat16
-    q = _unit_norm(torch.randn(batch, 1, hq, d, generator=gen)).to(bf)
-    k = _unit_norm(torch.randn(batch, 1, hq, d, generator=gen)).to(bf)
-    v = torch.randn(batch, 1, hv, d, generator=gen).to(bf)
-    state = torch.randn(batch, hv, d, d, generator=gen) * state_scale
+    T = tokens
+    q = _unit_norm(torch.randn(batch, T, hq, d, generator=gen)).to(bf)
+    k = _unit_norm(torch.randn(batch, T, hq, d, generator=gen)).to(bf)
+    v = torch.randn(batch, T, hv, d, generator=gen).to(bf)
+    rows = batch if pool_size is None else pool_size
+    state = torch.randn(rows, hv, d, d, generator=gen) * state_scale
     A_log, dt_bias = _gate_params(hv, gen)
-    a = torch.randn(batch, 1, hv, generator=gen).to(bf)
-    b = torch.randn(batch, 1, hv, generator=gen).to(bf)
-    out = dict(q=q, k=k, v=v, state=state.float(), A_log=A_log, a=a, dt_bias=dt_bias,
+    a = torch.randn(batch, T, hv, generator=gen).to(bf)
+    b = torch.randn(batch, T, hv, generator=gen).to(bf)
+    out = dict(q=q, k=k, v=v, state=state.to(state_dtype), A_log=A_log, a=a, dt_bias=dt_bias,
                b=b)
+    if pool_size is not None:
+        out["state_indices"] = torch.randperm(pool_size, generator=gen)[:batch].to(torch.int32)
     out = {n: t.to(device) for n, t in out.items()}
     out["scale"] = scale
     return out
@@ -211,32 +235,72 @@ def _check_scale(scale):
         raise ValueError(f"scale must be finite and >= 0 (0 means 1/sqrt(D)), got {scale}")
 
 
-def validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale=None) -> GDNShape:
+def validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale=None,
+                           state_indices=None, *, check_values: bool = True) -> GDNShape:
     """Check decode inputs against the contract; return their :class:`GDNShape`.
 
-    Raises ``TypeError``/``ValueError`` naming the argument. Reads only metadata.
+    ``T = q.shape[1] >= 1`` tokens per sequence; ``state`` is f32 or bf16, dense
+    ``[B,HV,D,D]`` or, with ``state_indices`` (``[B]`` int32/int64), a pool
+    ``[P,HV,D,D]``. With ``check_values`` the slot values are checked too: every
+    non-negative slot below ``P`` and none repeated (negative = padding); on a
+    GPU tensor that costs one device-to-host copy, so fast paths pass False.
+
+    Raises ``TypeError``/``ValueError`` naming the argument. Reads only metadata
+    (and the slot values when ``check_values``).
     """
     bf = torch.bfloat16
     _tensor("q", q, bf, 4)
     dev = q.device
-    B = q.shape[0]
-    if q.shape[1] != 1:
-        raise ValueError(f"q must have one token per sequence (shape [B,1,HQ,D]), got {tuple(q.shape)}")
+    B, T = q.shape[0], q.shape[1]
+    if T < 1:
+        raise ValueError(f"q must have at least one token per sequence (shape [B,T,HQ,D], "
+                         f"T >= 1), got {tuple(q.shape)}")
     _tensor("v", v, bf, 4, dev)
     shape = _heads_from_shapes(tuple(q.shape[2:]), tuple(v.shape[2:]))
     hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     _tensor("k", k, bf, 4, dev)
-    _expect_shape("k", k, (B, 1, hq, d))
-    _expect_shape("v", v, (B, 1, hv, d))
-    _tensor("state", state, torch.float32, 4, dev)
-    _expect_shape("state", state, (B, hv, d, d))
+    _expect_shape("k", k, (B, T, hq, d))
+    _expect_shape("v", v, (B, T, hv, d))
+    _tensor("state", state, STATE_DTYPES, 4, dev)
+    if state_indices is None:
+        _expect_shape("state", state, (B, hv, d, d))
+    else:
+        if tuple(state.shape[1:]) != (hv, d, d) or state.shape[0] < 1:
+            raise ValueError(f"state must be a pool of shape (P, {hv}, {d}, {d}) with P >= 1 "
+                             f"(state_indices given), got {tuple(state.shape)}")
+        _check_state_indices(state_indices, B, state.shape[0], dev, check_values)
     _common_gates(A_log, dt_bias, hv, dev)
     _tensor("a", a, bf, 3, dev)
-    _expect_shape("a", a, (B, 1, hv))
+    _expect_shape("a", a, (B, T, hv))
     _tensor("b", b, bf, 3, dev)
-    _expect_shape("b", b, (B, 1, hv))
+    _expect_shape("b", b, (B, T, hv))
     _check_scale(scale)
     return shape
+
+
+def _check_state_indices(idx, B: int, P: int, dev, check_values: bool) -> None:
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"state_indices must be a torch.Tensor or None, got {type(idx).__name__}")
+    if idx.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"state_indices must have dtype torch.int32 or torch.int64, got {idx.dtype}")
+    if tuple(idx.shape) != (B,):
+        raise ValueError(f"state_indices must have shape ({B},) (one slot per sequence), "
+                         f"got {tuple(idx.shape)}")
+    if idx.device != dev:
+        raise ValueError(f"state_indices must be on {dev} (like q), got {idx.device}")
+    if not idx.is_contiguous():
+        raise ValueError(f"state_indices must be contiguous (got strides {idx.stride()})")
+    if not check_values:
+        return
+    slots = idx.detach().to("cpu", torch.int64)
+    live = slots[slots >= 0]
+    if bool((live >= P).any()):
+        raise ValueError(f"state_indices must be < the pool size P={P} (negative = padding), "
+                         f"got {int(live.max())}")
+    if live.unique().numel() != live.numel():
+        u, c = live.unique(return_counts=True)
+        raise ValueError(f"state_indices must not repeat a slot (two sequences cannot update "
+                         f"one state), got slot(s) {u[c > 1].tolist()[:8]} more than once")
 
 
 def _heads_from_shapes(q_tail, v_tail) -> GDNShape:

@@ -58,7 +58,10 @@ investigation (`seed/subit-prefill-pr.txt`, B200, CUPTI timing) found:
 This notebook measures the same on the GPU at hand: correctness gate → sweep of
 our config space per B (heatmaps, dispatch table) → timing of every passing
 implementation with each method → time vs B, speedup/crossover, fraction of
-copy bandwidth → a conclusion computed from the tables. Timing methods are named
+copy bandwidth → decode as serving engines call it (a state pool, several tokens
+per call, a bf16 state, each against FlashInfer's kernel for it where it has
+one) → drift of a bf16 state over many steps → a conclusion computed from the
+tables. Timing methods are named
 in every row and title (`cupti_cold` is the contest's; `cpu_wall` is the CPU
 interpreter's host clock and only exercises the plumbing).
 
@@ -108,9 +111,54 @@ crossovers"""),
     ("md", "## 6. Achieved fraction of copy bandwidth"),
     ("code", """\
 run.show(xp.plot_bw_fraction(times), "bw_fraction")"""),
+    ("md", """\
+## 7. Decode as serving engines call it
+Each case (state layout, tokens per call `T`, state dtype, intermediate states
+returned or not) is gated against the float32 reference on its own inputs and
+timed with `serving_method` at every B; FlashInfer's fp32, bf16-state and
+multi-token (MTP) kernels run where this FlashInfer has them (in place, on their
+own copy of the state). Ours uses `config_for(B)`. The floor is the state bytes
+the case moves (read and written once, plus the intermediate states) at the copy
+bandwidth of this run."""),
+    ("code", """\
+serving = xp.run_serving(run)
+xp.serving_gate_summary(serving["gate"])"""),
+    ("md", """\
+### 7a. State pool vs dense state
+Pooled: the batch's states sit at distinct random slots of a pool of 2B
+(`state_indices`), read and updated in place; dense: `[B, HV, D, D]` in, a new
+state out."""),
+    ("code", """\
+run.show(xp.plot_serving_pooled(serving["times"]), "serving_pooled")
+xp.serving_table(serving["times"], "pooled")"""),
+    ("md", """\
+### 7b. T tokens per sequence in one call
+The state is read once and written once whatever `T`; `+states` also writes the
+state after every token (what speculative decoding rolls back to)."""),
+    ("code", """\
+run.show(xp.plot_serving_tokens(serving["times"]), "serving_tokens")
+xp.serving_table(serving["times"], "tokens")"""),
+    ("md", """\
+### 7c. fp32 vs bf16 state
+A bf16 state is read and written in bf16 (half the bytes) and updated in fp32."""),
+    ("code", """\
+run.show(xp.plot_serving_state_dtype(serving["times"]), "serving_state_dtype")
+xp.serving_table(serving["times"], "state_dtype")"""),
+    ("md", """\
+## 8. Drift of the state over consecutive steps
+`drift_batch` sequences decode `max(drift_steps)` tokens one call at a time, the
+state updated in place in each `state_dtype`, against the float32 multi-step
+reference (`decode_steps_reference`, nothing rounded): the error of that step's
+output and of the state after it."""),
+    ("code", """\
+drift = xp.run_drift(run)
+run.show(xp.plot_drift(drift), "drift")
+xp.drift_table(drift)"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(times=times, gate=gate, crossovers=crossovers, best=best))
+conclusion = xp.conclusion_markdown(dict(
+    times=times, gate=gate, crossovers=crossovers, best=best, serving_times=serving["times"],
+    serving_gate=serving["gate"], drift=drift))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),

@@ -3,6 +3,8 @@
 #   gpu_lite            unpack .gpulite/lite.tar.xz (papermill, ipykernel, nvtx, fla-core)
 #   gpu_heavy_part N    stash .gpuheavy/part-0N in /root/parts (machine must stay warm)
 #   gpu_heavy_unpack    join the parts, check SHA256SUMS, unpack (flashinfer + CuTe DSL)
+#   gpu_fib             unpack the .gpufib/ wheels (flashinfer-bench and the deps the host
+#                       lacks) into the same site folder (for `make contest-eval`)
 #   gpu_env             PYTHONPATH, ipykernel registration, editable install of the project
 #   gpu_qla_part N      stash .gpuqla/part-0N in /root/qlaparts (machine must stay warm)
 #   gpu_qla_unpack      join, check SHA256SUMS, pip-install the wheels into /root/qlasite and
@@ -18,6 +20,13 @@ gpu_heavy_part() { mkdir -p /root/parts && cp ".gpuheavy/part-0$1" .gpuheavy/SHA
 gpu_heavy_unpack() {
   [ -f "$SITE/.heavy" ] && return 0
   (cd /root/parts && cat part-0* > heavy.tar.xz && sha256sum -c SHA256SUMS && tar xJf heavy.tar.xz -C "$SITE") && touch "$SITE/.heavy"
+}
+gpu_fib() {
+  # wheels are zip archives: extracting one into a --target style folder installs it
+  mkdir -p "$SITE" && [ -f "$SITE/.fib" ] && return 0
+  ls .gpufib/*.whl >/dev/null || { echo "gpu_fib: no wheels in .gpufib/ (carry it)" >&2; return 1; }
+  for w in .gpufib/*.whl; do python3 -m zipfile -e "$w" "$SITE" || return 1; done
+  touch "$SITE/.fib"
 }
 gpu_env() {
   export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1

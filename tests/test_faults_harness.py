@@ -32,6 +32,8 @@ def test_case_list_covers_every_fault_and_target():
     ("nonfinite_output: output 1.0%, state 2.0%", "flagged_or_match", True),
     ("ok", "flagged_or_match", True),
     ("wrong_output: far", "flagged_or_match", False),
+    ("precision: default new_state: 2/9 elements outside; ACCURATE_CONFIG ok", "flagged_or_match", True),
+    ("precision: default x; ACCURATE_CONFIG ok", "match", False),
     ("crash: exit status -11: ", "error", False),
     ("empty_output", "error_or_match", True),
     ("ok", "match", True),

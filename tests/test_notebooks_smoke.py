@@ -129,10 +129,22 @@ def test_decode_smoke_specifics(smoke):
     # only implementations that passed the gate at that B were timed
     passed = set(map(tuple, gate[gate.status == "pass"][["label", "B"]].values))
     assert set(map(tuple, times[["label", "B"]].values)) <= passed
-    for png in ("time_vs_B", "speedup", "bw_fraction", "sweep_heatmaps"):
+    for png in ("time_vs_B", "speedup", "bw_fraction", "sweep_heatmaps", "serving_pooled",
+                "serving_tokens", "serving_state_dtype", "drift"):
         assert (folder / f"{png}.png").exists(), png
     assert list((folder / "decode_configs").glob("*.json")), "dispatch table not written"
     assert (times.floor_us > 0).all()
+    # serving sections: every case of ours passed and was timed (cpu_wall on the CPU)
+    sgate = pd.read_csv(folder / "serving_gate.csv")
+    ours = sgate[sgate.label == "ours"]
+    assert len(ours) and (ours.status == "pass").all(), ours.to_string()
+    assert not (sgate.status == "fail").any()
+    serving = pd.read_csv(folder / "serving_times.csv")
+    assert set(serving.section) == {"pooled", "tokens", "state_dtype"}
+    assert {"pooled", "dense"} <= set(serving.layout) and serving["T"].max() > 1
+    assert set(serving.state_dtype) == {"float32", "bfloat16"} and serving.intermediate.any()
+    drift = pd.read_csv(folder / "drift.csv")
+    assert set(drift.what) == {"output", "state"} and drift.step.max() > 1
 
 
 def test_prefill_smoke_specifics(smoke):

@@ -114,8 +114,12 @@ def test_prefill_gates_match_reference_gates(lens):
 # --------------------------------------------------------------------------- GPU
 
 
+SERVING_PEERS = ("flashinfer_bf16_inplace", "flashinfer_mtp_inplace")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [n for n in peers.DECODE_PEERS if n != "torch"])
+@pytest.mark.parametrize("name", [n for n in peers.DECODE_PEERS
+                                  if n != "torch" and n not in SERVING_PEERS])
 @pytest.mark.parametrize("B", [1, 8, 64])
 def test_gpu_decode_peer_matches_reference(name, B):
     fn = peers.decode_impls([name])[name]
@@ -131,6 +135,28 @@ def test_gpu_decode_peer_matches_reference(name, B):
     assert check_outputs((out, st), ref).ok
     if name != "flashinfer_inplace":
         assert torch.equal(inputs["state"], before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, T, state_dtype", [
+    ("flashinfer_bf16_inplace", 1, torch.bfloat16), ("flashinfer_bf16_inplace", 4, torch.bfloat16),
+    ("flashinfer_mtp_inplace", 2, torch.float32), ("flashinfer_mtp_inplace", 4, torch.float32)])
+@pytest.mark.parametrize("B", [1, 64])
+def test_gpu_serving_peer_matches_reference(name, T, state_dtype, B):
+    """FlashInfer's bf16-state and multi-token kernels (in place) against the spec;
+    a version without them (or without T > 1 on bf16) is skipped with the reason."""
+    fn = peers.decode_impls([name])[name]
+    if not fn:
+        pytest.skip(fn.reason)
+    inputs = make_decode_inputs(B, device="cuda", tokens=T, state_dtype=state_dtype)
+    ref = decode_reference(**inputs)
+    try:
+        out, st = fn(**inputs)
+    except Exception as e:  # e.g. an older FlashInfer that takes only T=1
+        pytest.skip(f"{name} refused T={T}: {type(e).__name__}: {e}")
+    torch.cuda.synchronize()
+    assert out.shape == (B, T, 8, 128) and st.dtype == state_dtype
+    assert check_outputs((out, st), ref).ok
 
 
 @pytest.mark.gpu

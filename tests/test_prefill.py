@@ -258,74 +258,67 @@ def test_workspace_bytes(seg, long, solve, storage, expected):
         assert workspace_bytes(128, 1, 2, 16, seg, storage, solve) == expected
 
 
-@pytest.mark.parametrize("solve, tm, single, expected", [
-    pytest.param("batched", True, False, 128, id="batched-tm"),
-    pytest.param("batched", True, True, None, id="batched-tm-one-launch"),
-    pytest.param("batched", False, False, None, id="batched-wu"),
-    pytest.param("blocks", True, False, None, id="blocks-tm"),
+@pytest.mark.parametrize("solve, single, expected", [
+    pytest.param("batched", False, 128, id="batched"),
+    pytest.param("batched", True, None, id="batched-one-launch"),
+    pytest.param("blocks", False, None, id="blocks"),
 ])
-def test_intra_maxnreg_rule(solve, tm, single, expected):
+def test_intra_maxnreg_rule(solve, single, expected):
     from kernels.prefill.config import intra_maxnreg_rule
-    assert intra_maxnreg_rule(solve, tm, single) == expected
+    assert intra_maxnreg_rule(solve, single) == expected
 
 
-@pytest.mark.parametrize("config, tm, single, maxnreg", [
-    pytest.param(PrefillConfig(), True, False, 128, id="default"),
-    pytest.param(PrefillConfig(), True, True, None, id="default-one-launch"),
-    pytest.param(PrefillConfig(), False, False, None, id="default-unfused"),
-    pytest.param(ACCURATE_CONFIG, True, False, None, id="accurate"),
+@pytest.mark.parametrize("config, single, maxnreg", [
+    pytest.param(PrefillConfig(), False, 128, id="default"),
+    pytest.param(PrefillConfig(), True, None, id="default-one-launch"),
+    pytest.param(ACCURATE_CONFIG, False, None, id="accurate"),
 ])
-def test_intra_kernel_arguments_from_config(config, tm, single, maxnreg):
+def test_intra_kernel_arguments_from_config(config, single, maxnreg):
     """What the variants hand the intra-chunk launcher."""
     from kernels.prefill.pipeline import _intra
-    kw = _intra(config, tm=tm, single=single)
-    assert kw == dict(storage=config.storage, solve=config.solve,
-                      wu_precision=config.precision, maxnreg=maxnreg, num_warps=4)
+    kw = _intra(config, single=single)
+    assert kw == dict(storage=config.storage, solve=config.solve, maxnreg=maxnreg, num_warps=4)
 
 
-@pytest.mark.parametrize("units, V, cp, tm, expected", [
-    pytest.param(57, 128, False, True, 64, id="tm-57x64"),
-    pytest.param(16, 128, False, True, 64, id="tm-16x256"),
-    pytest.param(4, 128, False, True, 32, id="tm-4x1024"),
-    pytest.param(1, 128, False, True, 16, id="tm-T2048"),
-    pytest.param(9, 128, True, True, 32, id="tm-T8192-cp"),
-    pytest.param(4, 128, False, False, 16, id="wu-4x1024"),
-    pytest.param(9, 128, True, False, 64, id="wu-T8192-cp"),
-    pytest.param(57, 16, False, True, 16, id="tm-capped-at-V"),
+@pytest.mark.parametrize("units, V, cp, expected", [
+    pytest.param(57, 128, False, 64, id="57x64"),
+    pytest.param(16, 128, False, 64, id="16x256"),
+    pytest.param(4, 128, False, 32, id="4x1024"),
+    pytest.param(1, 128, False, 16, id="T2048"),
+    pytest.param(9, 128, True, 32, id="T8192-cp"),
+    pytest.param(57, 16, False, 16, id="capped-at-V"),
 ])
-def test_walk_tile_rule(units, V, cp, tm, expected):
+def test_walk_tile_rule(units, V, cp, expected):
     from kernels.prefill.config import walk_tile_rule
-    assert walk_tile_rule(units, 8, V, 132, cp, tm=tm) == expected
+    assert walk_tile_rule(units, 8, V, 132, cp) == expected
 
 
-@pytest.mark.parametrize("BV, programs, short, precise, tm, expected, skip", [
-    pytest.param(64, 912, True, False, True, (4, 2, 2), "q", id="57x64-short-wide-tm"),
-    pytest.param(64, 256, True, False, True, (4, 2, 2), "q", id="16x256-short-wide-tm"),
-    pytest.param(64, 256, True, False, False, (4, 2, 1), "", id="16x256-short-wide-wu"),
-    pytest.param(64, 256, True, True, True, (4, 2, 1), "", id="16x256-short-wide-precise"),
-    pytest.param(16, 64, True, False, True, (4, 3, None), "", id="T64-narrow-few"),
-    pytest.param(16, 256, False, False, True, (4, 2, None), "", id="4x1024-narrow-many"),
-    pytest.param(16, 64, False, False, True, (4, 3, None), "", id="T2048-narrow-few"),
-    pytest.param(64, 144, False, False, True, (8, 3, None), "", id="T8192-cp-wide"),
-    pytest.param(64, 144, False, True, False, (8, 2, None), "", id="T8192-cp-wide-precise"),
-    pytest.param(16, 64, False, True, False, (4, 2, None), "", id="T2048-narrow-few-precise"),
+@pytest.mark.parametrize("BV, programs, short, precise, expected, skip", [
+    pytest.param(64, 912, True, False, (4, 2, 2), "q", id="57x64-short-wide"),
+    pytest.param(64, 256, True, False, (4, 2, 2), "q", id="16x256-short-wide"),
+    pytest.param(64, 256, True, True, (4, 2, 1), "", id="16x256-short-wide-precise"),
+    pytest.param(16, 64, True, False, (4, 3, None), "", id="T64-narrow-few"),
+    pytest.param(16, 256, False, False, (4, 2, None), "", id="4x1024-narrow-many"),
+    pytest.param(16, 64, False, False, (4, 3, None), "", id="T2048-narrow-few"),
+    pytest.param(64, 144, False, False, (8, 3, None), "", id="T8192-cp-wide"),
+    pytest.param(64, 144, False, True, (8, 2, None), "", id="T8192-cp-wide-precise"),
+    pytest.param(16, 64, False, True, (4, 2, None), "", id="T2048-narrow-few-precise"),
 ])
-def test_walk_launch_rule(BV, programs, short, precise, tm, expected, skip):
+def test_walk_launch_rule(BV, programs, short, precise, expected, skip):
     from kernels.prefill.config import walk_launch_rule, walk_pipe_skip_rule
-    assert walk_launch_rule(BV, programs, 132, short, precise, tm) == expected
-    assert walk_pipe_skip_rule(BV, short, precise, tm) == skip
+    assert walk_launch_rule(BV, programs, 132, short, precise) == expected
+    assert walk_pipe_skip_rule(BV, short, precise) == skip
 
 
-@pytest.mark.parametrize("BV, short, precise, tm, expected", [
-    pytest.param(64, True, False, True, True, id="16x256-57x64-short-wide-tm"),
-    pytest.param(64, True, False, False, False, id="short-wide-wu"),
-    pytest.param(64, True, True, True, False, id="short-wide-precise"),
-    pytest.param(32, True, False, True, False, id="short-narrow"),
-    pytest.param(64, False, False, True, False, id="long-or-cp"),
+@pytest.mark.parametrize("BV, short, precise, expected", [
+    pytest.param(64, True, False, True, id="16x256-57x64-short-wide"),
+    pytest.param(64, True, True, False, id="short-wide-precise"),
+    pytest.param(32, True, False, False, id="short-narrow"),
+    pytest.param(64, False, False, False, id="long-or-cp"),
 ])
-def test_walk_transposed_rule(BV, short, precise, tm, expected):
+def test_walk_transposed_rule(BV, short, precise, expected):
     from kernels.prefill.config import walk_transposed_rule
-    assert walk_transposed_rule(BV, short, precise, tm) is expected
+    assert walk_transposed_rule(BV, short, precise) is expected
 
 
 def test_context_parallel_rule():

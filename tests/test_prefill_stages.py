@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels.prefill import chunk_index, context_parallel, gates, intra_chunk, output  # noqa: E402
+from kernels.prefill import chunk_index, context_parallel, gates, intra_chunk  # noqa: E402
 from kernels.prefill import state_walk  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs, resolve_scale  # noqa: E402
 
@@ -175,47 +175,30 @@ def test_gates_stage(lens, shape, cu_dtype):
 
 
 @pytest.mark.parametrize("solve", ["batched", "blocks"])
-@pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
-def test_intra_chunk_stage(lens, shape, cu_dtype, solve):
-    x = make(lens, shape, cu_dtype)
-    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
-    _, beta, gc = ref_gates(cpu)
-    k = expand(cpu["k"], shape.group)
-    w_ref, u_ref = ref_wy(k, cpu["v"], gc, beta, cpu["cu_seqlens"])
-    # from precomputed gates, fp32 storage: only the kernel's arithmetic differs
-    w, u = intra_chunk.intra_chunk(x["k"], x["v"], gc.float().to(DEV), beta.float().to(DEV),
-                                   x["cu_seqlens"], wu_dtype=torch.float32, solve=solve)
-    assert_close(w, w_ref, 1e-4, "w")
-    assert_close(u, u_ref, 1e-4 * max(1.0, u_ref.abs().max().item()), "u")
-    # raw gates fused in, "precise" storage (w as a bf16 hi + lo pair)
-    w2, u2, gc2 = intra_chunk.intra_chunk_fwd(
-        x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"], A_log=x["A_log"],
-        dt_bias=x["dt_bias"], solve=solve)
-    assert w2.shape == (2,) + tuple(w_ref.shape) and w2.dtype == torch.bfloat16  # (hi, lo)
-    assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc (fused in)")
-    assert_close(w2[0].float() + w2[1].float(), w_ref, 1e-4, "w (hi + lo)")
-    assert_close(u2, u_ref, 1e-4 * max(1.0, u_ref.abs().max().item()), "u (fused gates)")
-
-
-@pytest.mark.parametrize("solve", ["batched", "blocks"])
 @pytest.mark.parametrize("storage", ["precise", "compact"])
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES + [
     pytest.param([64, 70], GDNShape(1, 2, 128), torch.int64, id="D128-lens[64,70]-int64")])
 def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, storage):
-    """``tm_out``: ``Tb`` and ``scale * Aqk`` by both solves (the batched one stores ``Tb``
-    band by band); fp32 storage: only the kernel's arithmetic differs from float64."""
+    """``Tb`` and ``scale * Aqk`` by both solves (the batched one stores ``Tb`` band by
+    band), with the raw gates fused in ("compact") or from precomputed gates and the
+    host-built chunk table ("precise"); fp32 storage: only the kernel's arithmetic differs
+    from float64."""
     x = make(lens, shape, cu_dtype)
     cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
     _, beta, gc = ref_gates(cpu)
     scale = resolve_scale(None, shape.head_dim)
     Tb_ref, Aqk_ref = ref_tm(expand(cpu["k"], shape.group), expand(cpu["q"], shape.group), gc,
                              beta, cpu["cu_seqlens"], scale)
-    Tb, u, gc2, Aqk, ob = intra_chunk.intra_chunk_fwd(
-        x["k"], x["v"], x["cu_seqlens"], a=x["a"], b=x["b"], A_log=x["A_log"],
-        dt_bias=x["dt_bias"], q=x["q"], scale=scale, solve=solve, storage=storage,
-        tm_out=True)
-    assert u is None and ob is None and Tb.shape == Tb_ref.shape == Aqk.shape
-    assert Tb.dtype == Aqk.dtype == intra_chunk.STORAGE[storage]["tm"]
+    if storage == "compact":
+        gates_in = dict(a=x["a"], b=x["b"], A_log=x["A_log"], dt_bias=x["dt_bias"])
+    else:
+        gates_in = dict(gc=gc.float().to(DEV), beta=beta.float().to(DEV),
+                        chunk_indices=chunk_index.prepare_chunk_indices(x["cu_seqlens"]))
+    Tb, gc2, Aqk = intra_chunk.intra_chunk_fwd(
+        x["k"], x["v"], x["cu_seqlens"], x["q"], scale=scale, solve=solve, storage=storage,
+        **gates_in)
+    assert Tb.shape == Tb_ref.shape == Aqk.shape
+    assert Tb.dtype == Aqk.dtype == intra_chunk.STORAGE[storage]
     tol = 2e-4 if storage == "precise" else 1e-2   # bf16: 8 bits of mantissa
     real = torch.zeros(Tb_ref.shape, dtype=torch.bool)   # entries inside a chunk
     for _, _, s, e in chunks(cpu["cu_seqlens"]):
@@ -244,47 +227,35 @@ def test_intra_chunk_stop_after_instrument(solve, stop_after):
             A = torch.tril(bb[:, None] * (kk @ kk.T) * torch.exp(g[:, None] - g[None, :]), -1)
             M = A if stop_after == 1 else torch.linalg.inv(torch.eye(e - s, dtype=A.dtype) + A)
             want[s:e, h] = M.sum(1)
-    for tm in (False, True):
-        out = gc.float().to(DEV).clone()
-        intra_chunk.intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], gc=out,
-                                    beta=beta.float().to(DEV), q=x["q"] if tm else None,
-                                    solve=solve, stop_after=stop_after, tm_out=tm)
-        assert_close(out, want, 1e-3 * max(1.0, want.abs().max().item()), "row sums")
+    out = gc.float().to(DEV).clone()
+    intra_chunk.intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], x["q"], gc=out,
+                                beta=beta.float().to(DEV), solve=solve, stop_after=stop_after)
+    assert_close(out, want, 1e-3 * max(1.0, want.abs().max().item()), "row sums")
 
 
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
 @pytest.mark.parametrize("with_state", [True, False], ids=["state", "nostate"])
 def test_state_walk_stage(lens, shape, cu_dtype, with_state):
+    """The walk from float64 ``Tb``, ``scale * Aqk`` (stored fp32) with fp32 products:
+    outputs and final states against the float64 WY walk and output formula."""
     x = make(lens, shape, cu_dtype, with_state)
     cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
     _, beta, gc = ref_gates(cpu)
-    k = expand(cpu["k"], shape.group)
+    k, q = expand(cpu["k"], shape.group), expand(cpu["q"], shape.group)
+    scale = resolve_scale(None, shape.head_dim)
     w, u = ref_wy(k, cpu["v"], gc, beta, cpu["cu_seqlens"])
     h_ref, vn_ref, ht_ref = ref_walk(k, w, u, gc, cpu["state"], cpu["cu_seqlens"])
-    h, v_new, ht = state_walk.state_walk(x["k"], w.float().to(DEV), u.float().to(DEV),
-                                         gc.float().to(DEV), x["cu_seqlens"], x["state"])
-    real = ~torch.isnan(h_ref[:, 0, 0, 0])   # gap slots are never written
-    assert_close(h[real.to(h.device)], h_ref[real], 1e-4, "h (chunk states)")
-    assert_close(v_new, vn_ref, 1e-4, "v_new")
+    o_ref = ref_output(q, k, gc, torch.nan_to_num(h_ref), vn_ref, cpu["cu_seqlens"], scale)
+    Tb, Aqk = ref_tm(k, q, gc, beta, cpu["cu_seqlens"], scale)
+    T, H, D = sum(lens), shape.num_v_heads, shape.head_dim
+    o = torch.full((T, H, D), float("nan"), dtype=torch.bfloat16, device=DEV)
+    ht = torch.full((len(lens), H, D, D), float("nan"), device=DEV)
+    state_walk.state_walk_fwd(x["k"], Tb.float().to(DEV), x["v"], gc.float().to(DEV),
+                              x["cu_seqlens"], p=Aqk.float().to(DEV), q=x["q"], scale=scale,
+                              initial_state=x["state"], output=o, final_state=ht, BV=16,
+                              dot_precision="ieee", out_precision="ieee")
     assert_close(ht, ht_ref, 1e-4, "final state")
-
-
-@pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
-def test_output_stage(lens, shape, cu_dtype):
-    x = make(lens, shape, cu_dtype)
-    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
-    _, beta, gc = ref_gates(cpu)
-    k = expand(cpu["k"], shape.group)
-    q = expand(cpu["q"], shape.group)
-    w, u = ref_wy(k, cpu["v"], gc, beta, cpu["cu_seqlens"])
-    h, v_new, _ = ref_walk(k, w, u, gc, cpu["state"], cpu["cu_seqlens"])
-    scale = resolve_scale(None, shape.head_dim)
-    o_ref = ref_output(q, k, gc, torch.nan_to_num(h), v_new, cpu["cu_seqlens"], scale)
-    o = output.chunk_output_stage(x["q"], x["k"], gc.float().to(DEV),
-                                  torch.nan_to_num(h).float().to(DEV), v_new.float().to(DEV),
-                                  x["cu_seqlens"], scale)
-    assert o.dtype == torch.bfloat16
-    assert_close(o, o_ref, 1e-2 * max(1.0, o_ref.abs().max().item()), "o")
+    assert_close(o, o_ref, 1e-2 * max(1.0, o_ref.abs().max().item()), "o (bf16)")
 
 
 @pytest.mark.parametrize("seg_chunks", [1, 2], ids=["SEG1", "SEG2"])
@@ -301,9 +272,10 @@ def test_context_parallel_summary_and_combine(seg_chunks):
     seg_t = seg_chunks * BT
     S = chunk_index.num_slots(T, N, seg_t)
     summ = torch.full((S, H, D, 2 * D), float("nan"), device=DEV)
-    wf, uf, gcf = (t.float().to(DEV) for t in (w, u, gc))
-    state_walk.state_walk_fwd(x["k"], wf, uf, gcf, x["cu_seqlens"], summary=summ, seg_t=seg_t,
-                              BV=16)
+    Tb, _ = ref_tm(k, expand(cpu["q"], shape.group), gc, beta, cu, 1.0)
+    state_walk.state_walk_fwd(x["k"], Tb.float().to(DEV), x["v"], gc.float().to(DEV),
+                              x["cu_seqlens"], summary=summ, seg_t=seg_t, BV=16,
+                              dot_precision="ieee")
     # phase B in float64 from the summaries: S_start(s+1) = M_s S_start(s) + X_s
     s0 = torch.full((S, H, D, D), float("nan"), dtype=torch.float64)
     sm = summ.double().cpu()

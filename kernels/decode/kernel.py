@@ -1,17 +1,27 @@
-"""Triton kernel of one GDN decode step (one token per sequence).
+"""Triton kernel of one GDN decode call (``T`` tokens per sequence, state read once).
 
 State layout is k-last: element ``(k, v)`` of head ``h`` lives at
 ``state[b, h, v, k]``, so each value index ``v`` owns one contiguous row of
-``D`` floats and rows update independently. For row ``v`` (all in fp32)::
+``D`` values and rows update independently. The state is f32 or bf16 in
+memory; it is widened to f32 on load, updated in f32 for every token, and
+rounded once on the final store. For row ``v`` and each token (all in fp32)::
 
-    decay = exp(-exp(A_log[h]) * softplus(a[h] + dt_bias[h]))   # once per program
-    beta  = sigmoid(b[h])                                       # once per program
-    u     = beta * (v_t[v] - decay * <row, k>)                  # delta-rule residual
-    row'  = decay * row + u * k
-    o[v]  = <row', q * scale>
+    decay = exp(-exp(A_log[h]) * softplus(a_t[h] + dt_bias[h]))  # per program and token
+    beta  = sigmoid(b_t[h])                                       # per program and token
+    u     = beta * (v_t[v] - decay * <row, k_t>)                # delta-rule residual
+    row'  = decay * row + u * k_t
+    o_t[v] = <row', q_t * scale>
 
 One program owns ``V_TILES`` tiles of ``BV`` rows of one ``(sequence, value
-head)``; the grid is 1-D with the tiles of a head adjacent.
+head)``; the grid is 1-D with the tiles of a head adjacent. A tile is loaded
+once, walks the ``T`` tokens in registers (optionally storing the state after
+each token, ``INTERMEDIATE``) and is stored once.
+
+With ``POOLED`` the state is a pool ``[P, HV, D, D]`` and sequence ``b`` uses
+slot ``idx[b]``. A slot outside ``[0, P)`` (negative = padding, or out of
+range) is never read or written: its loads and stores are masked off, its
+pointers are formed from slot 0, and its outputs (and intermediate states)
+are zeros.
 
 A tile is held as ``[NC, BV, BK]``: each row cut into ``NC = D / BK`` chunks of
 ``BK`` contiguous floats. Triton spreads the fast ``BK`` axis over ``BK / 4``
@@ -50,17 +60,21 @@ def _update_tile(b_h, b_k, b_qs, b_v, b_decay, b_beta):
 
 @triton.jit
 def gdn_decode_kernel(
-    q,            # [B, 1, HQ, D] bf16 queries
-    k,            # [B, 1, HQ, D] bf16 keys
-    v,            # [B, 1, HV, D] bf16 values
-    h0,           # [B, HV, D(v), D(k)] f32 input state, k-last
-    ht,           # [B, HV, D(v), D(k)] f32 output state (may be h0: in place)
+    q,            # [B, T, HQ, D] bf16 queries
+    k,            # [B, T, HQ, D] bf16 keys
+    v,            # [B, T, HV, D] bf16 values
+    h0,           # [B or P, HV, D(v), D(k)] f32/bf16 input state (or pool), k-last
+    ht,           # like h0: output state (may be h0: in place; always h0 when POOLED)
+    hi,           # [B, T, HV, D(v), D(k)] intermediate states (read only if INTERMEDIATE)
+    idx,          # [B] int32/int64 pool slot per sequence (read only if POOLED)
     A_log,        # [HV] f32 log of the decay rate
-    a,            # [B, 1, HV] bf16 raw decay gate input
+    a,            # [B, T, HV] bf16 raw decay gate input
     dt_bias,      # [HV] f32 bias added to ``a`` before softplus
-    b,            # [B, 1, HV] bf16 raw beta gate input (pre-sigmoid)
-    o,            # [B, 1, HV, D] bf16 output
+    b,            # [B, T, HV] bf16 raw beta gate input (pre-sigmoid)
+    o,            # [B, T, HV, D] bf16 output
     scale,        # f32 output scale
+    P,            # pool size (slots >= P are treated as padding)
+    T: tl.constexpr,            # tokens per sequence (>= 1; a loop, not unrolled)
     HQ: tl.constexpr,           # q/k heads
     HV: tl.constexpr,           # value heads (multiple of HQ)
     D: tl.constexpr,            # head size K = V (power of two)
@@ -69,6 +83,8 @@ def gdn_decode_kernel(
     V_TILES: tl.constexpr,      # tiles per program
     PREFETCH: tl.constexpr,     # load tile t+1 before updating tile t
     EVICT: tl.constexpr,        # eviction policy of the state stream ("" or "evict_first")
+    POOLED: tl.constexpr,       # state is a pool read/written at idx[b]
+    INTERMEDIATE: tl.constexpr,  # store the state after every token into hi
 ):
     NV: tl.constexpr = D // (BV * V_TILES)   # programs per (sequence, value head)
     NC: tl.constexpr = D // BK               # chunks per row
@@ -77,48 +93,76 @@ def gdn_decode_kernel(
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_hq = i_hv // (HV // HQ)
 
+    # -- the state this program updates: row i_b of a dense state, or slot idx[i_b] --
+    if POOLED:
+        i_s = tl.load(idx + i_b).to(tl.int64)
+        valid = (i_s >= 0) & (i_s < P)       # padding and out-of-range slots: untouched
+        i_s = tl.where(valid, i_s, 0)
+    else:
+        i_s = i_b.to(tl.int64)
+
     # -- this program's rows: tiles [i_v*V_TILES, (i_v+1)*V_TILES) of BV rows -----
     o_c = tl.arange(0, NC)                   # chunk index
     o_kc = tl.arange(0, BK)                  # position in a chunk
     o_v = i_v * (V_TILES * BV) + tl.arange(0, BV)
-    o_h = (i_bh.to(tl.int64) * (D * D) + o_c[:, None, None] * BK
-           + o_v[None, :, None] * D + o_kc[None, None, :])               # [NC, BV, BK]
-    p_h0 = h0 + o_h
-    p_ht = ht + o_h
-    p_v = v + i_bh * D + o_v
-    p_o = o + i_bh * D + o_v
+    o_r = (o_c[:, None, None] * BK + o_v[None, :, None] * D + o_kc[None, None, :])  # [NC, BV, BK]
+    p_h0 = h0 + (i_s * HV + i_hv) * (D * D) + o_r
+    p_ht = ht + (i_s * HV + i_hv) * (D * D) + o_r
     # first tile issued before anything else: its latency covers the gate math
-    b_h = tl.load(p_h0, eviction_policy=EVICT)
+    if POOLED:
+        b_h = tl.load(p_h0, mask=valid, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    else:
+        b_h = tl.load(p_h0, eviction_policy=EVICT).to(tl.float32)
 
-    # -- per-program vectors and gate scalars, loaded and computed once ----------
-    # q, k loaded as [NC, BK] and expanded to [NC, 1, BK]: the compiler then keeps
-    # the tile's coalesced layout and moves only these small vectors.
-    o_qk = (i_b * HQ + i_hq) * D + o_c[:, None] * BK + o_kc[None, :]     # [NC, BK]
-    b_qs = tl.load(q + o_qk).to(tl.float32) * scale
-    b_k = tl.load(k + o_qk).to(tl.float32)
-    b_qs = b_qs[:, None, :]                             # [NC, 1, BK]
-    b_k = b_k[:, None, :]                               # [NC, 1, BK]
+    b_A = -tl.exp(tl.load(A_log + i_hv))
+    b_dt = tl.load(dt_bias + i_hv)
+    o_qk = o_c[:, None] * BK + o_kc[None, :]                              # [NC, BK]
 
-    b_x = tl.load(a + i_bh).to(tl.float32) + tl.load(dt_bias + i_hv)
-    b_softplus = tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
-    b_decay = tl.exp(-tl.exp(tl.load(A_log + i_hv)) * b_softplus)
-    b_beta = tl.sigmoid(tl.load(b + i_bh).to(tl.float32))
-
-    # -- walk the tiles ------------------------------------------------------------
-    for i_t in range(V_TILES):
+    # -- walk the tiles; each tile takes the T tokens in order -----------------------
+    for i_j in range(V_TILES):
         if PREFETCH:  # next tile in flight while this one is updated
-            b_nxt = tl.load(p_h0 + BV * D, mask=i_t + 1 < V_TILES, other=0.0,
-                            eviction_policy=EVICT)
-        b_v = tl.load(p_v).to(tl.float32)
-        b_h, b_o = _update_tile(b_h, b_k, b_qs, b_v, b_decay, b_beta)
-        tl.store(p_ht, b_h, eviction_policy=EVICT)
-        tl.store(p_o, b_o.to(o.dtype.element_ty))
+            if POOLED:
+                b_nxt = tl.load(p_h0 + BV * D, mask=valid & (i_j + 1 < V_TILES), other=0.0,
+                                eviction_policy=EVICT)
+            else:
+                b_nxt = tl.load(p_h0 + BV * D, mask=i_j + 1 < V_TILES, other=0.0,
+                                eviction_policy=EVICT)
+        for i_t in range(T):
+            i_bt = i_b * T + i_t
+            # q, k loaded as [NC, BK] and expanded to [NC, 1, BK]: the compiler then
+            # keeps the tile's coalesced layout and moves only these small vectors.
+            b_qs = tl.load(q + (i_bt * HQ + i_hq) * D + o_qk).to(tl.float32) * scale
+            b_k = tl.load(k + (i_bt * HQ + i_hq) * D + o_qk).to(tl.float32)
+            b_x = tl.load(a + i_bt * HV + i_hv).to(tl.float32) + b_dt
+            b_softplus = tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
+            b_decay = tl.exp(b_A * b_softplus)
+            b_beta = tl.sigmoid(tl.load(b + i_bt * HV + i_hv).to(tl.float32))
+            b_v = tl.load(v + (i_bt * HV + i_hv) * D + o_v).to(tl.float32)
+            b_h, b_o = _update_tile(b_h, b_k[:, None, :], b_qs[:, None, :], b_v, b_decay,
+                                    b_beta)
+            if POOLED:  # padding: zeros out (whatever its inputs hold)
+                b_o = tl.where(valid, b_o, 0.0)
+            tl.store(o + (i_bt * HV + i_hv) * D + o_v, b_o.to(o.dtype.element_ty))
+            if INTERMEDIATE:
+                b_hi = b_h
+                if POOLED:
+                    b_hi = tl.where(valid, b_h, 0.0)
+                tl.store(hi + (i_bt * HV + i_hv).to(tl.int64) * (D * D) + o_r,
+                         b_hi.to(hi.dtype.element_ty))
+        if POOLED:
+            tl.store(p_ht, b_h.to(ht.dtype.element_ty), mask=valid, eviction_policy=EVICT)
+        else:
+            tl.store(p_ht, b_h.to(ht.dtype.element_ty), eviction_policy=EVICT)
         if PREFETCH:
-            b_h = b_nxt
+            b_h = b_nxt.to(tl.float32)
         elif V_TILES > 1:  # next tile only after this one is stored
-            b_h = tl.load(p_h0 + BV * D, mask=i_t + 1 < V_TILES, other=0.0,
-                          eviction_policy=EVICT)
+            if POOLED:
+                b_h = tl.load(p_h0 + BV * D, mask=valid & (i_j + 1 < V_TILES), other=0.0,
+                              eviction_policy=EVICT).to(tl.float32)
+            else:
+                b_h = tl.load(p_h0 + BV * D, mask=i_j + 1 < V_TILES, other=0.0,
+                              eviction_policy=EVICT).to(tl.float32)
         p_h0 += BV * D
         p_ht += BV * D
-        p_v += BV
-        p_o += BV
+        o_v += BV
+        o_r += BV * D

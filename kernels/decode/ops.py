@@ -18,17 +18,17 @@ from .table import config_for_device
 __all__ = ["gdn_decode_fwd", "gdn_decode"]
 
 
-def _check_output(output, q, B, HV, D) -> None:
-    if not isinstance(output, torch.Tensor):
-        raise TypeError(f"output must be a torch.Tensor or None, got {type(output).__name__}")
-    if output.dtype != torch.bfloat16:
-        raise TypeError(f"output must have dtype torch.bfloat16, got {output.dtype}")
-    if tuple(output.shape) != (B, 1, HV, D):
-        raise ValueError(f"output must have shape {(B, 1, HV, D)}, got {tuple(output.shape)}")
-    if output.device != q.device:
-        raise ValueError(f"output must be on {q.device} (like q), got {output.device}")
-    if not output.is_contiguous():
-        raise ValueError(f"output must be contiguous (got strides {output.stride()})")
+def _check_buffer(name, x, dtype, shape, q) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    if x.device != q.device:
+        raise ValueError(f"{name} must be on {q.device} (like q), got {x.device}")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {x.stride()})")
 
 
 def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
@@ -43,59 +43,118 @@ def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
     return config
 
 
-def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output):
-    """Check, allocate, launch. Returns ``(output, new_state)``; see :func:`gdn_decode`."""
-    shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale)
+def _resolve_inplace(inplace, pooled: bool) -> bool:
+    if inplace is None:
+        return pooled
+    if not isinstance(inplace, bool):
+        raise TypeError(f"inplace must be a bool or None, got {type(inplace).__name__}")
+    if pooled and not inplace:
+        raise ValueError("inplace=False is not possible with state_indices: a state pool is "
+                         "always updated in place (pass inplace=None or True)")
+    return inplace
+
+
+def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+                   state_indices, intermediate_states, check_values, output_state=None):
+    """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
+    see :func:`gdn_decode`."""
+    if check_values is None:
+        check_values = not (isinstance(q, torch.Tensor) and q.device.type == "cuda")
+    shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices,
+                                   check_values=bool(check_values))
     HQ, HV, D = shape.num_q_heads, shape.num_v_heads, shape.head_dim
-    B = q.shape[0]
+    B, T = q.shape[0], q.shape[1]
+    pooled = state_indices is not None
+    inplace = _resolve_inplace(inplace, pooled)
+    if not isinstance(intermediate_states, bool):
+        raise TypeError(f"intermediate_states must be a bool, got "
+                        f"{type(intermediate_states).__name__}")
     if output is not None:
-        _check_output(output, q, B, HV, D)
+        _check_buffer("output", output, torch.bfloat16, (B, T, HV, D), q)
+    if output_state is not None:
+        if inplace:
+            raise ValueError("output_state must be None when the state is updated in place "
+                             "(inplace=True or state_indices)")
+        _check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
     cfg = _resolve_config(config, B, D, q.device)
 
-    o = output if output is not None else q.new_empty((B, 1, HV, D))
-    ht = state if inplace else torch.empty_like(state)
+    o = output if output is not None else q.new_empty((B, T, HV, D))
+    ht = state if inplace else (output_state if output_state is not None
+                                else torch.empty_like(state))
+    hi = (state.new_empty((B, T, HV, D, D)) if intermediate_states else ht)
     grid = (cfg.programs(B, HV, D),)
     gdn_decode_kernel[grid](
-        q, k, v, state, ht, A_log, a, dt_bias, b, o, resolve_scale(scale, D),
-        HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES, PREFETCH=cfg.PREFETCH,
-        EVICT="evict_first" if cfg.EVICT_FIRST else "",
+        q, k, v, state, ht, hi, state_indices if pooled else q, A_log, a, dt_bias, b, o,
+        resolve_scale(scale, D), state.shape[0],
+        T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES, PREFETCH=cfg.PREFETCH,
+        EVICT="evict_first" if cfg.EVICT_FIRST else "", POOLED=pooled,
+        INTERMEDIATE=intermediate_states,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return o, ht
+    return (o, ht, hi) if intermediate_states else (o, ht)
 
 
 def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
                A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor,
-               scale: Optional[float] = None, *,
-               config: Union[DecodeConfig, str, None] = None, inplace: bool = False,
-               output: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One Gated DeltaNet decode step (one token per sequence), one kernel launch.
+               scale: Optional[float] = None, state_indices: Optional[torch.Tensor] = None, *,
+               config: Union[DecodeConfig, str, None] = None, inplace: Optional[bool] = None,
+               output: Optional[torch.Tensor] = None, intermediate_states: bool = False,
+               check_values: Optional[bool] = None,
+               output_state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
+    """Gated DeltaNet decode of ``T >= 1`` tokens per sequence, one kernel launch.
 
-    Gates are computed in the kernel from their raw inputs:
-    ``decay = exp(-exp(A_log) * softplus(a + dt_bias))``, ``beta = sigmoid(b)``.
-    Value head ``h`` uses q/k head ``h // (HV // HQ)``.
+    Each state tile is read once, updated for the ``T`` tokens in order in f32
+    registers and written once (``T = 1``: the contest's decode step; ``T = 2..4``:
+    speculative-decoding verification, multi-token prediction). Gates are computed
+    in the kernel from their raw inputs: ``decay = exp(-exp(A_log) *
+    softplus(a + dt_bias))``, ``beta = sigmoid(b)``. Value head ``h`` uses q/k
+    head ``h // (HV // HQ)``.
 
     Args:
-        q: `[B, 1, HQ, D]` bf16 queries (normalised by the caller).
-        k: `[B, 1, HQ, D]` bf16 keys (normalised by the caller).
-        v: `[B, 1, HV, D]` bf16 values; ``HV`` a multiple of ``HQ``.
-        state: `[B, HV, D, D]` f32, k-last: element ``(k, v)`` of head ``h`` at
-            ``state[b, h, v, k]``. Left untouched unless ``inplace``.
+        q: `[B, T, HQ, D]` bf16 queries (normalised by the caller).
+        k: `[B, T, HQ, D]` bf16 keys (normalised by the caller).
+        v: `[B, T, HV, D]` bf16 values; ``HV`` a multiple of ``HQ``.
+        state: f32 or bf16, k-last (element ``(k, v)`` of head ``h`` at
+            ``state[s, h, v, k]``): dense `[B, HV, D, D]` (row ``b`` per sequence),
+            or with ``state_indices`` a pool `[P, HV, D, D]`. A bf16 state is read
+            and written in bf16 (half the bytes) and updated in f32.
         A_log: `[HV]` f32.
-        a: `[B, 1, HV]` bf16 raw decay gate input.
+        a: `[B, T, HV]` bf16 raw decay gate input.
         dt_bias: `[HV]` f32.
-        b: `[B, 1, HV]` bf16 raw beta gate input.
+        b: `[B, T, HV]` bf16 raw beta gate input.
         scale: output scale; None or 0 means ``1/sqrt(D)``.
+        state_indices: `[B]` int32/int64, the pool slot of each sequence; the pool
+            is read and updated in place at those slots only. A negative slot is
+            padding: its state is neither read nor written and its output (and
+            intermediate states) are zeros. Slot values are checked when
+            ``check_values`` (below ``P``, none repeated); unchecked, a slot
+            ``>= P`` is treated as padding too (masked in the kernel: memory
+            outside the pool is never touched), and repeated slots race.
         config: a :class:`DecodeConfig` (or its name); None picks
             :func:`kernels.decode.config_for` of the batch size on this GPU.
-        inplace: write the new state into ``state`` and return it.
-        output: optional preallocated `[B, 1, HV, D]` bf16 output.
+        inplace: write the new state into ``state`` and return it. None (default):
+            False for a dense state, True for a pool (which is always updated in
+            place; False with ``state_indices`` raises).
+        output: optional preallocated `[B, T, HV, D]` bf16 output.
+        intermediate_states: also return the state after every token,
+            `[B, T, HV, D, D]` in the state's dtype (indexed by sequence, not by
+            slot), for rolling back to the last accepted token.
+        check_values: check the slot values of ``state_indices`` on the host (a
+            device-to-host copy). None (default): True unless the tensors are on
+            CUDA.
+        output_state: optional preallocated buffer for the new state, shaped and typed
+            like ``state`` (dense only, not with ``inplace``); the contest's
+            destination-passing entry point (:mod:`kernels.contest`) writes into the
+            evaluator's buffers.
 
     Returns:
-        ``(output [B, 1, HV, D] bf16, new_state [B, HV, D, D] f32)``.
+        ``(output [B, T, HV, D] bf16, new_state)``, ``new_state`` shaped and typed
+        like ``state`` (the pool itself when pooled); with ``intermediate_states``
+        a third element, the `[B, T, HV, D, D]` intermediate states.
 
     Raises:
         TypeError / ValueError naming the offending argument, before anything
         is allocated or written.
     """
-    return gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output)
+    return gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+                          state_indices, intermediate_states, check_values, output_state)

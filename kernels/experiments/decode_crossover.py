@@ -17,7 +17,11 @@ B≈16. This module measures the same on the GPU at hand:
    :mod:`kernels.bench.roofline`).
 4. :func:`plot_time_vs_B`, :func:`plot_speedup` (crossovers by log-linear
    interpolation, :func:`crossover_points`), :func:`plot_bw_fraction`.
-5. :func:`conclusion_markdown` — the conclusion, computed from the tables.
+5. :func:`run_serving` (sections 7a–c: pooled vs dense state, ``T`` tokens per
+   call, fp32 vs bf16 state, with FlashInfer's bf16-state and multi-token
+   kernels) and :func:`run_drift` (section 8: a bf16 state over
+   ``drift_steps`` consecutive steps) — from :mod:`.decode_serving`.
+6. :func:`conclusion_markdown` — the conclusion, computed from the tables.
 
 Implementation names (the ``impls`` parameter): ``ours-adaptive`` (the
 config this run's sweep picked per B, or :func:`kernels.decode.config_for`
@@ -39,6 +43,11 @@ from .common import (CPU_WALL, COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Pa
                      collect_params as _collect, fmt_us, fmt_x, gate_call, method_available,
                      new_figure, short_reason, start_run, time_call, unique_in_order)
 
+from . import decode_serving as _serving
+from .decode_serving import (drift_table, plot_drift, plot_serving_pooled,  # noqa: F401
+                             plot_serving_state_dtype, plot_serving_tokens, run_drift,
+                             serving_gate_summary, serving_markdown, serving_table)
+
 STEM = "01_decode_crossover"
 SEED_CROSSOVER_B = 8         # seed, B200, CUPTI: fla-recurrent (BV=8) vs FlashInfer
 SEED_ADAPTIVE_CROSSOVER_B = 16  # seed, B200, after per-batch num_warps
@@ -54,7 +63,8 @@ PEERS = ("fla", "flashinfer", "torch")
 PEER_VARIANTS = {"flashinfer": (("default", "flashinfer"), ("inplace", "flashinfer_inplace"))}
 
 PARAMS = COMMON_PARAMS + (
-    Param("batch_sizes", "list", [1, 4, 8, 16, 32, 48, 64], "decode batch sizes B"),
+    Param("batch_sizes", "list", [1, 4, 8, 16, 32, 48, 64, 128, 256, 512],
+          "decode batch sizes B"),
     Param("impls", "list", ["ours-adaptive", "ours-fla-like", "fla", "flashinfer", "torch"],
           "implementations: ours-adaptive, ours-fla-like, ours:<config>, fla, flashinfer, torch"),
     Param("methods", "list", ["cupti_cold", "graph", "event"],
@@ -77,6 +87,16 @@ PARAMS = COMMON_PARAMS + (
     Param("head_dim", "int", 128, "head size D (K and V equal it)"),
     Param("write_dispatch_table", "bool", False,
           "also write the best configs to kernels/decode_configs/<gpu-slug>.json"),
+    Param("pooled", "list", [False, True],
+          "serving: state layouts timed (false: dense state, true: a pool of 2B slots)"),
+    Param("tokens_per_step", "list", [1, 2, 3, 4],
+          "serving: tokens per sequence in one call (multi-token / speculative decoding)"),
+    Param("state_dtype", "list", ["float32", "bfloat16"],
+          "serving and drift: state dtypes (float32, bfloat16)"),
+    Param("serving_method", "str", "cupti_cold", "timing method of the serving sections"),
+    Param("drift_steps", "list", [1, 100, 1000],
+          "drift: consecutive decode steps after which errors are reported"),
+    Param("drift_batch", "int", 8, "drift: batch size B of the consecutive steps"),
 )
 
 TIMES_COLUMNS = ["impl", "config", "B", "method", "median_us", "p20_us", "p80_us", "floor_us",
@@ -466,6 +486,13 @@ def times_table(times: pd.DataFrame) -> pd.DataFrame:
     return out[unique_in_order(times.label)]
 
 
+def run_serving(run: Run) -> Dict[str, pd.DataFrame]:
+    """Sections 7: pooled vs dense, T tokens per call, fp32 vs bf16 state
+    (:func:`kernels.experiments.decode_serving.run_serving`, floors from this
+    run's copy bandwidth)."""
+    return _serving.run_serving(run, _copy_bw(run))
+
+
 # --------------------------------------------------------------------------- 4. analysis
 
 
@@ -585,39 +612,66 @@ def plot_time_vs_B(times: pd.DataFrame):
     return fig
 
 
+def _ratio_scale(ax, values) -> None:
+    """Linear y around 1 when the ratios span less than 4×, else log2."""
+    v = np.asarray(list(values), dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return
+    lo, hi = min(float(v.min()), 1.0), max(float(v.max()), 1.0)
+    if hi / lo > 4:
+        ax.set_yscale("log", base=2)
+    else:
+        pad = 0.08 * (hi - lo) + 0.02
+        ax.set_ylim(lo - pad, hi + pad)
+
+
 def plot_speedup(times: pd.DataFrame, baselines: Sequence[str]):
-    """Speedup of every implementation over each baseline vs B (rows: methods,
-    columns: baselines), crossovers marked and annotated."""
+    """Speedup of the compared implementations over each baseline vs B (rows:
+    methods, columns: baselines). The eager torch reference is left out (its
+    ratios are in ``crossovers.csv``) unless it is the baseline; the y axis is
+    linear around 1 unless the ratios span more than 4×; crossovers are marked
+    by vertical lines and listed in one text box per panel (labels cannot
+    overlap)."""
     if times is None or times.empty:
         return None
     methods = unique_in_order(times.method)
     baselines = list(baselines) or ["flashinfer"]
-    fig, axes = new_figure(max(1, len(methods)), len(baselines), panel=(5.2, 3.6))
+    fig, axes = new_figure(max(1, len(methods)), len(baselines), panel=(5.4, 3.8))
     gpu = _gpu_of(times)
     for i, method in enumerate(methods):
         t = times[times.method == method]
         for j, baseline in enumerate(baselines):
             ax = axes[i][j]
-            ax.set_title(f"vs {baseline} — method: {method}", fontsize=9)
+            ax.set_title(f"vs {baseline} — {gpu}, method: {method}", fontsize=9)
             if baseline not in set(t.label):
                 ax.text(0.5, 0.5, f"{baseline} not measured in this run", ha="center",
                         va="center", transform=ax.transAxes)
                 continue
             sp = speedups(t, baseline)
+            left_out = [l for l in unique_in_order(sp.label) if impl_of(l) == "torch"]
+            sp = sp[~sp.label.isin(left_out)]
+            notes = []
             for label in unique_in_order(sp.label):
                 g = sp[sp.label == label].sort_values("B")
                 line, = ax.plot(g.B, g.speedup, marker="o", ms=3, label=label)
                 for b, d in crossover_points(g.B, g.speedup):
                     ax.axvline(b, color=line.get_color(), ls=":", lw=1)
-                    ax.annotate(f"B≈{b:.3g}", (b, 1.0), textcoords="offset points",
-                                xytext=(3, 6), fontsize=7, color=line.get_color())
+                    notes.append(f"{label}: B≈{b:.3g} ({d})")
             ax.axhline(1.0, color="k", lw=0.8)
-            ax.set_yscale("log", base=2)
+            _ratio_scale(ax, sp.speedup)
             _logx(ax, sorted(t.B.unique()))
             ax.set_xlabel("batch size B")
             ax.set_ylabel(f"{baseline} time / time (>1: faster)")
-            ax.legend(fontsize=7)
-    fig.suptitle(f"GDN decode: speedup and crossover batch size — {gpu}{_cpu_notes(methods)}")
+            if left_out:
+                notes.append(f"left out: {', '.join(left_out)} (eager reference; crossovers.csv)")
+            ax.text(0.02, 0.02, "crossovers:\n" + ("\n".join(notes) if notes else "none"),
+                    transform=ax.transAxes, fontsize=6.5, va="bottom", ha="left",
+                    bbox=dict(boxstyle="round", fc="white", ec="0.7", alpha=0.85))
+            if len(sp):
+                ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"GDN decode: speedup and crossover batch size — {gpu}, "
+                 f"timing: {', '.join(methods)} (median){_cpu_notes(methods)}")
     return fig
 
 
@@ -696,10 +750,17 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     """The notebook's conclusion from its DataFrames.
 
     ``dfs``: ``times`` (decode_times), ``gate`` (gate.csv) and optionally
-    ``best`` (:func:`best_configs`) and ``baselines`` is read from the
-    ``crossovers`` frame (:func:`crossover_table`) when given, else computed
-    against flashinfer and fla.
+    ``best`` (:func:`best_configs`), ``crossovers`` (:func:`crossover_table`;
+    computed against flashinfer and fla when absent), and the serving sections'
+    ``serving_times``, ``serving_gate`` and ``drift`` frames.
     """
+    serving = serving_markdown(dfs.get("serving_times"), dfs.get("serving_gate"),
+                               dfs.get("drift"))
+    text = _crossover_conclusion(dfs)
+    return text + ("\n\n" + serving if serving else "")
+
+
+def _crossover_conclusion(dfs: Dict[str, pd.DataFrame]) -> str:
     times = dfs.get("times", pd.DataFrame(columns=TIMES_COLUMNS))
     gate = dfs.get("gate")
     lines = []
@@ -751,9 +812,10 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         lines.append(f"**Crossovers, {method}:**\n" + "\n".join(f"- {i}" for i in items))
     method = CONTEST_METHOD if CONTEST_METHOD in set(times.method) else times.method.iloc[0]
     t = times[times.method == method]
-    lo, hi = _pick(t.B.unique(), 1), _pick(t.B.unique(), 64)
-    lines.append(f"**Ours vs the best peer ({method}):**\n- {_best_vs_peer(t, lo)}\n- "
-                 f"{_best_vs_peer(t, hi)}")
+    picks = unique_in_order([_pick(t.B.unique(), 1), _pick(t.B.unique(), 64),
+                             int(max(t.B.unique()))])
+    lines.append(f"**Ours vs the best peer ({method}):**\n"
+                 + "\n".join(f"- {_best_vs_peer(t, b)}" for b in picks))
     seed = [f"- FLA's kernel: {_seed_verdict(cx, method, 'fla', SEED_CROSSOVER_B)}",
             f"- our FLA-like BV=8 config: "
             f"{_seed_verdict(cx, method, 'ours-fla-like', SEED_CROSSOVER_B)}",

@@ -5,14 +5,13 @@ One module per stage, each readable and testable alone:
 - :mod:`.chunk_index`       chunk bookkeeping: host-built table (sync) or device lookup
 - :mod:`.gates`             stage 1: ``g``, ``beta``, per-chunk cumulative ``g``
 - :mod:`.intra_chunk`       stage 2: ``A = beta K K^T exp(gc_i - gc_j)``, its solve, then
-                            ``Tb = Tm diag(beta)`` and ``Aqk`` (``fused``) or ``w``/``u``
-- :mod:`.state_walk`        stage 3: inter-chunk state recurrence (optionally + outputs)
-- :mod:`.state_walk_t`      the same walk on ``S^T`` (short ``fused`` walks)
-- :mod:`.output`            stage 4: ``o = scale (q exp(gc) S + causal intra-chunk term)``
+                            ``Tb = Tm diag(beta)`` and ``scale * Aqk``
+- :mod:`.state_walk`        stage 3: inter-chunk state recurrence + the outputs inline
+- :mod:`.state_walk_t`      the same walk on ``S^T`` (short walks, the long CP path)
 - :mod:`.context_parallel`  segment summaries + combine for long sequences with few heads
 - :mod:`.pipeline`          the variants as compositions of the stages
 - :mod:`.graph`             the ``graph`` variant (CUDA graph per shape bucket)
-- :mod:`.config`            :class:`PrefillConfig` (8 levers) and the launch rules
+- :mod:`.config`            :class:`PrefillConfig` (7 levers) and the launch rules
 
 Public API: :func:`gdn_prefill`, :data:`VARIANTS`, :func:`make_prefill_impl`,
 :func:`launch_count_hint`.
@@ -195,10 +194,12 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
     key = fused_key if variant == "fused" else variant
     out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
     notes = {
-        "unfused": "8 torch gate ops + cumsum, intra, walk, output; cu_seqlens read on host "
-                   "twice (validation, chunk table) and the table copied back",
-        "fused_gates": "gates+cumsum, intra, walk, output; host-built chunk table as unfused",
-        "no_sync": "gates+cumsum, intra, walk, output; device-side chunk lookup; guard",
+        "unfused": "8 torch gate ops + cumsum, intra, walk with inline outputs; cu_seqlens "
+                   "read on host twice (validation, chunk table) and the table copied back",
+        "fused_gates": "gates+cumsum, intra, walk with inline outputs; host-built chunk "
+                       "table as unfused",
+        "no_sync": "gates+cumsum, intra, walk with inline outputs (+ guard); device-side "
+                   "chunk lookup",
         "fused": "intra (+gates, cumsum) and walk with inline outputs (+ guard)",
         "fused+cp": "intra (+gates, cumsum) and walk with inline outputs; CP: segment "
                     "summaries, then the walk chaining them (+ guard)",

@@ -2,7 +2,7 @@
 
 Every default was measured on an H200 or H100 (graph replay, the contest shapes; the
 step tables in ``docs/notes.md``, rows in ``results/*/dev_checks/``). The ``fused``
-variant's path with the defaults:
+variant's path with the defaults (the compositions before it launch the same kernels):
 
 * the intra-chunk kernel (gates + cumsum + ``A`` + solve) stores ``Tb = Tm diag(beta)``
   and ``scale * Aqk`` (``[T, HV, 64]`` bf16 each; the ``"tm"`` intermediates), the walk
@@ -28,15 +28,10 @@ from typing import Optional
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "walk_tile_rule",
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS",
-           "INTRA_WARPS", "OUTPUT_BV", "OUTPUT_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES",
-           "WALKER_BV", "SPLIT_WARPS", "SPLIT_STAGES"]
+           "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV"]
 
 #: ``num_warps`` of the intra-chunk kernel (H200: 8 warps were slower).
 INTRA_WARPS = 4
-#: Tile width and warps of the separate output kernel (unfused compositions).
-OUTPUT_BV, OUTPUT_WARPS = 64, 4
-#: Warps and stages of the walk that stores chunk states (unfused compositions).
-SPLIT_WARPS, SPLIT_STAGES = 4, 2
 #: CP phase A: warps and stages (3 stages: T=8192 phase A 56 -> 46 us on an H200; ~115 KB
 #: of shared memory at D = 128); phase B: warps.
 SUMMARY_WARPS, SUMMARY_STAGES = 4, 3
@@ -55,16 +50,14 @@ class PrefillConfig:
     """The prefill's levers (each one used by a default or by :data:`ACCURATE_CONFIG`).
 
     Args:
-        walk_BV: state tile width of the walk; None: :func:`walk_tile_rule` (``fused``),
-            :func:`.state_walk.default_bv` (unfused compositions).
-        storage: ``"compact"`` (bf16 intermediates, like FLA) or ``"precise"`` (fp32
-            ``Tb`` / ``Aqk``; ``w`` as a bf16 pair and fp32 ``u`` in the unfused
-            compositions): compact halves the bytes at ~4e-3 state error on long-memory heads.
+        walk_BV: state tile width of the walk; None: :func:`walk_tile_rule`.
+        storage: ``"compact"`` (bf16 ``Tb`` / ``Aqk``, like FLA's intermediates) or
+            ``"precise"`` (fp32): compact halves the bytes at ~4e-3 state error on
+            long-memory heads.
         solve: the intra-chunk solve, ``"batched"`` (16 x 16 block formulas in registers;
             H200 intra 57x64 27.7 -> 13.5 us, T=8192 49.2 -> 22.5) or ``"blocks"`` (the
             blocks through a scratch, fp32 ``ieee`` products: the accurate preset's).
-        precision: products with the state, the inline outputs and the ``w`` / ``u``
-            products: ``"bf16"`` (one tensor-core pass, like FLA; walk -12...-25 %, output
+        precision: products with the state and the inline outputs: ``"bf16"`` (one tensor-core pass, like FLA; walk -12...-25 %, output
             rel-L2 ~3.3e-3 vs 3.2e-3 on the contest inputs) or ``"bf16x2"`` (~fp32).
         cp_chain_precision: products ``M_s @ S`` of phase C's chain: ``"bf16"`` (H200 T=8192
             207.5 -> 189.5 us graph against tf32x3, same errors to the 4th digit),
@@ -127,43 +120,30 @@ ACCURATE_CONFIG = PrefillConfig(storage="precise", solve="blocks", precision="bf
                                 cp_chain_precision="tf32x3")
 
 
-def intra_maxnreg_rule(solve: str, tm: bool, single: bool = False) -> Optional[int]:
-    """Register cap of the intra-chunk kernel: 128 for the ``"batched"`` solve with the
-    ``"tm"`` intermediates (the fused variant's two-launch path), else None (the compiler's
-    choice; also for the one-launch path, ``single``, whose walker programs need more).
+def intra_maxnreg_rule(solve: str, single: bool = False) -> Optional[int]:
+    """Register cap of the intra-chunk kernel: 128 for the ``"batched"`` solve, else None
+    (the compiler's choice; also for the one-launch path, ``single``, whose walker
+    programs need more).
 
     That kernel needs ~150-200 registers uncapped (three programs of 4 warps per SM); at 128
     it spills nothing and four fit. Measured on an H200 (probe 33, docs/notes.md): intra
     57x64 18.3 -> 15.4 us, 16x256 17.5 -> 15.0, T=8192 27.5 -> 26.2; 112 and 96 spill and
-    are slower. The kernel that computes ``w``, ``u`` spills when capped (probes 16, 26).
+    are slower.
     """
-    return 128 if (tm and solve == "batched" and not single) else None
+    return 128 if (solve == "batched" and not single) else None
 
 
-def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool, tm: bool = False) -> int:
-    """State tile width of the fused walk when ``walk_BV`` is None.
-
-    With the ``"tm"`` intermediates (the fused variant): 32 with CP; otherwise 64 when that
-    launches ``>= 1.5 * n_sm`` programs, 32 when that launches ``>= 0.9 * n_sm``, else
-    16. Measured on an H200 (probes 25-27, docs/notes.md): T=8192 (CP) phase C 91 -> 82 us
-    at 32 vs 64; 4x1024 55 us at 32 vs 64 at 16 or 64; 57x64 and 16x256 best at 64
-    (70.6 / 54.3 vs 72.4 / 56.9 at 32), T=2048 and T <= 512 at 16.
-
-    With ``"wu"`` (``w``, ``u``, ``P``, ``ob``; no longer a path of the fused variant): 64
-    with CP, otherwise the widest of 64, 32 that launches ``>= 1.5 * n_sm`` programs, else
-    16. Capped at ``V``.
+def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
+    """State tile width of the walk when ``walk_BV`` is None: 32 with CP; otherwise 64 when
+    that launches ``>= 1.5 * n_sm`` programs, 32 when that launches ``>= 0.9 * n_sm``, else
+    16; capped at ``V``. Measured on an H200 (probes 25-27, docs/notes.md): T=8192 (CP)
+    phase C 91 -> 82 us at 32 vs 64; 4x1024 55 us at 32 vs 64 at 16 or 64; 57x64 and 16x256
+    best at 64 (70.6 / 54.3 vs 72.4 / 56.9 at 32), T=2048 and T <= 512 at 16.
     """
-    if tm:
-        if cp:
-            return min(32, V)
-        for bv, need in ((64, 1.5), (32, 0.9)):
-            if bv <= V and units * HV * (V // bv) >= need * n_sm:
-                return bv
-        return min(16, V)
     if cp:
-        return min(64, V)
-    for bv in (64, 32):
-        if bv <= V and units * HV * (V // bv) >= 1.5 * n_sm:
+        return min(32, V)
+    for bv, need in ((64, 1.5), (32, 0.9)):
+        if bv <= V and units * HV * (V // bv) >= need * n_sm:
             return bv
     return min(16, V)
 
@@ -187,14 +167,12 @@ def walk_stages_rule(BV: int, programs: int, n_sm: int) -> int:
 SHORT_WALK_CHUNKS = 4
 
 
-def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool,
-                     precise: bool = False, tm: bool = False):
+def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool, precise: bool = False):
     """``(num_warps, num_stages, loop_stages)`` of the fused walk / CP phase C.
 
     Short walks (no CP, at most :data:`SHORT_WALK_CHUNKS` chunks per sequence on
-    average) at tile width 64: 4 warps, two programs per SM (255 registers). With the
-    ``"tm"`` intermediates (compact storage) the chunk loop is pipelined over 2 stages
-    with ``q`` left out of the pipeline (:func:`walk_pipe_skip_rule`; 99 KB of shared
+    average) at tile width 64: 4 warps, two programs per SM (255 registers). With compact
+    storage the chunk loop is pipelined over 2 stages with ``q`` left out of the pipeline (:func:`walk_pipe_skip_rule`; 99 KB of shared
     memory); otherwise it is unpipelined (~57 KB) -- pipelining every load takes 131 KB,
     one program per SM. Measured on an H200: probe 14 (57x64 walk 54.9 -> 46.0 us,
     16x256 33.3 -> 28.7 unpipelined against 3 stages), probe 43 (graph 57x64 55.7 / 55.5
@@ -206,29 +184,29 @@ def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool,
     265 KB of shared memory (H200: 227 KB per block).
     """
     if short and BV >= 64:
-        return 4, 2, (2 if tm and not precise else 1)
+        return 4, 2, (1 if precise else 2)
     stages = walk_stages_rule(BV, programs, n_sm)
     return walk_warps_rule(BV), min(stages, 2) if precise else stages, None
 
 
-def walk_transposed_rule(BV: int, short: bool, precise: bool = False, tm: bool = False) -> bool:
-    """Whether the fused walk holds ``S^T`` (:mod:`.state_walk_t`): for the short ``"tm"``
+def walk_transposed_rule(BV: int, short: bool, precise: bool = False) -> bool:
+    """Whether the walk holds ``S^T`` (:mod:`.state_walk_t`): for the short compact-storage
     walks (no CP, at most :data:`SHORT_WALK_CHUNKS` chunks per sequence on average) that
     :func:`walk_tile_rule` gives width 64, i.e. many programs of one to four chunks.
     Measured on an H200 (probe 45, graph us, untransposed -> transposed at width 128 / 8
     warps): 16x256 38.2 -> 35.2, 57x64 54.7 -> 52.4. The long, narrow walks are slower
     transposed (4x1024 41.7 -> 57.9 at best, T=2048 50.2 -> 79.5, T=512 19.8 -> 21.3,
     100+28 12.3 -> 13.8), so they keep the untransposed walk."""
-    return short and BV >= 64 and tm and not precise
+    return short and BV >= 64 and not precise
 
 
-def walk_pipe_skip_rule(BV: int, short: bool, precise: bool = False, tm: bool = False) -> str:
-    """The load of the fused walk kept out of its chunk loop's pipeline: ``"q"`` for the
-    short ``"tm"`` walks at width 64 that :func:`walk_launch_rule` pipelines over 2 stages
+def walk_pipe_skip_rule(BV: int, short: bool, precise: bool = False) -> str:
+    """The load of the walk kept out of its chunk loop's pipeline: ``"q"`` for the
+    short compact-storage walks at width 64 that :func:`walk_launch_rule` pipelines over 2 stages
     (so two programs fit per SM), else ``""`` (the longer walks run one program per SM or
     narrow tiles, where an exposed load costs: H200, 4x1024 30.3 -> 44.8 us, T=2048
     41.6 -> 64.7 with ``q`` unpipelined)."""
-    return "q" if short and BV >= 64 and tm and not precise else ""
+    return "q" if short and BV >= 64 and not precise else ""
 
 
 def walk_warps_rule(BV: int) -> int:

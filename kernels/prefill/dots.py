@@ -6,7 +6,7 @@ be split as ``x = hi + lo`` with ``hi = bf16(x)`` and ``lo = bf16(x - hi)``
 
 * ``"bf16x2"``: each fp32 operand is split and the partial products summed
   (2 bf16 products when the other operand is bf16 -- keys, values, queries,
-  the bf16-stored ``w`` are exact in bf16 -- and 3 when both are fp32,
+  the bf16-stored ``Tb`` are exact in bf16 -- and 3 when both are fp32,
   dropping ``lo * lo``). Close to fp32 accuracy at bf16 tensor-core speed and
   with half the registers of tf32 operands.
 * ``"bf16"``: operands rounded to bf16, one product.
@@ -21,25 +21,14 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-__all__ = ["mm", "mm_pair", "split"]
+__all__ = ["mm"]
 
 
 @triton.jit
-def split(x):
+def _split(x):
     """``(hi, lo)`` bf16 with ``hi + lo`` = ``x`` to ~16 significant bits."""
     hi = x.to(tl.bfloat16)
     return hi, (x - hi.to(tl.float32)).to(tl.bfloat16)
-
-
-_split = split
-
-
-@triton.jit
-def mm_pair(a_hi, a_lo, b):
-    """``(a_hi + a_lo) @ b`` for a pre-split fp32 ``a`` (two bf16 blocks, e.g. loaded
-    as stored) and an fp32 ``b``: three bf16 products (``lo * lo`` dropped)."""
-    b_hi, b_lo = split(b)
-    return tl.dot(a_lo, b_hi, tl.dot(a_hi, b_lo, tl.dot(a_hi, b_hi)))
 
 
 @triton.jit

@@ -9,13 +9,12 @@ invalid boundaries mean nothing. So the kernel that writes the call's outputs ch
 writes NaN into **all** ``T`` output rows and **all** ``N`` final states instead of
 results (:func:`guard_outputs`), so no consumer or correctness gate can take them for one:
 
-* ``fused`` (every path: one launch, the walks, both context-parallel paths): inside the
-  last kernel -- its programs each read ``cu_seqlens`` (``N + 1`` entries) before
-  walking; no extra launch. On the one-launch path the chunk programs read it too and
-  release no chunk to the walkers if it is invalid (no flag is left set);
-* ``graph``: inside the unpack kernel that copies the outputs out;
-* ``no_sync`` / ``unfused`` / ``fused_gates`` (outputs written by two kernels):
-  :func:`guard_kernel`, one extra launch after the call's kernels.
+* ``fused`` (every path: one launch, the walks, both context-parallel paths) and the
+  compositions before it: inside the last kernel -- its programs each read
+  ``cu_seqlens`` (``N + 1`` entries) before walking; no extra launch. On the one-launch
+  path the chunk programs read it too and release no chunk to the walkers if it is
+  invalid (no flag is left set);
+* ``graph``: inside the unpack kernel that copies the outputs out.
 
 Why a call was rejected is readable without a sync: pass ``status=`` (a `[1]` int32
 tensor on the inputs' device) and the guard writes the :data:`.chunk_index.CU_START` /
@@ -23,12 +22,9 @@ tensor on the inputs' device) and the guard writes the :data:`.chunk_index.CU_ST
 the stream has reached that point (:func:`describe_status` turns it into words).
 
 Cost on a valid call: each program of the last kernel reads the ``N + 1`` entries of
-``cu_seqlens`` once (``fused``, ``graph``), or one more launch (the multi-kernel
-compositions). Everything is stream-ordered and CUDA-graph capturable.
+``cu_seqlens`` once. Everything is stream-ordered and CUDA-graph capturable.
 """
 from __future__ import annotations
-
-from typing import Optional
 
 from .. import interpret
 
@@ -38,14 +34,10 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START, cu_status  # noqa: E402
-from .pdl import grid_wait, launch_options  # noqa: E402
+from .chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START  # noqa: E402
+from .pdl import grid_wait  # noqa: E402
 
-__all__ = ["guard_fwd", "guard_kernel", "guard_outputs", "check_status_tensor",
-           "describe_status", "GUARD_BLOCK", "GUARD_MAX_PROGRAMS"]
-
-GUARD_BLOCK = 4096
-GUARD_MAX_PROGRAMS = 264   # 2 per SM of an H100 SXM; the fill loops past it
+__all__ = ["guard_outputs", "check_status_tensor", "describe_status"]
 
 _WORDS = ((CU_START, "cu_seqlens[0] != 0"), (CU_END, "cu_seqlens[-1] != T"),
           (CU_DECREASING, "cu_seqlens decreases"), (CU_RANGE, "a cu_seqlens entry is outside [0, T]"))
@@ -95,40 +87,3 @@ def guard_outputs(st, o, ht, status, T, N, i_p, n_p, H: tl.constexpr, V: tl.cons
             o_i = i0 + tl.arange(0, 1024)
             tl.store(ht + o_i, tl.full([1024], float("nan"), tl.float32), mask=o_i < n_ht)
     return st
-
-
-@triton.jit(do_not_specialize=["T", "N"])
-def guard_kernel(
-    cu_seqlens,     # [N+1] int32/int64, as the caller passed it
-    o,              # [T, H, V] bf16 output of the call (NaN-filled if invalid)
-    ht,             # [N, H, V, K] f32 final state of the call (NaN-filled if invalid)
-    status,         # [1] int32 out: cu_status bits (HAS_STATUS) or None
-    T, N,
-    H: tl.constexpr, V: tl.constexpr, K: tl.constexpr,
-    HAS_STATUS: tl.constexpr,
-    PDL_WAIT: tl.constexpr,     # launched with PDL: wait before touching what others write
-):
-    st = cu_status(cu_seqlens, N, T, 128)   # an input of the call: before the wait
-    grid_wait(PDL_WAIT)   # every program waits: this kernel's end implies the earlier ones'
-    guard_outputs(st, o, ht, status, T, N, tl.program_id(0), tl.num_programs(0), H, V, K,
-                  HAS_STATUS, False)
-
-
-def guard_fwd(cu_seqlens: torch.Tensor, o: torch.Tensor, ht: torch.Tensor, *,
-              status: Optional[torch.Tensor] = None, pdl: bool = False) -> None:
-    """Launch :func:`guard_kernel` once on the call's outputs (the compositions whose
-    outputs two kernels write; see the module docstring).
-
-    Args:
-        cu_seqlens: `[N+1]` int32/int64 as the caller passed it.
-        o: `[T, HV, V]` bf16 output; ``T`` is its first dimension.
-        ht: `[N, HV, V, K]` f32 final state.
-        status: optional `[1]` int32: receives the status bits.
-        pdl: launch with PDL (Hopper; ignored elsewhere).
-    """
-    T, H, V = o.shape
-    N, K = cu_seqlens.numel() - 1, ht.shape[-1]
-    grid = (max(1, min(triton.cdiv(max(o.numel(), ht.numel()), GUARD_BLOCK), GUARD_MAX_PROGRAMS)),)
-    opts = launch_options(pdl, o.device)
-    guard_kernel[grid](cu_seqlens, o, ht, status, T, N, H=H, V=V, K=K,
-                       HAS_STATUS=status is not None, PDL_WAIT=bool(opts), **opts)

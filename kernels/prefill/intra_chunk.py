@@ -27,12 +27,10 @@ Per ``(chunk, value head)`` program:
      product ``(I-D)(I+D^2)(I+D^4)(I+D^8)`` on each diagonal block, the off-diagonal
      blocks by ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj``, all fp32 ``ieee`` products
      (the accurate preset's solve);
-3. ``TM_OUT`` (the ``fused`` variant): store ``Tb = Tm diag(beta)`` and, computed before
-   the solve, ``scale * Aqk`` with ``Aqk = (q k^T * exp(gc_i - gc_j))`` for ``j <= i``;
-   the walk forms ``v_new = Tb (v - exp(gc) k S0)`` and ``o = scale exp(gc) q S0 +
-   Aqk v_new`` itself (:mod:`.state_walk`, ``TM_FORM``). Otherwise (the unfused
-   compositions) ``w = (Tm * beta exp(gc)) @ k`` and ``u = (Tm * beta) @ v`` in two blocks
-   of columns, with the fp32 factor in ``WU_PREC`` (:mod:`.dots`).
+3. store ``Tb = Tm diag(beta)`` and, computed before the solve, ``scale * Aqk`` with
+   ``Aqk = (q k^T * exp(gc_i - gc_j))`` for ``j <= i`` (the ``"tm"`` intermediates); the
+   walk forms ``v_new = Tb (v - exp(gc) k S0)`` and ``o = scale exp(gc) q S0 + Aqk v_new``
+   itself (:mod:`.state_walk`): ``w = Tb exp(gc) k`` and ``u = Tb v`` are never stored.
 
 With ``RAW_GATES`` the kernel also computes ``g``, ``beta`` and the
 per-chunk cumulative sum from ``a``, ``b``, ``A_log``, ``dt_bias`` (stage 1
@@ -41,7 +39,7 @@ path) the grid has extra programs that walk the sequences (:func:`_walker`).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 from .. import interpret
 
@@ -51,23 +49,19 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import (BT, chunk_of_program, cu_status, num_slots,  # noqa: E402
-                          prepare_chunk_indices, seq_bounds)
-from .dots import mm, split  # noqa: E402
+from .chunk_index import BT, chunk_of_program, cu_status, num_slots, seq_bounds  # noqa: E402
+from .dots import mm  # noqa: E402
 from .gates import log_decay  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
 from .state_walk import fused_chunk_step_tm, load_state_tile, store_state_tile  # noqa: E402
 
-__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "intra_chunk", "BC", "solve_batched",
-           "WU_PRECISION", "SOLVE", "SOLVES", "SOLVE_PRECISION", "OFFDIAG_PRECISION",
-           "STORAGE", "COL_BLOCKS"]
+__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "BC", "solve_batched", "SOLVE", "SOLVES",
+           "SOLVE_PRECISION", "OFFDIAG_PRECISION", "STORAGE"]
 
 #: Sub-block size of the solve.
 BC = 16
-#: Default precision (:mod:`.dots`) of ``w`` / ``u`` (they feed the state).
-WU_PRECISION = "bf16x2"
 #: Default solve (H200, intra-chunk kernel against ``"blocks"``: 57x64 27.7 -> 13.5 us,
 #: T=8192 49.2 -> 22.5; docs/notes.md "Prefill v8").
 SOLVE = "batched"
@@ -82,18 +76,9 @@ SOLVE_PRECISION = {"batched": "bf16x2", "blocks": "ieee"}
 #: itself, so one tf32 pass does (H200, hard inputs: max abs error 0.037 vs 0.031 with
 #: tf32x3; FLA 0.032, FlashInfer 0.035 on the same case).
 OFFDIAG_PRECISION = {"batched": "tf32", "blocks": "ieee"}
-#: ``w`` / ``u`` products in this many blocks of columns (fewer live registers).
-COL_BLOCKS = 2
-#: Storage of the per-token intermediates, by name (``PrefillConfig.storage``): ``w`` as a
-#: bf16 (hi, lo) pair ``[2, T, HV, K]`` ("pair") or a dtype, ``u``; ``tm`` for ``Tb`` and
-#: ``scale * Aqk``. "precise": on a long-memory head (decay ~0.998/token, CPU, T=1000,
-#: D=128) the final state is within ~1e-5 of a float64 recurrence; "compact": all bf16
-#: (like FLA's ``w`` / ``u``), half the bytes, ~4e-3 state error on that head (the contest
-#: tolerance is 1e-2).
-STORAGE = {
-    "precise": dict(w="pair", u=torch.float32, tm=torch.float32),
-    "compact": dict(w=torch.bfloat16, u=torch.bfloat16, tm=torch.bfloat16),
-}
+#: dtype of ``Tb`` and ``scale * Aqk`` by ``PrefillConfig.storage``: "compact" bf16 (like
+#: FLA's intermediates, half the bytes), "precise" fp32 (the accurate preset's).
+STORAGE = {"precise": torch.float32, "compact": torch.bfloat16}
 
 
 @triton.jit
@@ -276,7 +261,7 @@ def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale, T, N
 
 @triton.jit(do_not_specialize=["T", "N"])
 def intra_chunk_kernel(
-    q,              # [T, HQ, K] bf16 queries (TM_OUT) or None
+    q,              # [T, HQ, K] bf16 queries
     k,              # [T, HQ, K] bf16 keys
     v,              # [T, H, V] bf16 values
     a,              # [T, H] bf16 raw decay input (RAW_GATES) or None
@@ -285,9 +270,8 @@ def intra_chunk_kernel(
     dt_bias,        # [H] f32 (RAW_GATES) or None
     gc,             # [T, H] f32 per-chunk cumulative log decay: written (RAW_GATES) or read
     beta,           # [T, H] f32 sigmoid(b), read (not RAW_GATES) or None
-    w,              # [T, H, K] out, [2, T, H, K] bf16 hi/lo pair (W_SPLIT), or Tb [T, H, BT]
-    u,              # [T, H, V] out (not TM_OUT) or None
-    p,              # [T, H, BT] out: scale * Aqk (TM_OUT) or None
+    w,              # [T, H, BT] out: Tb = Tm diag(beta)
+    p,              # [T, H, BT] out: scale * Aqk
     At,             # [T, H, BT] f32 scratch: A, then Tm ("blocks" solve) or None
     h0,             # [N, H, V, K] f32 initial state, k-last (WALKERS and USE_H0) or None
     ht,             # [N, H, V, K] f32 out: final state (WALKERS) or None
@@ -296,7 +280,7 @@ def intra_chunk_kernel(
     status,         # [1] int32 out: the guard's status bits (WALKERS and HAS_STATUS) or None
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
-    scale,          # output scale (TM_OUT)
+    scale,          # output scale
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -307,17 +291,12 @@ def intra_chunk_kernel(
     BC: tl.constexpr,           # sub-block size of the solve (16)
     RAW_GATES: tl.constexpr,    # stage 1 fused in
     USE_INDICES: tl.constexpr,  # chunk from the host table (else device lookup)
-    W_SPLIT: tl.constexpr,      # store w as a bf16 (hi, lo) pair
-    WU_PREC: tl.constexpr,      # precision of w / u (see .dots)
     SOLVE: tl.constexpr,        # "batched" (registers, solve_bands) or "blocks" (scratch)
     SOLVE_PREC: tl.constexpr,   # precision of the diagonal inverses' products
     OFFDIAG_PREC: tl.constexpr,  # precision of the off-diagonal block products
-    COL_BLOCKS: tl.constexpr,   # column blocks of the w / u products (divides K and V)
-    TM_OUT: tl.constexpr = False,       # store Tb = Tm diag(beta) into w ([T, H, BT]) and
-                                        # scale * Aqk into p ([T, H, BT]); no w / u
     STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
     PDL_TRIGGER: tl.constexpr = False,  # a PDL-launched next kernel may be placed at once
-    WALKERS: tl.constexpr = False,      # TM_OUT, one launch: programs past the chunk slots
+    WALKERS: tl.constexpr = False,      # one launch: programs past the chunk slots
                                         # walk (sequence, head, BVW columns) chunk by chunk,
                                         # each chunk once its program has flagged it (flags)
     BVW: tl.constexpr = 64,             # state tile width of the walker programs
@@ -378,20 +357,19 @@ def intra_chunk_kernel(
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
     b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
     b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
-    if TM_OUT:
-        # the causal q k^T term now, while k is loaded, and stored at once (k, q and the
-        # decays die before the solve: fewer live registers through it)
-        b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
-        b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
-        b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
-        tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
-                 mask=m_r[:, None])
+    # the causal q k^T term now, while k is loaded, and stored at once (k, q and the
+    # decays die before the solve: fewer live registers through it)
+    b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
+    b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
+    b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
+    tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
+             mask=m_r[:, None])
     if STOP_AFTER == 1:   # instrument: stage timing (keeps A alive through a row sum)
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_A, axis=1), mask=m_r)
         return
     if SOLVE == "batched":
         # 2. Tm = (I + A)^-1 by block diagonals, batched 16 x 16 products in registers
-        if TM_OUT and STOP_AFTER == 0:
+        if STOP_AFTER == 0:
             # Tb stored band by band (no [BT, BT] assembly), upper bands as zeros
             T0, T1, T2, T3 = solve_bands(b_A, BC, SOLVE_PREC, OFFDIAG_PREC)
             p_w = w + (t0 * H + i_h) * BT
@@ -444,36 +422,9 @@ def intra_chunk_kernel(
     if STOP_AFTER == 2:   # instrument: stage timing
         tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_T, axis=1), mask=m_r)
         return
-    if TM_OUT:
-        if SOLVE != "batched":   # (the batched solve stored Tb band by band above)
-            tl.store(w + (t0 * H + i_h) * BT + o_at,
-                     (b_T * b_beta[None, :]).to(w.dtype.element_ty), mask=m_r[:, None])
-    else:
-        # 3. w = (Tm * beta exp(gc)) @ k,  u = (Tm * beta) @ v in COL_BLOCKS blocks of
-        #    columns (fewer live registers: no [64, K] fp32 pair at once)
-        b_Tw = b_T * (b_beta * tl.exp(b_gc))[None, :]
-        b_Tu = b_T * b_beta[None, :]
-        BKC: tl.constexpr = K // COL_BLOCKS
-        BVC: tl.constexpr = V // COL_BLOCKS
-        o_kc = tl.arange(0, BKC)
-        o_vc = tl.arange(0, BVC)
-        for i_b in tl.static_range(COL_BLOCKS):
-            o_qkc = o_r[:, None] * (HQ * K) + i_b * BKC + o_kc[None, :]   # [BT, BKC] of k
-            o_wkc = o_r[:, None] * (H * K) + i_b * BKC + o_kc[None, :]    # [BT, BKC] of w
-            o_hvc = o_r[:, None] * (H * V) + i_b * BVC + o_vc[None, :]    # [BT, BVC] of v, u
-            b_kc = tl.load(k + (t0 * HQ + i_hk) * K + o_qkc, mask=m_r[:, None], other=0.0)
-            b_w = mm(b_Tw, b_kc, WU_PREC)
-            if W_SPLIT:   # stored as a bf16 hi + lo pair: the walk feeds both to the tensor cores
-                b_wh, b_wl = split(b_w)
-                tl.store(w + (t0 * H + i_h) * K + o_wkc, b_wh, mask=m_r[:, None])
-                tl.store(w + T.to(tl.int64) * (H * K) + (t0 * H + i_h) * K + o_wkc, b_wl,
-                         mask=m_r[:, None])
-            else:
-                b_w = b_w.to(w.dtype.element_ty)   # the walk reads w as stored
-                tl.store(w + (t0 * H + i_h) * K + o_wkc, b_w, mask=m_r[:, None])
-            b_vc = tl.load(v + (t0 * H + i_h) * V + o_hvc, mask=m_r[:, None], other=0.0)
-            b_u = mm(b_Tu, b_vc, WU_PREC).to(u.dtype.element_ty)
-            tl.store(u + (t0 * H + i_h) * V + o_hvc, b_u, mask=m_r[:, None])
+    if SOLVE != "batched":   # (the batched solve stored Tb band by band above)
+        tl.store(w + (t0 * H + i_h) * BT + o_at,
+                 (b_T * b_beta[None, :]).to(w.dtype.element_ty), mask=m_r[:, None])
     if WALKERS:   # this chunk's Tb, Aqk, gc are stored: release it to its walker programs
         tl.debug_barrier()   # every thread's stores before the flag
         if st == 0:
@@ -483,41 +434,37 @@ def intra_chunk_kernel(
 _INTRA_LAUNCH = FastLaunch(intra_chunk_kernel)
 
 
-def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, *,
-                    gc: Optional[torch.Tensor] = None, beta: Optional[torch.Tensor] = None,
-                    a=None, b=None, A_log=None, dt_bias=None, q=None, scale: float = 1.0,
-                    chunk_indices: Optional[torch.Tensor] = None,
-                    wu_dtype: Optional[torch.dtype] = None, storage: str = "precise",
-                    solve: str = SOLVE, wu_precision: str = WU_PRECISION, num_warps: int = 4,
+def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, q: torch.Tensor,
+                    *, scale: float = 1.0, gc: Optional[torch.Tensor] = None,
+                    beta: Optional[torch.Tensor] = None, a=None, b=None, A_log=None,
+                    dt_bias=None, chunk_indices: Optional[torch.Tensor] = None,
+                    storage: str = "compact", solve: str = SOLVE, num_warps: int = 4,
                     stop_after: int = 0, maxnreg: Optional[int] = None, pdl_trigger: str = "",
-                    defer: bool = False, tm_out: bool = False,
-                    walkers: Optional[dict] = None):
-    """Allocate the outputs, launch :func:`intra_chunk_kernel` once.
+                    defer: bool = False, walkers: Optional[dict] = None):
+    """Allocate the outputs, launch :func:`intra_chunk_kernel` once; returns ``(Tb, gc,
+    Aqk)``: ``Tb = Tm diag(beta)`` and ``scale * Aqk`` (``[T, HV, 64]`` each, dtype
+    :data:`STORAGE` ``[storage]``) and ``gc`` ``[T, HV]`` f32.
 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
-    are required). ``solve``: ``"batched"`` or ``"blocks"`` (a ``[T, HV, 64]`` f32
-    scratch). ``storage``: :data:`STORAGE` (``wu_dtype`` overrides it for ``w`` / ``u``).
-    ``tm_out`` (needs ``q``; the ``fused`` variant): store ``Tb = Tm diag(beta)`` and
-    ``scale * Aqk`` (``[T, HV, 64]`` each) instead of ``w`` / ``u``; returns ``(Tb, None,
-    gc, Aqk, None)``. Otherwise returns ``(w, u, gc)``: ``w`` ``[T, HV, K]`` or a
-    ``[2, T, HV, K]`` bf16 (hi, lo) pair. ``stop_after`` (instrument for stage timing,
-    results then invalid): end each program after step 1 or 2. ``maxnreg``: register cap
-    per thread. ``pdl_trigger``: ``"start"`` lets a PDL-launched next kernel be placed at
-    the start of each program (:mod:`.pdl`), ``""`` never.
-    ``walkers`` (with ``tm_out``): ``dict(initial_state=, final_state=, output=, flags=,
-    BV=, walk_precision=, inline_precision=, guard=, status=)`` -- the grid gets ``N * V / BV`` more
-    programs per head that walk the sequences (:func:`_walker`), each chunk as soon as its
-    program has flagged it: the whole call in one launch. ``flags``: int32, at least
+    are required; ``gc`` is written). ``solve``: ``"batched"`` or ``"blocks"`` (a ``[T,
+    HV, 64]`` f32 scratch). ``chunk_indices``: the host-built chunk table (else the
+    device lookup). ``stop_after`` (instrument for stage timing, results then invalid):
+    end each program after step 1 or 2. ``maxnreg``: register cap per thread.
+    ``pdl_trigger``: ``"start"`` lets a PDL-launched next kernel be placed at the start
+    of each program (:mod:`.pdl`), ``""`` never.
+    ``walkers``: ``dict(initial_state=, final_state=, output=, flags=, BV=,
+    walk_precision=, inline_precision=, guard=, status=)`` -- the grid gets ``N * V / BV``
+    more programs per head that walk the sequences (:func:`_walker`), each chunk as soon as
+    its program has flagged it: the whole call in one launch. ``flags``: int32, at least
     ``(T // 64 + N) * HV`` elements, zero between calls (each walker takes its count off
     again). With ``guard`` the walkers carry the guard (:mod:`.guard`): an invalid
     ``cu_seqlens`` gives NaN outputs and final states (its bits into ``status``, a `[1]`
-    int32, if given) and leaves the flags at zero. ``defer``: allocate and bind but do not launch; the launch is the last element
-    of the returned tuple (a zero-argument callable, :meth:`.launch.FastLaunch.bind`).
+    int32, if given) and leaves the flags at zero. ``defer``: allocate and bind but do not
+    launch; the launch is the last element of the returned tuple (a zero-argument
+    callable, :meth:`.launch.FastLaunch.bind`).
     """
     if solve not in SOLVES:
         raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
-    if tm_out and q is None:
-        raise ValueError("tm_out needs q (scale * Aqk is stored with Tb)")
     if pdl_trigger not in ("start", ""):
         raise ValueError(f"pdl_trigger must be 'start' or '', got {pdl_trigger!r}")
     T, HQ, K = k.shape
@@ -527,24 +474,15 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     dev = k.device
     if raw:
         gc = torch.empty(T, H, dtype=torch.float32, device=dev)
-    st = STORAGE[storage]
-    w_split = not tm_out and wu_dtype is None and st["w"] == "pair"
-    if tm_out:
-        w = torch.empty(T, H, BT, dtype=st["tm"], device=dev)
-        u = None
-        P = torch.empty(T, H, BT, dtype=st["tm"], device=dev)
-    else:
-        w = (torch.empty(2, T, H, K, dtype=torch.bfloat16, device=dev) if w_split else
-             torch.empty(T, H, K, dtype=wu_dtype or st["w"], device=dev))
-        u = torch.empty(T, H, V, dtype=wu_dtype or st["u"], device=dev)
-        P = None
+    w = torch.empty(T, H, BT, dtype=STORAGE[storage], device=dev)
+    P = torch.empty(T, H, BT, dtype=STORAGE[storage], device=dev)
     At = torch.empty(T, H, BT, dtype=torch.float32, device=dev) if solve == "blocks" else None
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
     wk = dict(walkers or {})
-    if wk and (not tm_out or use_indices or stop_after or wk.get("flags") is None
+    if wk and (use_indices or stop_after or wk.get("flags") is None
                or wk["flags"].numel() < num_slots(T, N) * H):
-        raise ValueError("walkers need tm_out, the device chunk lookup, no stop_after, and "
+        raise ValueError("walkers need the device chunk lookup, no stop_after, and "
                          "walkers['flags'] (int32 zeros, >= (T // 64 + N) * HV)")
     h0 = ht_ = o_ = None
     walk_opts = {}
@@ -557,10 +495,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                          GUARD=bool(wk.get("guard")),
                          HAS_STATUS=bool(wk.get("guard")) and wk.get("status") is not None)
         grid = (grid[0] + N * (V // bvw), H)
-    opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices,
-                W_SPLIT=w_split, WU_PREC=wu_precision, SOLVE=solve,
+    opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices, SOLVE=solve,
                 SOLVE_PREC=SOLVE_PRECISION[solve], OFFDIAG_PREC=OFFDIAG_PRECISION[solve],
-                COL_BLOCKS=max(1, min(COL_BLOCKS, K // 16, V // 16)), TM_OUT=tm_out,
                 STOP_AFTER=stop_after, num_warps=num_warps,
                 PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(dev),
                 **walk_opts, **({"maxnreg": maxnreg} if maxnreg else {}))
@@ -568,10 +504,10 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         go = _nothing
     else:
         go = _INTRA_LAUNCH.bind(grid, (
-            q, k, v, a, b, A_log, dt_bias, gc, beta, w, u, P, At, h0, ht_, o_,
+            q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_,
             wk.get("flags"), wk.get("status"), cu_seqlens, chunk_indices, scale, T, N),
             dict(RAW_GATES=raw, **opts))
-    out = (w, u, gc, P, None) if tm_out else (w, u, gc)
+    out = (w, gc, P)
     if defer:
         return out + (go,)
     go()
@@ -580,29 +516,3 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
 
 def _nothing():
     pass
-
-
-def intra_chunk(k: torch.Tensor, v: torch.Tensor, gc: torch.Tensor, beta: torch.Tensor,
-                cu_seqlens: torch.Tensor, *, use_indices: bool = False,
-                wu_dtype: Optional[torch.dtype] = None,
-                solve: str = SOLVE) -> Tuple[torch.Tensor, torch.Tensor]:
-    """WY factors of every chunk from keys, values and precomputed gates.
-
-    Args:
-        k: `[T, HQ, K]` bf16 keys.
-        v: `[T, HV, V]` bf16 values.
-        gc: `[T, HV]` f32 per-chunk cumulative log decay (stage 1).
-        beta: `[T, HV]` f32.
-        cu_seqlens: `[N+1]` int32/int64.
-        use_indices: host-built chunk table (syncs) instead of the device lookup.
-        wu_dtype: storage dtype of ``w`` and ``u``; None: :data:`STORAGE` ``"precise"``
-            (``w`` as a bf16 hi/lo pair, ``u`` fp32).
-        solve: ``"batched"`` or ``"blocks"`` (see the module doc).
-    Returns:
-        ``(w, u)``: ``w`` `[T, HV, K]` in ``wu_dtype`` or `[2, T, HV, K]` bf16 (hi, lo);
-        ``u`` `[T, HV, V]`.
-    """
-    idx = prepare_chunk_indices(cu_seqlens) if use_indices else None
-    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
-                              wu_dtype=wu_dtype, solve=solve)
-    return w, u

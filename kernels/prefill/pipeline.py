@@ -2,18 +2,18 @@
 
 A variant is a composition, not a copy: every variant launches the same
 stage kernels (:mod:`.gates`, :mod:`.intra_chunk`, :mod:`.state_walk`,
-:mod:`.output`, :mod:`.context_parallel`) with different flags.
+:mod:`.context_parallel`) with different flags.
 
 ==============  ===========================================================  =====================
 variant         stages                                                       GPU launches per call
 ==============  ===========================================================  =====================
-``unfused``     gates as 8 torch ops; host-built chunk table (sync); cumsum  12 kernels + 3 copies
-                kernel; intra-chunk; state walk storing ``h``, ``v_new``;    (2 D2H syncs, 1 H2D)
-                output kernel
-``fused_gates`` one gates+cumsum kernel from raw inputs; host-built chunk    4 kernels + 3 copies
-                table (sync); intra-chunk; state walk; output kernel         (2 D2H syncs, 1 H2D)
-``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     5 kernels (4 + guard),
-                host sync; ``cu_seqlens`` checked on the device (guard)      no copies
+``unfused``     gates as 8 torch ops; host-built chunk table (sync); cumsum  11 kernels + 3 copies
+                kernel; intra-chunk (``Tb``, ``Aqk``); state walk forming    (2 D2H syncs, 1 H2D)
+                ``v_new`` and the outputs inline
+``fused_gates`` one gates+cumsum kernel from raw inputs; host-built chunk    3 kernels + 3 copies
+                table (sync); intra-chunk; state walk + outputs              (2 D2H syncs, 1 H2D)
+``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     3 kernels, no copies
+                host sync; ``cu_seqlens`` checked on the device (the walk)
 ``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3-4 with CP;
                 diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128
                 intermediates); (2) state walk forming ``v_new`` and the     (``single_launch_max_T``);
@@ -40,8 +40,7 @@ the default; pass True/False to force). Unchecked values cannot make a kernel
 read or write out of bounds (:func:`.chunk_index.seq_bounds`), and the call's
 kernel that writes the outputs checks them on the device (:mod:`.guard`): if invalid,
 every row of ``output`` and every final state become NaN, and the optional ``status``
-tensor says why (no sync; no extra launch for ``fused`` and ``graph``, one for
-``no_sync``, whose outputs two kernels write).
+tensor says why (no sync, no extra launch).
 """
 from __future__ import annotations
 
@@ -53,31 +52,28 @@ import torch
 from .. import interpret
 from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
-from .config import (DEFAULT_CONFIG, INTRA_WARPS, OUTPUT_BV, OUTPUT_WARPS,
-                     SHORT_WALK_CHUNKS, SPLIT_STAGES, SPLIT_WARPS, SUMMARY_STAGES,
+from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STAGES,
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
                      walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
                                segment_combine_t_fwd, sm_count)
 from .gates import chunk_gates_fwd, gates_torch
-from .guard import check_status_tensor, guard_fwd
+from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
-from .output import chunk_output_fwd
-from .state_walk import default_bv, state_walk_fwd
+from .state_walk import state_walk_fwd
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
            "fused_launches",
            "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
 
-#: Launches per call on a GPU with the default ``check_values`` (``no_sync`` includes the
-#: device-side guard of ``cu_seqlens``, :mod:`.guard`; ``fused`` guards in its last kernel)
-#: (``kernels``: GPU kernels incl. torch ops;
-#: ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device).
+#: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
+#: ``cu_seqlens``, :mod:`.guard`, is inside the last kernel) (``kernels``: GPU kernels incl.
+#: torch ops; ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device).
 LAUNCHES = {
-    "unfused": dict(kernels=12, triton=4, torch_ops=8, copies=3, syncs=2),
-    "fused_gates": dict(kernels=4, triton=4, torch_ops=0, copies=3, syncs=2),
-    "no_sync": dict(kernels=5, triton=5, torch_ops=0, copies=0, syncs=0),
+    "unfused": dict(kernels=11, triton=3, torch_ops=8, copies=3, syncs=2),
+    "fused_gates": dict(kernels=3, triton=3, torch_ops=0, copies=3, syncs=2),
+    "no_sync": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
     "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
     "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
     "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
@@ -103,7 +99,7 @@ def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, outp
            check_values, status=None):
     """Validate, resolve the scale, allocate (or check) the outputs. Returns ``(shape,
     scale, output, output_state, checked)``; ``checked``: the values of ``cu_seqlens``
-    were checked on the host (else :func:`_finish` guards the outputs on the device)."""
+    were checked on the host (else the last kernel guards the outputs on the device)."""
     if check_values is None:
         check_values = q.device.type != "cuda" if isinstance(q, torch.Tensor) else True
     shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
@@ -122,39 +118,38 @@ def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, outp
     return shape, resolve_scale(scale, D), o, ht, bool(check_values)
 
 
-def _finish(cu_seqlens, o, ht, checked, status, pdl=False):
-    """After the kernels of a composition whose outputs two kernels write: checked on the
-    host -> ``status = 0`` (if given); else the device-side guard's own launch
-    (:mod:`.guard`: NaN outputs and status bits on invalid values)."""
-    if checked:
-        if status is not None:
-            status.zero_()
-    else:
-        guard_fwd(cu_seqlens, o, ht, status=status, pdl=pdl)
-    return o, ht
-
-
-def _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg):
-    """Stages 3 and 4 as separate kernels (the unfused compositions)."""
-    T, _, K = k.shape
-    H, V = u.shape[1], u.shape[2]
+def _walk(q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, BV, cfg, guard, status,
+          pdl: bool):
+    """The walk of the calls without context parallelism (:func:`fused_launches`, the
+    compositions): :func:`.state_walk_t.state_walk_t_fwd` for the short walks that
+    :func:`.config.walk_transposed_rule` picks, else :func:`.state_walk.state_walk_fwd`,
+    forming the outputs inline and guarding ``cu_seqlens`` when ``guard``; ``BV`` from
+    :func:`plan_fused`. Returns the bound launch."""
+    T, HV, D = q.shape[0], v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
-    BV = cfg.walk_BV or default_bv(V, N * H, sm_count(q.device))
-    h = torch.empty(num_slots(T, N), H, K, V, dtype=torch.float32, device=q.device)
-    v_new = torch.empty(T, H, V, dtype=torch.float32, device=q.device)
-    state_walk_fwd(k, w, u, gc, cu_seqlens, initial_state=state, h=h, v_new=v_new,
-                   final_state=ht, BV=BV, num_warps=SPLIT_WARPS, num_stages=SPLIT_STAGES,
-                   dot_precision=cfg.precision)
-    chunk_output_fwd(q, k, gc, h, v_new, cu_seqlens, scale, output=o, chunk_indices=idx,
-                     BV=min(OUTPUT_BV, V), num_warps=OUTPUT_WARPS)
-    return o, ht
+    precise = cfg.storage == "precise"
+    prec = dict(dot_precision=cfg.precision, out_precision=cfg.precision)
+    short = T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
+    if walk_transposed_rule(BV, short, precise=precise):
+        bvt = cfg.walk_BV or min(128, D)
+        return state_walk_t_fwd(
+            q, k, v, tb, aqk, gc, cu_seqlens, initial_state=state, output=o, final_state=ht,
+            scale=scale, BV=bvt, num_warps=8 if bvt >= 128 else 4, num_stages=2,
+            loop_stages=2, pdl=pdl, guard=guard, status=status, defer=True, **prec)
+    warps, stages, loop_stages = walk_launch_rule(BV, N * HV * (D // BV), sm_count(q.device),
+                                                  short, precise=precise)
+    return state_walk_fwd(k, tb, v, gc, cu_seqlens, p=aqk, initial_state=state, output=o,
+                          final_state=ht, guard=guard, status=status, defer=True, BV=BV,
+                          num_warps=warps, num_stages=stages, loop_stages=loop_stages,
+                          pdl=pdl, q=q, scale=scale,
+                          pipe_skip=walk_pipe_skip_rule(BV, short, precise=precise), **prec)
 
 
-def _intra(cfg: PrefillConfig, tm: bool = False, single: bool = False) -> dict:
-    """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config (``tm``: the
-    ``"tm"`` intermediates of the fused variant; ``single``: its one-launch path)."""
-    return dict(storage=cfg.storage, solve=cfg.solve, wu_precision=cfg.precision,
-                maxnreg=intra_maxnreg_rule(cfg.solve, tm, single), num_warps=INTRA_WARPS)
+def _intra(cfg: PrefillConfig, single: bool = False) -> dict:
+    """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config (``single``:
+    the fused variant's one-launch path)."""
+    return dict(storage=cfg.storage, solve=cfg.solve,
+                maxnreg=intra_maxnreg_rule(cfg.solve, single), num_warps=INTRA_WARPS)
 
 
 @functools.lru_cache(maxsize=64)
@@ -173,47 +168,51 @@ def _config(config, D) -> PrefillConfig:
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                     output=None, output_state=None, check_values=True, config=None,
                     status=None):
-    """The seed's starting shape: torch gates, host-sync chunk table, 4 Triton kernels."""
-    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
-                                          scale, output, output_state, check_values, status)
-    cfg = _config(config, shape.head_dim)
-    g, beta = gates_torch(A_log, a, dt_bias, b)
-    idx = prepare_chunk_indices(cu_seqlens, T=q.shape[0])
-    gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
-    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
-                              **_intra(cfg))
-    _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
-    return _finish(cu_seqlens, o, ht, checked, status)
+    """The seed's starting shape: torch gates, host-sync chunk table, 3 Triton kernels."""
+    return _staged(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                   output_state, check_values, True, True, config, status)
 
 
-def _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
-                           output_state, check_values, use_indices, config, status):
+def _staged(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
+            check_values, torch_gates, use_indices, config, status):
+    """The compositions before ``fused``: gates (``torch_gates``: 8 torch ops and a cumsum
+    kernel, else one kernel), the intra-chunk kernel (host-built chunk table when
+    ``use_indices``), the walk with the outputs inline."""
     shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                           scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
     idx = prepare_chunk_indices(cu_seqlens, T=q.shape[0]) if use_indices else None
-    gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                               chunk_indices=idx)
-    w, u, _ = intra_chunk_fwd(k, v, cu_seqlens, gc=gc, beta=beta, chunk_indices=idx,
-                              **_intra(cfg))
-    _walk_then_output(q, k, w, u, gc, state, cu_seqlens, scale, o, ht, idx, cfg)
-    return _finish(cu_seqlens, o, ht, checked, status)
+    if torch_gates:
+        g, beta = gates_torch(A_log, a, dt_bias, b)
+        gc, _ = chunk_gates_fwd(cu_seqlens, g=g, beta=beta, chunk_indices=idx)
+    else:
+        gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                                   chunk_indices=idx)
+    tb, _, aqk = intra_chunk_fwd(k, v, cu_seqlens, q, scale=scale, gc=gc, beta=beta,
+                                 chunk_indices=idx, **_intra(cfg))
+    T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
+    BV, _ = plan_fused(T, cu_seqlens.numel() - 1, HV, D, q.device, False, cfg)
+    _walk(q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, BV, cfg, not checked,
+          status, pdl=False)()
+    if checked and status is not None:
+        status.zero_()
+    return o, ht
 
 
 def prefill_fused_gates(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                         output=None, output_state=None, check_values=True, config=None,
                         status=None):
     """One gates+cumsum kernel from raw inputs; still a host-sync chunk table."""
-    return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                  output, output_state, check_values, True, config, status)
+    return _staged(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                   output_state, check_values, False, True, config, status)
 
 
 def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                     output=None, output_state=None, check_values=None, config=None,
                     status=None):
     """As ``fused_gates`` with the device-side chunk lookup: no host sync."""
-    return _fused_gates_then_rest(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                  output, output_state, check_values, False, config, status)
+    return _staged(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                   output_state, check_values, False, False, config, status)
 
 
 def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
@@ -270,7 +269,7 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
         BV = min(128, D)   # the long path's walks (state_walk_t, both warpgroups)
     elif cfg.walk_BV is None:
         units = num_slots(T, N, seg * BT) if seg else N
-        BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg), tm=True)
+        BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg))
     return BV, seg
 
 
@@ -326,8 +325,6 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
-    precise = cfg.storage == "precise"
-    prec = dict(dot_precision=cfg.precision, out_precision=cfg.precision)
     # one launch up to single_launch_max_T tokens: walker programs in the intra-chunk grid
     # (flags per chunk)
     walkers = None
@@ -339,36 +336,17 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
                            BV=WALKER_BV, walk_precision=cfg.precision,
                            inline_precision=cfg.precision, guard=guard, status=status)
     trigger = "start" if cfg.pdl else ""
-    programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
-    short = seg == 0 and T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
-    warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short,
-                                                  precise=precise, tm=True)
     # every launch is bound (arguments ordered, handles fetched) before the first one:
     # on the eager path the host time between launches is what the GPU waits for
-    Tb, _, gc, Aqk, _, go_intra = intra_chunk_fwd(
-        k, v, cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias, q=q, scale=scale,
-        pdl_trigger=trigger, defer=True, tm_out=True, walkers=walkers,
-        **_intra(cfg, True, walkers is not None))
+    Tb, gc, Aqk, go_intra = intra_chunk_fwd(
+        k, v, cu_seqlens, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
+        pdl_trigger=trigger, defer=True, walkers=walkers, **_intra(cfg, walkers is not None))
     if walkers is not None:
         go_intra()
         return None
-    if seg == 0 and walk_transposed_rule(BV, short, precise=precise, tm=True):
-        bvt = cfg.walk_BV or min(128, D)
-        go_walk = state_walk_t_fwd(
-            q, k, v, Tb, Aqk, gc, cu_seqlens, initial_state=state, output=o, final_state=ht,
-            scale=scale, BV=bvt, num_warps=8 if bvt >= 128 else 4, num_stages=2,
-            loop_stages=2, pdl=cfg.pdl, guard=guard, status=status, defer=True, **prec)
-        go_intra()
-        go_walk()
-        return None
-    # the walks read Tb (as w), the values (as u), scale * Aqk (as p) and q
-    walk = dict(BV=BV, num_warps=warps, num_stages=stages, loop_stages=loop_stages,
-                pdl=cfg.pdl, q=q, scale=scale, tm_form=True,
-                pipe_skip=walk_pipe_skip_rule(BV, short, precise=precise, tm=True), **prec)
     if seg == 0:
-        go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
-                                 output=o, final_state=ht, guard=guard, status=status,
-                                 defer=True, **walk)
+        go_walk = _walk(q, k, v, Tb, Aqk, gc, cu_seqlens, state, o, ht, scale, BV, cfg,
+                        guard, status, cfg.pdl)
         go_intra()
         go_walk()
         return None
@@ -382,11 +360,17 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
         k, Tb, v, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
         pdl_trigger=trigger,
         BV=min(64, 2 * D), num_warps=SUMMARY_WARPS, num_stages=SUMMARY_STAGES,
-        dot_precision=cfg.precision, tm_form=True, defer=True)
+        dot_precision=cfg.precision, defer=True)
+    programs = num_slots(T, N, seg_t) * HV * (D // BV)
+    warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), False,
+                                                  precise=cfg.storage == "precise")
     go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
                              summary=summary, chain=True, output=o, final_state=ht,
                              seg_t=seg_t, chain_precision=cfg.cp_chain_precision,
-                             guard=guard, status=status, defer=True, **walk)
+                             guard=guard, status=status, defer=True, BV=BV, num_warps=warps,
+                             num_stages=stages, loop_stages=loop_stages, pdl=cfg.pdl, q=q,
+                             scale=scale, dot_precision=cfg.precision,
+                             out_precision=cfg.precision)
     go_intra()
     go_summary()
     go_walk()

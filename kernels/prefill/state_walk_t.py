@@ -165,8 +165,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
 
     Args:
         q, k: `[T, HQ, K]` bf16. v: `[T, HV, V]` bf16.
-        tb, aq: `[T, HV, 64]` bf16 ``Tb`` and ``scale * Aqk`` (:func:`.intra_chunk.intra_chunk_fwd`
-            with ``tm_out``). gc: `[T, HV]` f32.
+        tb, aq: `[T, HV, 64]` ``Tb`` and ``scale * Aqk``
+            (:func:`.intra_chunk.intra_chunk_fwd`). gc: `[T, HV]` f32.
         cu_seqlens: `[N+1]` int32/int64.
         initial_state: `[N, HV, V, K]` f32 k-last, or None (zeros).
         output: `[T, HV, V]` bf16, written. final_state: `[N, HV, V, K]` f32, written.

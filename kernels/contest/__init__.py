@@ -1,0 +1,16 @@
+"""The contest bridge: our kernels as flashinfer-bench solutions, evaluated by
+flashinfer-bench itself.
+
+- :mod:`.bundle`       package modules -> self-contained source (import rewriting,
+                       the torch/triton-only import check)
+- :mod:`.definitions`  flashinfer-bench definitions and workloads from :mod:`kernels.spec`
+- :mod:`.solution`     our solutions (and the FlashInfer baseline's) in its format
+- :mod:`.evaluate`     its benchmark on them (GPU), traces and the comparison table
+
+Command line (``python -m kernels.contest``)::
+
+    pack --op decode|prefill [--variant fused|graph] --out DIR   # DIR/<name>.json
+    evaluate [--ops decode,prefill] [--out results/<gpu>/contest]  # GPU + flashinfer-bench
+
+Importing this package imports neither torch nor flashinfer-bench.
+"""
