@@ -18,8 +18,9 @@ length, and where does our pipeline's time go?
    split (:func:`plan_table`: path, tile width, segments) → ``plan.csv``; registers, shared
    memory and programs per SM of every launch compiled for sm_90
    (:mod:`kernels.bench.sm90`) → ``resources.csv``.
-4. :func:`run_stress` — accuracy on hard inputs (``stress.csv``; the questions
-   ``scripts/prefill_solve_stress.py`` answered). :func:`run_ncu_sections` — Nsight Compute sections of one kernel of one call
+4. :func:`run_stress` — accuracy on hard inputs (``stress.csv``; the question the deleted
+   probe ``prefill_solve_stress.py`` answered). :func:`run_ncu_sections` — Nsight Compute
+   sections of one kernel of one call
    (``ncu_shape``, ``ncu_kernel``) → ``ncu_sections.csv``.
 5. Figures and :func:`conclusion_markdown`, computed from the tables.
 
