@@ -10,6 +10,7 @@ GPU's folder from two commits). Each set is labelled by its folder name
 - ``01_decode_crossover/decode_times.csv`` (impl, config, B, method, median_us, ...)
 - ``02_prefill_launch_overhead/prefill_times.csv`` (impl, variant, lens, T, N, method, median_us, launches)
 - ``03_ncu_instruction_counts/ncu_metrics.csv`` (impl, config, B, kernel, metric, value)
+- ``04_prefill_scaling/prefill_scaling.csv`` (impl, lens, T, N, method, kernel, role, median_us)
 
 it writes ``<out>/<stem>.png`` (both sets in one figure, A solid, B dashed;
 units and timing method in the titles) and ``<out>/<stem>_ratios.csv`` /
@@ -52,6 +53,8 @@ SPECS = (
                  extra=("launches",)),
     NotebookSpec("03_ncu_instruction_counts", "ncu_metrics.csv",
                  ("impl", "config", "B", "kernel", "metric"), "value", "metric's unit"),
+    NotebookSpec("04_prefill_scaling", "prefill_scaling.csv",
+                 ("impl", "lens", "T", "N", "method", "kernel", "role"), "median_us", "µs"),
 )
 
 
@@ -245,8 +248,18 @@ def _plot_ncu(sets, labels, fig_factory):
     return fig
 
 
+def _plot_scaling(sets, labels, fig_factory):
+    """Notebook 04: as notebook 02's figure, one line per implementation (the call) or per
+    kernel role of ours (method ``kernel``)."""
+    def as_variant(d):
+        role = d.role.fillna("").astype(str) if "role" in d else ""
+        return d.assign(variant=role.where(role != "", "call"))
+
+    return _plot_prefill([as_variant(d) for d in sets], labels, fig_factory)
+
+
 _PLOTTERS = {"01_decode_crossover": _plot_decode, "02_prefill_launch_overhead": _plot_prefill,
-             "03_ncu_instruction_counts": _plot_ncu}
+             "03_ncu_instruction_counts": _plot_ncu, "04_prefill_scaling": _plot_scaling}
 
 
 def plot_notebook(spec: NotebookSpec, sets, labels):

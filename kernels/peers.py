@@ -1,4 +1,4 @@
-"""FLA, FlashInfer and torch behind one calling convention (DESIGN.md §6).
+"""FLA, FlashInfer, FlashQLA and torch behind one calling convention (DESIGN.md §6).
 
 Every implementation returned here is called like ours::
 
@@ -45,13 +45,29 @@ timed); callers gate and time them on their own copy of the state.
 Prefill peers
 -------------
 ``fla``         ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` on a batch of one
-                packed sequence set; the adapter computes ``g = -exp(A_log) *
-                softplus(a + dt_bias)`` and ``beta = sigmoid(b)`` (f32 ``[T,HV]``) as
-                PyTorch ops, and returns ``output[0]``.
+                packed sequence set, FLA's own Triton kernels: the call runs with
+                ``FLA_FLASH_QLA=0`` (FLA dispatches to FlashQLA on Hopper when that
+                is importable; this row never does). The adapter computes ``g =
+                -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)`` (f32
+                ``[T,HV]``) as PyTorch ops, and returns ``output[0]``. Label
+                ``"fla (triton)"``.
+``fla_flashqla`` the same FLA call with ``FLA_FLASH_QLA=1``: FLA's backend dispatch
+                hands it to FlashQLA (checked on each call with FLA's own verifier;
+                a rejected call raises instead of silently running Triton). Label
+                ``"fla (flashqla backend)"``.
+``flashqla``    ``flash_qla.chunk_gated_delta_rule`` (Qwen's TileLang prefill, SM90+,
+                automatic intra-card context parallelism), gates as for ``fla``,
+                ``state_v_first=True``: FlashQLA reads and writes our k-last
+                ``[N, HV, V, K]`` state as is, so no layout conversion is needed.
 ``flashinfer``  ``flashinfer.gdn_prefill.chunk_gated_delta_rule`` (SM90+), with the
                 linear decay ``alpha = exp(g)`` and post-sigmoid ``beta`` computed
                 by the adapter, preallocated ``output``/``output_state``.
 ``torch``       :func:`kernels.reference.prefill_reference`.
+
+``flashqla`` and ``fla_flashqla`` need tilelang, whose ``apache-tvm-ffi`` pin conflicts
+with FlashInfer's: the notebooks run them (:data:`WORKER_PEERS`) in a worker process with
+their own site folder (:mod:`kernels.peers_worker`, ``GDN_QLA_SITE``); the builders here
+are what that worker calls.
 
 On a CPU host with ``TRITON_INTERPRET=1``, FLA's *decode* runs under the
 Triton interpreter and is reported available (about 2 s per call at B=1,
@@ -64,8 +80,10 @@ here - not installed, no GPU, wrong architecture, import error.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
+import os
 from typing import Callable, Dict, Iterable, Optional, Union
 
 import torch
@@ -74,12 +92,22 @@ import torch.nn.functional as F
 from .reference import decode_reference, prefill_reference
 from .spec import resolve_scale
 
-__all__ = ["Unavailable", "DECODE_PEERS", "PREFILL_PEERS", "decode_impls", "prefill_impls",
-           "peer_status", "prefill_gates"]
+__all__ = ["Unavailable", "DECODE_PEERS", "PREFILL_PEERS", "WORKER_PEERS", "PREFILL_LABELS",
+           "decode_impls", "prefill_impls", "peer_status", "prefill_gates", "prefill_label"]
 
 DECODE_PEERS = ("fla", "flashinfer", "flashinfer_inplace", "flashinfer_bf16_inplace",
                 "flashinfer_mtp_inplace", "torch")
-PREFILL_PEERS = ("fla", "flashinfer", "torch")
+PREFILL_PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer", "torch")
+#: Prefill peers the notebooks run in :mod:`kernels.peers_worker` (tilelang's own site).
+WORKER_PEERS = ("flashqla", "fla_flashqla")
+#: How tables and legends name each prefill peer ("FLA" alone would be ambiguous).
+PREFILL_LABELS = {"fla": "fla (triton)", "fla_flashqla": "fla (flashqla backend)",
+                  "flashqla": "flashqla", "flashinfer": "flashinfer", "torch": "torch"}
+
+
+def prefill_label(name: str) -> str:
+    """The label of prefill peer ``name`` in tables and legends (the name if unknown)."""
+    return PREFILL_LABELS.get(name, name)
 
 
 class Unavailable:
@@ -200,21 +228,77 @@ def _fla_decode() -> Callable:
     return fla_decode
 
 
-def _fla_prefill() -> Callable:
+#: FLA's switch of its FlashQLA backend (``fla/ops/gated_delta_rule/backends/flash_qla.py``,
+#: ``env_var``; read by FLA on every call).
+FLA_FLASH_QLA = "FLA_FLASH_QLA"
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _fla_prefill(flashqla: bool = False) -> Callable:
     _need_package("fla", "fla-core")
     _need_cuda("FLA chunked prefill (Triton; does not run under the Triton interpreter)")
     chunk = _import("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", "fla-core")
     _need_params(chunk, ("state_v_first", "cu_seqlens"), "fla chunk_gated_delta_rule")
+    switch = "1" if flashqla else "0"
+    backend = None
+    if flashqla:
+        _need_cuda("FlashQLA (TileLang)", min_cc=(9, 0))
+        _need_package("flash_qla", "flash-qla")
+        backend = _import("fla.ops.gated_delta_rule.backends.flash_qla", "FlashQLABackend",
+                          "fla-core (a version with the FlashQLA backend)")()
+        if getattr(importlib.import_module("fla.backends"), "_DISPATCH_DISABLED", False):
+            raise _Missing("FLA's backend dispatch is off (FLA_DISABLE_BACKEND_DISPATCH=1)")
 
     def fla_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
         """FLA chunked prefill; gates computed here as PyTorch ops. `[T,...]` packed."""
         g, beta = prefill_gates(A_log, a, dt_bias, b)
-        o, ht = chunk(q[None], k[None], v[None], g=g[None], beta=beta[None],
-                      scale=resolve_scale(scale, q.shape[-1]), initial_state=state,
-                      output_final_state=True, state_v_first=True, cu_seqlens=_i64(cu_seqlens))
+        args = (q[None], k[None], v[None], g[None], beta[None])
+        kw = dict(scale=resolve_scale(scale, q.shape[-1]), initial_state=state,
+                  output_final_state=True, state_v_first=True, cu_seqlens=_i64(cu_seqlens))
+        with _env(FLA_FLASH_QLA, switch):
+            if backend is not None:
+                ok, why = backend.verify("chunk_gated_delta_rule", *args, **kw)
+                if not (ok and backend.is_available() and backend.is_enabled()):
+                    raise RuntimeError(f"FLA would not dispatch this call to FlashQLA: {why}")
+            o, ht = chunk(*args, **kw)
         return _bf16(o[0]), ht
 
+    fla_prefill.__name__ = "fla_flashqla_prefill" if flashqla else "fla_prefill"
     return fla_prefill
+
+
+# --------------------------------------------------------------------------- FlashQLA
+
+
+def _flashqla_prefill() -> Callable:
+    # flash_qla reads the device's properties at import: check for the GPU first
+    _need_cuda("FlashQLA (TileLang)", min_cc=(9, 0))
+    _need_package("flash_qla", "flash-qla")
+    chunk = _import("flash_qla", "chunk_gated_delta_rule", "flash-qla")
+    _need_params(chunk, ("state_v_first", "cu_seqlens", "initial_state"),
+                 "flash_qla.chunk_gated_delta_rule")
+
+    def flashqla_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
+        """FlashQLA chunked prefill (auto intra-card CP); state k-last via ``state_v_first``."""
+        g, beta = prefill_gates(A_log, a, dt_bias, b)
+        o, ht = chunk(q[None], k[None], v[None], g=g[None], beta=beta[None],
+                      scale=resolve_scale(scale, q.shape[-1]), initial_state=state,
+                      output_final_state=True, cu_seqlens=_i64(cu_seqlens), state_v_first=True)
+        return _bf16(o[0]), ht
+
+    return flashqla_prefill
 
 
 # --------------------------------------------------------------------------- FlashInfer
@@ -337,6 +421,8 @@ _DECODE_BUILDERS = {
 }
 _PREFILL_BUILDERS = {
     "fla": _fla_prefill,
+    "fla_flashqla": lambda: _fla_prefill(flashqla=True),
+    "flashqla": _flashqla_prefill,
     "flashinfer": _flashinfer_prefill,
     "torch": _torch_prefill,
 }
@@ -373,8 +459,11 @@ def prefill_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict
 def _version(name: str) -> str:
     from .bench.provenance import package_version
 
-    module = "flashinfer" if name.startswith("flashinfer") else name
-    return package_version(module)
+    if name.startswith("flashinfer"):
+        return package_version("flashinfer")
+    if name in ("flashqla", "fla_flashqla"):
+        return package_version("flash_qla", ("flash-qla",))
+    return package_version(name)
 
 
 def peer_status():

@@ -10,6 +10,8 @@ Per sequence and value head ``h``, with ``S = state[h].T`` of shape ``[K, V]``::
 
 This is the spec: every implementation is checked against it. It runs on any
 device (a token loop, vectorised over heads); it is slow by design.
+:func:`prefill_reference_chunked` computes the same in the chunked form (float32, TF32
+off) for lengths where the token loop is too slow (notebook 04, up to 131,072 tokens).
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import torch.nn.functional as F
 
 from .spec import resolve_scale, validate_decode_inputs, validate_prefill_inputs
 
-__all__ = ["gates_reference", "decode_reference", "decode_steps_reference", "prefill_reference"]
+__all__ = ["gates_reference", "decode_reference", "decode_steps_reference", "prefill_reference",
+           "prefill_reference_chunked"]
 
 
 def gates_reference(A_log, a, dt_bias, b) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -168,3 +171,86 @@ def prefill_reference(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
         out[bos:eos] = o
         new_state[n] = S.transpose(-1, -2)
     return out.to(torch.bfloat16), new_state
+
+
+def prefill_reference_chunked(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                              scale: Optional[float] = None, chunk: int = 64):
+    """:func:`prefill_reference` in the chunked (WY) form, float32: fast enough on a GPU for
+    131,072 tokens (the token loop takes one small launch per token and operation).
+
+    Per sequence, chunks of ``chunk`` tokens, value head ``h``, ``G`` the in-chunk cumulative
+    log decay, ``S`` `[K, V]` entering the chunk (same math, different rounding)::
+
+        A = strict_lower(diag(beta) K K^T * exp(G_i - G_j));  T = (I + A)^-1
+        V_new = T diag(beta) (V - diag(exp(G)) K S)
+        O = scale (diag(exp(G)) Q S + lower(Q K^T * exp(G_i - G_j)) V_new)
+        S = exp(G_last) S + (K * exp(G_last - G))^T V_new
+
+    Every product runs in full float32 (TF32 off for the call); the intra-chunk part is
+    batched over all chunks of a sequence, the state pass is a loop over its chunks. Same
+    arguments and returns as :func:`prefill_reference`; tested against it and against a
+    float64 chunked form (``tests/test_reference.py``).
+    """
+    shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale)
+    scale = resolve_scale(scale, shape.head_dim)
+    hv, d, grp = shape.num_v_heads, shape.head_dim, shape.group
+    bounds = cu_seqlens.to("cpu", torch.int64).tolist()
+    N, C = len(bounds) - 1, int(chunk)
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())   # [T, HV]
+    beta = torch.sigmoid(b.float())
+    out = torch.zeros(q.shape[0], hv, d, dtype=torch.float32, device=q.device)
+    new_state = torch.empty(N, hv, d, d, dtype=torch.float32, device=q.device)
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for n in range(N):
+            bos, eos = bounds[n], bounds[n + 1]
+            S = (state[n].float() if state is not None
+                 else torch.zeros(hv, d, d, device=q.device)).transpose(-1, -2).contiguous()
+            L = eos - bos
+            if L:
+                o, S = _chunked_sequence(S, q[bos:eos], k[bos:eos], v[bos:eos], g[bos:eos],
+                                         beta[bos:eos], scale, grp, C)
+                out[bos:eos] = o
+            new_state[n] = S.transpose(-1, -2)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    return out.to(torch.bfloat16), new_state
+
+
+def _chunked_sequence(S, q, k, v, g, beta, scale, group, C):
+    """One sequence: S `[HV, K, V]` f32; q, k `[L, HQ, D]`; v `[L, HV, D]`; g, beta `[L, HV]`.
+    Returns (o `[L, HV, D]` f32, S)."""
+    L, hv, d = v.shape
+    nc = -(-L // C)
+    pad = nc * C - L
+
+    def chunks(x):   # [L, HV, ...] -> [HV, nc, C, ...], zero-padded
+        x = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, 0, 0, pad)) if pad else x
+        return x.reshape(nc, C, *x.shape[1:]).movedim(2, 0)
+
+    qf = chunks(q.float().repeat_interleave(group, dim=1))        # [HV, nc, C, D]
+    kf = chunks(k.float().repeat_interleave(group, dim=1))
+    vf = chunks(v.float())
+    bt = chunks(beta[..., None])[..., 0]                           # [HV, nc, C] (pad: 0)
+    G = chunks(g[..., None])[..., 0].cumsum(-1)                    # pad: g = 0
+    diff = G[..., :, None] - G[..., None, :]                       # G_i - G_j
+    lower = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()    # j <= i
+    strict = lower.tril(-1)                                                # j < i
+    decay = torch.exp(diff.masked_fill(~lower, 0.0)).masked_fill(~lower, 0.0)
+    A = (bt[..., :, None] * (kf @ kf.transpose(-1, -2)) * decay).masked_fill(~strict, 0.0)
+    eye = torch.eye(C, device=v.device).expand_as(A)
+    Tm = torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)
+    W = Tm @ (bt[..., None] * torch.exp(G)[..., None] * kf)      # [HV, nc, C, D]
+    U = Tm @ (bt[..., None] * vf)
+    Aqk = (qf @ kf.transpose(-1, -2)) * decay
+    Qg = qf * torch.exp(G)[..., None]
+    Kd = kf * torch.exp(G[..., -1:] - G)[..., None]
+    gl = torch.exp(G[..., -1])                                     # [HV, nc]
+    o = torch.empty_like(vf)
+    for c in range(nc):
+        vn = U[:, c] - W[:, c] @ S                                 # [HV, C, V]
+        o[:, c] = scale * (Qg[:, c] @ S + Aqk[:, c] @ vn)
+        S = gl[:, c, None, None] * S + Kd[:, c].transpose(-1, -2) @ vn
+    o = o.movedim(0, 2).reshape(nc * C, hv, d)[:L]
+    return o, S

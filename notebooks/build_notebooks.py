@@ -1,4 +1,4 @@
-"""Generate the three notebooks of the suite from this one file.
+"""Generate the notebooks of the suite from this one file.
 
     python notebooks/build_notebooks.py           # (re)write notebooks/*.ipynb
     python notebooks/build_notebooks.py --check   # exit 1 if a committed notebook differs
@@ -183,7 +183,9 @@ workload 0 (one sequence of T=6):
   185 µs (**8.3×**); next steps: no host syncs, CUDA graphs, fewer kernels.
 
 Our pipeline exposes each step as a variant: `unfused → fused_gates → no_sync
-→ graph → fused`. For every variant, FLA and FlashInfer, and shapes from T=6 to
+→ graph → fused`. For every variant, FLA (its Triton path, and dispatching to
+FlashQLA), FlashQLA (in a worker process with its own site, `GDN_QLA_SITE`) and
+FlashInfer, and shapes from T=6 to
 T=8192 (one or many sequences) this notebook records one call's GPU timeline
 (launches, busy time, wall span, idle fraction), times it with `cupti_cold`
 (launch gaps count) and `graph` replay (they don't), and draws the Gantt chart
@@ -213,7 +215,7 @@ run.show(xp.plot_gantt_shape(run), "gantt")"""),
     ("md", "## 4. What each step of the pipeline saves"),
     ("code", """\
 waterfalls = xp.waterfalls(run, times)
-run.show(xp.plot_waterfall(waterfalls), "waterfall")"""),
+run.show(xp.plot_waterfall(waterfalls, gpu=run.gpu), "waterfall")"""),
     ("md", "## 5. Time vs total length"),
     ("code", """\
 run.show(xp.plot_time_vs_T(times), "time_vs_T")"""),
@@ -256,8 +258,8 @@ metrics.head(12)"""),
     ("md", "## 2. Per implementation: totals and per state byte"),
     ("code", """\
 totals = xp.summarize(run, metrics)
-run.show(xp.plot_metric_bars(totals, run.params["metrics"]), "metrics_per_impl")
-run.show(xp.plot_per_state_byte(totals), "per_state_byte")
+run.show(xp.plot_metric_bars(totals, run.params["metrics"], gpu=run.gpu), "metrics_per_impl")
+run.show(xp.plot_per_state_byte(totals, gpu=run.gpu), "per_state_byte")
 totals"""),
     ("md", """\
 ## 3. Our BV sweep against the V-tile model
@@ -265,7 +267,7 @@ totals"""),
 gates once; the model predicts instructions linear in it."""),
     ("code", """\
 fit = xp.bv_fit(run, totals)
-run.show(xp.plot_bv_sweep(fit, B=run.params["B"]), "bv_sweep")
+run.show(xp.plot_bv_sweep(fit, B=run.params["B"], gpu=run.gpu), "bv_sweep")
 fit["table"] if fit else None"""),
     ("md", "## Conclusion"),
     ("code", """\
@@ -275,10 +277,90 @@ display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
 ]
 
+# --------------------------------------------------------------------------- 04
+
+SCALING = [
+    ("md", """\
+# 04 — Prefill scaling and anatomy: how does the time grow with the length, and where does it go?
+
+The contest stops at 8,192 tokens; Qwen3-Next prompts do not. Issue 18 measured on an
+H200 (graph replay) that FlashQLA (Qwen's TileLang prefill, automatic intra-card context
+parallelism) and FlashInfer keep the GPU full at long lengths: ours took 1,880 µs at
+131,072 tokens against FlashQLA's 718 (2.6×), while the compulsory bytes at that length
+are ≈ 120 µs.
+
+This notebook times one sequence of 8k to 131k tokens, batches (4×8192, 8×4096) and the
+contest shapes for ours and every peer — FLA with its Triton kernels (`fla (triton)`) and
+with its FlashQLA backend (`fla (flashqla backend)`), FlashQLA itself, FlashInfer — each
+gated first against the float32 reference (its chunked form, checked against the token
+loop); FlashQLA runs in a worker process with its own site (`GDN_QLA_SITE`) and the same
+instruments. Then it opens our pipeline: the GPU time of each kernel by role (intra-chunk,
+walk, context-parallel phases A/B/C), each kernel against its two roofline floors
+(compulsory bytes / measured copy bandwidth, tensor FLOPs / measured bf16 GEMM rate), how
+the call is split (path, segments, programs per SM from the kernels compiled for sm_90),
+and Nsight Compute sections of one kernel. Every title names the GPU and the method."""),
+    ("params", None),
+    ("code", IMPORTS.format(module="prefill_scaling")),
+    ("md", """\
+## 1. Correctness gate
+Every implementation at every shape against the chunked float32 reference (contest rule,
+both outputs); the reference against the token loop where that is affordable. Whatever
+fails is not timed."""),
+    ("code", """\
+gate = xp.run_gate(run)
+run.show(xp.plot_gate_errors(gate), "gate_errors")
+display(run.state["reference_check"])
+xp.gate_summary(gate)"""),
+    ("md", "## 2. Time vs length"),
+    ("code", """\
+times = xp.run_times(run, gate)
+run.show(xp.plot_time_vs_T(times), "time_vs_T")
+xp.ratio_table(times)"""),
+    ("md", """\
+## 3. How our call is split
+Path (one launch, walk, chained or long context parallelism), walk tile width, chunks per
+segment and segments, launches: the host rules of `kernels.prefill` for each shape."""),
+    ("code", """\
+plan = xp.plan_table(run)
+plan"""),
+    ("md", """\
+## 4. Where our time goes: kernels, rooflines, resources
+Per-kernel GPU durations (CUPTI kernel records through torch.profiler, eager calls, warm
+L2; median of `kernel_calls`), each kernel's floors, and every launch compiled for sm_90
+(registers, spill stack, shared memory, programs per SM, waves over the SMs)."""),
+    ("code", """\
+anatomy = xp.run_anatomy(run, times)
+run.show(xp.plot_kernel_breakdown(anatomy["kernels"]), "kernel_breakdown")
+run.show(xp.plot_roofline(anatomy["roofline"]), "roofline")
+display(anatomy["roofline"])
+anatomy["resources"]"""),
+    ("md", """\
+## 5. Accuracy on hard inputs
+Correlated keys (spread 0: identical keys in a sequence), beta ≈ 0.98, decay > 0.99 per
+token (`kernels.stress_inputs`): max abs error against the chunked float32 reference, for
+every implementation and ours with `ACCURATE_CONFIG`. The contest tolerance is 1e-2."""),
+    ("code", """\
+stress = xp.run_stress(run)
+xp.stress_table(stress)"""),
+    ("md", "## 6. Nsight Compute sections of one kernel"),
+    ("code", """\
+ncu = xp.run_ncu_sections(run)
+xp.ncu_summary(ncu)"""),
+    ("md", "## Conclusion"),
+    ("code", """\
+conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, plan=plan, stress=stress,
+                                         roofline=anatomy["roofline"],
+                                         reference_check=run.state["reference_check"]))
+run.write_text(conclusion, "conclusion.md")
+display(Markdown(conclusion))"""),
+    ("code", "run.finish()"),
+]
+
 NOTEBOOKS = {
     "01_decode_crossover": ("decode_crossover", DECODE),
     "02_prefill_launch_overhead": ("prefill_overhead", PREFILL),
     "03_ncu_instruction_counts": ("ncu_counts", NCU),
+    "04_prefill_scaling": ("prefill_scaling", SCALING),
 }
 
 

@@ -6,9 +6,13 @@
 #   gpu_fib             unpack the .gpufib/ wheels (flashinfer-bench and the deps the host
 #                       lacks) into the same site folder (for `make contest-eval`)
 #   gpu_env             PYTHONPATH, ipykernel registration, editable install of the project
+#   gpu_qla_part N      stash .gpuqla/part-0N in /root/qlaparts (machine must stay warm)
+#   gpu_qla_unpack      join, check SHA256SUMS, pip-install the wheels into /root/qlasite and
+#                       export GDN_QLA_SITE (FlashQLA's own site: kernels/peers_worker.py)
 # The bundle pieces are built from ../shared/gpu-host/build-bundles.sh output
 # (see docs/gpu_host.md); they are git-ignored and carried with each call.
 SITE=/root/gpusite
+QLA_SITE=/root/qlasite
 gpu_lite() {
   mkdir -p "$SITE" && [ -f "$SITE/.lite" ] || { tar xJf .gpulite/lite.tar.xz -C "$SITE" && touch "$SITE/.lite"; }
 }
@@ -33,4 +37,14 @@ gpu_env() {
   python3 -m pip install -q -e . --no-deps --no-build-isolation >/dev/null 2>&1 || echo "editable install failed" >&2
   # the tree arrives without .git: set GDN_GIT_SHA/GDN_GIT_DIRTY in the call (provenance)
   [ -n "${GDN_GIT_SHA:-}" ] || echo "GDN_GIT_SHA not set: provenance will say git_sha=unknown" >&2
+}
+gpu_qla_part() { mkdir -p /root/qlaparts && cp ".gpuqla/part-0$1" .gpuqla/SHA256SUMS /root/qlaparts/; }
+gpu_qla_unpack() {
+  if [ ! -f "$QLA_SITE/.qla" ]; then
+    (cd /root/qlaparts && cat part-0* > qla-wheels.tar && sha256sum -c SHA256SUMS && rm -rf w \
+      && mkdir w && tar xf qla-wheels.tar -C w \
+      && python3 -m pip install -q --no-index --no-deps --no-compile --target "$QLA_SITE" w/*.whl) \
+      && touch "$QLA_SITE/.qla" || { echo "FlashQLA site not installed" >&2; return 1; }
+  fi
+  export GDN_QLA_SITE=$QLA_SITE
 }

@@ -3,9 +3,22 @@
 #   .gpulite/lite.tar.xz      papermill, ipykernel, nvtx, fla-core (+ deps)
 #   .gpuheavy/part-0{0,1}     FlashInfer + CuTe DSL + tvm-ffi + cuda-python, with SHA256SUMS
 # Usage: scripts/split_gpu_bundle.sh [BUNDLE_DIR=~/.cache/gpu-bundle]
+#        scripts/split_gpu_bundle.sh qla [QLA_BUNDLE_DIR=~/.cache/qla-bundle]
+#   qla: .gpuqla/part-0{0,1} (~39 MiB each) + SHA256SUMS of qla-wheels.tar, from
+#   ../shared/gpu-host/build-qla-bundle.sh (FlashQLA, tilelang: their own site on the host,
+#   kernels/peers_worker.py; scripts/gpu_host.sh gpu_qla_part / gpu_qla_unpack)
 set -euo pipefail
-src=${1:-$HOME/.cache/gpu-bundle}
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = qla ]; then
+  src=${2:-$HOME/.cache/qla-bundle}
+  [ -s "$src/SHA256SUMS" ] || bash ../shared/gpu-host/build-qla-bundle.sh "$src"
+  mkdir -p .gpuqla && rm -f .gpuqla/part-*
+  tmp=$(mktemp); cat "$src"/part-* > "$tmp"; split -n 2 -d "$tmp" .gpuqla/part-; rm -f "$tmp"
+  cp "$src/SHA256SUMS" .gpuqla/SHA256SUMS
+  ls -l .gpuqla
+  exit 0
+fi
+src=${1:-$HOME/.cache/gpu-bundle}
 [ -s "$src/SHA256SUMS" ] || bash ../shared/gpu-host/build-bundles.sh "$src"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cat "$src"/part-* | tar xJ -C "$tmp"

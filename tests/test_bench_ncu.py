@@ -133,3 +133,44 @@ def test_run_ncu_on_our_decode(tmp_path):
     df = run_ncu(dict(impl="ours", B=4), out_csv=tmp_path / "raw.csv")
     assert set(DEFAULT_METRICS) <= set(df["metric"]) and df["launch"].nunique() == 1
     assert (tmp_path / "raw.csv").read_text()
+
+
+def test_command_line_with_sections_and_one_kernel():
+    cmd = ncu_command(dict(impl="ours", op="prefill", lens=[8192]), ncu="ncu", python="py",
+                      sections=("SpeedOfLight", "WarpStateStats"), kernel="state_walk")
+    line = " ".join(cmd)
+    assert line.startswith("ncu --csv --page details --print-units base ")
+    assert "--section SpeedOfLight --section WarpStateStats" in line and "--metrics" not in line
+    assert "-k regex:state_walk -c 1" in line
+    assert line.endswith("--impl ours --op prefill --range gdnbench_measured --lens 8192")
+
+
+def test_details_page_keeps_the_section():
+    text = "\n".join([
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+        '"Section Name","Metric Name","Metric Unit","Metric Value"',
+        '"0","1","p","h","k","1","7","Occupancy","Achieved Occupancy","%","31.5"',
+    ])
+    row = parse_ncu_csv(text).iloc[0]
+    assert row["section"] == "Occupancy" and row["value"] == 31.5
+
+
+def test_details_page_of_ncu_2025_with_rule_columns():
+    """ncu 2025: NVTX columns, rule columns that metric rows leave out, rule rows without a
+    metric (seen on the H100 host)."""
+    head = ('"ID","Process ID","Process Name","Host Name","thread Domain:Push/Pop_Range",'
+            '"Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC",'
+            '"Section Name","Metric Name","Metric Unit","Metric Value","Rule Name","Rule Type",'
+            '"Rule Description","Estimated Speedup Type","Estimated Speedup"')
+    ids = '"0","481","python3.12","127.0.0.1","481 ""<default domain>:r"" ","state_walk_kernel",' \
+          '"1","7","(128, 1, 1)","(9, 8, 4)","0","9.0",'
+    text = "\n".join([
+        head,
+        ids + '"GPU Speed Of Light Throughput","Duration","ns","43,744",',
+        ids + '"GPU Speed Of Light Throughput","DRAM Throughput","%","21.78",',
+        ids + '"Occupancy","","","","AchievedOccupancy","WRN","low","local","12.5"',
+    ])
+    df = parse_ncu_csv(text)
+    assert list(df.metric) == ["Duration", "DRAM Throughput"]
+    assert df.value.tolist() == [43744.0, 21.78] and (df.kernel == "state_walk_kernel").all()
+    assert df.section.iloc[0] == "GPU Speed Of Light Throughput"

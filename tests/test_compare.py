@@ -186,3 +186,26 @@ def test_label_column_is_matched_when_both_sides_have_it():
     assert "occurrence" not in t.columns
     got = dict(zip(t.label, t.iloc[:, -1]))
     assert got == {"ours-fla-like": 3.0, "ours-adaptive": 2.0}
+
+
+def test_compare_notebook_04(tmp_path):
+    import pandas as pd
+
+    from kernels.compare import compare
+
+    def rows(f):
+        out = []
+        for impl in ("ours", "flashqla"):
+            for lens, T in (("8192", 8192), ("131072", 131072)):
+                out.append(dict(impl=impl, lens=lens, T=T, N=1, method="graph",
+                                median_us=f * T / 64, p20_us=0, p80_us=0, kernel="", role=""))
+        out.append(dict(impl="ours", lens="8192", T=8192, N=1, method="kernel", median_us=f * 40,
+                        p20_us=0, p80_us=0, kernel="intra_chunk_kernel", role="intra-chunk"))
+        return pd.DataFrame(out)
+
+    a = _write(tmp_path / "a" / "gpu", {"04_prefill_scaling": ("prefill_scaling.csv", rows(1.0))})
+    b = _write(tmp_path / "b" / "gpu", {"04_prefill_scaling": ("prefill_scaling.csv", rows(2.0))})
+    done = compare(a, b, tmp_path / "cmp")
+    assert done["04_prefill_scaling"].exists()
+    t = pd.read_csv(tmp_path / "cmp" / "04_prefill_scaling_ratios.csv")
+    assert len(t) == 5 and (t.filter(like="ratio").iloc[:, 0] == 2.0).all()

@@ -19,6 +19,7 @@ STEMS = {
     "01_decode_crossover": "decode_crossover",
     "02_prefill_launch_overhead": "prefill_overhead",
     "03_ncu_instruction_counts": "ncu_counts",
+    "04_prefill_scaling": "prefill_scaling",
 }
 
 

@@ -36,8 +36,12 @@ REQUIRED = {
                                     "launches"]),
     "03_ncu_instruction_counts": ("ncu_metrics.csv",
                                   ["impl", "config", "B", "kernel", "metric", "value"]),
+    "04_prefill_scaling": ("prefill_scaling.csv",
+                           ["impl", "lens", "T", "N", "method", "median_us", "p20_us",
+                            "p80_us", "kernel", "role"]),
 }
-IMPLS = {"ours", "fla", "flashinfer", "torch"}
+IMPLS = {"ours", "fla", "flashinfer", "torch", "fla (triton)", "fla (flashqla backend)",
+         "flashqla"}
 SMOKE_BUDGET_S = 6 * 60
 
 
@@ -164,3 +168,23 @@ def test_ncu_smoke_specifics(smoke):
     if not _has_gpu():
         assert df.source.str.startswith("fixture:").all()
         assert "not from a measurement" in (folder / "conclusion.md").read_text()
+
+
+def test_scaling_smoke_specifics(smoke):
+    out, _, _ = smoke
+    folder = out / "04_prefill_scaling"
+    gate = pd.read_csv(folder / "gate.csv")
+    assert (gate[gate.label == "ours"].status == "pass").all()
+    assert set(gate.label) >= {"ours", "fla (triton)", "flashqla"}   # labels, never bare "fla"
+    check = pd.read_csv(folder / "reference_check.csv")
+    assert check.ok.all() and len(check) == gate.lens.nunique()
+    plan = pd.read_csv(folder / "plan.csv")
+    assert set(plan.path) <= {"one launch", "walk", "chained CP", "long CP"}
+    res = pd.read_csv(folder / "resources.csv")   # compiled for sm_90 on any host
+    assert len(res) and (res.regs > 0).all() and (res.programs_per_sm >= 1).all()
+    assert (folder / "time_vs_T.png").exists() and (folder / "gate_errors.png").exists()
+    if not _has_gpu():
+        skipped = pd.read_csv(folder / "skipped.csv")
+        # FlashQLA went through the peer worker, which reported why it cannot run here
+        assert skipped.what.str.startswith("flashqla").any()
+        assert skipped.reason.str.contains("CUDA GPU").any()

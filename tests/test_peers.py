@@ -1,5 +1,7 @@
 """Peers: availability is reported, never raised; torch runs everywhere; on a GPU
 every available peer matches the reference and leaves its input state alone."""
+import os
+
 import pytest
 import torch
 
@@ -176,3 +178,51 @@ def test_gpu_prefill_peer_matches_reference(name, lens, with_state):
     assert out.shape == (sum(lens), 8, 128) and out.dtype == torch.bfloat16
     assert st.shape == (len(lens), 8, 128, 128) and st.dtype == torch.float32
     assert check_outputs((out, st), ref).ok
+
+
+def test_prefill_labels_name_the_fla_backend():
+    assert peers.prefill_label("fla") == "fla (triton)"
+    assert peers.prefill_label("fla_flashqla") == "fla (flashqla backend)"
+    assert set(peers.WORKER_PEERS) <= set(peers.PREFILL_PEERS)
+    labels = [peers.prefill_label(n) for n in peers.PREFILL_PEERS]
+    assert len(set(labels)) == len(labels) and "fla" not in labels
+
+
+@pytest.mark.parametrize("name, switch", [("fla", "0"), ("fla_flashqla", "1")])
+def test_fla_rows_set_flas_flashqla_switch_during_the_call(monkeypatch, name, switch):
+    """FLA reads FLA_FLASH_QLA on every call: ``fla`` runs with it 0 (Triton), ``fla_flashqla``
+    with it 1, and the caller's value is restored afterwards."""
+    seen = {}
+
+    def fake_chunk(q, k, v, g, beta, *, scale, initial_state, output_final_state,
+                   state_v_first, cu_seqlens):
+        seen["switch"] = os.environ.get("FLA_FLASH_QLA")
+        return v.float(), initial_state
+
+    class FakeBackend:
+        def verify(self, name, *args, **kw):
+            seen["verified"] = os.environ.get("FLA_FLASH_QLA")
+            return True, None
+
+        is_available = is_enabled = staticmethod(lambda: True)
+
+    fakes = {"chunk_gated_delta_rule": fake_chunk, "FlashQLABackend": FakeBackend}
+    monkeypatch.setattr(peers, "_need_package", lambda *a: None)
+    monkeypatch.setattr(peers, "_need_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(peers, "_import", lambda module, attr, dist: fakes[attr])
+    monkeypatch.setattr(peers.importlib, "import_module",
+                        lambda m: type("M", (), {"_DISPATCH_DISABLED": False}))
+    monkeypatch.setenv("FLA_FLASH_QLA", "caller")
+    fn = peers.prefill_impls([name])[name]
+    assert fn, getattr(fn, "reason", "")
+    fn(**make_prefill_inputs([3]))
+    assert seen["switch"] == switch
+    assert seen.get("verified") == ("1" if name == "fla_flashqla" else None)
+    assert os.environ["FLA_FLASH_QLA"] == "caller"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU reason; this host has a GPU")
+@pytest.mark.parametrize("name", ["flashqla", "fla_flashqla"])
+def test_flashqla_peers_unavailable_on_cpu(name):
+    fn = peers.prefill_impls([name])[name]
+    assert not fn and ("CUDA GPU" in fn.reason or "not installed" in fn.reason), fn.reason

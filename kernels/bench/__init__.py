@@ -5,7 +5,10 @@
 - :mod:`.timeline`    ``record_timeline``, ``Timeline``, ``plot_gantt``
 - :mod:`.ncu`         ``run_ncu``, ``parse_ncu_csv``, ``ncu_available``
   (:mod:`.ncu_target` is the process ncu profiles)
-- :mod:`.roofline`    ``copy_bandwidth``, ``decode_bytes``, ``prefill_bytes``, ``floor_us``
+- :mod:`.roofline`    ``copy_bandwidth``, ``tensor_rate``, ``decode_bytes``, ``prefill_bytes``,
+  ``prefill_kernel_model``, ``floor_us``
+- :mod:`.anatomy`     ``kernel_times``, ``kernel_roles`` (per-kernel times of a prefill call)
+- :mod:`.sm90`        ``record_launches``, ``compile_resources`` (registers / shared memory)
 - :mod:`.provenance`  ``collect_provenance``
 - :mod:`.results`     ``ResultWriter``, ``load_results``
 - :mod:`.chrome_trace` torch.profiler Chrome-trace reading shared by timing and timeline

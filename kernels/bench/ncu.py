@@ -96,14 +96,25 @@ def ncu_available() -> Tuple[bool, str]:
 
 
 def ncu_command(target: dict, metrics: Sequence[str] = DEFAULT_METRICS, *, ncu: str = "ncu",
-                python: Optional[str] = None) -> list:
+                python: Optional[str] = None, sections: Sequence[str] = (),
+                kernel: Optional[str] = None) -> list:
     """The argv of one profile of ``target`` (keys: ``impl``; optional ``op``
-    (decode|prefill), ``B``, ``lens``, ``config``, ``variant``, ``seed``, ``warmup``)."""
+    (decode|prefill), ``B``, ``lens``, ``config``, ``variant``, ``seed``, ``warmup``).
+
+    ``sections`` (e.g. ``SpeedOfLight``, ``Occupancy``, ``WarpStateStats``): profile those
+    Nsight Compute sections and print the details page (one row per metric of each
+    section) instead of the raw page of ``metrics``. ``kernel``: a regular expression;
+    only the first launch whose name matches it is profiled."""
     if "impl" not in target:
         raise ValueError(f"target needs an 'impl' key, got {target}")
     rng = target.get("range", NVTX_RANGE)
-    cmd = [ncu, "--csv", "--page", "raw", "--print-units", "base",
-           "--nvtx", "--nvtx-include", f"{rng}/", "--metrics", ",".join(metrics),
+    if sections:
+        what = ["--page", "details"] + [a for s in sections for a in ("--section", s)]
+    else:
+        what = ["--page", "raw", "--metrics", ",".join(metrics)]
+    cmd = [ncu, "--csv"] + what[:2] + ["--print-units", "base",
+           "--nvtx", "--nvtx-include", f"{rng}/"] + what[2:] + (
+           ["-k", f"regex:{kernel}", "-c", "1"] if kernel else []) + [
            "--target-processes", "all",
            python or sys.executable, "-m", "kernels.bench.ncu_target",
            "--impl", str(target["impl"]), "--op", str(target.get("op", "decode")),
@@ -120,8 +131,11 @@ def ncu_command(target: dict, metrics: Sequence[str] = DEFAULT_METRICS, *, ncu: 
 
 
 def run_ncu(target: dict, metrics: Sequence[str] = DEFAULT_METRICS,
-            out_csv: Optional[Union[str, Path]] = None, timeout: float = 600.0) -> pd.DataFrame:
-    """Profile one call of ``target`` with ncu; return :func:`parse_ncu_csv` of it.
+            out_csv: Optional[Union[str, Path]] = None, timeout: float = 600.0,
+            sections: Sequence[str] = (), kernel: Optional[str] = None) -> pd.DataFrame:
+    """Profile one call of ``target`` with ncu; return :func:`parse_ncu_csv` of it
+    (``sections`` / ``kernel``: see :func:`ncu_command`; the details page adds a
+    ``section`` column).
 
     ``out_csv``: also keep ncu's raw output there. Raises ``RuntimeError``
     naming what is missing (ncu, GPU), the implementation's unavailability,
@@ -130,7 +144,7 @@ def run_ncu(target: dict, metrics: Sequence[str] = DEFAULT_METRICS,
     ok, reason = ncu_available()
     if not ok:
         raise RuntimeError(f"run_ncu: {reason}")
-    cmd = ncu_command(target, metrics, ncu=find_ncu())
+    cmd = ncu_command(target, metrics, ncu=find_ncu(), sections=sections, kernel=kernel)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(_REPO_ROOT)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -242,10 +256,15 @@ def _parse_raw(header: list, body: list) -> pd.DataFrame:
 def _parse_details(header: list, body: list) -> pd.DataFrame:
     ix = {h: i for i, h in enumerate(header)}
     out = []
+    need = max(ix["Metric Name"], ix["Metric Value"], ix["Kernel Name"])
     for r in body:
-        if len(r) < len(header) or r[0] == "ID":
+        # metric rows end at "Metric Value" (ncu 2025 adds rule columns that only its rule
+        # rows fill); rule rows have no metric name
+        if len(r) <= need or r[0] == "ID" or not r[ix["Metric Name"]].strip():
             continue
         v, u = _to_base(_number(r[ix["Metric Value"]]), r[ix.get("Metric Unit", 0)]
                         if "Metric Unit" in ix else "")
-        out.append((int(_number(r[ix["ID"]])), r[ix["Kernel Name"]], r[ix["Metric Name"]], v, u))
-    return pd.DataFrame(out, columns=NCU_COLUMNS)
+        out.append((int(_number(r[ix["ID"]])), r[ix["Kernel Name"]], r[ix["Metric Name"]], v, u,
+                    r[ix["Section Name"]] if "Section Name" in ix else ""))
+    df = pd.DataFrame(out, columns=NCU_COLUMNS + ["section"])
+    return df if "Section Name" in ix else df[NCU_COLUMNS]

@@ -7,6 +7,13 @@ by a large device-to-device copy (bytes read + bytes written per second) -
 the rate a well-written streaming kernel reaches, not the datasheet peak.
 
 ``copy_bandwidth()`` is measured once per process and device (cached).
+
+Prefill, per kernel of our pipeline (:func:`prefill_kernel_model`): the compulsory bytes of
+that kernel's own inputs and outputs, each moved once (intermediates such as ``Tb``,
+``Aqk`` and the CP segment summaries included, since the pipeline hands them from one
+kernel to the next), and the tensor-core FLOPs of its products. Its two floors are
+``bytes / copy bandwidth`` and ``flops / tensor rate``, the rate measured like the
+bandwidth (:func:`tensor_rate`: a large bf16 GEMM, dense), not the datasheet peak.
 """
 from __future__ import annotations
 
@@ -18,7 +25,8 @@ from typing import Sequence
 from ..spec import CONTEST, GDNShape, decode_state_bytes
 
 __all__ = ["copy_bandwidth", "decode_bytes", "decode_state_bytes", "prefill_bytes",
-           "floor_us", "achieved_fraction"]
+           "floor_us", "achieved_fraction", "tensor_rate", "prefill_kernel_model",
+           "KERNEL_ROLES"]
 
 _BF16, _F32, _I64 = 2, 4, 8
 
@@ -102,3 +110,108 @@ def _copy_bandwidth(device: str, nbytes: int, reps: int) -> float:
             times.append(time.perf_counter() - t0)
     del src, dst
     return moved / statistics.median(times)
+
+
+def tensor_rate(device="cuda", n: int = 8192, reps: int = 10) -> float:
+    """Dense bf16 GEMM rate in FLOP/s (``2 n^3`` per product), the median of ``reps``
+    products of two ``n x n`` matrices; cached per (device, n, reps). On ``"cpu"`` a
+    ``min(n, 512)`` float32 product timed with the host clock (smoke runs only)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return _tensor_rate(str(dev), int(n), int(reps))
+
+
+@functools.lru_cache(maxsize=None)
+def _tensor_rate(device: str, n: int, reps: int) -> float:
+    import torch
+
+    if device.startswith("cuda"):
+        a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+        b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+        a @ b
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            a @ b
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) * 1e-3)
+    else:
+        n = min(n, 512)
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+    return 2.0 * n ** 3 / statistics.median(times)
+
+
+#: Kernel roles of our fused prefill (:func:`kernels.bench.anatomy.kernel_roles`).
+KERNEL_ROLES = ("intra-chunk", "intra-chunk + walkers", "walk", "CP phase A", "CP phase B",
+                "CP phase C")
+
+
+def prefill_kernel_model(role: str, lens: Sequence[int], shape: GDNShape = CONTEST,
+                         seg_chunks: int = 0, long_cp: bool = False, chunk: int = 64,
+                         with_state: bool = True) -> dict:
+    """``{"bytes", "flops"}`` of one kernel role of the ``fused`` prefill over ``lens``.
+
+    ``chunk``-token chunks; ``nch`` = chunk-heads (sum over sequences of their chunks, times
+    HV); ``S`` = CP segments of ``seg_chunks`` chunks (per sequence, rounded up). Bytes
+    (bf16 2, f32 4), each tensor once:
+
+    * intra-chunk: reads ``q``, ``k`` `[T,HQ,D]`, ``a``, ``b``; writes ``Tb``, ``Aqk``
+      `[T,HV,64]` bf16 and ``gc`` `[T,HV]` f32. FLOPs: ``K K^T``, ``Q K^T`` (``2 C^2 D`` each)
+      and the solve (``~2 C^3 / 3``) per chunk-head.
+    * walk: reads ``q``, ``k``, ``v``, ``Tb``, ``Aqk``, ``gc``, the initial state; writes the
+      outputs and the final state. FLOPs per chunk-head: ``k S``, ``q S``, ``k^T v_new``
+      (``2 C D^2`` each), ``Tb @``, ``Aqk @`` (``2 C^2 D`` each).
+    * intra-chunk + walkers (one launch): the two above, less the handed-over ``Tb``/``Aqk``.
+    * CP phase A: reads ``k``, ``v``, ``Tb``, ``gc``; writes the segment summaries
+      ``[M | X]`` (``D x 2D`` f32 per segment-head); the walk's products over ``2D`` columns.
+    * CP phase B (long path): reads the summaries and the initial states, writes the
+      entering states (``D x D`` f32 per segment-head); one ``2 D^3`` product per transition.
+    * CP phase C: the walk, reading the entering states (long path) or the summaries it
+      chains (chained path: every segment re-chains the earlier ones, ``2 D^3`` each).
+    """
+    hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
+    lens = [int(n) for n in lens]
+    T, N, C = sum(lens), len(lens), int(chunk)
+    nch = hv * sum(-(-n // C) for n in lens)
+    segs = [max(-(-n // (seg_chunks * C)), 1) if (seg_chunks and n) else 0 for n in lens]
+    S = sum(segs)
+    state = N * hv * d * d * _F32
+    qk, vv, ab = 2 * T * hq * d * _BF16, T * hv * d * _BF16, 2 * T * hv * _BF16
+    tb_aq, gc = 2 * T * hv * C * _BF16, T * hv * _F32
+    intra = dict(bytes=qk + ab + tb_aq + gc,
+                 flops=nch * (4 * C * C * d + 2 * C ** 3 / 3))
+    walk = dict(bytes=qk + vv + tb_aq + gc + (state if with_state else 0) + state + vv,
+                flops=nch * 2 * (3 * C * d * d + 2 * C * C * d))
+    summ = S * hv * d * 2 * d * _F32
+    if role == "intra-chunk":
+        return intra
+    if role == "walk":
+        return walk
+    if role == "intra-chunk + walkers":
+        return dict(bytes=intra["bytes"] + walk["bytes"] - 2 * tb_aq - qk - gc,
+                    flops=intra["flops"] + walk["flops"])
+    if role == "CP phase A":
+        return dict(bytes=qk // 2 + vv + tb_aq // 2 + gc + summ,
+                    flops=nch * 2 * (2 * C * d * 2 * d + C * C * 2 * d))
+    if role == "CP phase B":
+        return dict(bytes=summ + (state if with_state else 0) + S * hv * d * d * _F32,
+                    flops=(S - N) * hv * 2 * d ** 3)
+    if role == "CP phase C":
+        if long_cp:
+            return dict(bytes=walk["bytes"] - (state if with_state else 0)
+                        + S * hv * d * d * _F32, flops=walk["flops"])
+        chain = sum(s * (s - 1) // 2 for s in segs)
+        return dict(bytes=walk["bytes"] + summ, flops=walk["flops"] + chain * hv * 2 * d ** 3)
+    raise ValueError(f"unknown kernel role {role!r}; known: {', '.join(KERNEL_ROLES)}")

@@ -242,7 +242,8 @@ def plot_gantt(timelines: Dict[str, Timeline], ax=None, title: Optional[str] = N
             syncs = tl.cpu[tl.cpu["kind"] == "sync"]
             ax.vlines(syncs["start_us"], y - 0.42, y - 0.32, colors="red", linewidth=1.2)
         s = tl.summary()
-        ax.text(0, y + 0.27, f"{s['span_us']:.0f} µs span, {s['launches']} launches, "
+        ax.text(0, y + 0.27, f"{s['span_us']:.0f} µs span, {s['launches']} launch"
+                f"{'' if s['launches'] == 1 else 'es'}, "
                 f"{100 * s['idle_frac']:.0f}% idle", va="bottom", ha="left", fontsize=8)
     ax.set_yticks(range(len(labels)), labels[::-1])
     ax.set_ylim(-0.55, len(labels) - 0.3)

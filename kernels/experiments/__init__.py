@@ -1,6 +1,7 @@
 """The experiments behind the notebooks: one module per notebook.
 
-``decode_crossover`` (01), ``prefill_overhead`` (02), ``ncu_counts`` (03).
+``decode_crossover`` (01), ``prefill_overhead`` (02), ``ncu_counts`` (03),
+``prefill_scaling`` (04).
 Each module holds the whole of its notebook's logic as importable, tested
 functions — run (correctness gate → instruments) returning tidy DataFrames,
 plot functions returning matplotlib figures, and ``conclusion_markdown(dfs)``

@@ -410,8 +410,29 @@ def _source_note(totals: pd.DataFrame) -> str:
     return " — FIXTURE DATA, not a measurement" if any(s.startswith("fixture") for s in src) else ""
 
 
-def plot_metric_bars(totals: pd.DataFrame, metrics: Sequence[str]):
-    """One panel per metric: its value per target (summed over kernels)."""
+def _where(totals: pd.DataFrame, gpu: str) -> str:
+    """``<GPU> — Nsight Compute (base clocks, caches flushed)``; for fixture data the GPU
+    slug of the fixture files instead of this run's device."""
+    src = [s for s in totals.get("source", pd.Series(dtype=str)).astype(str)
+           if s.startswith("fixture:")]
+    if src:
+        slugs = sorted({s.rsplit("_", 1)[-1].removesuffix(".csv") for s in src})
+        gpu = "fixtures of " + ", ".join(slugs)
+    return f"{gpu} — Nsight Compute (one call, base clocks, caches flushed)"
+
+
+#: y-axis unit of each default metric (ncu base units).
+_UNITS = {"gpu__time_duration.sum": "ns", "smsp__inst_executed.sum": "warp instructions",
+          "dram__bytes_read.sum": "bytes", "dram__bytes_write.sum": "bytes",
+          "lts__t_sector_hit_rate.pct": "%", "launch__grid_size": "programs",
+          "launch__block_size": "threads per program",
+          "launch__waves_per_multiprocessor": "waves",
+          "launch__registers_per_thread": "registers per thread"}
+
+
+def plot_metric_bars(totals: pd.DataFrame, metrics: Sequence[str], gpu: str = ""):
+    """One panel per metric: its value per target (summed over kernels), in ncu's base
+    unit."""
     if totals is None or totals.empty:
         return None
     t = _main_targets(totals)
@@ -426,12 +447,14 @@ def plot_metric_bars(totals: pd.DataFrame, metrics: Sequence[str]):
         ax.bar(range(len(t)), t[m].to_numpy(float), color=[f"C{i}" for i in range(len(t))])
         ax.set_xticks(range(len(t)), labels, fontsize=7)
         ax.set_title(m, fontsize=8)
+        ax.set_ylabel(_UNITS.get(m, "value"), fontsize=8)
     B = int(t.B.iloc[0]) if len(t) else 0
-    fig.suptitle(f"Nsight Compute metrics per implementation, B={B}{_source_note(totals)}")
+    fig.suptitle(f"Decode metrics per implementation, B={B} — {_where(totals, gpu)}"
+                 f"{_source_note(totals)}")
     return fig
 
 
-def plot_per_state_byte(psb: pd.DataFrame):
+def plot_per_state_byte(psb: pd.DataFrame, gpu: str = ""):
     """Instructions and DRAM bytes per state byte, per target."""
     if psb is None or psb.empty:
         return None
@@ -443,17 +466,19 @@ def plot_per_state_byte(psb: pd.DataFrame):
         ax.bar(range(len(t)), t[col].to_numpy(float), color=[f"C{i}" for i in range(len(t))])
         ax.set_xticks(range(len(t)), labels, fontsize=7)
         ax.set_title(title, fontsize=9)
+        ax.set_ylabel("warp instructions per byte" if col.startswith("inst") else
+                      "ratio (1 = each state byte once)", fontsize=8)
         if col == "dram_per_state_byte":
             ax.axhline(1.0, color="k", ls="--", lw=0.8)
             rd = t["dram_read_per_state"].to_numpy(float) / 2  # the read half of the bar
             ax.bar(range(len(t)), rd, fill=False, hatch="//", edgecolor="k", lw=0,
                    label="of which reads")
             ax.legend(fontsize=7)
-    fig.suptitle("Work and traffic per byte of state" + _source_note(psb))
+    fig.suptitle(f"Work and traffic per byte of state — {_where(psb, gpu)}" + _source_note(psb))
     return fig
 
 
-def plot_bv_sweep(fit: dict, *, B: int = 0, note: str = ""):
+def plot_bv_sweep(fit: dict, *, B: int = 0, note: str = "", gpu: str = ""):
     """Measured instructions vs BV beside the fitted V-tile model."""
     if not fit:
         return None
@@ -472,7 +497,9 @@ def plot_bv_sweep(fit: dict, *, B: int = 0, note: str = ""):
     ax.minorticks_off()
     ax.set_xlabel("V-tiles per head = D / BV")
     ax.set_ylabel(f"executed instructions ({INST})")
-    ax.set_title(f"Our BV sweep, B={B}{note}", fontsize=9)
+    ax.margins(x=0.1, y=0.1)   # room for the BV labels at the ends
+    ax.set_title(f"Our BV sweep, B={B} — {gpu or 'GPU not given'}, Nsight Compute{note}",
+                 fontsize=9)
     ax.legend(fontsize=7)
     return fig
 

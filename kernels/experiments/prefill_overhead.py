@@ -41,7 +41,7 @@ from .common import (COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
 
 STEM = "02_prefill_launch_overhead"
 DEFAULT_VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
-PEERS = ("fla", "flashinfer")
+PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer")
 SEED_IDLE_FRAC = 0.93   # seed: 93 % of prefill wall time GPU idle (T=6; GPU not stated)
 SEED_LAUNCHES = 51      # seed: kernel launches per forward pass
 SEED_GAP_VS_FI = 8.3    # seed, B200 CUPTI: fla-chunk 1536 µs vs fi-baseline 185 µs
@@ -50,7 +50,9 @@ PARAMS = COMMON_PARAMS + (
     Param("shapes", "list",
           ["T6", "T64", "100+28", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"],
           "prefill shapes: names of kernels.spec.PREFILL_SHAPES, '100+28', '4x1024' or lists of lengths"),
-    Param("impls", "list", ["ours", "fla", "flashinfer"], "implementations: ours, fla, flashinfer"),
+    Param("impls", "list", ["ours", "fla", "fla_flashqla", "flashqla", "flashinfer"],
+          "implementations: ours, fla (triton), fla_flashqla (FLA's FlashQLA backend), flashqla, "
+          "flashinfer (the FlashQLA ones run in kernels.peers_worker, GDN_QLA_SITE)"),
     Param("variants", "list", list(DEFAULT_VARIANTS), "our pipeline variants (kernels.prefill.VARIANTS)"),
     Param("methods", "list", ["cupti_cold", "graph"], "timing methods (cupti_cold span, graph replay)"),
     Param("repetitions", "int", 50, "timed calls per point"),
@@ -156,11 +158,24 @@ def resolve_impls(run: Run) -> Dict[str, Tuple[str, str, object]]:
             out[f"ours-{v}"] = ("ours", v, fn)
     peers = [n for n in p["impls"] if n in PEERS]
     if peers:
-        from kernels.peers import prefill_impls
+        from kernels.peers import WORKER_PEERS, prefill_impls, prefill_label
+        from kernels.peers_worker import remote_prefill_impls
 
-        for name, fn in prefill_impls(tuple(peers)).items():
-            out[name] = (name, "default", fn)
+        local = [n for n in peers if n not in WORKER_PEERS]
+        remote = [n for n in peers if n in WORKER_PEERS]
+        found = dict(prefill_impls(tuple(local))) if local else {}
+        if remote:
+            found.update(remote_prefill_impls(remote))
+        for name in peers:
+            out[prefill_label(name)] = (name, "default", found[name])
     return out
+
+
+def _gate(run: Run, fn, lab: str, inputs, ref) -> dict:
+    """:func:`gate_call`, or the peer worker's gate for a peer that runs there."""
+    if getattr(fn, "remote", False):
+        return fn.run(lab, inputs, ref, device=run.device)["gate"]
+    return gate_call(fn, inputs, ref, run.device)
 
 
 class _Unavailable:
@@ -192,7 +207,10 @@ def run_gate(run: Run) -> pd.DataFrame:
                 rows.append(dict(base, status=UNAVAILABLE, ok=False,
                                  reason=getattr(fn, "reason", "not available")))
                 continue
-            rows.append(dict(base, **gate_call(fn, inputs, ref, run.device)))
+            try:
+                rows.append(dict(base, **_gate(run, fn, lab, inputs, ref)))
+            except Exception as e:  # a peer worker that dies is reported like a failing call
+                rows.append(dict(base, status=ERROR, ok=False, reason=short_reason(e)))
     gate = pd.DataFrame(rows)
     for label, g in gate[gate.status == UNAVAILABLE].groupby("label", sort=False):
         run.skip(f"{label} (all shapes)", str(g.reason.iloc[0]))
@@ -228,9 +246,12 @@ def plot_gate_errors(gate: pd.DataFrame):
         ax.set_yscale("log")
         ax.set_xticks(np.arange(len(shapes)) + w * (len(labels) - 1) / 2, shapes, rotation=30)
         ax.set_title(title, fontsize=9)
+        ax.set_xlabel("shape (sequence lengths)")
+        ax.set_ylabel("error (log)")
         if col == "max_abs_err":
             ax.axhline(1e-2, color="k", ls="--", lw=0.8, label="atol 1e-2")
-        ax.legend(fontsize=7)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="outside right center")
     gpu = str(gate.gpu.iloc[0]) if len(gate) else ""
     fig.suptitle(f"Prefill correctness gate vs float32 reference — {gpu}")
     return fig
@@ -281,6 +302,10 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 if not g.empty and g.status.iloc[0] != UNAVAILABLE:
                     run.skip(f"{label} lens={lab}", f"gate {g.status.iloc[0]}")
                 continue
+            if getattr(fn, "remote", False):
+                rows += _measure_remote(run, fn, label, impl, variant, lab, lens, inputs,
+                                        methods, gantt_label)
+                continue
             call = (lambda f=fn: f(**inputs))
             summ = {}
             try:
@@ -288,15 +313,11 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 summ = dict(tl.summary())
                 if lab == gantt_label:
                     run.state["timelines"][label] = tl
-                    path = run.path(f"trace_{lab}_{label}.json")
+                    path = run.path(f"trace_{lab}_{re.sub(r'[^A-Za-z0-9_.+-]', '_', label)}.json")
                     tl.export_chrome_trace(path)
             except Exception as e:
                 run.skip(f"timeline {label} lens={lab}", short_reason(e))
-            base = dict(impl=impl, variant=variant, lens=lab, T=sum(lens), N=len(lens),
-                        launches=summ.get("launches", np.nan), busy_us=summ.get("busy_us", np.nan),
-                        span_us=summ.get("span_us", np.nan), idle_frac=summ.get("idle_frac", np.nan),
-                        largest_gap_us=max(summ.get("largest_gaps_us") or [np.nan]),
-                        gpu=run.gpu, label=label)
+            base = _base_row(run, impl, variant, lab, lens, label, summ)
             for method in methods:
                 try:
                     t = time_call(call, method, rep=p["repetitions"], warmup=p["warmup"])
@@ -311,6 +332,44 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     else:
         print("no timings in this run: prefill_times.csv not written")
     return times
+
+
+def _base_row(run, impl, variant, lab, lens, label, summ) -> dict:
+    return dict(impl=impl, variant=variant, lens=lab, T=sum(lens), N=len(lens),
+                launches=summ.get("launches", np.nan), busy_us=summ.get("busy_us", np.nan),
+                span_us=summ.get("span_us", np.nan), idle_frac=summ.get("idle_frac", np.nan),
+                largest_gap_us=max(summ.get("largest_gaps_us") or [np.nan]),
+                gpu=run.gpu, label=label)
+
+
+def _measure_remote(run, fn, label, impl, variant, lab, lens, inputs, methods, gantt_label):
+    """Timeline + timings of a peer that runs in :mod:`kernels.peers_worker` (gated again
+    there on the same inputs)."""
+    from kernels.bench.timeline import Timeline
+
+    p = run.params
+    trace = str(run.path(f"trace_{lab}_{impl}.json")) if lab == gantt_label else None
+    try:
+        res = fn.run(lab, inputs, run.state["refs"][lab], device=run.device, methods=methods,
+                     rep=p["repetitions"], warmup=p["warmup"], timeline=True, trace=trace)
+    except Exception as e:
+        run.skip(f"{label} lens={lab}", short_reason(e))
+        return []
+    if res["gate"].get("status") != PASS:
+        run.skip(f"{label} lens={lab}", f"gate {res['gate'].get('status')} in the timing run")
+        return []
+    if res.get("timeline_error"):
+        run.skip(f"timeline {label} lens={lab}", res["timeline_error"])
+    if trace and res.get("timeline"):
+        run.state["timelines"][label] = Timeline.from_chrome_trace(trace)
+    base = _base_row(run, impl, variant, lab, lens, label, res.get("timeline") or {})
+    rows = []
+    for t in res["timings"]:
+        if "error" in t:
+            run.skip(f"{label} lens={lab} {t['method']}", t["error"])
+        else:
+            rows.append(dict(base, **t))
+    return rows
 
 
 def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
@@ -373,7 +432,7 @@ def waterfalls(run: Run, times: pd.DataFrame) -> List[pd.DataFrame]:
     return out
 
 
-def plot_waterfall(tables: Sequence[pd.DataFrame]):
+def plot_waterfall(tables: Sequence[pd.DataFrame], gpu: str = ""):
     """One panel per waterfall table: the first variant's time, each step's
     change (green: saved, red: cost), the last variant's time."""
     tables = [w for w in tables if len(w)]
@@ -401,37 +460,44 @@ def plot_waterfall(tables: Sequence[pd.DataFrame]):
         ax.set_xticks(range(n + 1), names, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("time per call (µs)")
         ax.set_title(f"lens={w.lens.iloc[0]} ({w.method.iloc[0]})", fontsize=9)
-    fig.suptitle("Prefill: what each step of the pipeline saves")
+    fig.suptitle(f"Prefill: what each step of the pipeline saves — {gpu or 'GPU not given'} "
+                 f"— {tables[0].method.iloc[0]}")
     return fig
 
 
 def plot_time_vs_T(times: pd.DataFrame):
-    """Time vs total tokens T (log-log), one line per implementation (single
-    sequences joined, multi-sequence shapes as ×), one panel per method."""
+    """Time vs total tokens T (log-log), one line per implementation over the single
+    sequences (one colour per implementation in every panel), each multi-sequence shape
+    as a marker of its own (legend), one panel per method."""
     if times is None or times.empty:
         return None
+    from matplotlib.lines import Line2D
+
     methods = unique_in_order(times.method)
+    labels = unique_in_order(times.label)
+    colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+    batches = unique_in_order(times[times.N > 1].sort_values("T").lens)
+    markers = dict(zip(batches, "xP^vsD*<>p"))
     fig, axes = new_figure(1, max(1, len(methods)), panel=(5.6, 4.0))
     gpu = str(times.gpu.iloc[0]) if len(times) else ""
     for ax, method in zip(axes.flat, methods):
         t = times[times.method == method]
-        for k, label in enumerate(unique_in_order(t.label)):
+        for label in unique_in_order(t.label):
             s = t[t.label == label].sort_values(["T", "N"])
             one = s[s.N == 1]
-            line, = ax.plot(one["T"], one.median_us, marker="o", ms=3, label=label)
-            many = s[s.N > 1]
-            ax.scatter(many["T"], many.median_us, marker="x", color=line.get_color())
-            if k == 0:
-                for r in many.itertuples():
-                    ax.annotate(r.lens, (r.T, r.median_us), fontsize=6, xytext=(3, -8),
-                                textcoords="offset points")
+            ax.plot(one["T"], one.median_us, marker="o", ms=3, color=colors[label])
+            for r in s[s.N > 1].itertuples():
+                ax.scatter([r.T], [r.median_us], marker=markers.get(r.lens, "x"),
+                           color=colors[label], s=22)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("total tokens T")
-        ax.set_ylabel("time per call (µs)")
+        ax.set_xlabel("total tokens T (log)")
+        ax.set_ylabel("time per call (µs, log)")
         ax.set_title(f"{method} — {gpu}", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.suptitle("GDN prefill: time vs total length (× = several sequences)")
+    handles = [Line2D([], [], color=colors[lab], marker="o", ms=3, label=lab) for lab in labels]
+    handles += [Line2D([], [], color="k", marker=markers[b], ls="", label=b) for b in batches]
+    fig.legend(handles=handles, fontsize=7, loc="outside right center")
+    fig.suptitle("GDN prefill: time vs total length (lines: one sequence; markers: batches)")
     return fig
 
 
@@ -461,8 +527,12 @@ def plot_busy_idle(times: pd.DataFrame, shapes: Optional[Sequence[str]] = None):
         ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=7)
         ax.set_ylabel("µs (one call)")
         ax.set_title(f"lens={lens}", fontsize=9)
-        ax.legend(fontsize=6)
-    fig.suptitle("Prefill: GPU busy vs idle within one call's wall span (% idle on top)")
+        ax.margins(y=0.12)   # room for the % labels
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="outside right center")
+    gpu = str(t.gpu.iloc[0]) if "gpu" in t and len(t) else ""
+    fig.suptitle(f"Prefill: GPU busy vs idle within one call's wall span (% idle on top) — "
+                 f"{gpu} — one eager call recorded with torch.profiler (CUPTI)")
     return fig
 
 
@@ -476,10 +546,10 @@ def plot_gantt_shape(run: Run):
     from kernels.bench.timeline import plot_gantt
 
     fig, axes = new_figure(1, 1, panel=(11.0, 0.5 * len(tls) + 1.8))
-    res = plot_gantt(tls, ax=axes[0][0])
-    fig = getattr(res, "figure", None) or (res if hasattr(res, "savefig") else fig)
     lab = parse_shape(run.params["gantt_shape"])[0]
-    fig.suptitle(f"Prefill lens={lab}: one call per implementation — {run.gpu}")
+    res = plot_gantt(tls, ax=axes[0][0], title=f"Prefill lens={lab}: one eager call per "
+                     f"implementation — {run.gpu} — torch.profiler (CUPTI) records")
+    fig = getattr(res, "figure", None) or (res if hasattr(res, "savefig") else fig)
     return fig
 
 

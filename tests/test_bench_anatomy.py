@@ -1,0 +1,74 @@
+"""Kernel roles, the per-kernel roofline model, the measured tensor rate, and the sm_90
+resource table of the launches one prefill call makes (compiled on the CPU)."""
+import pytest
+import torch
+
+from kernels.bench import anatomy, roofline, sm90
+from kernels.spec import CONTEST, GDNShape, make_prefill_inputs
+
+
+@pytest.mark.parametrize("names, roles", [
+    (["intra_chunk_kernel"], ["intra-chunk + walkers"]),
+    (["intra_chunk_kernel", "state_walk_t_kernel"], ["intra-chunk", "walk"]),
+    (["intra_chunk_kernel", "state_walk_kernel", "state_walk_kernel"],
+     ["intra-chunk", "CP phase A", "CP phase C"]),
+    (["intra_chunk_kernel", "state_walk_t_kernel", "segment_combine_t_kernel",
+      "state_walk_t_kernel"], ["intra-chunk", "CP phase A", "CP phase B", "CP phase C"]),
+    (["pack_kernel", "intra_chunk_kernel", "state_walk_kernel", "unpack_kernel"],
+     ["pack_kernel", "intra-chunk", "walk", "unpack_kernel"]),
+])
+def test_kernel_roles(names, roles):
+    assert anatomy.kernel_roles(names) == roles
+
+
+def test_kernel_times_needs_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        anatomy.kernel_times(lambda: None, calls=1)
+
+
+def test_prefill_kernel_model_matches_the_notes():
+    # docs/notes.md, prefill v9: the walk at 16x256 moves ~48 MB (k, q 8, v 8, Tb + Aqk 8,
+    # state in and out 16, outputs 8) and does ~4.3 GFLOP
+    w = roofline.prefill_kernel_model("walk", [256] * 16, CONTEST)
+    assert w["bytes"] / 1e6 == pytest.approx(48.5, rel=0.05)
+    assert w["flops"] / 1e9 == pytest.approx(4.3, rel=0.05)
+    intra = roofline.prefill_kernel_model("intra-chunk", [8192], CONTEST)
+    nch = 8192 // 64 * 8                                      # K K^T, q K^T and the solve
+    assert intra["flops"] == pytest.approx(nch * (2 * 2 * 64 * 64 * 128 + 2 * 64 ** 3 / 3))
+    # CP: phase C of the long path reads the entering states instead of the initial state,
+    # phase B does one D^3 product per transition (segments - sequences)
+    seg = 64
+    b = roofline.prefill_kernel_model("CP phase B", [131072], CONTEST, seg_chunks=seg,
+                                      long_cp=True)
+    assert b["flops"] == (131072 // (seg * 64) - 1) * 8 * 2 * 128 ** 3
+    chained = roofline.prefill_kernel_model("CP phase C", [8192], CONTEST, seg_chunks=16)
+    long = roofline.prefill_kernel_model("CP phase C", [8192], CONTEST, seg_chunks=16,
+                                         long_cp=True)
+    assert chained["flops"] > long["flops"] == w["flops"] * 8192 / 4096
+    with pytest.raises(ValueError, match="unknown kernel role"):
+        roofline.prefill_kernel_model("nope", [64])
+
+
+def test_tensor_rate_on_the_cpu_is_positive():
+    assert roofline.tensor_rate("cpu", n=64, reps=2) > 0
+
+
+def test_programs_per_sm():
+    assert sm90.programs_per_sm(128, 0, 4) == 4          # 65536 / (128 * 128)
+    assert sm90.programs_per_sm(255, 0, 8) == 1
+    assert sm90.programs_per_sm(64, 120_000, 4) == 1     # shared memory bound
+    assert sm90.programs_per_sm(32, 0, 1) == 32          # the program limit
+
+
+def test_sm90_resources_of_a_prefill_call(interpret):
+    from kernels.prefill import gdn_prefill
+
+    x = make_prefill_inputs([200], GDNShape(2, 4, 32))   # > 128 tokens: two launches
+    launches = sm90.record_launches(lambda: gdn_prefill(**x, variant="fused", cp=False))
+    assert [ln["name"] for ln in launches] == ["intra_chunk_kernel", "state_walk_kernel"]
+    assert launches[0]["args"]["k"] == {"t": "tensor", "dtype": "bf16", "aligned": True}
+    df = sm90.compile_resources(launches)
+    assert list(df.columns) == sm90.RESOURCE_COLUMNS and (df.error == "").all(), df.error
+    assert (df.regs > 0).all() and (df.programs_per_sm >= 1).all() and (df.shared > 0).all()

@@ -1,0 +1,69 @@
+"""Notebook 04's analysis on synthetic tables: ratios against the fastest peer, the target,
+growth with length, the figures and the conclusion (the smoke run covers the flow)."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernels.experiments import prefill_scaling as xs
+
+
+def _times():
+    rows = []
+    for impl, f in (("ours", 1.0), ("flashqla", 0.5), ("fla (triton)", 2.0)):
+        for lens, T, N, base in (("8192", 8192, 1, 100.0), ("131072", 131072, 1, 1400.0),
+                                 ("4x8192", 32768, 4, 280.0)):
+            t = base * (f if lens == "131072" else 1.2 if impl == "flashqla" else f)
+            rows.append(dict(impl=impl, lens=lens, T=T, N=N, method="graph", median_us=t,
+                             p20_us=t, p80_us=t, n=10, kernel="", role="", gpu="G"))
+    rows.append(dict(impl="ours", lens="8192", T=8192, N=1, method="kernel", median_us=40.0,
+                     p20_us=40.0, p80_us=40.0, n=3, kernel="intra_chunk_kernel",
+                     role="intra-chunk", gpu="G"))
+    return pd.DataFrame(rows)
+
+
+def test_ratio_table_uses_the_fastest_peer_and_ignores_kernel_rows():
+    r = xs.ratio_table(_times()).set_index("lens")
+    assert r.loc["131072", "fastest peer"] == "flashqla"
+    assert r.loc["131072", "ours / fastest peer"] == pytest.approx(1400 / 700)
+    assert not r.loc["131072", "target met"]
+    assert r.loc["8192", "ours / fastest peer"] == pytest.approx(100 / 120)
+    assert bool(r.loc["8192", "target met"])
+    assert (r.method == "graph").all() and len(r) == 3
+
+
+def test_conclusion_is_computed_from_the_tables():
+    gate = pd.DataFrame([dict(label=i, lens=l, status="pass", gpu="G")
+                         for i in ("ours", "flashqla") for l in ("8192", "131072")])
+    roof = pd.DataFrame([dict(lens="8192", role="walk", measured_us=60.0, bytes_floor_us=20.0,
+                              flops_floor_us=10.0, roof_ratio=3.0)])
+    stress = pd.DataFrame([dict(label="ours", status="fail"), dict(label="ours", status="pass")])
+    text = xs.conclusion_markdown(dict(gate=gate, times=_times(), roofline=roof, stress=stress))
+    assert "met at 2 of 3 shapes" in text and "worst 131072" in text and "2.00×" in text
+    assert "ours 14.00× for 16× the tokens" in text
+    assert "8192: walk 60.0 µs" in text and "3.00× above it" in text
+    assert "ours 1/2" in text
+
+
+def test_figures():
+    t = _times()
+    assert xs.plot_time_vs_T(t) is not None and xs.plot_time_vs_T(t.iloc[0:0]) is None
+    k = pd.DataFrame(dict(k=[0, 1], kernel=["intra_chunk_kernel", "state_walk_kernel"],
+                          role=["intra-chunk", "walk"], median_us=[10.0, 30.0],
+                          span_us=[50.0, 50.0], lens=["8192"] * 2, gpu="G"))
+    assert xs.plot_kernel_breakdown(k) is not None
+    roof = k.assign(measured_us=k.median_us, bytes_floor_us=5.0, flops_floor_us=2.0)
+    assert xs.plot_roofline(roof) is not None
+    assert xs.plot_kernel_breakdown(pd.DataFrame()) is None and xs.plot_roofline(None) is None
+
+
+def test_labels_never_say_bare_fla():
+    assert xs.label_of("fla") == "fla (triton)" and xs.label_of("ours") == "ours"
+    with pytest.raises(ValueError, match="unknown impls"):
+        xs.resolve_impls(dict(impls=["ours", "nope"]))
+
+
+def test_ncu_summary_drops_rows_without_values():
+    df = pd.DataFrame(dict(launch=0, kernel="k", metric=["Duration", "x"],
+                           value=[1.0, np.nan], unit=["ns", ""], section="SOL"))
+    assert list(xs.ncu_summary(df).metric) == ["Duration"]
+    assert xs.ncu_summary(pd.DataFrame()).empty

@@ -1,0 +1,111 @@
+"""The peer worker on the CPU with a fake peers module: protocol, gate in the worker, timing
+with the suite's instruments, unavailable peers, errors, and the worker's own PYTHONPATH."""
+import os
+
+import pytest
+
+from kernels import peers_worker
+from kernels.peers import Unavailable
+from kernels.reference import prefill_reference
+from kernels.spec import GDNShape, make_prefill_inputs
+
+SMALL = GDNShape(2, 4, 16)
+FAKE = "tests.fake_worker_peers"
+
+
+@pytest.fixture(scope="module")
+def data():
+    inputs = make_prefill_inputs([5, 3], SMALL, seed=1)
+    return inputs, prefill_reference(**inputs)
+
+
+@pytest.fixture()
+def worker():
+    w = peers_worker.PeerWorker(FAKE, site="", timeout_s=120)
+    yield w
+    w.close()
+
+
+def test_worker_env_puts_the_site_first():
+    env = peers_worker.worker_env("/opt/qla", base={"PYTHONPATH": "/root/gpusite"})
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[0] == "/opt/qla" and parts[-1] == "/root/gpusite"
+    assert str(peers_worker._REPO_ROOT) in parts
+    assert peers_worker.worker_env("", base={})["PYTHONPATH"] == str(peers_worker._REPO_ROOT)
+
+
+def test_status_reports_availability_and_versions(worker):
+    st = worker.status(["good", "missing"])
+    assert st["good"] == dict(available=True, reason="", version="fake-1.0")
+    assert not st["missing"]["available"] and "no peer 'missing'" in st["missing"]["reason"]
+    assert st["_python"]["executable"]
+
+
+def test_run_gates_then_times_in_the_worker(worker, data):
+    inputs, ref = data
+    path = worker.put("5+3", inputs, ref)
+    res = worker.run("good", path, device="cpu", methods=["cpu_wall", "graph"], rep=2, warmup=0)
+    assert res["gate"]["status"] == "pass" and res["gate"]["input_untouched"] is True
+    wall, graph = res["timings"]
+    assert wall["method"] == "cpu_wall" and wall["n"] == 2 and wall["median_us"] > 0
+    assert graph["method"] == "graph" and "CUDA" in graph["error"]
+    bad = worker.run("bad", path, device="cpu", methods=["cpu_wall"], rep=2, warmup=0)
+    assert bad["gate"]["status"] == "fail" and bad["timings"] == []   # failing: not timed
+    crash = worker.run("crash", path, device="cpu", methods=["cpu_wall"], rep=2, warmup=0)
+    assert crash["gate"]["status"] == "error" and "fake peer failure" in crash["gate"]["reason"]
+    assert worker.run("missing", path, device="cpu")["gate"]["status"] == "unavailable"
+
+
+def test_put_writes_one_file_per_key(worker, data):
+    inputs, ref = data
+    p1 = worker.put("a", inputs, ref)
+    assert worker.put("a", inputs, ref) == p1
+    p2 = worker.put("b", inputs, ref)
+    assert p2 != p1 and os.path.exists(p2) and not os.path.exists(p1)
+
+
+def test_errors_are_reported_and_the_worker_keeps_serving(worker):
+    with pytest.raises(peers_worker.WorkerError, match="unknown op"):
+        worker.request({"op": "nope"})
+    with pytest.raises(peers_worker.WorkerError, match="FileNotFoundError|No such file"):
+        worker.run("good", "/nonexistent.pt", device="cpu")
+    assert worker.status(["good"])["good"]["available"]
+
+
+def test_remote_impls_and_site(monkeypatch, tmp_path, data):
+    monkeypatch.setenv(peers_worker.SITE_ENV, str(tmp_path))
+    try:
+        impls = peers_worker.remote_prefill_impls(["good", "where"], peers_module=FAKE)
+        good, where = impls["good"], impls["where"]
+        assert isinstance(good, peers_worker.RemotePeer) and good and good.remote
+        assert isinstance(where, Unavailable)
+        assert f"PYTHONPATH={tmp_path}{os.pathsep}" in where.reason   # the site comes first
+        inputs, ref = data
+        res = good.run("k", inputs, ref, device="cpu", methods=["cpu_wall"], rep=1, warmup=0)
+        assert res["gate"]["status"] == "pass" and res["timings"][0]["method"] == "cpu_wall"
+    finally:
+        peers_worker.close_workers()
+    monkeypatch.setenv(peers_worker.SITE_ENV, str(tmp_path / "absent"))
+    missing = peers_worker.remote_prefill_impls(["good"], peers_module=FAKE)["good"]
+    assert not missing and "is not a folder" in missing.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["flashqla", "fla_flashqla"])
+def test_gpu_flashqla_peers_in_their_worker(name):
+    """On a GPU host with GDN_QLA_SITE: the FlashQLA peers pass the gate and are timed."""
+    from kernels.reference import prefill_reference_chunked
+
+    try:
+        peer = peers_worker.remote_prefill_impls([name])[name]
+        if not peer:
+            pytest.skip(peer.reason)
+        for lens in ([64], [100, 28], [8192]):
+            x = make_prefill_inputs(lens, device="cuda")
+            res = peer.run(str(lens), x, prefill_reference_chunked(**x), device="cuda",
+                           methods=["graph"], rep=3, warmup=2)
+            assert res["gate"]["status"] == "pass", res["gate"]
+            assert res["gate"]["input_untouched"] is True
+            assert res["timings"][0]["method"] == "graph" and res["timings"][0]["median_us"] > 0
+    finally:
+        peers_worker.close_workers()
