@@ -58,7 +58,7 @@ from .config import (DEFAULT_CONFIG, INTRA_WARPS, OUTPUT_BV, OUTPUT_WARPS,
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
                      walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
-                               segment_combine_t_fwd, sm_count)
+                               segment_combine_t_fwd, sm_count, smem_per_block)
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor, guard_fwd
 from .intra_chunk import intra_chunk_fwd
@@ -342,7 +342,8 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
     programs = (num_slots(T, N, seg * BT) if seg else N) * HV * (D // BV)
     short = seg == 0 and T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
     warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), short,
-                                                  precise=precise, tm=True)
+                                                  precise=precise, tm=True,
+                                                  smem_per_block=smem_per_block(q.device))
     # every launch is bound (arguments ordered, handles fetched) before the first one:
     # on the eager path the host time between launches is what the GPU waits for
     Tb, _, gc, Aqk, _, go_intra = intra_chunk_fwd(
