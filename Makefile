@@ -35,7 +35,7 @@ run:
 	  $$PY -m kernels.runner --profile $(PROFILE) --notebooks $(NOTEBOOKS) $(RUN_ARGS)
 
 test:
-	@PY=$$(scripts/bootstrap.sh) && scripts/install_browser.sh && export $(INTERPRET) && \
+	@PY=$$(scripts/bootstrap.sh) && scripts/install_browser.sh $$PY && export $(INTERPRET) && \
 	  { $$PY -c 'import pytest' 2>/dev/null || { echo "make test: $$PY has no pytest (on the offline GPU host put it on PYTHONPATH)" >&2; exit 1; }; } && \
 	  $$PY -m pytest $(PYTEST_ARGS) tests
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Headless Chromium and its WebDriver from Debian's packages (chromium,
 # chromium-driver) for tests/test_lab_browser.py, which drives JupyterLab in it.
-# Run by `make test` before pytest. Installs only what is missing, and only where
-# apt-get works as root or through password-less sudo. Where it cannot, it says
+# Run by `make test` before pytest as `install_browser.sh PYTHON` (the suite's python).
+# Installs only what is missing, only when PYTHON has jupyterlab and selenium (else the
+# test skips anyway: the offline GPU host), and only where apt-get works as root or
+# through password-less sudo. Where it cannot, it says
 # why and exits 0 (the browser test then skips with a reason) — unless
 # GDN_REQUIRE_BROWSER=1 (CI, .ci/run), where it exits 1.
 set -euo pipefail
@@ -14,6 +16,9 @@ give_up() {
   log "the JupyterLab browser test will skip"; exit 0
 }
 have && exit 0
+PY=${1:-python3}
+"$PY" -c 'import jupyterlab, selenium' 2>/dev/null \
+  || give_up "$PY has no jupyterlab/selenium (the lab and test extras): no browser needed"
 command -v apt-get >/dev/null 2>&1 || give_up "no chromium/chromedriver and no apt-get to install them"
 if [ "$(id -u)" = 0 ]; then
   SUDO=()

@@ -37,7 +37,6 @@ OUT = ROOT / "results" / "smoke" / "cpu-interpreter"
 SCREENSHOT = OUT / "jupyterlab_01_decode_crossover.png"
 RUN_LIMIT_S = 600
 
-pytestmark = pytest.mark.slow
 
 
 def _missing() -> list:
@@ -162,6 +161,7 @@ return {prompts, errors, imgs};
 """
 
 
+@pytest.mark.slow
 def test_notebook_01_runs_in_jupyterlab_in_chromium(lab, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
@@ -215,3 +215,29 @@ def test_notebook_01_runs_in_jupyterlab_in_chromium(lab, browser):
     assert (OUT / "01_decode_crossover" / "provenance.json").stat().st_mtime >= started
     assert "smoke" in json.dumps(prov)
     assert (ROOT / "notebooks" / NOTEBOOK).read_bytes() == committed, "JupyterLab saved the notebook"
+
+
+@pytest.mark.parametrize("required", ["1", "0"])
+def test_install_browser_says_why_it_cannot_and_fails_only_when_required(tmp_path, required):
+    """scripts/install_browser.sh where there is no chromium: with a python lacking
+    jupyterlab (nothing to install for) and with no apt-get; exit 1 only under
+    GDN_REQUIRE_BROWSER=1."""
+    import importlib.util
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for tool in ("id",):
+        os.symlink(shutil.which(tool), bin_ / tool)
+    bare = tmp_path / "bare-python"
+    bare.write_text("#!/bin/sh\nexit 1\n")   # a python where nothing imports
+    bare.chmod(0o755)
+    pythons = [(str(bare), "no jupyterlab/selenium")]
+    if importlib.util.find_spec("jupyterlab") and importlib.util.find_spec("selenium"):
+        pythons.append((sys.executable, "no apt-get"))
+    for py, why in pythons:
+        res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "install_browser.sh"), py],
+                             env={"PATH": str(bin_), "GDN_REQUIRE_BROWSER": required},
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == (1 if required == "1" else 0), res.stderr
+        assert why in res.stderr
+        assert ("failing" in res.stderr) == (required == "1")
