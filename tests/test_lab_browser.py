@@ -147,7 +147,7 @@ def _click_menu(driver, wait, top: str, item: str):
 
 
 # what the notebook's cells report in the page (evaluated by the browser)
-_STATE_JS = """
+_STATE_JS = r"""
 const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
 if (!nb) return null;
 const prompts = [...nb.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(e => e.textContent.trim());
