@@ -58,3 +58,25 @@ def test_decode_rows_pass_and_are_timed_on_the_gpu(tmp_path):
     assert rows and all(r["passed"] and r["graph_us"] > 0 for r in rows)
     with open(out) as f:
         assert next(csv.reader(f)) == tv.COLUMNS
+
+
+def test_run_appends_gated_rows_and_reports_failures_untimed(tmp_path, monkeypatch):
+    import torch
+
+    a = torch.ones(3)
+
+    def fake_cases(device):
+        yield ("decode", "B=1", "contest", lambda: (a, a), lambda: (a, a), False)
+        yield ("prefill", "T6", "contest", lambda: (a + 1, a), lambda: (a, a), True)
+        yield ("prefill", "T7", "contest", lambda: 1 / 0, lambda: (a, a), True)
+
+    monkeypatch.setattr(tv, "cases", fake_cases)
+    out = tmp_path / "tv.csv"
+    for _ in range(2):   # a second run appends under the same header
+        rows = tv.run(out, device="cpu", log=lambda s: None)
+    assert [r["passed"] for r in rows] == [True, False, False]
+    assert rows[1]["max_abs_err"] == 1.0 and rows[1]["graph_us"] is None   # failed: not timed
+    assert rows[2]["reason"].startswith("ZeroDivisionError")
+    with open(out) as f:
+        got = list(csv.DictReader(f))
+    assert len(got) == 6 and list(got[0]) == tv.COLUMNS
