@@ -10,6 +10,7 @@
 #     --no-build-isolation instead (papermill, fla and flashinfer come from
 #     PYTHONPATH there, see docs/gpu_host.md); if that fails too the suite still
 #     works from the repository root (the runner puts it on PYTHONPATH).
+#     GDN_OFFLINE=1 skips the networked attempt (scripts/gpu_host.sh sets it).
 #   - Otherwise: create .venv if missing and install the CPU pair
 #     torch==2.13.0 + triton==3.7.1 and the project with its CPU extras (FLA is
 #     the only peer), and register the venv's own `python3` Jupyter kernel
@@ -36,7 +37,8 @@ for name in ("torch", "triton"):
         pass
 PIN
     log "CUDA torch found in $("$PY" -c 'import sys;print(sys.executable)'); pip install -e '$GPU_SPEC' keeping $(paste -sd' ' "$pins")"
-    if "$PY" -m pip install -q --retries 1 --timeout 30 -c "$pins" -e "$GPU_SPEC" >&2; then
+    if [ "${GDN_OFFLINE:-0}" != 1 ] \
+        && "$PY" -m pip install -q --retries 1 --timeout 30 -c "$pins" -e "$GPU_SPEC" >&2; then
       touch .bootstrap-gpu
     else
       log "could not install the extras (no package index?): pip install -e . --no-deps --no-build-isolation"
