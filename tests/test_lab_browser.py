@@ -213,7 +213,13 @@ def test_notebook_01_runs_in_jupyterlab_in_chromium(lab, browser):
     # "auto": the smoke profile, into the repository's results/ from notebooks/'s kernel
     prov = json.loads((OUT / "01_decode_crossover" / "provenance.json").read_text())
     assert (OUT / "01_decode_crossover" / "provenance.json").stat().st_mtime >= started
-    assert "smoke" in json.dumps(prov)
+    from kernels.runner import load_profile
+
+    smoke = load_profile("smoke")
+    assert prov["params"]["profile"] == "smoke"
+    assert prov["params"]["output_root"] == str(ROOT / smoke["defaults"]["output_root"])
+    for k, v in smoke["notebooks"]["01_decode_crossover"].items():
+        assert prov["params"][k] == v, k
     assert (ROOT / "notebooks" / NOTEBOOK).read_bytes() == committed, "JupyterLab saved the notebook"
 
 
