@@ -3,12 +3,19 @@
 #                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter)
 #   make test   - bootstrap an environment, run the whole test suite
 # and helpers:
+#   make lab     - JupyterLab on notebooks/ with this environment's `python3` kernel
+#                  (a notebook run there uses profile/output_root "auto": the same
+#                  profile as `make run`, results into the repository's results/)
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
 #   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
 #                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
 #   make contest-eval [CONTEST_ARGS="--ops decode"]
 #                 flashinfer-bench on our solutions and FlashInfer (CUDA GPU) ->
 #                 results/<gpu>/contest/ (traces, comparison table)
+#
+# `make test` first runs scripts/install_browser.sh (Debian chromium + chromedriver
+# for the JupyterLab browser test, when root or password-less sudo can apt-get;
+# otherwise that test skips with a reason, or fails where GDN_REQUIRE_BROWSER=1, as in CI).
 #
 # scripts/bootstrap.sh prints the python to use (.venv/bin/python on a CPU
 # machine; the host's python3 where it already has a CUDA torch).
@@ -21,10 +28,11 @@ PYTEST_ARGS ?= -q -rs --durations=15
 OUT ?= results/compare
 PACK_OUT ?= build/contest
 CONTEST_ARGS ?=
+LAB_ARGS ?=
 
 INTERPRET = TRITON_INTERPRET=$${TRITON_INTERPRET-$$($$PY -c 'import torch;print(0 if torch.cuda.is_available() else 1)')}
 
-.PHONY: run test compare bootstrap pack contest-eval
+.PHONY: run test lab compare bootstrap pack contest-eval
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -34,9 +42,15 @@ run:
 	  $$PY -m kernels.runner --profile $(PROFILE) --notebooks $(NOTEBOOKS) $(RUN_ARGS)
 
 test:
-	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
+	@PY=$$(scripts/bootstrap.sh) && scripts/install_browser.sh $$PY && export $(INTERPRET) && \
 	  { $$PY -c 'import pytest' 2>/dev/null || { echo "make test: $$PY has no pytest (on the offline GPU host put it on PYTHONPATH)" >&2; exit 1; }; } && \
 	  $$PY -m pytest $(PYTEST_ARGS) tests
+
+lab:
+	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
+	  { $$PY -c 'import jupyterlab' 2>/dev/null || { echo "make lab: $$PY has no jupyterlab (the lab extra; the offline GPU host has none)" >&2; exit 1; }; } && \
+	  JUPYTER_PREFER_ENV_PATH=1 $$PY -m jupyterlab --notebook-dir=notebooks \
+	    $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
 compare:
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=$(OUT)]" >&2; exit 2; }

@@ -66,7 +66,10 @@ in every row and title (`cupti_cold` is the contest's; `cpu_wall` is the CPU
 interpreter's host clock and only exercises the plumbing).
 
 Run it through `python -m kernels.runner --notebooks 01` (profile `full` on a
-GPU, `smoke` on the CPU) or with papermill; the parameters are below."""),
+GPU, `smoke` on the CPU), with papermill, or by hand here (`make lab`): with
+`profile` and `output_root` left at `"auto"` it takes the same profile and writes
+into the repository's `results/` (`results/smoke/` on the CPU). The parameters
+are below."""),
     ("params", None),
     ("code", IMPORTS.format(module="decode_crossover")),
     ("md", """\

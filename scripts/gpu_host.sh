@@ -30,6 +30,7 @@ gpu_fib() {
 }
 gpu_env() {
   export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
+  export GDN_OFFLINE=1   # scripts/bootstrap.sh: no package index here, --no-deps install only
   # nbconvert's HTML templates ship as wheel data files: point Jupyter at them
   JUPYTER_PATH=$(ls -d "$SITE"/*.data/data/share/jupyter 2>/dev/null | paste -sd:)
   export JUPYTER_PATH

@@ -440,3 +440,66 @@ def test_run_writes_and_moves_into_place(tmp_path, capsys):
     assert prov["params"]["x"] == 1 and prov["experiment"]["skipped"][0]["reason"] == "a reason"
     out = capsys.readouterr().out
     assert "SKIPPED a step: a reason" in out and "nothing: no figure" in out
+
+
+# --------------------------------------------------------------------------- "auto" (hand runs)
+
+
+def _defaults(mod):
+    return {p.name: p.default for p in mod.PARAMS}
+
+
+@pytest.mark.parametrize("has_gpu,profile,root", [(False, "smoke", "results/smoke"),
+                                                  (True, "full", "results")])
+def test_auto_takes_the_profile_make_run_would(has_gpu, profile, root):
+    """A notebook run by hand with the defaults gets what ``make run`` passes: the
+    device's profile, its values, and the repository's results folder (absolute, so
+    the kernel's working directory ``notebooks/`` does not matter)."""
+    from kernels.experiments.common import resolve_auto
+    from kernels.runner import REPO_ROOT, load_profile
+
+    got = resolve_auto(_defaults(dx), dx.PARAMS, dx.STEM, has_gpu=has_gpu)
+    prof = load_profile(profile)
+    want = dict(prof["defaults"], **prof["notebooks"][dx.STEM])
+    assert got["profile"] == profile
+    assert got["output_root"] == str(REPO_ROOT / root)
+    assert got["device"] == "auto"
+    for k, v in want.items():
+        if k != "output_root":
+            assert got[k] == v, k
+    untouched = set(_defaults(dx)) - set(want) - {"profile", "output_root"}
+    assert untouched and all(got[k] == _defaults(dx)[k] for k in untouched)
+
+
+def test_auto_keeps_values_edited_in_the_cell_and_explicit_names():
+    from kernels.experiments.common import resolve_auto
+    from kernels.runner import REPO_ROOT
+
+    edited = dict(_defaults(dx), batch_sizes=[2, 3], head_dim=64)
+    got = resolve_auto(edited, dx.PARAMS, dx.STEM, has_gpu=False)
+    assert got["batch_sizes"] == [2, 3] and got["head_dim"] == 64
+    assert got["num_q_heads"] == 2  # still at its default: the smoke value
+    # the runner's way: a profile name and every value; only output_root resolved here
+    named = dict(_defaults(dx), profile="smoke", output_root="/somewhere")
+    assert resolve_auto(named, dx.PARAMS, dx.STEM, has_gpu=False) == named
+    rooted = dict(_defaults(dx), profile="full")
+    got = resolve_auto(rooted, dx.PARAMS, dx.STEM, has_gpu=False)
+    assert got["output_root"] == str(REPO_ROOT / "results") and got["batch_sizes"] == rooted["batch_sizes"]
+    # device decides when it is explicit
+    assert resolve_auto(dict(_defaults(dx), device="cpu"), dx.PARAMS, dx.STEM)["profile"] == "smoke"
+    assert resolve_auto(dict(_defaults(dx), device="cuda"), dx.PARAMS, dx.STEM)["profile"] == "full"
+
+
+def test_auto_output_root_needs_a_known_profile():
+    from kernels.experiments.common import resolve_auto
+
+    with pytest.raises(ValueError, match="output_root"):
+        resolve_auto(dict(_defaults(px), profile="no-such-profile"), px.PARAMS, px.STEM,
+                     has_gpu=False)
+
+
+@pytest.mark.parametrize("mod", [dx, px, nx], ids=["01", "02", "03"])
+def test_notebook_collect_params_resolves_auto(mod):
+    got = mod.collect_params(_defaults(mod))
+    assert got["profile"] in ("smoke", "full")
+    assert got["output_root"].endswith("results/smoke" if got["profile"] == "smoke" else "results")

@@ -65,8 +65,8 @@ def test_papermill_documents_every_parameter(stem):
         assert found[p.name]["inferred_type_name"] == p.type
         assert found[p.name]["help"] == p.help
     assert found["device"]["default"] == '"auto"'
-    assert found["output_root"]["default"] == '"results"'
-    assert found["profile"]["default"] == '"smoke"'
+    assert found["output_root"]["default"] == '"auto"'
+    assert found["profile"]["default"] == '"auto"'
 
 
 @pytest.mark.parametrize("profile", ["smoke", "full"])

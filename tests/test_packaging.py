@@ -52,12 +52,37 @@ def test_environment_yml_lists_the_pyproject_runtime_dependencies():
         f"only in pyproject.toml: {sorted(project - env_names)}")
 
 
+# extras for a CUDA machine only: the CPU environments (environment.yml, the CPU
+# bootstrap) leave them out, the bootstrap's CUDA branch adds them
+GPU_EXTRAS = {"peers-gpu"}
+
+
+def _bootstrap_extras(line_marker: str) -> set:
+    boot = (ROOT / "scripts" / "bootstrap.sh").read_text()
+    m = re.search(line_marker + r"=\"?'?\.\[([^\]]*)\]", boot)
+    assert m, f"scripts/bootstrap.sh sets no {line_marker}"
+    return set(m.group(1).split(","))
+
+
 def test_environment_yml_installs_the_project_with_every_extra():
     _, pip = _env_entries()
     editable = [d for d in pip if d.startswith("-e")]
     assert len(editable) == 1, pip
     extras = set(re.search(r"\[(.*)\]", editable[0]).group(1).split(","))
-    assert extras == set(PYPROJECT["project"]["optional-dependencies"])
+    assert extras == set(PYPROJECT["project"]["optional-dependencies"]) - GPU_EXTRAS
+
+
+def test_bootstrap_installs_every_extra_cpu_without_the_gpu_peers():
+    every = set(PYPROJECT["project"]["optional-dependencies"])
+    assert _bootstrap_extras("CPU_SPEC") == every - GPU_EXTRAS
+    assert _bootstrap_extras("GPU_SPEC") == every
+
+
+def test_gpu_peers_are_pinned_to_linux_x86_64_wheels():
+    deps = PYPROJECT["project"]["optional-dependencies"]["peers-gpu"]
+    assert {_norm(d) for d in deps} == {"flashinfer-python", "flash-qla"}
+    for d in deps:
+        assert "==" in d and "sys_platform == 'linux'" in d and "platform_machine == 'x86_64'" in d
 
 
 def test_cpu_pins_agree_everywhere():
@@ -80,7 +105,8 @@ def test_extras_cover_what_the_suite_imports():
     extras = {k: {_norm(d) for d in v} for k, v in PYPROJECT["project"]["optional-dependencies"].items()}
     assert {"papermill", "ipykernel", "nbformat", "nbconvert", "pyyaml"} <= extras["notebook"]
     assert "fla-core" in extras["peers"]
-    assert {"pytest", "pytest-timeout"} <= extras["test"]
+    assert {"pytest", "pytest-timeout", "selenium"} <= extras["test"]
+    assert "jupyterlab" in extras["lab"]
 
 
 def test_import_kernels_does_not_import_torch():

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = [
-    "Param", "COMMON_PARAMS", "render_param", "collect_params",
+    "Param", "COMMON_PARAMS", "render_param", "collect_params", "resolve_auto",
     "GPU_METHODS", "CPU_WALL", "method_available", "time_call", "SimpleTiming",
     "Run", "start_run",
     "PASS", "FAIL", "ERROR", "UNAVAILABLE", "gate_call",
@@ -55,9 +55,13 @@ class Param:
 
 COMMON_PARAMS = (
     Param("device", "str", "auto", "auto | cuda | cpu (cpu runs Triton on the interpreter, TRITON_INTERPRET set to 1)"),
-    Param("output_root", "str", "results", "results go to <output_root>/<gpu-slug>/<notebook>/"),
-    Param("profile", "str", "smoke",
-          "name of the profile that set these values (kernels/profiles/*.yaml); recorded in provenance"),
+    Param("output_root", "str", "auto",
+          "results go to <output_root>/<gpu-slug>/<notebook>/; auto: the repository's results/ "
+          "(full profile) or results/smoke (smoke profile)"),
+    Param("profile", "str", "auto",
+          "auto: full on a CUDA GPU and smoke otherwise, its values (kernels/profiles/*.yaml) "
+          "filling every parameter left at its default; the runner passes a name and every "
+          "value. Recorded in provenance"),
 )
 
 
@@ -77,11 +81,13 @@ def render_param(p: Param) -> str:
 _CASTS = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
 
 
-def collect_params(namespace: dict, params: Sequence[Param]) -> dict:
+def collect_params(namespace: dict, params: Sequence[Param], stem: Optional[str] = None) -> dict:
     """The values of ``params`` in ``namespace`` (a notebook's ``globals()``).
 
     Checks each value against the declared type (ints are accepted for
     floats) and raises ``ValueError`` naming a missing or mistyped parameter.
+    With ``stem`` (the notebook's), ``profile="auto"`` and ``output_root="auto"``
+    are resolved by :func:`resolve_auto`.
     """
     out = {}
     for p in params:
@@ -96,6 +102,61 @@ def collect_params(namespace: dict, params: Sequence[Param]) -> dict:
         if want is not None and not isinstance(v, want) or (want is int and isinstance(v, bool)):
             raise ValueError(f"parameter {p.name!r} must be {p.type}, got {type(v).__name__}: {v!r}")
         out[p.name] = v
+    return resolve_auto(out, params, stem) if stem is not None else out
+
+
+def resolve_auto(values: dict, params: Sequence[Param], stem: str,
+                 has_gpu: Optional[bool] = None) -> dict:
+    """What a notebook run by hand (JupyterLab, ``jupyter execute``) uses for ``"auto"``.
+
+    ``profile="auto"``: the profile ``make run`` would pick — ``full`` when ``device``
+    is or resolves to CUDA, ``smoke`` otherwise — whose values (its ``defaults`` and
+    its dict for ``stem``) replace every parameter still at its declared default; a
+    value edited in the parameters cell is kept. ``profile`` becomes that name.
+    ``output_root="auto"``: that profile's ``output_root`` under the repository root
+    (``results/`` or ``results/smoke/``), whatever the kernel's working directory.
+    Any other value is used as given: the runner passes a profile name and every
+    value explicitly. ``has_gpu`` replaces the device check (tests).
+    """
+    from kernels.runner import REPO_ROOT, load_profile, resolve_profile
+
+    out = dict(values)
+    if out.get("profile") != "auto" and out.get("output_root") != "auto":
+        return out
+    if has_gpu is None:
+        dev = str(out.get("device", "auto")).strip().lower()
+        if dev == "auto":
+            from kernels.bench.device import has_gpu as _has_gpu
+
+            has_gpu = _has_gpu()
+        else:
+            has_gpu = dev.startswith("cuda")
+    name = resolve_profile(out.get("profile", "auto"), has_gpu=has_gpu)
+    try:
+        prof = load_profile(name)
+    except Exception as e:
+        if out.get("output_root") == "auto":
+            raise ValueError(f"output_root='auto' needs a known profile, and profile={name!r} "
+                             f"is not one ({e}); set output_root to a path") from e
+        prof = None
+    if out.get("profile") == "auto":
+        declared = {p.name: p.default for p in params}
+        fill = dict(prof["defaults"])
+        fill.update(prof["notebooks"].get(stem, {}))
+        for k, v in fill.items():
+            if k in declared and k not in ("device", "output_root", "profile") \
+                    and out.get(k) == declared[k]:
+                out[k] = v
+        out["profile"] = name
+    if out.get("output_root") == "auto":
+        if not ((REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "notebooks").is_dir()):
+            raise ValueError(f"output_root='auto' means the repository's results/, but kernels is "
+                             f"not imported from a checkout ({REPO_ROOT}); set output_root to a path")
+        rel = prof["defaults"].get("output_root")
+        if not rel:
+            raise ValueError(f"output_root='auto': profile {name!r} sets no output_root; "
+                             f"set output_root to a path")
+        out["output_root"] = str((REPO_ROOT / rel).resolve())
     return out
 
 

@@ -105,7 +105,7 @@ TIMES_COLUMNS = ["impl", "config", "B", "method", "median_us", "p20_us", "p80_us
 
 def collect_params(namespace: dict) -> dict:
     """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
-    return _collect(namespace, PARAMS)
+    return _collect(namespace, PARAMS, STEM)
 
 
 def impl_of(label: str) -> str:

@@ -67,7 +67,7 @@ METRIC_COLUMNS = ["impl", "config", "B", "kernel", "metric", "value", "unit", "l
 
 def collect_params(namespace: dict) -> dict:
     """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
-    return _collect(namespace, PARAMS)
+    return _collect(namespace, PARAMS, STEM)
 
 
 def start(params: dict) -> Run:

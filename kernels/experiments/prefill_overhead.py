@@ -73,7 +73,7 @@ TIMES_COLUMNS = ["impl", "variant", "lens", "T", "N", "method", "median_us", "la
 
 def collect_params(namespace: dict) -> dict:
     """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
-    return _collect(namespace, PARAMS)
+    return _collect(namespace, PARAMS, STEM)
 
 
 # --------------------------------------------------------------------------- shapes

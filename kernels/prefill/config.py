@@ -28,7 +28,7 @@ from typing import Optional
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "walk_tile_rule",
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS",
-           "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV"]
+           "WALK_3_STAGE_SMEM", "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV"]
 
 #: ``num_warps`` of the intra-chunk kernel (H200: 8 warps were slower).
 INTRA_WARPS = 4
@@ -148,7 +148,15 @@ def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
     return min(16, V)
 
 
-def walk_stages_rule(BV: int, programs: int, n_sm: int) -> int:
+#: Shared memory per block (bytes) that a 3-stage walk may need at D = 128: the chained
+#: CP walk (phase C) at width 32 took 155,648 B (triton 3.6, sm_120), ~158 KB on sm_90
+#: (``python -m kernels.arch_check``). Below it (sm_86, sm_89, sm_120: 99 KB per block) the
+#: walks take 2 stages (at most 90,112 B there).
+WALK_3_STAGE_SMEM = 160 * 1024
+
+
+def walk_stages_rule(BV: int, programs: int, n_sm: int,
+                     smem_per_block: Optional[int] = None) -> int:
     """``num_stages`` of the fused walk / CP phase C.
 
     3 (loads two chunks ahead) unless the third stage's buffers would cost programs
@@ -158,8 +166,12 @@ def walk_stages_rule(BV: int, programs: int, n_sm: int) -> int:
     Measured on an H200 (docs/notes.md, probe 10): T=2048 walk 49.0 -> 39.5 us, T=8192
     phase C 85.9 -> 77.7, 16x256 35.5 -> 33.7; 4x1024 (256 programs at BV=16) 43 -> 60
     with 3, hence the rule. (``num_stages=1`` crashed the walks with an illegal memory
-    access on triton 3.6.)
+    access on triton 3.6.) ``smem_per_block``: the device's limit
+    (:func:`.context_parallel.smem_per_block`); below :data:`WALK_3_STAGE_SMEM` always 2
+    (compiled, not measured: ``kernels.arch_check``).
     """
+    if smem_per_block is not None and smem_per_block < WALK_3_STAGE_SMEM:
+        return 2
     return 3 if BV >= 64 or programs <= n_sm else 2
 
 
@@ -167,13 +179,14 @@ def walk_stages_rule(BV: int, programs: int, n_sm: int) -> int:
 SHORT_WALK_CHUNKS = 4
 
 
-def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool, precise: bool = False):
+def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool, precise: bool = False,
+                     smem_per_block: Optional[int] = None):
     """``(num_warps, num_stages, loop_stages)`` of the fused walk / CP phase C.
 
     Short walks (no CP, at most :data:`SHORT_WALK_CHUNKS` chunks per sequence on
     average) at tile width 64: 4 warps, two programs per SM (255 registers). With compact
-    storage the chunk loop is pipelined over 2 stages with ``q`` left out of the pipeline (:func:`walk_pipe_skip_rule`; 99 KB of shared
-    memory); otherwise it is unpipelined (~57 KB) -- pipelining every load takes 131 KB,
+    storage the chunk loop is pipelined over 2 stages with ``q`` left out of the pipeline
+    (:func:`walk_pipe_skip_rule`; 99 KB of shared memory); otherwise it is unpipelined (~57 KB) -- pipelining every load takes 131 KB,
     one program per SM. Measured on an H200: probe 14 (57x64 walk 54.9 -> 46.0 us,
     16x256 33.3 -> 28.7 unpipelined against 3 stages), probe 43 (graph 57x64 55.7 / 55.5
     -> 54.4 / 54.1 us, 16x256 38.2 / 38.2 -> 38.0 / 37.8 with the 2-stage loop without
@@ -181,11 +194,12 @@ def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool, precise: bo
     :func:`walk_stages_rule` and the launch's stages for the loop. (An unpipelined loop at
     width 16 or 32 hit an illegal memory access on triton 3.6, H200.) ``precise``: the
     ``"precise"`` storage -- at most 2 stages: with 3 the CP walk at width 64 asked for
-    265 KB of shared memory (H200: 227 KB per block).
+    265 KB of shared memory (H200: 227 KB per block). ``smem_per_block``: the device's
+    limit, passed to :func:`walk_stages_rule`.
     """
     if short and BV >= 64:
         return 4, 2, (1 if precise else 2)
-    stages = walk_stages_rule(BV, programs, n_sm)
+    stages = walk_stages_rule(BV, programs, n_sm, smem_per_block)
     return walk_warps_rule(BV), min(stages, 2) if precise else stages, None
 
 

@@ -50,7 +50,7 @@ import functools
 import math
 from typing import Optional
 
-from .. import interpret
+from .. import gpu_limits, interpret
 
 interpret.install()
 
@@ -62,7 +62,7 @@ from .chunk_index import seq_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
 
-__all__ = ["CP_MIN_AVG_CHUNKS", "CP_LONG_MIN_CHUNKS", "CP_LONG_SEGMENTS", "cp_long",
+__all__ = ["smem_per_block", "CP_MIN_AVG_CHUNKS", "CP_LONG_MIN_CHUNKS", "CP_LONG_SEGMENTS", "cp_long",
            "cp_long_segment_chunks", "segment_combine_t_kernel", "segment_combine_t_fwd",
            "cp_segment_chunks", "sm_count"]
 
@@ -77,6 +77,12 @@ def sm_count(device) -> int:
             device = torch.device("cuda", torch.cuda.current_device())
         return _cuda_sm_count(device.index)
     return 132
+
+
+def smem_per_block(device) -> int:
+    """Largest shared memory (bytes) one block may use on ``device``: the driver's opt-in
+    limit on CUDA, the sm_90 figure off CUDA (:func:`kernels.gpu_limits.device_limits`)."""
+    return gpu_limits.device_limits(device).smem_per_block
 
 
 @functools.lru_cache(maxsize=None)

@@ -56,7 +56,7 @@ from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STA
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
                      walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
-                               segment_combine_t_fwd, sm_count)
+                               segment_combine_t_fwd, sm_count, smem_per_block)
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
@@ -137,7 +137,8 @@ def _walk(q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, BV, cfg, guard,
             scale=scale, BV=bvt, num_warps=8 if bvt >= 128 else 4, num_stages=2,
             loop_stages=2, pdl=pdl, guard=guard, status=status, defer=True, **prec)
     warps, stages, loop_stages = walk_launch_rule(BV, N * HV * (D // BV), sm_count(q.device),
-                                                  short, precise=precise)
+                                                  short, precise=precise,
+                                                  smem_per_block=smem_per_block(q.device))
     return state_walk_fwd(k, tb, v, gc, cu_seqlens, p=aqk, initial_state=state, output=o,
                           final_state=ht, guard=guard, status=status, defer=True, BV=BV,
                           num_warps=warps, num_stages=stages, loop_stages=loop_stages,
@@ -363,7 +364,8 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
         dot_precision=cfg.precision, defer=True)
     programs = num_slots(T, N, seg_t) * HV * (D // BV)
     warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), False,
-                                                  precise=cfg.storage == "precise")
+                                                  precise=cfg.storage == "precise",
+                                                  smem_per_block=smem_per_block(q.device))
     go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
                              summary=summary, chain=True, output=o, final_state=ht,
                              seg_t=seg_t, chain_precision=cfg.cp_chain_precision,

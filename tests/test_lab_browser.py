@@ -1,0 +1,249 @@
+"""JupyterLab in a real browser: what a person does with ``make lab``.
+
+Starts JupyterLab (this Python's ``jupyterlab``) on 127.0.0.1, a free port and a
+random token, serving the repository's ``notebooks/``; headless Chromium (Debian's
+``chromium`` + ``chromedriver``, installed by ``scripts/install_browser.sh``) driven
+by Selenium opens ``01_decode_crossover.ipynb`` and picks Run → Run All Cells. The
+parameters stay as committed (``profile`` / ``output_root`` ``"auto"``), on the CPU
+interpreter (the server sees no GPU), so the notebook runs the smoke profile and
+writes into the repository's ``results/smoke/``. Checked: every code cell ran, no
+cell shows an error, at least one plot is an ``<img>`` the browser decoded, the
+notebook's provenance landed in ``results/smoke/cpu-interpreter/``, and the
+committed notebook file is unchanged (autosave is off). A screenshot goes to
+``results/smoke/cpu-interpreter/jupyterlab_01_decode_crossover.png``.
+
+Without jupyterlab, selenium, chromium or chromedriver the test skips with the
+reason; with ``GDN_REQUIRE_BROWSER=1`` (CI) it fails instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = "01_decode_crossover.ipynb"
+OUT = ROOT / "results" / "smoke" / "cpu-interpreter"
+SCREENSHOT = OUT / "jupyterlab_01_decode_crossover.png"
+RUN_LIMIT_S = 600
+
+
+
+def _missing() -> list:
+    import importlib.util
+
+    miss = [m for m in ("jupyterlab", "selenium") if importlib.util.find_spec(m) is None]
+    miss += [b for b in ("chromium", "chromedriver") if shutil.which(b) is None]
+    return miss
+
+
+def _require():
+    miss = _missing()
+    if not miss:
+        return
+    msg = (f"JupyterLab browser test needs {', '.join(miss)} (make test installs chromium via "
+           f"scripts/install_browser.sh where apt-get works; jupyterlab and selenium are the lab "
+           f"and test extras)")
+    if os.environ.get("GDN_REQUIRE_BROWSER") == "1":
+        pytest.fail("GDN_REQUIRE_BROWSER=1: " + msg)
+    pytest.skip(msg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on the repository's notebooks/, with its own config,
+    data and runtime folders (autosave off), seeing no GPU."""
+    _require()
+    port, token = _free_port(), secrets.token_hex(16)
+    cfg = tmp_path / "config"
+    user = cfg / "lab" / "user-settings" / "@jupyterlab"
+    for plugin, values in (("docmanager-extension/plugin", {"autosave": False}),
+                           # no news / update prompt (it would fetch from the internet)
+                           ("apputils-extension/notification",
+                            {"fetchNews": "false", "checkForUpdates": False})):
+        f = user / f"{plugin}.jupyterlab-settings"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(values))
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(cfg), JUPYTER_DATA_DIR=str(tmp_path / "data"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_PREFER_ENV_PATH="1",
+               CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", MPLBACKEND="Agg")
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in paths if p != str(ROOT)])
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--port-retries=0", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={ROOT / 'notebooks'}", f"--LabApp.workspaces_dir={tmp_path / 'ws'}"]
+        + (["--allow-root"] if os.geteuid() == 0 else []),
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail(f"JupyterLab did not start: {(tmp_path / 'lab.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield dict(base=base, token=token, log=tmp_path / "lab.log")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    _require()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chrome'}"):
+        opts.add_argument(a)
+    driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")),
+                              options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _click_menu(driver, wait, top: str, item: str):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    wait.until(EC.element_to_be_clickable(
+        (By.XPATH, f"//div[contains(@class,'lm-MenuBar-itemLabel') and text()='{top}']"))).click()
+    wait.until(EC.element_to_be_clickable(
+        (By.XPATH, f"//div[contains(@class,'lm-Menu-itemLabel') and text()='{item}']"))).click()
+
+
+# what the notebook's cells report in the page (evaluated by the browser)
+_STATE_JS = r"""
+const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
+if (!nb) return null;
+const prompts = [...nb.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(e => e.textContent.trim());
+const errors = [...nb.querySelectorAll('.jp-OutputArea-output')]
+  .filter(e => e.getAttribute('data-mime-type') === 'application/vnd.jupyter.stderr'
+               && /Traceback \(most recent call last\)/.test(e.textContent))
+  .map(e => e.textContent.slice(0, 2000));
+const imgs = [...nb.querySelectorAll('.jp-OutputArea-output img')]
+  .map(i => ({w: i.naturalWidth, h: i.naturalHeight, src: i.src.slice(0, 22)}));
+return {prompts, errors, imgs};
+"""
+
+
+@pytest.mark.slow
+def test_notebook_01_runs_in_jupyterlab_in_chromium(lab, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    committed = (ROOT / "notebooks" / NOTEBOOK).read_bytes()
+    started = time.time()
+    browser.get(f"{lab['base']}/lab/tree/{NOTEBOOK}?token={lab['token']}")
+    wait = WebDriverWait(browser, 120)
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, ".jp-NotebookPanel .jp-CodeCell")))
+    # JupyterLab may ask which kernel to start (preselected: the notebook's python3); accept
+    time.sleep(2)
+    for button in browser.find_elements(By.CSS_SELECTOR, ".jp-Dialog .jp-Dialog-button.jp-mod-accept"):
+        button.click()
+    wait.until(EC.invisibility_of_element_located((By.CSS_SELECTOR, ".jp-Dialog")))
+    # the kernel is up when the toolbar's status reads idle
+    wait.until(lambda d: d.execute_script(
+        "const s = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
+        ".jp-Notebook-ExecutionIndicator');"
+        "return s && s.getAttribute('data-status') === 'idle';"))
+    _click_menu(browser, wait, "Run", "Run All Cells")
+
+    t0 = time.monotonic()
+    state = None
+    while time.monotonic() < t0 + RUN_LIMIT_S:
+        state = browser.execute_script(_STATE_JS)
+        if state and (state["errors"] or (state["prompts"] and all(
+                re.fullmatch(r"\[\d+\]:", p) for p in state["prompts"]))):
+            break
+        if time.monotonic() > t0 + 60 and state and all(p == "[ ]:" for p in state["prompts"]):
+            break   # Run All started nothing in a minute
+        time.sleep(2)
+    seconds = time.time() - started
+    OUT.mkdir(parents=True, exist_ok=True)
+    imgs = browser.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output img")
+    if imgs:
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", imgs[0])
+        time.sleep(0.5)
+    browser.save_screenshot(str(SCREENSHOT))
+    print(f"JupyterLab Run All of {NOTEBOOK}: {seconds:.0f} s; screenshot {SCREENSHOT}")
+
+    assert state is not None, "the notebook never appeared in the page"
+    assert not state["errors"], "a cell failed in JupyterLab:\n" + "\n---\n".join(state["errors"])
+    assert state["prompts"] and all(re.fullmatch(r"\[\d+\]:", p) for p in state["prompts"]), (
+        f"not every code cell ran within {RUN_LIMIT_S} s: prompts {state['prompts']}")
+    drawn = [i for i in state["imgs"] if i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/png")]
+    assert drawn, f"no plot rendered as an <img> in the page: {state['imgs']}"
+    assert SCREENSHOT.stat().st_size > 10_000
+    # "auto": the smoke profile, into the repository's results/ from notebooks/'s kernel
+    prov = json.loads((OUT / "01_decode_crossover" / "provenance.json").read_text())
+    assert (OUT / "01_decode_crossover" / "provenance.json").stat().st_mtime >= started
+    from kernels.runner import load_profile
+
+    smoke = load_profile("smoke")
+    assert prov["params"]["profile"] == "smoke"
+    assert prov["params"]["output_root"] == str(ROOT / smoke["defaults"]["output_root"])
+    for k, v in smoke["notebooks"]["01_decode_crossover"].items():
+        assert prov["params"][k] == v, k
+    assert (ROOT / "notebooks" / NOTEBOOK).read_bytes() == committed, "JupyterLab saved the notebook"
+
+
+@pytest.mark.parametrize("required", ["1", "0"])
+def test_install_browser_says_why_it_cannot_and_fails_only_when_required(tmp_path, required):
+    """scripts/install_browser.sh where there is no chromium: with a python lacking
+    jupyterlab (nothing to install for) and with no apt-get; exit 1 only under
+    GDN_REQUIRE_BROWSER=1."""
+    import importlib.util
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for tool in ("id",):
+        os.symlink(shutil.which(tool), bin_ / tool)
+    bare = tmp_path / "bare-python"
+    bare.write_text("#!/bin/sh\nexit 1\n")   # a python where nothing imports
+    bare.chmod(0o755)
+    pythons = [(str(bare), "no jupyterlab/selenium")]
+    if importlib.util.find_spec("jupyterlab") and importlib.util.find_spec("selenium"):
+        pythons.append((sys.executable, "no apt-get"))
+    for py, why in pythons:
+        res = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "install_browser.sh"), py],
+                             env={"PATH": str(bin_), "GDN_REQUIRE_BROWSER": required},
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == (1 if required == "1" else 0), res.stderr
+        assert why in res.stderr
+        assert ("failing" in res.stderr) == (required == "1")
