@@ -210,29 +210,6 @@ def test_intra_chunk_tm_intermediates(lens, shape, cu_dtype, solve, storage):
     assert_close(gc2, gc, 1e-4 * max(1.0, gc.abs().max().item()), "gc")
 
 
-@pytest.mark.parametrize("solve", ["batched", "blocks"])
-@pytest.mark.parametrize("stop_after", [1, 2])
-def test_intra_chunk_stop_after_instrument(solve, stop_after):
-    """``stop_after`` (stage timing): each program ends after ``A`` (1) or the solve (2)
-    and leaves the row sums of ``A`` / ``Tm`` in ``gc``."""
-    lens, shape = [70, 0, 20], GDNShape(1, 2, 16)
-    x = make(lens, shape, torch.int64)
-    cpu = {n: (t.cpu() if torch.is_tensor(t) else t) for n, t in x.items()}
-    _, beta, gc = ref_gates(cpu)
-    k = expand(cpu["k"], shape.group)
-    want = torch.zeros_like(gc)
-    for _, _, s, e in chunks(cpu["cu_seqlens"]):
-        for h in range(gc.shape[1]):
-            kk, g, bb = k[s:e, h], gc[s:e, h], beta[s:e, h]
-            A = torch.tril(bb[:, None] * (kk @ kk.T) * torch.exp(g[:, None] - g[None, :]), -1)
-            M = A if stop_after == 1 else torch.linalg.inv(torch.eye(e - s, dtype=A.dtype) + A)
-            want[s:e, h] = M.sum(1)
-    out = gc.float().to(DEV).clone()
-    intra_chunk.intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], x["q"], gc=out,
-                                beta=beta.float().to(DEV), solve=solve, stop_after=stop_after)
-    assert_close(out, want, 1e-3 * max(1.0, want.abs().max().item()), "row sums")
-
-
 @pytest.mark.parametrize("lens, shape, cu_dtype", CASES)
 @pytest.mark.parametrize("with_state", [True, False], ids=["state", "nostate"])
 def test_state_walk_stage(lens, shape, cu_dtype, with_state):

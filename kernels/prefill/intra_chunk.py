@@ -20,7 +20,7 @@ Per ``(chunk, value head)`` program:
 2. the solve, by ``SOLVE``:
 
    * ``"batched"`` (the default): the 16 x 16 block formulas in registers,
-     :func:`solve_batched` -- the four blocks of each block diagonal multiplied as one
+     :func:`solve_bands` -- the four blocks of each block diagonal multiplied as one
      ``[4, 16, 16]`` batch, the diagonal inverses through their 8 x 8 blocks in bf16x2,
      the off-diagonal blocks in one tf32 pass; no scratch, no barriers;
    * ``"blocks"``: ``A`` through a per-token scratch ``[T, HV, 64]``, the Neumann
@@ -57,7 +57,7 @@ from .launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
 from .state_walk import fused_chunk_step_tm, load_state_tile, store_state_tile  # noqa: E402
 
-__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "BC", "solve_batched", "SOLVE", "SOLVES",
+__all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "BC", "solve_bands", "SOLVE", "SOLVES",
            "SOLVE_PRECISION", "OFFDIAG_PRECISION", "STORAGE"]
 
 #: Sub-block size of the solve.
@@ -140,20 +140,6 @@ def _shift(X3, D: tl.constexpr):
     o_b = tl.arange(0, NB)
     m = (o_b[:, None, None, None] - D) == o_b[None, :, None, None]
     return tl.sum(tl.where(m, X3[None, :, :, :], 0.0), axis=1)
-
-
-@triton.jit
-def solve_batched(b_A, BC: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr):
-    """``(I + A)^-1`` of a strictly lower ``[BT, BT]`` tile (``BT = 4 BC``) in registers,
-    assembled from :func:`solve_bands`. Returns the ``[BT, BT]`` inverse."""
-    BT_: tl.constexpr = b_A.shape[0]
-    NB: tl.constexpr = BT_ // BC
-    T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC)
-    o_b = tl.arange(0, NB)
-    d_ij = o_b[:, None, None, None] - o_b[None, None, :, None]   # I - J
-    T4 = (tl.where(d_ij == 0, T0[:, :, None, :], 0.0) + tl.where(d_ij == 1, T1[:, :, None, :], 0.0)
-          + tl.where(d_ij == 2, T2[:, :, None, :], 0.0) + tl.where(d_ij == 3, T3[:, :, None, :], 0.0))
-    return tl.reshape(T4, (BT_, BT_))
 
 
 @triton.jit
@@ -294,7 +280,6 @@ def intra_chunk_kernel(
     SOLVE: tl.constexpr,        # "batched" (registers, solve_bands) or "blocks" (scratch)
     SOLVE_PREC: tl.constexpr,   # precision of the diagonal inverses' products
     OFFDIAG_PREC: tl.constexpr,  # precision of the off-diagonal block products
-    STOP_AFTER: tl.constexpr = 0,   # instrument: end after step 1 or 2 (0: run all)
     PDL_TRIGGER: tl.constexpr = False,  # a PDL-launched next kernel may be placed at once
     WALKERS: tl.constexpr = False,      # one launch: programs past the chunk slots
                                         # walk (sequence, head, BVW columns) chunk by chunk,
@@ -364,24 +349,18 @@ def intra_chunk_kernel(
     b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
     tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
              mask=m_r[:, None])
-    if STOP_AFTER == 1:   # instrument: stage timing (keeps A alive through a row sum)
-        tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_A, axis=1), mask=m_r)
-        return
     if SOLVE == "batched":
         # 2. Tm = (I + A)^-1 by block diagonals, batched 16 x 16 products in registers
-        if STOP_AFTER == 0:
-            # Tb stored band by band (no [BT, BT] assembly), upper bands as zeros
-            T0, T1, T2, T3 = solve_bands(b_A, BC, SOLVE_PREC, OFFDIAG_PREC)
-            p_w = w + (t0 * H + i_h) * BT
-            _store_band(p_w, T0, b_beta, 0, n_t, H, BC)
-            _store_band(p_w, T1, b_beta, 1, n_t, H, BC)
-            _store_band(p_w, T2, b_beta, 2, n_t, H, BC)
-            _store_band(p_w, T3, b_beta, 3, n_t, H, BC)
-            _store_band(p_w, T0, b_beta, -1, n_t, H, BC)
-            _store_band(p_w, T0, b_beta, -2, n_t, H, BC)
-            _store_band(p_w, T0, b_beta, -3, n_t, H, BC)
-        else:
-            b_T = solve_batched(b_A, BC, SOLVE_PREC, OFFDIAG_PREC)
+        # Tb stored band by band (no [BT, BT] assembly), upper bands as zeros
+        T0, T1, T2, T3 = solve_bands(b_A, BC, SOLVE_PREC, OFFDIAG_PREC)
+        p_w = w + (t0 * H + i_h) * BT
+        _store_band(p_w, T0, b_beta, 0, n_t, H, BC)
+        _store_band(p_w, T1, b_beta, 1, n_t, H, BC)
+        _store_band(p_w, T2, b_beta, 2, n_t, H, BC)
+        _store_band(p_w, T3, b_beta, 3, n_t, H, BC)
+        _store_band(p_w, T0, b_beta, -1, n_t, H, BC)
+        _store_band(p_w, T0, b_beta, -2, n_t, H, BC)
+        _store_band(p_w, T0, b_beta, -3, n_t, H, BC)
     else:
         # 2. Tm = (I + A)^-1 in 16 x 16 blocks through the scratch
         p_At = At + (t0 * H + i_h) * BT
@@ -419,10 +398,6 @@ def intra_chunk_kernel(
         tl.debug_barrier()
         # blocks above the diagonal of the scratch still hold A's zeros
         b_T = tl.load(p_At + o_at, mask=m_r[:, None], other=0.0)
-    if STOP_AFTER == 2:   # instrument: stage timing
-        tl.store(gc + t0 * H + i_h + o_hr, tl.sum(b_T, axis=1), mask=m_r)
-        return
-    if SOLVE != "batched":   # (the batched solve stored Tb band by band above)
         tl.store(w + (t0 * H + i_h) * BT + o_at,
                  (b_T * b_beta[None, :]).to(w.dtype.element_ty), mask=m_r[:, None])
     if WALKERS:   # this chunk's Tb, Aqk, gc are stored: release it to its walker programs
@@ -439,7 +414,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     beta: Optional[torch.Tensor] = None, a=None, b=None, A_log=None,
                     dt_bias=None, chunk_indices: Optional[torch.Tensor] = None,
                     storage: str = "compact", solve: str = SOLVE, num_warps: int = 4,
-                    stop_after: int = 0, maxnreg: Optional[int] = None, pdl_trigger: str = "",
+                    maxnreg: Optional[int] = None, pdl_trigger: str = "",
                     defer: bool = False, walkers: Optional[dict] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once; returns ``(Tb, gc,
     Aqk)``: ``Tb = Tm diag(beta)`` and ``scale * Aqk`` (``[T, HV, 64]`` each, dtype
@@ -448,8 +423,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     Raw-gates mode when ``gc`` is None (then ``a``, ``b``, ``A_log``, ``dt_bias``
     are required; ``gc`` is written). ``solve``: ``"batched"`` or ``"blocks"`` (a ``[T,
     HV, 64]`` f32 scratch). ``chunk_indices``: the host-built chunk table (else the
-    device lookup). ``stop_after`` (instrument for stage timing, results then invalid):
-    end each program after step 1 or 2. ``maxnreg``: register cap per thread.
+    device lookup). ``maxnreg``: register cap per thread.
     ``pdl_trigger``: ``"start"`` lets a PDL-launched next kernel be placed at the start
     of each program (:mod:`.pdl`), ``""`` never.
     ``walkers``: ``dict(initial_state=, final_state=, output=, flags=, BV=,
@@ -480,9 +454,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
     wk = dict(walkers or {})
-    if wk and (use_indices or stop_after or wk.get("flags") is None
+    if wk and (use_indices or wk.get("flags") is None
                or wk["flags"].numel() < num_slots(T, N) * H):
-        raise ValueError("walkers need the device chunk lookup, no stop_after, and "
+        raise ValueError("walkers need the device chunk lookup and "
                          "walkers['flags'] (int32 zeros, >= (T // 64 + N) * HV)")
     h0 = ht_ = o_ = None
     walk_opts = {}
@@ -497,7 +471,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         grid = (grid[0] + N * (V // bvw), H)
     opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices, SOLVE=solve,
                 SOLVE_PREC=SOLVE_PRECISION[solve], OFFDIAG_PREC=OFFDIAG_PRECISION[solve],
-                STOP_AFTER=stop_after, num_warps=num_warps,
+                num_warps=num_warps,
                 PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(dev),
                 **walk_opts, **({"maxnreg": maxnreg} if maxnreg else {}))
     if grid[0] == 0:
