@@ -28,7 +28,8 @@ the CSV:
   or a match of the reference; ``match``; ``error_or_match``) and whether it did, with inputs
   untouched and the context alive. A ``wrong_output`` or ``crash`` never passes.
 
-The exit status is 0 iff every case passed.
+Beside the CSV, ``<stem>.provenance.json`` records the run (GPU, driver, versions, git
+sha; the options as its parameters). The exit status is 0 iff every case passed.
 """
 from __future__ import annotations
 
@@ -388,6 +389,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error("--out is required")
     rows = run_all(selected, a.shape, a.device, a.jobs, a.timeout)
     write_csv(rows, a.out)
+    from .provenance import collect_provenance
+    prov = Path(a.out).with_name(Path(a.out).stem + ".provenance.json")
+    prov.write_text(json.dumps(collect_provenance(dict(
+        cases=a.cases, shape=a.shape, device=a.device, jobs=a.jobs, timeout=a.timeout)),
+        indent=1) + "\n")
     bad = [r["case"] for r in rows if not r["passed"]]
     print(f"{len(rows) - len(bad)}/{len(rows)} cases passed -> {a.out}" +
           (f"; failed: {', '.join(bad)}" if bad else ""))

@@ -283,7 +283,10 @@ def evaluate(ops: Sequence[str] = ("decode", "prefill"), *, out: Optional[str] =
     info = dict(version=package_version("flashinfer_bench", dists=("flashinfer-bench",)), warmup=warmup,
                 iterations=iterations, trials=trials, rep=rep)
     (root / "comparison.md").write_text(_markdown(df, torch.cuda.get_device_name(), info))
-    _write_json(root / "run.json", dict(info, gpu=torch.cuda.get_device_name(), ops=list(ops),
-                                        torch=torch.__version__))
+    from ..bench.provenance import collect_provenance
+
+    # the suite's provenance record (GPU, driver, torch/triton/peer versions, git sha) with
+    # the evaluation's settings as its parameters
+    _write_json(root / "run.json", collect_provenance(dict(info, ops=list(ops))))
     print(f"wrote {root}/comparison.csv, comparison.md, traces/")
     return root
