@@ -47,6 +47,10 @@ def test_prefill_kernel_model_matches_the_notes():
     long = roofline.prefill_kernel_model("CP phase C", [8192], CONTEST, seg_chunks=16,
                                          long_cp=True)
     assert chained["flops"] > long["flops"] == w["flops"] * 8192 / 4096
+    # the long path's intra-chunk kernel also writes one f32 bound per chunk-head
+    intra_long = roofline.prefill_kernel_model("intra-chunk", [8192], CONTEST, seg_chunks=16,
+                                               long_cp=True)
+    assert intra_long["bytes"] - intra["bytes"] == nch * 4
     with pytest.raises(ValueError, match="unknown kernel role"):
         roofline.prefill_kernel_model("nope", [64])
 

@@ -254,8 +254,9 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
     pytest.param(0, False, "blocks", "compact", 128 * 2 * 516, id="blocks-no-cp"),
     pytest.param(1, False, "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4,
                  id="blocks-cp-chained"),
-    # the long path also holds the entering states [S, HV, D, D]
-    pytest.param(1, True, "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 48 * 4,
+    # the long path also holds the entering states [S, HV, D, D], the chunks' log bounds
+    # [3, HV] f32 and the segments' flags [3, HV] int32
+    pytest.param(1, True, "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 48 * 4 + 48,
                  id="blocks-cp-long"),
     # the "batched" solve (the default) works in registers: no scratch
     pytest.param(0, False, "batched", "compact", 128 * 2 * 260, id="batched-no-cp"),
@@ -381,6 +382,70 @@ def test_cp_long_path(shape, lens, seg):
     assert_ok(out, ref)
     for n, t in before.items():
         assert torch.equal(x[n], t), n
+
+
+def _decay_case(shape, lens, A, k_scale=1.0, seed=0):
+    """Inputs of the spec with every head's decay rate ``A`` (``A_log = log A``) and ``k``
+    scaled by ``k_scale`` (1: unit norm), and their reference."""
+    x = make_prefill_inputs(list(lens), shape, seed=seed, cu_dtype=torch.int64, device=DEV)
+    x["A_log"] = torch.full_like(x["A_log"], float(torch.tensor(A).log()))
+    x["dt_bias"] = torch.full_like(x["dt_bias"], 2.0)      # softplus(a + 2) ~ 2 per token
+    x["k"] = (x["k"].float() * k_scale).to(torch.bfloat16)
+    return x, prefill_reference(**x)
+
+
+def test_intra_chunk_log_bound():
+    """The intra-chunk kernel's per-chunk log transition bound: gc at the chunk's last token
+    plus sum_t log max(1, beta_t |k_t|^2 - 1), per chunk slot (gaps untouched)."""
+    from kernels import gpu_limits
+    from kernels.prefill.intra_chunk import intra_chunk_fwd
+    from kernels.prefill.gates import gates_torch
+    # |k|^2 from A's diagonal (sm_90 and others), from k itself on sm_100 (LB_DIAG)
+    for k_scale, cc in ((1.0, 90), (3.0, 90), (3.0, 100)):
+        x, _ = _decay_case(S16, [100, 0, 64, 3], 0.05, k_scale)
+        T, HV = x["q"].shape[0], x["v"].shape[1]
+        lb = torch.full((T // 64 + 4, HV), 7.0, device=DEV)
+        with mock.patch.object(gpu_limits, "device_limits", lambda dev: gpu_limits.ARCHS[cc]):
+            intra_chunk_fwd(x["k"], x["v"], x["cu_seqlens"], x["q"], a=x["a"], b=x["b"],
+                            A_log=x["A_log"], dt_bias=x["dt_bias"], log_bound=lb)
+        g, beta = gates_torch(x["A_log"], x["a"], x["dt_bias"], x["b"])
+        kn = x["k"].float().pow(2).sum(-1).repeat_interleave(HV // x["k"].shape[1], dim=1)
+        per_tok = g.float() + torch.log(torch.clamp(beta.float() * kn - 1.0, min=1.0))
+        # slots: seq 0 chunks 0, 1 -> 0, 1; seq 2 (bos 100) chunk 0 -> 1 + 2 = 3;
+        # seq 3 (bos 164) -> 2 + 3 = 5; slots 2 and 4 are gaps
+        for slot, (t0, t1) in {0: (0, 64), 1: (64, 100), 3: (100, 164), 5: (164, 167)}.items():
+            torch.testing.assert_close(lb[slot], per_tok[t0:t1].sum(0), atol=1e-3, rtol=1e-4)
+        assert torch.all(lb[2] == 7.0) and torch.all(lb[4] == 7.0)
+
+
+@pytest.mark.parametrize("A, k_scale, expect_skip", [
+    pytest.param(8.0, 1.0, True, id="strong-decay"),      # ~ -16 per token: M negligible
+    pytest.param(1e-4, 1.0, False, id="no-decay"),        # the whole segment is walked
+    # ~ -0.3 per token would be negligible within a segment, but |k|^2 = 6.25 makes the
+    # bound grow: no skipping
+    pytest.param(0.15, 2.5, False, id="large-k"),
+])
+def test_cp_long_truncation(A, k_scale, expect_skip):
+    """Phase A of the long path skips the chunks whose contribution the decay has made
+    negligible and phase B the negligible transitions -- only where the bound says so --
+    and the outputs still match the reference."""
+    x, ref = _decay_case(S16, [300, 5, 200], A, k_scale)
+    with mock.patch.object(pipeline, "cp_long", lambda T, N: True), \
+            mock.patch.object(pipeline, "segment_combine_t_fwd",
+                              wraps=pipeline.segment_combine_t_fwd) as comb:
+        # without decay the default's bf16 products miss the tolerance (the documented
+        # long-memory corner): the accurate preset there
+        out = gdn_prefill(**x, variant="fused", cp=2,
+                          config=None if expect_skip else ACCURATE_CONFIG)
+    negl = comb.call_args[0][2]
+    # real phase-A slots (not a sequence's last segment): seq 0 has 3 segments of 128
+    # tokens (slots 0-2, 0 and 1 summarised), seq 1 one (slot 3), seq 2 (bos 305 -> start
+    # 2 + 2 = 4) two (4, 5: 4 summarised)
+    flags = negl[[0, 1, 4]]
+    assert bool(torch.all(flags == 1)) is expect_skip and bool(torch.all(flags == 0)) is (
+        not expect_skip)
+    if k_scale == 1.0:   # (growing states are outside the contest rule's tolerance)
+        assert_ok(out, ref)
 
 
 # --------------------------------------------------------------------------- graph variant

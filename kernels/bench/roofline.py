@@ -180,6 +180,11 @@ def prefill_kernel_model(role: str, lens: Sequence[int], shape: GDNShape = CONTE
       entering states (``D x D`` f32 per segment-head); one ``2 D^3`` product per transition.
     * CP phase C: the walk, reading the entering states (long path) or the summaries it
       chains (chained path: every segment re-chains the earlier ones, ``2 D^3`` each).
+
+    On the long path (``long_cp``) the intra-chunk kernel also writes one f32 bound per
+    chunk-head; phase A's work depends on the gates (it walks only what the decay leaves,
+    :mod:`kernels.prefill.state_walk_t`), so its floor counts what it must write at least:
+    the ``X`` summaries.
     """
     hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     lens = [int(n) for n in lens]
@@ -195,6 +200,8 @@ def prefill_kernel_model(role: str, lens: Sequence[int], shape: GDNShape = CONTE
     walk = dict(bytes=qk + vv + tb_aq + gc + (state if with_state else 0) + state + vv,
                 flops=nch * 2 * (3 * C * d * d + 2 * C * C * d))
     summ = S * hv * d * 2 * d * _F32
+    if long_cp:
+        intra = dict(bytes=intra["bytes"] + nch * _F32, flops=intra["flops"])
     if role == "intra-chunk":
         return intra
     if role == "walk":
@@ -202,6 +209,8 @@ def prefill_kernel_model(role: str, lens: Sequence[int], shape: GDNShape = CONTE
     if role == "intra-chunk + walkers":
         return dict(bytes=intra["bytes"] + walk["bytes"] - 2 * tb_aq - qk - gc,
                     flops=intra["flops"] + walk["flops"])
+    if role == "CP phase A" and long_cp:
+        return dict(bytes=summ // 2 + nch * _F32, flops=0)
     if role == "CP phase A":
         return dict(bytes=qk // 2 + vv + tb_aq // 2 + gc + summ,
                     flops=nch * 2 * (2 * C * d * 2 * d + C * C * 2 * d))

@@ -130,6 +130,7 @@ def segment_combine_t_kernel(
     h0,             # [N, H, V, K] f32 initial state, k-last (USE_H0) or None
     summ,           # [S, H, K + V, K] f32 segment transitions [M^T ; X^T] (phase A)
     s0,             # [S, H, V, K] f32 out: state entering each segment slot, k-last
+    negl,           # [S, H] int32: 1 where phase A found the segment's M negligible
     cu_seqlens,     # [N+1] int32/int64
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
@@ -161,25 +162,29 @@ def segment_combine_t_kernel(
     for i_s in tl.range(0, n_seg - 1, num_stages=2):
         slot = slot0 + i_s
         p_m = summ + (slot * H + i_h) * ((K + V) * K)
-        b_mt = tl.load(p_m + o_kk)                         # M^T [K, K]
+        full = tl.load(negl + slot * H + i_h) == 0
+        # M^T [K, K], zeros (not read) where negligible
+        b_mt = tl.load(p_m + o_kk, mask=full & (o_k[:, None] >= 0), other=0.0)
         b_xt = tl.load(p_m + K * K + o_vk)                 # X^T rows [BV, K]
         tl.store(s0 + (slot * H + i_h) * (V * K) + o_vk, b_St)
         b_St = mm(b_St, b_mt, DOT_PREC) + b_xt
     tl.store(s0 + ((slot0 + n_seg - 1) * H + i_h) * (V * K) + o_vk, b_St)
 
 
-def segment_combine_t_fwd(summary: torch.Tensor, s0: torch.Tensor, cu_seqlens: torch.Tensor,
+def segment_combine_t_fwd(summary: torch.Tensor, s0: torch.Tensor, negligible: torch.Tensor,
+                          cu_seqlens: torch.Tensor,
                           initial_state: Optional[torch.Tensor], *, seg_t: int, T: int,
                           BV: int = 16, num_warps: int = 8, defer: bool = False):
     """Launch :func:`segment_combine_t_kernel` (grid ``(N, HV, V // BV)``); fills ``s0``
-    (`[S, HV, V, K]`) from ``summary`` (`[S, HV, K + V, K]`). bf16 products (the walks
+    (`[S, HV, V, K]`) from ``summary`` (`[S, HV, K + V, K]`) and phase A's ``negligible``
+    flags (`[S, HV]` int32). bf16 products (the walks
     round the state to bf16 for every product anyway) and ``BV = 16``: measured on an H200
     at T=131072, 31 segments, 130 us with tf32x3 at ``BV = 32`` -> 61 us."""
     _, H, KV, K = summary.shape
     V = KV - K
     N = cu_seqlens.numel() - 1
     go = _COMBINE_T_LAUNCH.bind((N, H, V // BV), (
-        initial_state, summary, s0, cu_seqlens, T, N), dict(
+        initial_state, summary, s0, negligible, cu_seqlens, T, N), dict(
         H=H, K=K, V=V, BV=BV, SEG_T=seg_t, USE_H0=initial_state is not None,
         DOT_PREC="bf16", num_warps=num_warps))
     if defer:

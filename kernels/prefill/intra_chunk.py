@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .. import interpret
+from .. import gpu_limits, interpret
 
 interpret.install()
 
@@ -264,6 +264,7 @@ def intra_chunk_kernel(
     o,              # [T, H, V] bf16 out: outputs (WALKERS) or None
     flags,          # [>= slots * H] int32, zero between calls (WALKERS) or None
     status,         # [1] int32 out: the guard's status bits (WALKERS and HAS_STATUS) or None
+    lb,             # [slots, H] f32 out: log bound of each chunk's transition (STORE_LB) or None
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
     scale,          # output scale
@@ -291,6 +292,8 @@ def intra_chunk_kernel(
     GUARD: tl.constexpr = False,        # WALKERS: NaN outputs for any invalid cu_seqlens
                                         # (else only for a decreasing one, see _walker)
     HAS_STATUS: tl.constexpr = False,   # GUARD: store the guard's status bits (.guard)
+    STORE_LB: tl.constexpr = False,     # store the chunk's log transition bound into lb
+    LB_DIAG: tl.constexpr = True,       # STORE_LB: |k_t|^2 from A's diagonal (else from k)
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER)
@@ -341,6 +344,22 @@ def intra_chunk_kernel(
     # 1. A = beta K K^T exp(gc_i - gc_j), strictly lower
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
     b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
+    if STORE_LB:
+        # log of a bound on the norm of the chunk's state transition, the product of
+        # exp(g_t) (I - beta_t k_t k_t^T) over its tokens: each factor's norm is at most
+        # exp(g_t) max(1, beta_t |k_t|^2 - 1) (rows past the end add 0). beta_t |k_t|^2 is
+        # the diagonal of A before the mask: 100 us less at 131,072 tokens on an H100 than
+        # reducing k itself, which sm_100 needs (triton 3.7's tensor-memory layout pass
+        # fails on a reduction of the product there)
+        if LB_DIAG:
+            b_bkn = tl.sum(tl.where(o_r[:, None] == o_r[None, :], b_A, 0.0), axis=1)
+        else:
+            b_kf = b_k.to(tl.float32)
+            b_bkn = b_beta * tl.sum(b_kf * b_kf, axis=1)
+        b_lk = tl.log(tl.maximum(b_bkn - 1.0, 1.0))
+        b_gl = tl.sum(tl.where(o_r == tl.minimum(n_t, BT) - 1, b_gc, 0.0), axis=0)
+        slot = (bos // BT).to(tl.int32) + i_n + i_c
+        tl.store(lb + slot * H + i_h, b_gl + tl.sum(b_lk, axis=0))
     b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
     # the causal q k^T term now, while k is loaded, and stored at once (k, q and the
     # decays die before the solve: fewer live registers through it)
@@ -415,7 +434,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     dt_bias=None, chunk_indices: Optional[torch.Tensor] = None,
                     storage: str = "compact", solve: str = SOLVE, num_warps: int = 4,
                     maxnreg: Optional[int] = None, pdl_trigger: str = "",
-                    defer: bool = False, walkers: Optional[dict] = None):
+                    defer: bool = False, walkers: Optional[dict] = None,
+                    log_bound: Optional[torch.Tensor] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once; returns ``(Tb, gc,
     Aqk)``: ``Tb = Tm diag(beta)`` and ``scale * Aqk`` (``[T, HV, 64]`` each, dtype
     :data:`STORAGE` ``[storage]``) and ``gc`` ``[T, HV]`` f32.
@@ -436,6 +456,10 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     int32, if given) and leaves the flags at zero. ``defer``: allocate and bind but do not
     launch; the launch is the last element of the returned tuple (a zero-argument
     callable, :meth:`.launch.FastLaunch.bind`).
+    ``log_bound``: `[T // 64 + N, HV]` f32, written: per chunk slot, the log of a bound on
+    the norm of the chunk's state transition (``gc`` at its last token plus
+    ``sum_t log max(1, beta_t |k_t|^2 - 1)``), which the long path's phase A reads to skip
+    what the decay has made negligible (:mod:`.context_parallel`).
     """
     if solve not in SOLVES:
         raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
@@ -479,8 +503,10 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     else:
         go = _INTRA_LAUNCH.bind(grid, (
             q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_,
-            wk.get("flags"), wk.get("status"), cu_seqlens, chunk_indices, scale, T, N),
-            dict(RAW_GATES=raw, **opts))
+            wk.get("flags"), wk.get("status"), log_bound, cu_seqlens, chunk_indices, scale, T,
+            N), dict(RAW_GATES=raw, STORE_LB=log_bound is not None,
+                     LB_DIAG=log_bound is not None and gpu_limits.device_limits(dev).cc // 10 != 10,
+                     **opts))
     out = (w, gc, P)
     if defer:
         return out + (go,)

@@ -222,7 +222,8 @@ def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
     ``Aqk`` ``[T, HV, 64]`` (bf16, fp32 with ``"precise"`` storage), ``gc`` f32, the
     ``[T, HV, 64]`` f32 scratch of the ``"blocks"`` solve; with CP (``seg_chunks``) the
     segment summaries ``[S, HV, D, 2D]`` f32 and, on the long path (:func:`.context_parallel.cp_long`),
-    the entering states ``[S, HV, D, D]``."""
+    the entering states ``[S, HV, D, D]``, the chunks' log bounds ``[T // 64 + N, HV]`` f32
+    and the segments' flags ``[S, HV]`` int32."""
     per_tok = 2 * BT * (4 if storage == "precise" else 2)             # Tb, Aqk
     ws = T * HV * (per_tok + 4 + (BT * 4 if solve == "blocks" else 0))
     if seg_chunks:
@@ -230,6 +231,7 @@ def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
         ws += S * HV * D * 2 * D * 4                  # summaries [M | X]
         if cp_long(T, N):
             ws += S * HV * D * D * 4                  # entering states
+            ws += (num_slots(T, N) + S) * HV * 4      # chunk bounds, negligible flags
     return ws
 
 
@@ -337,11 +339,15 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
                            BV=WALKER_BV, walk_precision=cfg.precision,
                            inline_precision=cfg.precision, guard=guard, status=status)
     trigger = "start" if cfg.pdl else ""
+    long = seg > 0 and cp_long(T, N)
+    lb = (torch.empty(num_slots(T, N), HV, dtype=torch.float32, device=q.device) if long
+          else None)
     # every launch is bound (arguments ordered, handles fetched) before the first one:
     # on the eager path the host time between launches is what the GPU waits for
     Tb, gc, Aqk, go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
-        pdl_trigger=trigger, defer=True, walkers=walkers, **_intra(cfg, walkers is not None))
+        pdl_trigger=trigger, defer=True, walkers=walkers, log_bound=lb,
+        **_intra(cfg, walkers is not None))
     if walkers is not None:
         go_intra()
         return None
@@ -352,8 +358,8 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
         go_walk()
         return None
     seg_t = seg * BT
-    if cp_long(T, N):
-        return _cp_long(q, k, v, Tb, Aqk, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg,
+    if long:
+        return _cp_long(q, k, v, Tb, Aqk, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cfg,
                         go_intra, guard, status)
     summary = torch.empty(num_slots(T, N, seg_t), HV, D, 2 * D, dtype=torch.float32,
                           device=q.device)
@@ -379,7 +385,7 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
     return None
 
 
-def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, go_intra,
+def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cfg, go_intra,
              guard, status):
     """Context parallelism of long sequences with the transposed walks (:mod:`.state_walk_t`,
     :func:`.context_parallel.cp_long_segment_chunks`): phase A (each segment's
@@ -389,19 +395,23 @@ def _cp_long(q, k, v, tb, aq, gc, cu_seqlens, state, o, ht, scale, seg_t, cfg, g
     ``BV = 128`` with 8 warps: both warpgroups share one load of ``k``, ``q``, ``Tb``,
     ``Aqk``): 4 launches. Measured on an H200 (graph us, against the chained CP at
     ``ddae264``): T=16384 261 -> 221, 32768 444 -> 385, 65536 823 -> 713, 131072 1869 ->
-    1368, 1048576 22799 -> 10476 (docs/notes.md, long context)."""
+    1368, 1048576 22799 -> 10476 (docs/notes.md, long context). Phase A skips what the
+    decay makes negligible (``lb``, the chunks' log transition bounds from the intra-chunk
+    kernel; ``TRUNC`` in :func:`.state_walk_t.state_walk_t_kernel`) and phase B the
+    reads of a negligible ``M``."""
     T, HV, D = q.shape[0], v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
     S = num_slots(T, N, seg_t)
     summ = torch.empty(S, HV, 2 * D, D, dtype=torch.float32, device=q.device)
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
+    negl = torch.empty(S, HV, dtype=torch.int32, device=q.device)
     bv = min(128, D)
     kw = dict(scale=scale, dot_precision=cfg.precision, BV=bv,
               num_warps=8 if bv >= 128 else 4, out_precision=cfg.precision,
               seg_t=seg_t, defer=True)
     go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, summary=summ, pdl=cfg.pdl,
-                            num_stages=3, loop_stages=3, **kw)
-    go_b = segment_combine_t_fwd(summ, s0, cu_seqlens, state, seg_t=seg_t, T=T,
+                            num_stages=3, loop_stages=3, log_bound=lb, negligible=negl, **kw)
+    go_b = segment_combine_t_fwd(summ, s0, negl, cu_seqlens, state, seg_t=seg_t, T=T,
                                  BV=min(16, D), defer=True)
     go_c = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=o, final_state=ht,
                             num_stages=2, loop_stages=2, guard=guard, status=status, **kw)

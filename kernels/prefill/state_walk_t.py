@@ -59,6 +59,8 @@ def state_walk_t_kernel(
     o,              # [T, H, V] bf16 out (not SUMMARY)
     ht,             # [N, H, V, K] f32 out: final state, k-last (not SUMMARY)
     status,         # [1] int32 out: the guard's status bits (GUARD and HAS_STATUS) or None
+    lb,             # [chunk slots, H] f32 log transition bound per chunk (TRUNC) or None
+    negl,           # [S, H] int32 out: 1 where the segment's M is negligible (TRUNC) or None
     scale,          # output scale
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
@@ -78,12 +80,22 @@ def state_walk_t_kernel(
     PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
     GUARD: tl.constexpr = False,        # outputs NaN if cu_seqlens is invalid (.guard)
     HAS_STATUS: tl.constexpr = False,   # GUARD: store the status bits into status
+    TRUNC: tl.constexpr = False,        # SUMMARY: skip what the decay makes negligible
+    LOG_EPS: tl.constexpr = -20.0,      # TRUNC: negligible below exp(LOG_EPS)
 ):
     """One program per ``(sequence or segment slot, value head, BV state columns)``: walks
     its chunks from ``h0`` / ``s0`` (or zeros) and writes every output row and the final
     state; with ``SUMMARY`` it walks ``[I | 0]`` instead (rows ``j < K`` of ``S^T`` start as
     the identity and see no values, rows ``K + v`` start at zero and see ``v``) and stores
-    ``[M^T ; X^T]`` with ``S_end = M S_start + X``."""
+    ``[M^T ; X^T]`` with ``S_end = M S_start + X``.
+
+    With ``TRUNC`` (phase A of the long path) the chunks' log transition bounds ``lb``
+    decide what the decay has made negligible, i.e. scaled by at most ``exp(LOG_EPS)`` on
+    its way to the segment's end (2e-9 at -20, below the float32 rounding of the state):
+    ``M`` when the bounds of all the segment's chunks sum to ``LOG_EPS`` (then it is not
+    stored, ``negl = 1``, and phase B takes ``S_end = X``); the ``X`` rows walk from zero
+    at the last chunk ``j`` whose bounds summed from the segment's end reach ``LOG_EPS``
+    (whatever entered before ``j`` is negligible), else from the segment's start."""
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if GUARD:
         n_u = tl.num_programs(0)
@@ -126,7 +138,29 @@ def state_walk_t_kernel(
     o_qk = o_bt[:, None] * (HQ * K) + o_k[None, :]         # [BT, K] rows of q, k
     o_tt = o_bt[:, None] * (H * BT) + o_bt[None, :]        # [BT, BT] rows of Tb, Aqk
     grid_wait(PDL_WAIT)
-    for i_c in tl.range(0, tl.cdiv(ueos - ubos, BT), num_stages=LOOP_STAGES):
+    n_c = tl.cdiv(ueos - ubos, BT)
+    c_start = n_c * 0
+    if TRUNC:
+        p_lb = lb + ((bos // BT).to(tl.int32) + i_n + i_s * (SEG_T // BT)) * H + i_h
+        if i_v * BV < K:
+            # rows of M: negligible iff the bounds of all the segment's chunks sum to LOG_EPS
+            o_j = tl.arange(0, 128)
+            tot = tl.zeros([], dtype=tl.float32)
+            for j0 in range(0, n_c, 128):
+                tot += tl.sum(tl.load(p_lb + (j0 + o_j) * H, mask=j0 + o_j < n_c, other=0.0))
+            small = tot <= LOG_EPS
+            tl.store(negl + i_u * H + i_h, small.to(tl.int32))
+            if small:
+                return
+        else:
+            # rows of X: from the last chunk backwards while the bound is not negligible
+            acc = tl.zeros([], dtype=tl.float32)
+            j = n_c
+            while (j > 0) & (acc > LOG_EPS):
+                j -= 1
+                acc += tl.load(p_lb + j * H)
+            c_start = j      # 0 unless the bound fell to LOG_EPS
+    for i_c in tl.range(c_start, n_c, num_stages=LOOP_STAGES):
         t0 = ubos + i_c * BT                               # first token of the chunk (int64)
         m_t = o_bt < (ueos - t0)
         b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
@@ -160,7 +194,7 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
                      num_stages: int = 2, loop_stages=None, dot_precision: str = "bf16",
                      out_precision: str = "bf16", pdl: bool = False, seg_t: int = 0,
                      summary=None, s0=None, guard: bool = False, status=None,
-                     defer: bool = False):
+                     log_bound=None, negligible=None, defer: bool = False):
     """Launch :func:`state_walk_t_kernel` once.
 
     Args:
@@ -179,6 +213,9 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
             outputs), or
         s0: `[S, HV, V, K]` f32 entering state per slot (phase C: outputs; each sequence's
             last segment writes ``final_state``).
+        log_bound, negligible: with ``summary``, skip what the decay makes negligible
+            (``TRUNC`` in :func:`state_walk_t_kernel`): `[T // 64 + N, HV]` f32 from
+            :func:`.intra_chunk.intra_chunk_fwd` and `[S, HV]` int32, written.
         guard: check ``cu_seqlens`` on the device and write NaN outputs if it is invalid
             (:mod:`.guard`; not with ``summary``); ``status``: `[1]` int32 for its bits.
     Returns None, or with ``defer`` the bound launch without launching it.
@@ -190,6 +227,9 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         raise ValueError(f"BV must divide V={V} and K={K} and be >= 16, got {BV}")
     if (summary is not None or s0 is not None) != bool(seg_t):
         raise ValueError("seg_t goes with exactly one of summary (phase A) and s0 (phase C)")
+    if (log_bound is not None or negligible is not None) and (
+            summary is None or log_bound is None or negligible is None):
+        raise ValueError("log_bound and negligible go together, with summary (phase A)")
     if guard and summary is not None:
         raise ValueError("guard goes with the outputs, not with summary (phase A)")
     units = (int(T) // seg_t + N) if seg_t else N
@@ -197,11 +237,12 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
     pdl_opts = launch_options(pdl, k.device)
     go = _WALK_T_LAUNCH.bind((units, H, rows // BV), (
         q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output, final_state,
-        status, float(scale), T, N), dict(
+        status, log_bound, negligible, float(scale), T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, USE_H0=initial_state is not None,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, SEG_T=int(seg_t),
         SUMMARY=summary is not None, FROM_S0=s0 is not None, LOOP_STAGES=loop_stages,
         PDL_WAIT=bool(pdl_opts), GUARD=guard, HAS_STATUS=guard and status is not None,
+        TRUNC=log_bound is not None,
         **pdl_opts, num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go
