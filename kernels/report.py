@@ -7,7 +7,8 @@ Decode (issue target, ``cupti_cold``): ours-adaptive <= max(0.9 x the faster
 peer, floor / 0.95), the floor being the state bytes over the copy bandwidth
 measured in the same run. Prefill (``graph`` replay): the best of our variants
 <= 0.9 x the faster peer; eager ``fused``: launches, and its ``cupti_cold``
-span over its graph time (target <= 2). Every number is read from
+span over its graph time (target <= 2). Long context (notebook 04, ``graph``):
+ours <= 0.9 x the fastest peer at every length. Every number is read from
 ``results/<gpu>/*/*.csv``; nothing is typed by hand.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import List
 
 import pandas as pd
 
-__all__ = ["decode_targets", "prefill_targets", "render", "main"]
+__all__ = ["decode_targets", "prefill_targets", "scaling_targets", "render", "main"]
 
 PEERS = ("fla", "flashinfer")
 #: Prefill peer columns and the labels each may carry in notebook 02's CSV (older runs
@@ -79,6 +80,30 @@ def prefill_targets(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: Notebook 04's implementation labels and the README's column names.
+SCALING_COLUMNS = {"flashqla": "FlashQLA", "fla (flashqla backend)": "FLA (FlashQLA backend)",
+                   "fla (triton)": "FLA (triton)", "flashinfer": "FlashInfer"}
+
+
+def scaling_targets(folder: Path) -> pd.DataFrame:
+    """Notebook 04, per shape (``graph`` µs): the peers, ours, ours / fastest peer, target
+    (0.9 x the fastest peer), met; in order of total tokens."""
+    d = pd.read_csv(folder / "04_prefill_scaling" / "prefill_scaling.csv", dtype={"lens": str})
+    g = d[d.method == "graph"]
+    t = g.pivot_table(index="lens", columns="impl", values="median_us")
+    T = g.groupby("lens").T.first()
+    peers = [c for c in SCALING_COLUMNS if c in t.columns]
+    out = pd.DataFrame({"lens": t.index, "T": T.reindex(t.index).astype(int).values})
+    for c in peers:
+        out[SCALING_COLUMNS[c]] = t[c].values
+    best = t[peers].min(axis=1).values
+    out["ours"] = t["ours"].values
+    out["ours / fastest peer"] = out["ours"] / best
+    out["target"] = 0.9 * best
+    out["met"] = out["ours"] <= out["target"]
+    return out.sort_values(["T", "lens"]).reset_index(drop=True)
+
+
 def _md(df: pd.DataFrame) -> str:
     def fmt(x):
         if isinstance(x, bool):
@@ -114,6 +139,12 @@ def render(root: Path, gpus: List[str]) -> str:
                       f"Graph-replay target (0.9 × fastest peer) met at {int(pre.met.sum())} of "
                       f"{len(pre)} shapes; eager span ≤ 2 × graph at "
                       f"{int((pre['span / graph'] <= 2).sum())} of {len(pre)}.", ""]
+        if (folder / "04_prefill_scaling" / "prefill_scaling.csv").exists():
+            sc = scaling_targets(folder)
+            parts += [f"#### Long-context prefill (notebook 04), {gpu} — µs, `graph` replay "
+                      "(warm L2), median", "", _md(sc), "",
+                      f"Target (0.9 × fastest peer) met at {int(sc.met.sum())} of {len(sc)} "
+                      "shapes.", ""]
     return "\n".join(parts)
 
 

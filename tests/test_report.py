@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from kernels.report import decode_targets, main, prefill_targets
+from kernels.report import decode_targets, main, prefill_targets, scaling_targets
 
 
 def _write(tmp_path):
@@ -52,3 +52,20 @@ def test_update_readme_rewrites_only_the_block(tmp_path):
     s = readme.read_text()
     assert s.startswith("intro\n") and s.endswith("outro\n") and "STALE-TABLE" not in s
     assert "| 64 |" in s and "Decode, gpu-x" in s
+
+
+def test_scaling_targets_against_the_fastest_peer(tmp_path):
+    gpu = _write(tmp_path)
+    (gpu / "04_prefill_scaling").mkdir()
+    rows = []
+    for impl, a, b in [("flashqla", 700.0, 140.0), ("flashinfer", 800.0, 130.0),
+                       ("fla (triton)", 3000.0, 260.0), ("ours", 900.0, 110.0)]:
+        rows.append(dict(impl=impl, lens="131072", T=131072, N=1, method="graph", median_us=a))
+        rows.append(dict(impl=impl, lens="8192", T=8192, N=1, method="graph", median_us=b))
+        rows.append(dict(impl=impl, lens="8192", T=8192, N=1, method="kernel", median_us=1.0))
+    pd.DataFrame(rows).to_csv(gpu / "04_prefill_scaling" / "prefill_scaling.csv", index=False)
+    s = scaling_targets(gpu).set_index("lens")
+    assert list(s.index) == ["8192", "131072"]                 # by total tokens
+    assert s.loc["131072", "ours / fastest peer"] == pytest.approx(900 / 700)
+    assert not bool(s.loc["131072", "met"]) and bool(s.loc["8192", "met"])
+    assert s.loc["8192", "target"] == pytest.approx(0.9 * 130)
