@@ -297,7 +297,9 @@ def intra_chunk_kernel(
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER)
-    i_p, i_h = tl.program_id(0), tl.program_id(1)
+    # one grid axis, heads fastest: the value heads that share a q/k head run side by side
+    # and read its q, k tiles once from DRAM (the second read hits L2)
+    i_p, i_h = tl.program_id(0) // H, tl.program_id(0) % H
     if WALKERS:
         # the guard (.guard): an invalid cu_seqlens -> no flags, NaN outputs from the walkers
         st = cu_status(cu_seqlens, N, T, 128)
@@ -305,7 +307,7 @@ def intra_chunk_kernel(
             st = st & 4   # CU_DECREASING (a literal: triton 3.6 refuses globals in a kernel)
         n_slots = (T // BT + N).to(tl.int32)
         if i_p >= n_slots:
-            n_w = tl.num_programs(0) - n_slots
+            n_w = tl.num_programs(0) // H - n_slots
             if guard_outputs(st, o, ht, status, T, N, i_p - n_slots + n_w * i_h, n_w * H, H, V,
                              K, HAS_STATUS, False) != 0:
                 return
@@ -498,6 +500,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 num_warps=num_warps,
                 PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(dev),
                 **walk_opts, **({"maxnreg": maxnreg} if maxnreg else {}))
+    grid = (grid[0] * H,)
     if grid[0] == 0:
         go = _nothing
     else:
