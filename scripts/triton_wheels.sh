@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Triton wheels for the offline GPU host (Python 3.12, x86_64), cut into parts of 38 MiB
+# Triton wheels for the offline GPU host (Python 3.12, x86_64), cut into parts of 28 MiB
 # (39.8 MB) so each travels with one device call (64 MiB per call, working tree included).
 #   scripts/triton_wheels.sh OUTDIR [VERSION ...]      (default: 3.7.1 3.9.0)
 # writes OUTDIR/triton-VERSION/part-NN and SHA256SUMS (of the whole wheel, by its name).
@@ -25,7 +25,7 @@ for ver in "${versions[@]}"; do
   whl=$(ls "$work"/triton-*.whl)
   mkdir -p "$dir"
   (cd "$work" && sha256sum "$(basename "$whl")" > "$dir/SHA256SUMS")
-  split -b 38M -d "$whl" "$dir/part-"
+  split -b 28M -d "$whl" "$dir/part-"
   rm -rf "$work"
   echo "triton $ver: $(basename "$whl") -> $(ls "$dir" | grep -c part-) part(s) in $dir"
 done
