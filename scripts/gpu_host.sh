@@ -18,6 +18,7 @@ gpu_lite() {
 }
 gpu_heavy_part() { mkdir -p /root/parts && cp ".gpuheavy/part-0$1" .gpuheavy/SHA256SUMS /root/parts/; }
 gpu_heavy_unpack() {
+  mkdir -p "$SITE"
   [ -f "$SITE/.heavy" ] && return 0
   (cd /root/parts && cat part-0* > heavy.tar.xz && sha256sum -c SHA256SUMS && tar xJf heavy.tar.xz -C "$SITE") && touch "$SITE/.heavy"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Triton wheels for the offline GPU host (Python 3.12, x86_64), cut into parts of 28 MiB
-# (39.8 MB) so each travels with one device call (64 MiB per call, working tree included).
+# (29.4 MB; the tracked tree is ~29 MB) so each travels with one device call (64 MiB per call, working tree included).
 #   scripts/triton_wheels.sh OUTDIR [VERSION ...]      (default: 3.7.1 3.9.0)
 # writes OUTDIR/triton-VERSION/part-NN and SHA256SUMS (of the whole wheel, by its name).
 # On the host, per version, with every part of it stashed in one folder P:
@@ -11,6 +11,7 @@
 set -euo pipefail
 out=${1:?usage: triton_wheels.sh OUTDIR [VERSION ...]}
 shift
+mkdir -p "$out" && out=$(cd "$out" && pwd)   # absolute: the checksum is written from the download folder
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(3.7.1 3.9.0)
 for ver in "${versions[@]}"; do
