@@ -42,6 +42,14 @@ def test_conclusion_is_computed_from_the_tables():
     assert "ours 14.00× for 16× the tokens" in text
     assert "8192: walk 60.0 µs" in text and "3.00× above it" in text
     assert "ours 1/2" in text
+    assert "Growth target" not in text            # no length beyond 131,072 here
+    t = _times()
+    long = t[(t.lens == "131072")].assign(lens="1048576", T=1 << 20)
+    long["median_us"] = long.median_us * np.where(long.impl == "ours", 8.0, 9.0)
+    text = xs.conclusion_markdown(dict(gate=gate, times=pd.concat([t, long]), roofline=roof,
+                                       stress=stress))
+    assert "**Growth target** (ours from 131,072 to 1,048,576 tokens" in text
+    assert "8.00× for 8× the tokens → met" in text
 
 
 def test_figures():

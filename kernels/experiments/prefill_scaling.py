@@ -42,6 +42,10 @@ from .prefill_overhead import gate_summary, parse_shape, plot_gate_errors  # noq
 STEM = "04_prefill_scaling"
 PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer")
 TARGET_RATIO = 0.9
+#: Issue 18's growth target: from 131,072 tokens on, ours grows no faster than the token
+#: count, with 5 % slack (<= 8.4x for 8x).
+GROWTH_FROM_T = 131072
+GROWTH_SLACK = 1.05
 NCU_SECTIONS = ["SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
                 "MemoryWorkloadAnalysis", "ComputeWorkloadAnalysis", "SchedulerStats"]
 
@@ -629,6 +633,13 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     if growth:
         lines.append(f"**Growth** from the shortest to the longest single sequence ({method}): "
                      + "; ".join(growth) + ".")
+    s = one[(one.impl == "ours") & (one["T"] >= GROWTH_FROM_T)].sort_values("T")
+    if len(s) >= 2 and s["T"].iloc[-1] > s["T"].iloc[0]:
+        x, n = s.median_us.iloc[-1] / s.median_us.iloc[0], s["T"].iloc[-1] / s["T"].iloc[0]
+        lines.append(f"**Growth target** (ours from {int(s['T'].iloc[0]):,} to "
+                     f"{int(s['T'].iloc[-1]):,} tokens no faster than the tokens, "
+                     f"≤ {GROWTH_SLACK:g} × linear): {fmt_x(x)} for {n:.0f}× the tokens → "
+                     f"{'met' if x <= GROWTH_SLACK * n else 'missed'}.")
     roof = dfs.get("roofline")
     if roof is not None and len(roof):
         items = []
