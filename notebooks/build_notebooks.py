@@ -327,6 +327,16 @@ segment and segments, launches: the host rules of `kernels.prefill` for each sha
 plan = xp.plan_table(run)
 plan"""),
     ("md", """\
+### What each split costs
+Ours at `split_shapes` with about `split_segments` segments per sequence
+(`gdn_prefill(cp=chunks per segment)`) and with the rule's own split (ringed), each gated
+against the reference before it is timed. Fewer segments: fewer programs for the walk;
+more: more serial steps in the combine and, past one program per SM, more waves."""),
+    ("code", """\
+split = xp.run_split_costs(run)
+run.show(xp.plot_split_costs(split), "split_costs")
+split"""),
+    ("md", """\
 ## 4. Where our time goes: kernels, rooflines, resources
 Per-kernel GPU durations (CUPTI kernel records through torch.profiler, eager calls, warm
 L2; median of `kernel_calls`), each kernel's floors, and every launch compiled for sm_90
@@ -352,6 +362,7 @@ xp.ncu_summary(ncu)"""),
     ("md", "## Conclusion"),
     ("code", """\
 conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, plan=plan, stress=stress,
+                                         split=split,
                                          roofline=anatomy["roofline"],
                                          reference_check=run.state["reference_check"]))
 run.write_text(conclusion, "conclusion.md")

@@ -75,3 +75,17 @@ def test_ncu_summary_drops_rows_without_values():
                            value=[1.0, np.nan], unit=["ns", ""], section="SOL"))
     assert list(xs.ncu_summary(df).metric) == ["Duration"]
     assert xs.ncu_summary(pd.DataFrame()).empty
+
+
+def test_split_costs_conclusion_and_figure():
+    split = pd.DataFrame([dict(lens="131072", T=131072, N=1, segments=n, seg_chunks=2048 // n,
+                               path="long CP", default=(n == 16), status="pass",
+                               max_abs_err=1e-3, method="graph", median_us=us, p20_us=us,
+                               p80_us=us, gpu="G")
+                          for n, us in ((8, 1100.0), (16, 934.0), (32, 1000.0))])
+    gate = pd.DataFrame([dict(label="ours", lens="131072", status="pass", gpu="G")])
+    text = xs.conclusion_markdown(dict(gate=gate, times=_times(), split=split))
+    assert "**Split cost** (graph): 131072: fastest at 16 segments (934 µs)" in text
+    assert "the rule's 16 segments" in text and "1.00× of the fastest" in text
+    assert xs.plot_split_costs(split) is not None
+    assert xs.plot_split_costs(split.assign(median_us=float("nan"))) is None

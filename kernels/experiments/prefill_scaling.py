@@ -74,6 +74,10 @@ PARAMS = COMMON_PARAMS + (
     Param("ncu_kernel", "str", "state_walk",
           "regex: the first launch of our call matching it is profiled"),
     Param("ncu_sections", "list", NCU_SECTIONS, "Nsight Compute sections"),
+    Param("split_shapes", "list", ["131072"],
+          "shapes whose context-parallel split is varied (what each split costs)"),
+    Param("split_segments", "list", [4, 8, 16, 32, 64],
+          "segments per sequence tried at each split shape (the rule's choice is added)"),
     Param("num_q_heads", "int", 4, "HQ query/key heads (HK equals it)"),
     Param("num_v_heads", "int", 8, "HV value heads"),
     Param("head_dim", "int", 128, "head size D (K and V equal it)"),
@@ -283,6 +287,79 @@ def ratio_table(times: pd.DataFrame, method: Optional[str] = None) -> pd.DataFra
 
 
 # --------------------------------------------------------------------------- 3. anatomy
+
+SPLIT_COLUMNS = ["lens", "T", "N", "segments", "seg_chunks", "path", "default", "status",
+                 "max_abs_err", "method", "median_us", "p20_us", "p80_us", "gpu"]
+
+
+def run_split_costs(run: Run) -> pd.DataFrame:
+    """What each context-parallel split costs: ours (``fused``) at each ``split_shapes`` shape
+    with about ``split_segments`` segments per sequence (``gdn_prefill(cp=chunks per
+    segment)``) and with the rule's own split (``default``), each gated against the chunked
+    float32 reference and timed with the first available method of ``methods``
+    (``split_costs.csv``)."""
+    from kernels.prefill import gdn_prefill, plan_fused
+    from kernels.prefill.context_parallel import cp_long
+
+    p, sh = run.params, run.state["shape"]
+    method = next((m for m in p["methods"] if method_available(m, run.device)[0]), None)
+    if method is None:
+        run.skip("split costs", "no timing method of `methods` is available here")
+    shapes = dict(run.state["shapes"])
+    rows = []
+    for lab in p["split_shapes"]:
+        lens = shapes.get(lab) or parse_shape(lab)[1]
+        T, N = sum(lens), len(lens)
+        chunks = -(-T // 64) / max(N, 1)
+        _, seg0 = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        segs = {max(int(round(chunks / n)), 1): False for n in p["split_segments"]}
+        if seg0:
+            segs[seg0] = True
+        inputs, ref = _inputs(run, lab, lens)
+        for seg, default in sorted(segs.items(), reverse=True):
+            call = (lambda c=seg, **x: gdn_prefill(**x, variant="fused", cp=c))
+            g = gate_call(call, inputs, ref, run.device)
+            fn = (lambda f=call, x=inputs: f(**x))
+            row = dict(lens=lab, T=T, N=N, segments=int(-(-chunks // seg)), seg_chunks=seg,
+                       path="long CP" if cp_long(T, N) else "chained CP", default=default,
+                       status=g["status"], max_abs_err=g["max_abs_err"], method=method,
+                       median_us=float("nan"), p20_us=float("nan"), p80_us=float("nan"),
+                       gpu=run.gpu)
+            if g["status"] == PASS and method is not None:
+                t = time_call(fn, method, rep=p["repetitions"], warmup=p["warmup"])
+                row.update(median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us)
+            elif g["status"] != PASS:
+                print(f"SPLIT GATE {g['status'].upper()}: {lab} seg_chunks={seg}: {g['reason']}")
+            rows.append(row)
+    df = pd.DataFrame(rows, columns=SPLIT_COLUMNS)
+    if len(df):
+        run.write_csv(df, "split_costs")
+    return df
+
+
+def plot_split_costs(df: pd.DataFrame):
+    """Time vs segments per sequence, one line per shape; the rule's choice ringed."""
+    if df is None or df.empty or df.median_us.isna().all():
+        return None
+    fig, axes = new_figure(1, 1, panel=(6.2, 4.0))
+    ax = axes[0][0]
+    ms = df.median_us.max() > 1e4          # the CPU interpreter's seconds: plot ms
+    div, unit = (1e3, "ms") if ms else (1.0, "µs")
+    for lab, g in df.dropna(subset=["median_us"]).groupby("lens", sort=False):
+        g = g.sort_values("segments")
+        line, = ax.plot(g.segments, g.median_us / div, marker="o", ms=4, label=f"{lab} tokens")
+        d = g[g.default]
+        if len(d):
+            ax.scatter(d.segments, d.median_us / div, s=120, facecolors="none",
+                       edgecolors=line.get_color(), label=f"{lab}: the rule's split")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("segments per sequence (log2)")
+    ax.set_ylabel(f"time per call ({unit})")
+    ax.legend(fontsize=7)
+    fig.suptitle("What each context-parallel split costs (ours, fused) — "
+                 + _title(str(df.gpu.iloc[0]), str(df.method.iloc[0])))
+    return fig
+
 
 
 def plan_table(run: Run) -> pd.DataFrame:
@@ -581,7 +658,7 @@ def plot_roofline(roof: pd.DataFrame):
 
 
 def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
-    """The conclusion from ``gate``, ``times``, optional ``roofline``, ``plan``,
+    """The conclusion from ``gate``, ``times``, optional ``roofline``, ``plan``, ``split``,
     ``reference_check`` — computed, never typed."""
     gate, times = dfs.get("gate"), dfs.get("times")
     gpu = str(gate.gpu.iloc[0]) if gate is not None and len(gate) else ""
@@ -640,6 +717,18 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
                      f"{int(s['T'].iloc[-1]):,} tokens no faster than the tokens, "
                      f"≤ {GROWTH_SLACK:g} × linear): {fmt_x(x)} for {n:.0f}× the tokens → "
                      f"{'met' if x <= GROWTH_SLACK * n else 'missed'}.")
+    split = dfs.get("split")
+    if split is not None and len(split) and split.median_us.notna().any():
+        items = []
+        for lab, g in split.dropna(subset=["median_us"]).groupby("lens", sort=False):
+            best, d = g.loc[g.median_us.idxmin()], g[g.default]
+            items.append(f"{lab}: fastest at {int(best.segments)} segments "
+                         f"({fmt_us(best.median_us)})" + (
+                             f", the rule's {int(d.segments.iloc[0])} segments "
+                             f"{fmt_us(d.median_us.iloc[0])} "
+                             f"({fmt_x(d.median_us.iloc[0] / best.median_us)} of the fastest)"
+                             if len(d) and d.median_us.notna().iloc[0] else ""))
+        lines.append(f"**Split cost** ({split.method.iloc[0]}): " + "; ".join(items) + ".")
     roof = dfs.get("roofline")
     if roof is not None and len(roof):
         items = []
