@@ -121,6 +121,10 @@ def test_serving_conclusion_from_data():
     assert "pooled / dense at B=64: 1.020" in md
     assert "T=4 in one call / one T=1 call at B=512: 1.15" in md
     assert "bf16 state speedup at B=512: 1.90×; ours / FlashInfer bf16: 0.89" in md
+    caveat = "FlashInfer's bf16-state call is two launches"
+    assert (caveat in md) is (str(_serving_times().method.iloc[0]) == "cupti_cold")
+    graph = sv.serving_markdown(_serving_times().assign(method="graph"), gate, _drift())
+    assert caveat not in graph
     assert "failing (not timed): ours T=2 bf16 B=1" in md
     assert "Not available here: flashinfer_mtp (flashinfer-python is not installed)" in md
     assert "Drift after 1000 consecutive steps" in md and "bfloat16 state: rel-L2" in md

@@ -558,6 +558,11 @@ def serving_markdown(times: pd.DataFrame, gate: pd.DataFrame, drift: pd.DataFram
                 items.append(f"bf16 state speedup at B={B}: {f32 / b16:.2f}×"
                              + (f"; ours / FlashInfer bf16: {b16 / fib:.2f}"
                                 if np.isfinite(fib) else ""))
+        if method == "cupti_cold" and len(st[st.label == "flashinfer_bf16"]):
+            items.append("FlashInfer's bf16-state call is two launches with its host path "
+                         "between them, and a cupti_cold span includes that gap: its GPU work "
+                         "is far less than the span (docs/notes.md, decode serving on the "
+                         "H100); compare it with graph replay")
         if items:
             lines.append(f"**Serving ({method}):**\n" + "\n".join(f"- {i}" for i in items))
     if drift is not None and len(drift):
