@@ -87,20 +87,20 @@ SCALING_COLUMNS = {"flashqla": "FlashQLA", "fla (flashqla backend)": "FLA (Flash
 
 def scaling_targets(folder: Path) -> pd.DataFrame:
     """Notebook 04, per shape (``graph`` µs): the peers, ours, ours / fastest peer, target
-    (0.9 x the fastest peer), met; in order of total tokens."""
+    (0.9 x the fastest peer), met; in order of total tokens (the notebook's
+    :func:`kernels.experiments.prefill_scaling.ratio_table`)."""
+    from .experiments.prefill_scaling import TARGET_RATIO, ratio_table
+
     d = pd.read_csv(folder / "04_prefill_scaling" / "prefill_scaling.csv", dtype={"lens": str})
-    g = d[d.method == "graph"]
-    t = g.pivot_table(index="lens", columns="impl", values="median_us")
-    T = g.groupby("lens").T.first()
-    peers = [c for c in SCALING_COLUMNS if c in t.columns]
-    out = pd.DataFrame({"lens": t.index, "T": T.reindex(t.index).astype(int).values})
-    for c in peers:
-        out[SCALING_COLUMNS[c]] = t[c].values
-    best = t[peers].min(axis=1).values
-    out["ours"] = t["ours"].values
-    out["ours / fastest peer"] = out["ours"] / best
-    out["target"] = 0.9 * best
-    out["met"] = out["ours"] <= out["target"]
+    r = ratio_table(d, "graph")
+    out = pd.DataFrame({"lens": r.lens, "T": r["T"].astype(int)})
+    for impl, col in SCALING_COLUMNS.items():
+        if impl in r:
+            out[col] = r[impl]
+    out["ours"] = r["ours"]
+    out["ours / fastest peer"] = r["ours / fastest peer"]
+    out["target"] = TARGET_RATIO * r["fastest peer us"]
+    out["met"] = r["target met"].astype(bool)
     return out.sort_values(["T", "lens"]).reset_index(drop=True)
 
 

@@ -49,7 +49,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, chunk_of_program, cu_status, num_slots, seq_bounds  # noqa: E402
+from .chunk_index import BT, chunk_of_program, cu_status, num_slots, seq_bounds, slot_of  # noqa: E402
 from .dots import mm  # noqa: E402
 from .gates import log_decay  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
@@ -360,8 +360,7 @@ def intra_chunk_kernel(
             b_bkn = b_beta * tl.sum(b_kf * b_kf, axis=1)
         b_lk = tl.log(tl.maximum(b_bkn - 1.0, 1.0))
         b_gl = tl.sum(tl.where(o_r == tl.minimum(n_t, BT) - 1, b_gc, 0.0), axis=0)
-        slot = (bos // BT).to(tl.int32) + i_n + i_c
-        tl.store(lb + slot * H + i_h, b_gl + tl.sum(b_lk, axis=0))
+        tl.store(lb + slot_of(i_n, i_c, bos, BT) * H + i_h, b_gl + tl.sum(b_lk, axis=0))
     b_A = tl.where(o_r[:, None] > o_r[None, :], b_A, 0.0)
     # the causal q k^T term now, while k is loaded, and stored at once (k, q and the
     # decays die before the solve: fewer live registers through it)

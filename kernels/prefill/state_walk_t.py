@@ -35,7 +35,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, cu_status, segment_bounds, seq_bounds  # noqa: E402
+from .chunk_index import BT, cu_status, segment_bounds, seq_bounds, slot_of  # noqa: E402
 from .dots import mm  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
@@ -141,7 +141,7 @@ def state_walk_t_kernel(
     n_c = tl.cdiv(ueos - ubos, BT)
     c_start = n_c * 0
     if TRUNC:
-        p_lb = lb + ((bos // BT).to(tl.int32) + i_n + i_s * (SEG_T // BT)) * H + i_h
+        p_lb = lb + slot_of(i_n, i_s * (SEG_T // BT), bos, BT) * H + i_h
         if i_v * BV < K:
             # rows of M: negligible iff the bounds of all the segment's chunks sum to LOG_EPS
             o_j = tl.arange(0, 128)
