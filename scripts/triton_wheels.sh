@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Triton wheels for the offline GPU host (Python 3.12, x86_64), cut into parts of 28 MiB
-# (29.4 MB; the tracked tree is ~29 MB) so each travels with one device call (64 MiB per call, working tree included).
+# Triton for the offline GPU host (Python 3.12, x86_64, NVIDIA), as a pruned archive cut into
+# parts of 36 MB, so each travels with one device call (64 MiB per call; the tracked tree is
+# ~29 MB).
 #   scripts/triton_wheels.sh OUTDIR [VERSION ...]      (default: 3.7.1 3.9.0)
-# writes OUTDIR/triton-VERSION/part-NN and SHA256SUMS (of the whole wheel, by its name).
+# writes OUTDIR/triton-VERSION/part-NN and SHA256SUMS (of triton-VERSION.tar.xz, the joined parts).
+#
+# The wheel (~200 MB for 3.7.1, ~280 MB for 3.9.0) is unpacked and pruned of what an sm_90 run never
+# loads: the AMD backend, the CUPTI libraries and libproton (Proton profiler only), ptxas-blackwell
+# (sm_100+ only); libtriton.so loses its debug sections (strip --strip-debug, code untouched).
+# What remains (compiler, ptxas, libdevice, CUDA headers, dist-info) is tar'd with xz: ~57 MB
+# (3.7.1), ~61 MB (3.9.0), two parts each.
 # On the host, per version, with every part of it stashed in one folder P:
-#   (cd P && cat part-* > "$(cut -d' ' -f3 SHA256SUMS)" && sha256sum -c SHA256SUMS)
-#   python3 -m pip install -q --no-deps --no-index --target /root/triton-VERSION P/*.whl
+#   (cd P && cat part-* > triton-VERSION.tar.xz && sha256sum -c SHA256SUMS) &&
+#   mkdir -p /root/triton-VERSION && tar xJf P/triton-VERSION.tar.xz -C /root/triton-VERSION
 #   PYTHONPATH=/root/triton-VERSION:$PWD python3 -m kernels.bench.triton_versions
 # torch's own triton stays installed: the folder first on PYTHONPATH wins.
 set -euo pipefail
 out=${1:?usage: triton_wheels.sh OUTDIR [VERSION ...]}
 shift
-mkdir -p "$out" && out=$(cd "$out" && pwd)   # absolute: the checksum is written from the download folder
+mkdir -p "$out" && out=$(cd "$out" && pwd)
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(3.7.1 3.9.0)
 for ver in "${versions[@]}"; do
@@ -24,9 +31,16 @@ for ver in "${versions[@]}"; do
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$work" "triton==$ver"
   whl=$(ls "$work"/triton-*.whl)
-  mkdir -p "$dir"
-  (cd "$work" && sha256sum "$(basename "$whl")" > "$dir/SHA256SUMS")
-  split -b 28M -d "$whl" "$dir/part-"
+  mkdir -p "$work/site" && python3 -m zipfile -e "$whl" "$work/site"
+  t="$work/site/triton"
+  rm -rf "$t/backends/amd" "$t/backends/nvidia/lib"/cupti* "$t/backends/nvidia/bin/ptxas-blackwell" \
+    "$t/_C/libproton.so"
+  chmod +x "$t/backends/nvidia/bin"/*    # zipfile drops the mode bits
+  strip --strip-debug "$t/_C/libtriton.so"
+  tar -C "$work/site" -cf - . | xz -T0 -6 > "$work/triton-$ver.tar.xz"
+  rm -rf "$dir" && mkdir -p "$dir"
+  (cd "$work" && sha256sum "triton-$ver.tar.xz" > "$dir/SHA256SUMS")
+  split -b 36000000 -d "$work/triton-$ver.tar.xz" "$dir/part-"
   rm -rf "$work"
-  echo "triton $ver: $(basename "$whl") -> $(ls "$dir" | grep -c part-) part(s) in $dir"
+  echo "triton $ver: $(ls "$dir" | grep -c part-) part(s) in $dir"
 done
