@@ -38,7 +38,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, cu_status, num_slots, segment_bounds, seq_bounds  # noqa: E402
+from .chunk_index import BT, cu_status, num_slots, segment_bounds, seq_bounds, slot_of  # noqa: E402
 from .dots import mm  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
@@ -225,7 +225,7 @@ def state_walk_kernel(
     n_ch = tl.cdiv(ueos - ubos, BT)
     c_start = n_ch * 0
     if TRUNC and SUMMARY:   # as the long path's phase A (.state_walk_t, TRUNC)
-        p_lb = lb + ((bos // BT).to(tl.int32) + i_n + i_s * (SEG_T // BT)) * H + i_h
+        p_lb = lb + slot_of(i_n, i_s * (SEG_T // BT), bos, BT) * H + i_h
         if BV > K:          # a tile with columns of M and of X: walked whole, M kept
             if i_v == 0:
                 tl.store(negl + i_u * H + i_h, 0)
