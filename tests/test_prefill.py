@@ -252,7 +252,8 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
     # T=128, N=1, HV=2, D=16: Tb and Aqk, 2 * 64 * 2 B, + 4 (gc) + 256 (the "blocks"
     # solve's scratch) = 516 B per token and head; CP with 1-chunk segments: 3 slots
     pytest.param(0, False, "blocks", "compact", 128 * 2 * 516, id="blocks-no-cp"),
-    pytest.param(1, False, "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4,
+    # with the chunks' log bounds [3, HV] f32 and the segments' flags [3, HV] int32
+    pytest.param(1, False, "blocks", "compact", 128 * 2 * 516 + 3 * 2 * 16 * 32 * 4 + 48,
                  id="blocks-cp-chained"),
     # the long path also holds the entering states [S, HV, D, D], the chunks' log bounds
     # [3, HV] f32 and the segments' flags [3, HV] int32
@@ -425,19 +426,24 @@ def test_intra_chunk_log_bound():
     # bound grow: no skipping
     pytest.param(0.15, 2.5, False, id="large-k"),
 ])
-def test_cp_long_truncation(A, k_scale, expect_skip):
-    """Phase A of the long path skips the chunks whose contribution the decay has made
-    negligible and phase B the negligible transitions -- only where the bound says so --
-    and the outputs still match the reference."""
-    x, ref = _decay_case(S16, [300, 5, 200], A, k_scale)
-    with mock.patch.object(pipeline, "cp_long", lambda T, N: True), \
-            mock.patch.object(pipeline, "segment_combine_t_fwd",
-                              wraps=pipeline.segment_combine_t_fwd) as comb:
+@pytest.mark.parametrize("long", [True, False], ids=["long", "chained"])
+def test_cp_truncation(A, k_scale, expect_skip, long):
+    """Phase A of both CP paths skips the chunks whose contribution the decay has made
+    negligible, and phase B (long) or the chain (phase C, chained) the negligible
+    transitions -- only where the bound says so -- and the outputs still match the
+    reference."""
+    # D=64 for the chained walk: its 64-column tiles then hold columns of M or of X, not both
+    # (a tile with both is walked whole)
+    x, ref = _decay_case(S16 if long else GDNShape(1, 2, 64), [300, 5, 200], A, k_scale)
+    name = "segment_combine_t_fwd" if long else "state_walk_fwd"
+    with mock.patch.object(pipeline, "cp_long", lambda T, N: long), \
+            mock.patch.object(pipeline, name, wraps=getattr(pipeline, name)) as spy:
         # without decay the default's bf16 products miss the tolerance (the documented
         # long-memory corner): the accurate preset there
         out = gdn_prefill(**x, variant="fused", cp=2,
                           config=None if expect_skip else ACCURATE_CONFIG)
-    negl = comb.call_args[0][2]
+    negl = (spy.call_args[0][2] if long else
+            next(c.kwargs["negligible"] for c in spy.call_args_list if c.kwargs.get("chain")))
     # real phase-A slots (not a sequence's last segment): seq 0 has 3 segments of 128
     # tokens (slots 0-2, 0 and 1 summarised), seq 1 one (slot 3), seq 2 (bos 305 -> start
     # 2 + 2 = 4) two (4, 5: 4 summarised)

@@ -229,9 +229,9 @@ def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
     if seg_chunks:
         S = num_slots(T, N, seg_chunks * BT)
         ws += S * HV * D * 2 * D * 4                  # summaries [M | X]
+        ws += (num_slots(T, N) + S) * HV * 4          # chunk bounds, negligible flags
         if cp_long(T, N):
             ws += S * HV * D * D * 4                  # entering states
-            ws += (num_slots(T, N) + S) * HV * 4      # chunk bounds, negligible flags
     return ws
 
 
@@ -339,8 +339,7 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
                            BV=WALKER_BV, walk_precision=cfg.precision,
                            inline_precision=cfg.precision, guard=guard, status=status)
     trigger = "start" if cfg.pdl else ""
-    long = seg > 0 and cp_long(T, N)
-    lb = (torch.empty(num_slots(T, N), HV, dtype=torch.float32, device=q.device) if long
+    lb = (torch.empty(num_slots(T, N), HV, dtype=torch.float32, device=q.device) if seg
           else None)
     # every launch is bound (arguments ordered, handles fetched) before the first one:
     # on the eager path the host time between launches is what the GPU waits for
@@ -358,14 +357,15 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
         go_walk()
         return None
     seg_t = seg * BT
-    if long:
+    if cp_long(T, N):
         return _cp_long(q, k, v, Tb, Aqk, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cfg,
                         go_intra, guard, status)
     summary = torch.empty(num_slots(T, N, seg_t), HV, D, 2 * D, dtype=torch.float32,
                           device=q.device)
+    negl = torch.empty(num_slots(T, N, seg_t), HV, dtype=torch.int32, device=q.device)
     go_summary = state_walk_fwd(
         k, Tb, v, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
-        pdl_trigger=trigger,
+        pdl_trigger=trigger, log_bound=lb, negligible=negl,
         BV=min(64, 2 * D), num_warps=SUMMARY_WARPS, num_stages=SUMMARY_STAGES,
         dot_precision=cfg.precision, defer=True)
     programs = num_slots(T, N, seg_t) * HV * (D // BV)
@@ -375,6 +375,7 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
     go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
                              summary=summary, chain=True, output=o, final_state=ht,
                              seg_t=seg_t, chain_precision=cfg.cp_chain_precision,
+                             negligible=negl,
                              guard=guard, status=status, defer=True, BV=BV, num_warps=warps,
                              num_stages=stages, loop_stages=loop_stages, pdl=cfg.pdl, q=q,
                              scale=scale, dot_precision=cfg.precision,

@@ -38,7 +38,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, cu_status, num_slots, segment_bounds, seq_bounds  # noqa: E402
+from .chunk_index import BT, cu_status, num_slots, segment_bounds, seq_bounds, slot_of  # noqa: E402
 from .dots import mm  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 from .launch import FastLaunch  # noqa: E402
@@ -126,6 +126,9 @@ def state_walk_kernel(
     q,              # [T, HQ, K] bf16 queries (FUSE_OUTPUT) or None
     scale,          # output scale (FUSE_OUTPUT)
     status,         # [1] int32 out: the guard's status bits (GUARD and HAS_STATUS) or None
+    lb,             # [chunk slots, H] f32 log transition bound per chunk (TRUNC, SUMMARY)
+    negl,           # [S, H] int32: 1 where a segment's M is negligible (TRUNC): out
+                    # (SUMMARY), in (CHAIN)
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -151,6 +154,8 @@ def state_walk_kernel(
                                         # memory; the load's latency is exposed)
     GUARD: tl.constexpr = False,        # FUSE_OUTPUT: outputs NaN if cu_seqlens is invalid
     HAS_STATUS: tl.constexpr = False,   # GUARD: store the status bits into status (.guard)
+    TRUNC: tl.constexpr = False,        # skip what the decay makes negligible (see below)
+    LOG_EPS: tl.constexpr = -20.0,      # TRUNC: negligible below exp(LOG_EPS)
 ):
     # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
     # exits, so this kernel's completion implies the earlier kernels' completion
@@ -198,9 +203,17 @@ def state_walk_kernel(
                 b_S = tl.zeros([K, BV], dtype=tl.float32)
             grid_wait(PDL_WAIT)
             slot0 = (bos // SEG_T).to(tl.int32) + i_n
-            for j in range(0, i_s):
+            j0 = i_s * 0
+            if TRUNC:   # start at the last earlier segment whose M is negligible
+                for j in range(0, i_s):
+                    j0 = tl.where(tl.load(negl + (slot0 + j) * H + i_h) != 0, j, j0)
+            for j in range(j0, i_s):
                 p_m = summ + ((slot0 + j) * H + i_h).to(tl.int64) * (K * (K + V))
-                b_M = tl.load(p_m + o_k[:, None] * (K + V) + o_k[None, :])
+                full = j >= 0
+                if TRUNC:   # a negligible M was not stored: zeros, so S = X_j
+                    full = tl.load(negl + (slot0 + j) * H + i_h) == 0
+                b_M = tl.load(p_m + o_k[:, None] * (K + V) + o_k[None, :],
+                              mask=full & (o_k[:, None] >= 0), other=0.0)
                 b_X = tl.load(p_m + o_k[:, None] * (K + V) + K + o_v[None, :])
                 b_S = mm(b_M, b_S, CHAIN_PREC) + b_X
         elif USE_H0:
@@ -210,7 +223,29 @@ def state_walk_kernel(
 
     grid_wait(PDL_WAIT)   # (a no-op when already waited above)
     n_ch = tl.cdiv(ueos - ubos, BT)
-    for i_c in tl.range(0, n_ch, num_stages=LOOP_STAGES):
+    c_start = n_ch * 0
+    if TRUNC and SUMMARY:   # as the long path's phase A (.state_walk_t, TRUNC)
+        p_lb = lb + slot_of(i_n, i_s * (SEG_T // BT), bos, BT) * H + i_h
+        if BV > K:          # a tile with columns of M and of X: walked whole, M kept
+            if i_v == 0:
+                tl.store(negl + i_u * H + i_h, 0)
+        elif i_v * BV < K:  # columns of M: negligible iff the segment's bounds sum to LOG_EPS
+            o_j = tl.arange(0, 128)
+            tot = tl.zeros([], dtype=tl.float32)
+            for j1 in range(0, n_ch, 128):
+                tot += tl.sum(tl.load(p_lb + (j1 + o_j) * H, mask=j1 + o_j < n_ch, other=0.0))
+            small = tot <= LOG_EPS
+            tl.store(negl + i_u * H + i_h, small.to(tl.int32))
+            if small:
+                return
+        else:               # columns of X: from the last chunk whose bound still counts
+            acc = tl.zeros([], dtype=tl.float32)
+            jj = n_ch
+            while (jj > 0) & (acc > LOG_EPS):
+                jj -= 1
+                acc += tl.load(p_lb + jj * H)
+            c_start = jj
+    for i_c in tl.range(c_start, n_ch, num_stages=LOOP_STAGES):
         t0 = ubos + i_c * BT                       # first token of the chunk (int64)
         m_t = o_bt < (ueos - t0)
         b_u = tl.load(u + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None] & m_u[None, :],
@@ -257,7 +292,8 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
                    out_precision: str = "bf16", chain: bool = False,
                    chain_precision: str = "tf32x3", pdl: bool = False, pdl_trigger: str = "",
                    loop_stages: Optional[int] = None, defer: bool = False, q=None,
-                   scale: float = 1.0, pipe_skip: str = "", guard: bool = False, status=None):
+                   scale: float = 1.0, pipe_skip: str = "", guard: bool = False, status=None,
+                   log_bound=None, negligible=None):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     ``tb`` is ``Tb = Tm diag(beta)`` ``[T, HV, 64]`` (:func:`.intra_chunk.intra_chunk_fwd`),
@@ -277,7 +313,9 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     ``cu_seqlens`` on the device and write NaN outputs if it is invalid (:mod:`.guard`),
     its bits into ``status`` (`[1]` int32) if given. Writes into the given output
     tensors; returns None, or with ``defer`` the bound launch (a zero-argument callable,
-    :meth:`.launch.FastLaunch.bind`) without launching.
+    :meth:`.launch.FastLaunch.bind`) without launching. ``negligible`` (`[S, HV]` int32)
+    with ``log_bound`` (the intra-chunk kernel's, phase A: written) or ``chain`` (phase C:
+    read): skip what the gates' decay has made negligible (``TRUNC``).
     """
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
@@ -292,20 +330,22 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
         raise ValueError(f"pipe_skip must be '' or 'q' and pdl_trigger '' or 'start', got "
                          f"{pipe_skip!r}, {pdl_trigger!r}")
     is_summary = summary is not None and not chain
+    if negligible is not None and not ((is_summary and log_bound is not None) or chain):
+        raise ValueError("negligible goes with log_bound in phase A or with chain (phase C)")
     units = N if seg_t == 0 else num_slots(T, N, seg_t)
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
     pdl_opts = launch_options(pdl, k.device)
     go = _WALK_LAUNCH.bind(grid, (
         p, k, tb, v, gc, initial_state, cu_seqlens, output, final_state, summary, q,
-        float(scale), status, T, N), dict(
+        float(scale), status, log_bound, negligible, T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
         USE_H0=initial_state is not None, CHAIN=chain, FUSE_OUTPUT=output is not None,
         SUMMARY=is_summary, PIPE_SKIP_Q=pipe_skip == "q" and output is not None,
         DOT_PREC=dot_precision, OUT_PREC=out_precision,
         CHAIN_PREC=chain_precision, LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts),
         PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(k.device), GUARD=guard,
-        HAS_STATUS=guard and status is not None, **pdl_opts,
+        HAS_STATUS=guard and status is not None, TRUNC=negligible is not None, **pdl_opts,
         num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go
