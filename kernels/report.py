@@ -104,11 +104,30 @@ def scaling_targets(folder: Path) -> pd.DataFrame:
     return out.sort_values(["T", "lens"]).reset_index(drop=True)
 
 
+def untimed_note(folder: Path) -> str:
+    """`` Not timed (—): impl at lens: status (reason).`` for notebook 04's gate rows that did
+    not pass (a failing or crashing call is reported, not timed); empty if all passed."""
+    path = folder / "04_prefill_scaling" / "gate.csv"
+    if not path.exists():
+        return ""
+    g = pd.read_csv(path, dtype={"lens": str})
+    bad = g[g.status.isin(["fail", "error"])]
+    if bad.empty:
+        return ""
+    items = []
+    for r in bad.itertuples(index=False):
+        why = str(r.reason).splitlines()[0].split(". ")[0][:90] if isinstance(r.reason, str) else ""
+        items.append(f"{r.impl} at {r.lens}: {r.status}" + (f" ({why})" if why else ""))
+    return " Not timed (—): " + "; ".join(items) + "."
+
+
 def _md(df: pd.DataFrame) -> str:
     def fmt(x):
         if isinstance(x, bool):
             return "yes" if x else "**no**"
         if isinstance(x, float):
+            if x != x:
+                return "—"
             return f"{x:.2f}" if abs(x) < 10 else f"{x:.1f}"
         return str(x)
     cols = list(df.columns)
@@ -144,7 +163,7 @@ def render(root: Path, gpus: List[str]) -> str:
             parts += [f"#### Long-context prefill (notebook 04), {gpu} — µs, `graph` replay "
                       "(warm L2), median", "", _md(sc), "",
                       f"Target (0.9 × fastest peer) met at {int(sc.met.sum())} of {len(sc)} "
-                      "shapes.", ""]
+                      "shapes." + untimed_note(folder), ""]
     return "\n".join(parts)
 
 

@@ -5,11 +5,12 @@
 #   scripts/triton_wheels.sh OUTDIR [VERSION ...]      (default: 3.7.1 3.9.0)
 # writes OUTDIR/triton-VERSION/part-NN and SHA256SUMS (of triton-VERSION.tar.xz, the joined parts).
 #
-# The wheel (~200 MB for 3.7.1, ~280 MB for 3.9.0) is unpacked and pruned of what an sm_90 run never
-# loads: the AMD backend, the CUPTI libraries and libproton (Proton profiler only), ptxas-blackwell
-# (sm_100+ only); libtriton.so loses its debug sections (strip --strip-debug, code untouched).
-# What remains (compiler, ptxas, libdevice, CUDA headers, dist-info) is tar'd with xz: ~57 MB
-# (3.7.1), ~61 MB (3.9.0), two parts each.
+# The wheel (~200 MB for 3.7.1, ~280 MB for 3.9.0) is unpacked and pruned of what a CUDA run never
+# loads: the AMD backend (and its entry point, else triton's backend discovery fails), the CUPTI
+# libraries and libproton (Proton profiler only); libtriton.so loses its debug sections
+# (strip --strip-debug, code untouched). Both ptxas binaries stay: 3.7 uses `ptxas` up to sm_90
+# and `ptxas-blackwell` above, 3.9 uses `ptxas-blackwell` (CUDA 13) from sm_90 on.
+# What remains is tar'd with xz and cut into 36 MB parts (two or three per version).
 # On the host, per version, with every part of it stashed in one folder P:
 #   (cd P && cat part-* > triton-VERSION.tar.xz && sha256sum -c SHA256SUMS) &&
 #   mkdir -p /root/triton-VERSION && tar xJf P/triton-VERSION.tar.xz -C /root/triton-VERSION
@@ -33,8 +34,8 @@ for ver in "${versions[@]}"; do
   whl=$(ls "$work"/triton-*.whl)
   mkdir -p "$work/site" && python3 -m zipfile -e "$whl" "$work/site"
   t="$work/site/triton"
-  rm -rf "$t/backends/amd" "$t/backends/nvidia/lib"/cupti* "$t/backends/nvidia/bin/ptxas-blackwell" \
-    "$t/_C/libproton.so"
+  rm -rf "$t/backends/amd" "$t/backends/nvidia/lib"/cupti* "$t/_C/libproton.so"
+  sed -i '/^amd *= */d' "$work/site"/triton-*.dist-info/entry_points.txt
   chmod +x "$t/backends/nvidia/bin"/*    # zipfile drops the mode bits
   strip --strip-debug "$t/_C/libtriton.so"
   tar -C "$work/site" -cf - . | xz -T0 -6 > "$work/triton-$ver.tar.xz"

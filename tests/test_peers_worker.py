@@ -109,3 +109,32 @@ def test_gpu_flashqla_peers_in_their_worker(name):
             assert res["timings"][0]["method"] == "graph" and res["timings"][0]["median_us"] > 0
     finally:
         peers_worker.close_workers()
+
+
+def test_remote_peer_frees_this_process_cache_before_the_worker_runs(monkeypatch, data):
+    """The worker shares the GPU: the caller's cached CUDA blocks are released before each
+    remote run (a 1M-token shape once left the worker 2.4 GiB of 80)."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+
+    class FakeWorker:
+        def put(self, key, inputs, reference):
+            calls.append("put")
+            return "path"
+
+        def run(self, name, path, **kw):
+            calls.append("run")
+            return {"gate": {"status": "pass"}}
+
+    peer = peers_worker.RemotePeer(FakeWorker(), "good", True)
+    inputs, ref = data
+    assert peer.run("k", inputs, ref, device="cuda")["gate"]["status"] == "pass"
+    assert calls == ["put", "empty_cache", "run"]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    calls.clear()
+    peers_worker.release_cached_memory()
+    assert calls == []   # a process that never touched CUDA starts no context
