@@ -80,3 +80,18 @@ def test_run_appends_gated_rows_and_reports_failures_untimed(tmp_path, monkeypat
     with open(out) as f:
         got = list(csv.DictReader(f))
     assert len(got) == 6 and list(got[0]) == tv.COLUMNS
+
+
+def test_ptxas_used_names_the_binary_triton_picks_for_the_arch():
+    import triton
+
+    got90, got100 = tv.ptxas_used(90), tv.ptxas_used(100)
+    if got90.startswith("unknown"):
+        pytest.skip(f"triton {triton.__version__} has no get_ptxas helper: {got90}")
+    assert got100.startswith("ptxas-blackwell ")
+    major_minor = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    # 3.9 compiles sm_90 with ptxas-blackwell (CUDA 13), 3.6 and 3.7 with ptxas
+    if major_minor >= (3, 9):
+        assert got90.startswith("ptxas-blackwell ")
+    elif major_minor <= (3, 7):
+        assert got90.startswith("ptxas ")

@@ -17,7 +17,7 @@ versions. Cases:
 Every case is gated against the float32 reference on the same inputs (contest rule,
 atol = rtol = 1e-2, both outputs); a case that fails is reported and not timed.
 Contest-input cases that pass are timed with ``graph`` (warm-L2 replay,
-:mod:`kernels.bench.timing`). Columns: ``triton, torch, gpu, kernel, shape, inputs,
+:mod:`kernels.bench.timing`). Columns: ``triton, ptxas, torch, gpu, kernel, shape, inputs,
 passed, max_abs_err, rel_l2_err, graph_us, reason, git_sha, timestamp``. At the end it
 prints, per case, the ``graph_us`` of every triton version in the file and the ratio to
 the first one listed.
@@ -32,9 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-__all__ = ["COLUMNS", "LONG", "STRESS", "cases", "run", "main"]
+__all__ = ["COLUMNS", "LONG", "STRESS", "cases", "ptxas_used", "run", "main"]
 
-COLUMNS = ["triton", "torch", "gpu", "kernel", "shape", "inputs", "passed", "max_abs_err",
+COLUMNS = ["triton", "ptxas", "torch", "gpu", "kernel", "shape", "inputs", "passed", "max_abs_err",
            "rel_l2_err", "graph_us", "reason", "git_sha", "timestamp"]
 #: One long sequence (tokens): the long context-parallel path (from 16,384).
 LONG = 32768
@@ -77,6 +77,21 @@ def cases(device: str):
                    lambda a=args, c=cfg: gdn_prefill(*a, config=c), ref, False)
 
 
+def ptxas_used(arch: int) -> str:
+    """``"<binary> <version>"`` of the ptxas this triton runs for ``arch`` (e.g. 90): triton
+    3.7 uses the wheel's ``ptxas`` up to sm_90, 3.9 its ``ptxas-blackwell`` (CUDA 13) from
+    sm_90 on; ``TRITON_PTXAS_PATH`` / ``TRITON_PTXAS_BLACKWELL_PATH`` override either."""
+    import inspect
+
+    try:
+        from triton.backends.nvidia import compiler as nv
+
+        tool = nv.get_ptxas(arch) if inspect.signature(nv.get_ptxas).parameters else nv.get_ptxas()
+        return f"{Path(tool.path).name} {tool.version}"
+    except Exception as e:   # an older or newer triton without this helper
+        return f"unknown ({type(e).__name__})"
+
+
 def run(out: Path, device: str = "cuda", rep: int = 50, warmup: int = 10,
         only: Optional[str] = None, log: Callable[[str], None] = print) -> List[dict]:
     """Gate (and time) every case of :func:`cases`; append the rows to ``out``."""
@@ -88,12 +103,17 @@ def run(out: Path, device: str = "cuda", rep: int = 50, warmup: int = 10,
     from kernels.checks import check_outputs
 
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    if device.startswith("cuda"):
+        major, minor = torch.cuda.get_device_capability()
+        ptxas = ptxas_used(10 * major + minor)
+    else:
+        ptxas = ""
     sha = git_info().get("git_sha", "unknown")
     rows = []
     for kernel, shape, inputs, call, reference, timed in cases(device):
         if only and only not in kernel:
             continue
-        row = dict(triton=triton.__version__, torch=torch.__version__, gpu=gpu, kernel=kernel,
+        row = dict(triton=triton.__version__, ptxas=ptxas, torch=torch.__version__, gpu=gpu, kernel=kernel,
                    shape=shape, inputs=inputs, passed=False, max_abs_err=None,
                    rel_l2_err=None, graph_us=None, reason="", git_sha=sha,
                    timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
