@@ -104,6 +104,34 @@ def scaling_targets(folder: Path) -> pd.DataFrame:
     return out.sort_values(["T", "lens"]).reset_index(drop=True)
 
 
+def triton_versions_table(folder: Path) -> pd.DataFrame:
+    """``triton_versions.csv`` (:mod:`kernels.bench.triton_versions`) per triton version: the
+    ptxas it ran, contest cases passed, hard-input cases passed by the default and the
+    accurate config, and the range of ``graph`` time against the first version listed."""
+    d = pd.read_csv(folder / "triton_versions.csv")
+    d = d.drop_duplicates(["triton", "kernel", "shape", "inputs"], keep="last")
+    versions = list(dict.fromkeys(d.triton))
+    base = d[d.triton == versions[0]].set_index(["kernel", "shape"]).graph_us
+    rows = []
+    for v in versions:
+        x = d[d.triton == v]
+        contest = x[x.inputs == "contest"]
+        stress = x[x.inputs.str.startswith("stress")]
+        row = {"triton": v, "ptxas": x.ptxas.iloc[0] if "ptxas" in x else "",
+               "contest gate": f"{int(contest.passed.sum())}/{len(contest)}",
+               "hard inputs, default": f"{int(stress[stress.kernel == 'prefill'].passed.sum())}/"
+                                       f"{int((stress.kernel == 'prefill').sum())}",
+               "hard inputs, accurate": f"{int(stress[stress.kernel == 'prefill-accurate'].passed.sum())}/"
+                                        f"{int((stress.kernel == 'prefill-accurate').sum())}"}
+        r = (contest.set_index(["kernel", "shape"]).graph_us / base).dropna()
+        for k in ("decode", "prefill"):
+            rk = r[r.index.get_level_values(0) == k]
+            row[f"{k} graph / {versions[0]}"] = (f"{rk.min():.2f}–{rk.max():.2f}" if len(rk)
+                                                else "—")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def untimed_note(folder: Path) -> str:
     """`` Not timed (—): impl at lens: status (reason).`` for notebook 04's gate rows that did
     not pass (a failing or crashing call is reported, not timed); empty if all passed."""
@@ -164,6 +192,14 @@ def render(root: Path, gpus: List[str]) -> str:
                       "(warm L2), median", "", _md(sc), "",
                       f"Target (0.9 × fastest peer) met at {int(sc.met.sum())} of {len(sc)} "
                       "shapes." + untimed_note(folder), ""]
+        if (folder / "triton_versions.csv").exists():
+            tv = triton_versions_table(folder)
+            parts += [f"#### Triton versions, {gpu} — `python -m kernels.bench.triton_versions`",
+                      "", _md(tv), "",
+                      "Gate: contest rule against the float32 reference; `graph` replay "
+                      "medians per contest case, as a range of ratios to the first version. "
+                      "The hard inputs fail the default config by design (README, prefill "
+                      "accuracy); `ACCURATE_CONFIG` is the one that must pass them.", ""]
     return "\n".join(parts)
 
 

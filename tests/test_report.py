@@ -69,3 +69,37 @@ def test_scaling_targets_against_the_fastest_peer(tmp_path):
     assert s.loc["131072", "ours / fastest peer"] == pytest.approx(900 / 700)
     assert not bool(s.loc["131072", "met"]) and bool(s.loc["8192", "met"])
     assert s.loc["8192", "target"] == pytest.approx(0.9 * 130)
+
+
+def test_triton_versions_table_and_untimed_note(tmp_path):
+    from kernels.report import triton_versions_table, untimed_note
+
+    gpu = tmp_path / "gpu-y"
+    rows = []
+    for v, px, f in (("3.6.0", "ptxas 12.8", 1.0), ("3.9.0", "ptxas-blackwell 13.4", 1.1)):
+        rows += [dict(triton=v, ptxas=px, kernel="decode", shape="B=1", inputs="contest",
+                      passed=True, graph_us=5.0 * f),
+                 dict(triton=v, ptxas=px, kernel="prefill", shape="T6", inputs="contest",
+                      passed=True, graph_us=10.0 * (2 - f)),
+                 dict(triton=v, ptxas=px, kernel="prefill", shape="8x64", inputs="stress s=0",
+                      passed=False, graph_us=None),
+                 dict(triton=v, ptxas=px, kernel="prefill-accurate", shape="8x64",
+                      inputs="stress s=0", passed=True, graph_us=None)]
+    gpu.mkdir()
+    pd.DataFrame(rows).to_csv(gpu / "triton_versions.csv", index=False)
+    t = triton_versions_table(gpu).set_index("triton")
+    assert t.loc["3.9.0", "ptxas"] == "ptxas-blackwell 13.4"
+    assert t.loc["3.9.0", "contest gate"] == "2/2"
+    assert t.loc["3.9.0", "hard inputs, default"] == "0/1"
+    assert t.loc["3.9.0", "hard inputs, accurate"] == "1/1"
+    assert t.loc["3.9.0", "decode graph / 3.6.0"] == "1.10–1.10"
+    assert t.loc["3.9.0", "prefill graph / 3.6.0"] == "0.90–0.90"
+
+    assert untimed_note(gpu) == ""   # no notebook 04 gate
+    (gpu / "04_prefill_scaling").mkdir()
+    pd.DataFrame([dict(impl="ours", lens="8", status="pass", reason=""),
+                  dict(impl="peer", lens="1048576", status="error",
+                       reason="OutOfMemoryError: CUDA out of memory. Tried 4 GiB\nmore")]
+                 ).to_csv(gpu / "04_prefill_scaling" / "gate.csv", index=False)
+    assert untimed_note(gpu) == (" Not timed (—): peer at 1048576: error "
+                                 "(OutOfMemoryError: CUDA out of memory).")
