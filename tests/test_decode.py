@@ -113,6 +113,33 @@ def test_contest_shape_on_gpu(B, cuda_device):
         assert res.ok, f"{name}: {res.reason}"
 
 
+@pytest.mark.gpu
+def test_gpu_direct_launches_give_the_same_bits(monkeypatch, cuda_device):
+    """Repeat decode launches reuse the compiled kernel directly (kernels.launch): the same
+    bits as kernel[grid](...), dense and pooled (the pool updated in place), T = 1 and 3."""
+    from kernels import launch
+    from kernels.decode import ops
+
+    for T in (1, 3):
+        inp = make_decode_inputs(48, CONTEST, seed=T, device=cuda_device, tokens=T)
+        pool = torch.cat([inp["state"], inp["state"]]).contiguous()
+        slots = torch.arange(47, -1, -1, device=cuda_device, dtype=torch.int32) * 2
+        runs = {}
+        for mode in ("first", "again", "plain"):
+            if mode == "plain":
+                monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+            dense = gdn_decode(**inp)
+            p = pool.clone()
+            out, _ = gdn_decode(**{**inp, "state": p}, state_indices=slots, check_values=False)
+            runs[mode] = (dense[0], dense[1], out, p)
+            if mode == "again":
+                assert launch.fast_launch_enabled() and ops._DECODE_LAUNCH._compiled
+        monkeypatch.delenv("GDN_FAST_LAUNCH")
+        for mode in ("first", "again"):
+            assert all(torch.equal(a, b) for a, b in zip(runs[mode], runs["plain"])), (T, mode)
+        assert check_outputs(runs["again"][:2], decode_reference(**inp)).ok
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 BAD = [

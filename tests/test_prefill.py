@@ -682,7 +682,8 @@ def test_gpu_pdl_launches_give_the_same_bits(lens, cp, options):
                          ids=["100+0+60", "T4096-cp16"])
 def test_gpu_direct_launches_give_the_same_bits(monkeypatch, lens, cp):
     """Repeat launches reuse the compiled kernel directly (.launch); same results."""
-    from kernels.prefill import intra_chunk, launch, state_walk
+    from kernels import launch
+    from kernels.prefill import intra_chunk, state_walk
     x, ref = case(GDNShape(4, 8, 128), lens, torch.int32, True)
     first = gdn_prefill(**x, variant="fused", cp=cp)
     again = gdn_prefill(**x, variant="fused", cp=cp)   # direct launches

@@ -4,7 +4,7 @@
 records every Triton launch: the kernel, its grid, each argument's type (tensor dtype and
 16-byte alignment, int, float, None), its constexprs and launch options (``num_warps``,
 ``num_stages``, ``maxnreg``, ``launch_pdl``). The fused pipeline's direct launches
-(:mod:`kernels.prefill.launch`) are switched off for that call so every launch goes through
+(:mod:`kernels.launch`) are switched off for that call so every launch goes through
 Triton's ``run``.
 
 ``compile_resources(launches)`` compiles each distinct launch for ``GPUTarget("cuda", 90,

@@ -65,7 +65,7 @@ import triton.language as tl  # noqa: E402
 
 from .chunk_index import seq_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
-from .launch import FastLaunch  # noqa: E402
+from ..launch import FastLaunch  # noqa: E402
 
 __all__ = ["smem_per_block", "CP_MIN_AVG_CHUNKS", "CP_LONG_MIN_CHUNKS", "CP_LONG_SEGMENTS", "cp_long",
            "cp_long_segment_chunks", "segment_combine_t_kernel", "segment_combine_t_fwd",

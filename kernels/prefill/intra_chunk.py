@@ -53,7 +53,7 @@ from .chunk_index import BT, chunk_of_program, cu_status, num_slots, seq_bounds,
 from .dots import mm  # noqa: E402
 from .gates import log_decay  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
-from .launch import FastLaunch  # noqa: E402
+from ..launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
 from .state_walk import fused_chunk_step_tm, load_state_tile, store_state_tile  # noqa: E402
 
@@ -456,7 +456,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``cu_seqlens`` gives NaN outputs and final states (its bits into ``status``, a `[1]`
     int32, if given) and leaves the flags at zero. ``defer``: allocate and bind but do not
     launch; the launch is the last element of the returned tuple (a zero-argument
-    callable, :meth:`.launch.FastLaunch.bind`).
+    callable, :meth:`kernels.launch.FastLaunch.bind`).
     ``log_bound``: `[T // 64 + N, HV]` f32, written: per chunk slot, the log of a bound on
     the norm of the chunk's state transition (``gc`` at its last token plus
     ``sum_t log max(1, beta_t |k_t|^2 - 1)``), which the long path's phase A reads to skip

@@ -41,7 +41,7 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import BT, cu_status, num_slots, segment_bounds, seq_bounds, slot_of  # noqa: E402
 from .dots import mm  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
-from .launch import FastLaunch  # noqa: E402
+from ..launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "load_state_tile", "store_state_tile",
@@ -313,7 +313,7 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     ``cu_seqlens`` on the device and write NaN outputs if it is invalid (:mod:`.guard`),
     its bits into ``status`` (`[1]` int32) if given. Writes into the given output
     tensors; returns None, or with ``defer`` the bound launch (a zero-argument callable,
-    :meth:`.launch.FastLaunch.bind`) without launching. ``negligible`` (`[S, HV]` int32)
+    :meth:`kernels.launch.FastLaunch.bind`) without launching. ``negligible`` (`[S, HV]` int32)
     with ``log_bound`` (the intra-chunk kernel's, phase A: written) or ``chain`` (phase C:
     read): skip what the gates' decay has made negligible (``TRUNC``).
     """

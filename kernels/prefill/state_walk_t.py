@@ -38,7 +38,7 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import BT, cu_status, segment_bounds, seq_bounds, slot_of  # noqa: E402
 from .dots import mm  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
-from .launch import FastLaunch  # noqa: E402
+from ..launch import FastLaunch  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
 
 __all__ = ["state_walk_t_kernel", "state_walk_t_fwd"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels.prefill.config import PrefillConfig
-from kernels.prefill.launch import FastLaunch, _arg_key
+from kernels.launch import FastLaunch, _arg_key
 from kernels.prefill.pdl import launch_options, pdl_supported
 
 
@@ -102,7 +102,7 @@ def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
     """After the first (compiling) launch of a key, ``bind`` returns a launch with the
     constexprs in order, defaults filled, tensors as addresses and the stream fixed."""
     from types import SimpleNamespace
-    from kernels.prefill import launch
+    from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=99))
@@ -122,7 +122,7 @@ def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
     """A ``TypeError`` from the compiled kernel's runner (Triton's internal API moved)
     turns direct launches off, with a warning, and launches through ``kernel[grid]``."""
     from types import SimpleNamespace
-    from kernels.prefill import launch
+    from kernels import launch
     monkeypatch.setattr(launch, "_DISABLED_REASON", None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=1))

@@ -1,4 +1,4 @@
-"""Cheaper repeat launches of the ``fused`` variant's Triton kernels.
+"""Cheaper repeat launches of our Triton kernels (the ``fused`` prefill's, and decode's).
 
 On the eager path the host time between the two launches decides the call's
 span at short lengths (the GPU waits for the second launch). Triton's
@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from .. import interpret
+from . import interpret
 
 interpret.install()
 
