@@ -49,6 +49,10 @@ DEFAULT_TABLE: Dict[int, DecodeConfig] = {
 
 PathLike = Union[str, Path]
 _cache: Dict[Path, Optional[Dict[int, DecodeConfig]]] = {}
+# (gpu_slug, path as given) -> table: every decode call looks its table up, and building and
+# hashing a Path each time cost ~15 us of a ~75 us call on the H100 host
+# (results/nvidia-h100-80gb-hbm3/dev_checks/decode_host_profile_e509955.txt)
+_memo: Dict[tuple, Optional[Dict[int, DecodeConfig]]] = {}
 _device_slugs: Dict[int, str] = {}
 
 
@@ -64,6 +68,7 @@ def table_path(gpu_slug: str, path: Optional[PathLike] = None) -> Path:
 def clear_config_cache() -> None:
     """Forget loaded tables (they are re-read on next use)."""
     _cache.clear()
+    _memo.clear()
 
 
 def load_config_table(gpu_slug: str, path: Optional[PathLike] = None
@@ -72,8 +77,12 @@ def load_config_table(gpu_slug: str, path: Optional[PathLike] = None
 
     A file that exists but cannot be parsed raises ``ValueError`` naming it.
     """
+    key = (gpu_slug, None if path is None else str(path))
+    if key in _memo:
+        return _memo[key]
     p = table_path(gpu_slug, path)
     if p in _cache:
+        _memo[key] = _cache[p]
         return _cache[p]
     table = None
     if p.is_file():
@@ -85,6 +94,7 @@ def load_config_table(gpu_slug: str, path: Optional[PathLike] = None
         if not table:
             raise ValueError(f"decode config table {p} has no configs")
     _cache[p] = table
+    _memo[key] = table
     return table
 
 
@@ -119,6 +129,7 @@ def write_config_table(table: Mapping[int, Union[DecodeConfig, str]], gpu_slug: 
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.replace(p)
     _cache.pop(p, None)
+    _memo.clear()
     return p
 
 
