@@ -1,7 +1,7 @@
 """Work-arounds for running our Triton kernels on the CPU interpreter.
 
 Active only when ``TRITON_INTERPRET=1`` was set before triton was imported;
-on a GPU :func:`install` does nothing. Two interpreter bugs are patched:
+on a GPU :func:`install` does nothing. Four interpreter bugs are patched:
 
 1. bf16 ``tl.dot`` and bf16 elementwise arithmetic operate on the raw uint16
    bits (triton issue 11584). We convert bf16 operands to float32, compute,
@@ -10,6 +10,11 @@ on a GPU :func:`install` does nothing. Two interpreter bugs are patched:
    round to nearest even. We wrap the conversion to round to nearest even.
 3. ``@triton.autotune`` with more than one config fails ("0 active drivers").
    Under the interpreter ``triton.autotune`` keeps only the first config.
+4. A comparison keeps its operands' type (its data is bool but typed e.g.
+   int64), so splatting a scalar comparison to an int1 block (a scalar
+   ``mask=`` of ``tl.load``/``tl.store``) fills an int64 array. Triton >= 3.9's
+   native masked load/store reject it ("mask has unsupported dtype"; 3.7
+   converted it). A splat to an int1 block is made bool.
 """
 from __future__ import annotations
 
@@ -80,8 +85,17 @@ def install() -> None:
             return interp.TensorHandle(out, tl.bfloat16)
         return orig_binary(self, lhs, rhs, op)
 
+    orig_splat = builder.create_splat
+
+    def create_splat(self, ret_ty, arg):
+        out = orig_splat(self, ret_ty, arg)
+        if ret_ty.scalar == tl.int1 and out.data.dtype != np.bool_:
+            return interp.TensorHandle(out.data.astype(np.bool_), tl.int1)
+        return out
+
     builder.create_dot = create_dot
     builder.binary_op = binary_op
+    builder.create_splat = create_splat
     for name in ("create_fadd", "create_fsub", "create_fmul", "create_fdiv"):
         op = {"create_fadd": np.add, "create_fsub": np.subtract, "create_fmul": np.multiply,
               "create_fdiv": np.divide}[name]

@@ -3,7 +3,8 @@
 On the interpreter (no GPU) bf16 ``tl.dot`` and bf16 arithmetic must match
 torch exactly (the patch computes in float32 and rounds back to bf16 per
 operation, which is what torch does); ``@triton.autotune`` keeps its first
-config. On a GPU the same kernels run natively and must match within bf16
+config; a scalar comparison used as the mask of a block load/store works (on
+triton >= 3.9 only with the splat patch). On a GPU the same kernels run natively and must match within bf16
 rounding.
 """
 from __future__ import annotations
@@ -121,14 +122,40 @@ def test_autotune_runs():
         assert used == {16}, "under the interpreter autotune must keep only the first config"
 
 
+@triton.jit
+def _scalar_mask_kernel(x_ptr, idx_ptr, y_ptr, n_rows,
+                        N: tl.constexpr):  # row length
+    i = tl.program_id(0)
+    row = tl.load(idx_ptr + i).to(tl.int64)
+    valid = (row >= 0) & (row < n_rows)           # a scalar int1 mask for [N] blocks
+    o = tl.arange(0, N)
+    b_x = tl.load(x_ptr + tl.where(valid, row, 0) * N + o, mask=valid, other=-1.0)
+    tl.store(y_ptr + i * N + o, b_x)
+    tl.store(x_ptr + tl.where(valid, row, 0) * N + o, b_x + 100.0, mask=valid)
+
+
+def test_scalar_comparison_masks_a_block_load_and_store():
+    x = torch.arange(12, dtype=torch.float32, device=DEVICE).reshape(3, 4)
+    idx = torch.tensor([2, -1, 3, 0], dtype=torch.int32, device=DEVICE)
+    y = torch.zeros(4, 4, device=DEVICE)
+    before = x.clone()
+    _scalar_mask_kernel[(4,)](x, idx, y, 3, N=4)
+    assert torch.equal(y[0], before[2]) and torch.equal(y[3], before[0])
+    assert bool((y[1] == -1.0).all()) and bool((y[2] == -1.0).all())  # masked off: other
+    assert torch.equal(x[1], before[1])                                # no store
+    assert torch.equal(x[[0, 2]], before[[0, 2]] + 100.0)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="the patches exist only under TRITON_INTERPRET=1")
 def test_patches_installed_once():
     from triton.runtime import interpreter as interp
 
     assert interpret.INTERPRET and interpret.installed()
-    dot, autotune = interp.InterpreterBuilder.create_dot, triton.autotune
+    builder = interp.InterpreterBuilder
+    dot, splat, autotune = builder.create_dot, builder.create_splat, triton.autotune
     interpret.install()  # idempotent
-    assert interp.InterpreterBuilder.create_dot is dot and triton.autotune is autotune
+    assert builder.create_dot is dot and builder.create_splat is splat
+    assert triton.autotune is autotune
 
 
 @pytest.mark.skipif(INTERPRET, reason="on the interpreter the patches are active")
