@@ -108,10 +108,12 @@ def triton_versions_table(folder: Path) -> pd.DataFrame:
     """``triton_versions.csv`` (:mod:`kernels.bench.triton_versions`) per triton version: the
     ptxas it ran, contest cases passed, hard-input cases passed by the default and the
     accurate config, and the range of ``graph`` time against the first version listed."""
+    from .bench.triton_versions import graph_table
+
     d = pd.read_csv(folder / "triton_versions.csv")
     d = d.drop_duplicates(["triton", "kernel", "shape", "inputs"], keep="last")
     versions = list(dict.fromkeys(d.triton))
-    base = d[d.triton == versions[0]].set_index(["kernel", "shape"]).graph_us
+    g = graph_table(d)
     rows = []
     for v in versions:
         x = d[d.triton == v]
@@ -123,9 +125,10 @@ def triton_versions_table(folder: Path) -> pd.DataFrame:
                                        f"{int((stress.kernel == 'prefill').sum())}",
                "hard inputs, accurate": f"{int(stress[stress.kernel == 'prefill-accurate'].passed.sum())}/"
                                         f"{int((stress.kernel == 'prefill-accurate').sum())}"}
-        r = (contest.set_index(["kernel", "shape"]).graph_us / base).dropna()
+        timed = g is not None and v in g and versions[0] in g
+        r = (g[v] / g[versions[0]]).dropna() if timed else None
         for k in ("decode", "prefill"):
-            rk = r[r.index.get_level_values(0) == k]
+            rk = r[r.index.get_level_values(0) == k] if r is not None else ()
             row[f"{k} graph / {versions[0]}"] = (f"{rk.min():.2f}–{rk.max():.2f}" if len(rk)
                                                 else "—")
         rows.append(row)

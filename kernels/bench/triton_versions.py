@@ -32,7 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-__all__ = ["COLUMNS", "LONG", "STRESS", "cases", "ptxas_used", "run", "main"]
+__all__ = ["COLUMNS", "LONG", "STRESS", "cases", "ptxas_used", "run", "graph_table", "compare",
+           "main"]
 
 COLUMNS = ["triton", "ptxas", "torch", "gpu", "kernel", "shape", "inputs", "passed", "max_abs_err",
            "rel_l2_err", "graph_us", "reason", "git_sha", "timestamp"]
@@ -140,16 +141,25 @@ def run(out: Path, device: str = "cuda", rep: int = 50, warmup: int = 10,
     return rows
 
 
+def graph_table(df):
+    """``graph_us`` per ``(kernel, shape)`` (rows) and triton version (columns, in the
+    order first seen) of the timed rows of a ``triton_versions.csv`` frame, the last row of
+    each case; None if nothing was timed."""
+    df = df[df.graph_us.notna()].drop_duplicates(["triton", "kernel", "shape", "inputs"], keep="last")
+    if df.empty:
+        return None
+    return df.pivot_table(index=["kernel", "shape"], columns="triton", values="graph_us",
+                          sort=False)
+
+
 def compare(path: Path) -> str:
     """``graph_us`` per case and triton version in ``path`` (last row of each), with the
     ratio to the first version."""
     import pandas as pd
 
-    df = pd.read_csv(path)
-    df = df[df.graph_us.notna()].drop_duplicates(["triton", "kernel", "shape", "inputs"], keep="last")
-    if df.empty:
+    t = graph_table(pd.read_csv(path))
+    if t is None:
         return "no timed rows"
-    t = df.pivot_table(index=["kernel", "shape"], columns="triton", values="graph_us", sort=False)
     versions = list(t.columns)
     for v in versions[1:]:
         t[f"{v} / {versions[0]}"] = (t[v] / t[versions[0]]).round(3)

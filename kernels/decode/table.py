@@ -48,11 +48,10 @@ DEFAULT_TABLE: Dict[int, DecodeConfig] = {
 }
 
 PathLike = Union[str, Path]
-_cache: Dict[Path, Optional[Dict[int, DecodeConfig]]] = {}
 # (gpu_slug, path as given) -> table: every decode call looks its table up, and building and
 # hashing a Path each time cost ~15 us of a ~75 us call on the H100 host
 # (results/nvidia-h100-80gb-hbm3/dev_checks/decode_host_profile_e509955.txt)
-_memo: Dict[tuple, Optional[Dict[int, DecodeConfig]]] = {}
+_cache: Dict[tuple, Optional[Dict[int, DecodeConfig]]] = {}
 _device_slugs: Dict[int, str] = {}
 
 
@@ -68,7 +67,6 @@ def table_path(gpu_slug: str, path: Optional[PathLike] = None) -> Path:
 def clear_config_cache() -> None:
     """Forget loaded tables (they are re-read on next use)."""
     _cache.clear()
-    _memo.clear()
 
 
 def load_config_table(gpu_slug: str, path: Optional[PathLike] = None
@@ -78,12 +76,9 @@ def load_config_table(gpu_slug: str, path: Optional[PathLike] = None
     A file that exists but cannot be parsed raises ``ValueError`` naming it.
     """
     key = (gpu_slug, None if path is None else str(path))
-    if key in _memo:
-        return _memo[key]
+    if key in _cache:
+        return _cache[key]
     p = table_path(gpu_slug, path)
-    if p in _cache:
-        _memo[key] = _cache[p]
-        return _cache[p]
     table = None
     if p.is_file():
         try:
@@ -93,8 +88,7 @@ def load_config_table(gpu_slug: str, path: Optional[PathLike] = None
             raise ValueError(f"malformed decode config table {p}: {e}") from e
         if not table:
             raise ValueError(f"decode config table {p} has no configs")
-    _cache[p] = table
-    _memo[key] = table
+    _cache[key] = table
     return table
 
 
@@ -128,8 +122,7 @@ def write_config_table(table: Mapping[int, Union[DecodeConfig, str]], gpu_slug: 
     tmp = p.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.replace(p)
-    _cache.pop(p, None)
-    _memo.clear()
+    _cache.clear()   # any key may name this file (a folder or the file itself)
     return p
 
 

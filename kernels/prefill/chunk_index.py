@@ -48,7 +48,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 __all__ = ["BT", "num_slots", "prepare_chunk_indices", "locate_block", "chunk_of_program",
-           "slot_of", "segment_bounds", "seq_bounds", "cu_status", "CU_START", "CU_END", "CU_DECREASING",
+           "slot_of", "bound_total", "bound_suffix_start", "segment_bounds", "seq_bounds", "cu_status", "CU_START", "CU_END", "CU_DECREASING",
            "CU_RANGE"]
 
 #: Bits of :func:`cu_status` (and of the status tensor a call fills, see :mod:`.guard`).
@@ -181,3 +181,26 @@ def chunk_of_program(i_p, cu_seqlens, chunk_indices, N, T, BLOCK: tl.constexpr,
 def slot_of(i_n, i_c, bos, BLOCK: tl.constexpr):
     """Slot of block ``i_c`` of sequence ``i_n`` starting at token ``bos`` (int64)."""
     return bos // BLOCK + i_n + i_c
+
+
+@triton.jit
+def bound_total(p_lb, n_c, H: tl.constexpr):
+    """Sum of the log transition bounds of chunks ``0 .. n_c - 1`` at ``p_lb`` (stride ``H``,
+    the ``[chunk slots, H]`` bounds of the intra-chunk kernel)."""
+    o_j = tl.arange(0, 128)
+    tot = tl.zeros([], dtype=tl.float32)
+    for j0 in range(0, n_c, 128):
+        tot += tl.sum(tl.load(p_lb + (j0 + o_j) * H, mask=j0 + o_j < n_c, other=0.0))
+    return tot
+
+
+@triton.jit
+def bound_suffix_start(p_lb, n_c, H: tl.constexpr, LOG_EPS: tl.constexpr):
+    """The last chunk ``j`` whose bounds summed from chunk ``n_c - 1`` back to ``j`` reach
+    ``LOG_EPS`` (what entered before ``j`` is negligible at the end), else 0."""
+    acc = tl.zeros([], dtype=tl.float32)
+    j = n_c
+    while (j > 0) & (acc > LOG_EPS):
+        j -= 1
+        acc += tl.load(p_lb + j * H)
+    return j

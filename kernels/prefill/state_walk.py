@@ -38,7 +38,8 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, cu_status, num_slots, segment_bounds, seq_bounds, slot_of  # noqa: E402
+from .chunk_index import (BT, bound_suffix_start, bound_total, cu_status,  # noqa: E402
+                          num_slots, segment_bounds, seq_bounds, slot_of)
 from .dots import mm  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
@@ -230,21 +231,12 @@ def state_walk_kernel(
             if i_v == 0:
                 tl.store(negl + i_u * H + i_h, 0)
         elif i_v * BV < K:  # columns of M: negligible iff the segment's bounds sum to LOG_EPS
-            o_j = tl.arange(0, 128)
-            tot = tl.zeros([], dtype=tl.float32)
-            for j1 in range(0, n_ch, 128):
-                tot += tl.sum(tl.load(p_lb + (j1 + o_j) * H, mask=j1 + o_j < n_ch, other=0.0))
-            small = tot <= LOG_EPS
+            small = bound_total(p_lb, n_ch, H) <= LOG_EPS
             tl.store(negl + i_u * H + i_h, small.to(tl.int32))
             if small:
                 return
         else:               # columns of X: from the last chunk whose bound still counts
-            acc = tl.zeros([], dtype=tl.float32)
-            jj = n_ch
-            while (jj > 0) & (acc > LOG_EPS):
-                jj -= 1
-                acc += tl.load(p_lb + jj * H)
-            c_start = jj
+            c_start = bound_suffix_start(p_lb, n_ch, H, LOG_EPS)
     for i_c in tl.range(c_start, n_ch, num_stages=LOOP_STAGES):
         t0 = ubos + i_c * BT                       # first token of the chunk (int64)
         m_t = o_bt < (ueos - t0)

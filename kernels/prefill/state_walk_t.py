@@ -35,7 +35,8 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import BT, cu_status, segment_bounds, seq_bounds, slot_of  # noqa: E402
+from .chunk_index import (BT, bound_suffix_start, bound_total, cu_status,  # noqa: E402
+                          segment_bounds, seq_bounds, slot_of)
 from .dots import mm  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
@@ -144,22 +145,13 @@ def state_walk_t_kernel(
         p_lb = lb + slot_of(i_n, i_s * (SEG_T // BT), bos, BT) * H + i_h
         if i_v * BV < K:
             # rows of M: negligible iff the bounds of all the segment's chunks sum to LOG_EPS
-            o_j = tl.arange(0, 128)
-            tot = tl.zeros([], dtype=tl.float32)
-            for j0 in range(0, n_c, 128):
-                tot += tl.sum(tl.load(p_lb + (j0 + o_j) * H, mask=j0 + o_j < n_c, other=0.0))
-            small = tot <= LOG_EPS
+            small = bound_total(p_lb, n_c, H) <= LOG_EPS
             tl.store(negl + i_u * H + i_h, small.to(tl.int32))
             if small:
                 return
         else:
-            # rows of X: from the last chunk backwards while the bound is not negligible
-            acc = tl.zeros([], dtype=tl.float32)
-            j = n_c
-            while (j > 0) & (acc > LOG_EPS):
-                j -= 1
-                acc += tl.load(p_lb + j * H)
-            c_start = j      # 0 unless the bound fell to LOG_EPS
+            # rows of X: from the last chunk whose bound still counts (0 unless it fell)
+            c_start = bound_suffix_start(p_lb, n_c, H, LOG_EPS)
     for i_c in tl.range(c_start, n_c, num_stages=LOOP_STAGES):
         t0 = ubos + i_c * BT                               # first token of the chunk (int64)
         m_t = o_bt < (ueos - t0)

@@ -1,8 +1,9 @@
 """Chained-path truncation probe: graph us of gdn_prefill (fused, default) at the shapes the
 chained CP path serves and neighbours, gated against the float32 chunked reference.
 Run (GPU host, from the repository root) once per tree, tag as the first argument:
-    PYTHONPATH=$PWD python3 scripts/probes/lc_chained.py main
-    git archive lc-chained kernels | tar -x -C /tmp/lcc   # here, then carry it
+    git archive 17ec1db kernels | tar -x -C /tmp/main   # here (main before the merge)
+    git archive 299627a kernels | tar -x -C /tmp/lcc    # here (branch lc-chained, merged as 8af862f)
+    PYTHONPATH=/tmp/main:$PWD python3 scripts/probes/lc_chained.py main   # carry both folders
     PYTHONPATH=/tmp/lcc:$PWD python3 scripts/probes/lc_chained.py lcc
 Writes $OUT/lcc_<tag>.json (results/nvidia-h100-80gb-hbm3/dev_checks/lc_chained_probe_*.json).
 """
