@@ -138,3 +138,23 @@ def test_remote_peer_frees_this_process_cache_before_the_worker_runs(monkeypatch
     calls.clear()
     peers_worker.release_cached_memory()
     assert calls == []   # a process that never touched CUDA starts no context
+
+
+
+def test_worker_frees_its_cache_after_each_run(monkeypatch, data):
+    """The notebook's process runs the in-process peers after a remote one on the same GPU:
+    the worker gives its cached blocks back after every run, passing, failing or crashing
+    (at 1M tokens FlashInfer once ran out of memory while the worker held 63.75 GiB)."""
+    from tests import fake_worker_peers
+
+    calls = []
+    monkeypatch.setattr(peers_worker, "release_cached_memory", lambda: calls.append("release"))
+    inputs, ref = data
+    impls = fake_worker_peers.prefill_impls(["good", "bad", "crash"])
+    for name, status in (("good", "pass"), ("bad", "fail"), ("crash", "error")):
+        calls.clear()
+        loaded = dict(path="already-loaded", inputs=inputs, ref=ref)
+        req = dict(data="already-loaded", device="cpu", methods=["cpu_wall"], rep=1, warmup=0)
+        res = peers_worker._run(req, impls[name], loaded)
+        assert res["gate"]["status"] == status
+        assert calls == ["release"], name
