@@ -1,10 +1,11 @@
-"""Branch decode-unroll: cupti_cold us of gdn_decode with T = 1..4 tokens per sequence at
-B = 1, 64, 512 (the table's config), gated against the float32 reference. Run it on each tree
-and compare (issue 20's target: T=4 in one call <= 1.3 x one T=1 call):
-    PYTHONPATH=$PWD python3 scripts/probes/decode_tokens.py unrolled
-    git archive main kernels | tar -x -C /tmp/main   # here, then carry it
-    PYTHONPATH=/tmp/main:$PWD python3 scripts/probes/decode_tokens.py loop
--> $OUT/decode_tokens_<tag>.json
+"""cupti_cold us of gdn_decode with T = 1..4 tokens per sequence at B = 1, 64, 512 (the table's
+config), gated against the float32 reference, tagged so that two trees can be compared
+(issue 20's target: T=4 in one call <= 1.3 x one T=1 call). Used to measure the unrolled
+token loop (merged in the twelfth session) against the loop before it:
+    PYTHONPATH=$PWD python3 scripts/probes/decode_tokens.py new
+    git archive <old commit> kernels | tar -x -C .probe/old   # here, then carry .probe
+    PYTHONPATH=$PWD/.probe/old python3 scripts/probes/decode_tokens.py old
+-> $OUT/decode_tokens_<tag>.json (results/<gpu>/dev_checks/decode_tokens_*.json)
 """
 import json
 import os
