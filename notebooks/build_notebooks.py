@@ -337,6 +337,19 @@ split = xp.run_split_costs(run)
 run.show(xp.plot_split_costs(split), "split_costs")
 split"""),
     ("md", """\
+### What the gates cost
+The long path skips what the gates' decay has made negligible (a chunk's transition
+bounded below `exp(-20)` by the time it reaches the segment's end), so its time follows the
+slowest head's memory. The generator's gates (seed 0) forget within ~20 chunks; a head at the
+slow end of the generator's own range (`A = 1`, `dt = 1e-3`: about -0.1 of log decay per
+64-token chunk) keeps whole segments to walk. Ours and `gate_impls` at `gate_shapes` with
+each of `gate_sets`, gated against the reference of those gates; ours' CP phase A (kernel
+duration) hatched inside its bar."""),
+    ("code", """\
+gates = xp.run_gate_dependence(run)
+run.show(xp.plot_gate_dependence(gates), "gate_dependence")
+xp.gate_dependence_table(gates)"""),
+    ("md", """\
 ## 4. Where our time goes: kernels, rooflines, resources
 Per-kernel GPU durations (CUPTI kernel records through torch.profiler, eager calls, warm
 L2; median of `kernel_calls`), each kernel's floors, and every launch compiled for sm_90
@@ -362,7 +375,7 @@ xp.ncu_summary(ncu)"""),
     ("md", "## Conclusion"),
     ("code", """\
 conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, plan=plan, stress=stress,
-                                         split=split,
+                                         split=split, gates=gates,
                                          roofline=anatomy["roofline"],
                                          reference_check=run.state["reference_check"]))
 run.write_text(conclusion, "conclusion.md")

@@ -89,3 +89,69 @@ def test_split_costs_conclusion_and_figure():
     assert "the rule's 16 segments" in text and "1.00× of the fastest" in text
     assert xs.plot_split_costs(split) is not None
     assert xs.plot_split_costs(split.assign(median_us=float("nan"))) is None
+
+
+def test_with_gates_changes_only_the_gates_and_leaves_the_inputs():
+    import math
+
+    import torch
+
+    from kernels.spec import make_prefill_inputs
+
+    x = make_prefill_inputs([130], seed=3)
+    keep = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
+    dt_bias = xs.LONG_MEMORY_DT + math.log(-math.expm1(-xs.LONG_MEMORY_DT))
+    assert xs.with_gates(x, "generator")["A_log"] is x["A_log"]
+    one = xs.with_gates(x, "one long-memory head")
+    assert float(one["A_log"][0]) == 0.0 and float(one["dt_bias"][0]) == pytest.approx(dt_bias)
+    assert torch.equal(one["A_log"][1:], x["A_log"][1:]) and one["k"] is x["k"]
+    every = xs.with_gates(x, "every head long memory")
+    assert (every["A_log"] == 0).all() and torch.allclose(every["dt_bias"],
+                                                         torch.full_like(x["dt_bias"], dt_bias))
+    # softplus(dt_bias) is dt: the per-token log decay is about -A dt = -1e-3
+    assert float(torch.nn.functional.softplus(every["dt_bias"][0])) == pytest.approx(1e-3)
+    for n, t in keep.items():
+        assert torch.equal(x[n], t), n                  # the given inputs are untouched
+    with pytest.raises(ValueError, match="gates must be one of"):
+        xs.with_gates(x, "slow")
+
+
+def test_gate_dependence_table_conclusion_and_figure():
+    rows = []
+    for gates, ours, qla, pa in (("generator", 940.0, 750.0, 75.0),
+                                 ("one long-memory head", 1150.0, 752.0, 290.0),
+                                 ("every head long memory", 1420.0, 751.0, 560.0)):
+        base = dict(lens="131072", T=131072, N=1, gates=gates, status="pass", max_abs_err=1e-3,
+                    p20_us=0.0, p80_us=0.0, gpu="G")
+        rows += [dict(base, impl="ours", method="graph", median_us=ours, kernel="", role=""),
+                 dict(base, impl="flashqla", method="graph", median_us=qla, kernel="", role=""),
+                 dict(base, impl="ours", method="kernel", median_us=pa,
+                      kernel="state_walk_t_kernel", role="CP phase A"),
+                 dict(base, impl="ours", method="kernel", median_us=480.0,
+                      kernel="state_walk_t_kernel", role="CP phase C")]
+    df = pd.DataFrame(rows)
+    tab = xs.gate_dependence_table(df)
+    assert list(tab.columns) == list(xs.GATE_SETS)
+    assert tab.loc[("131072", "ours"), "one long-memory head"] == 1150.0
+    assert tab.loc[("131072", "ours: CP phase A"), "every head long memory"] == 560.0
+    gate = pd.DataFrame([dict(label="ours", lens="131072", status="pass", gpu="G")])
+    text = xs.conclusion_markdown(dict(gate=gate, times=_times(), gates=df))
+    assert ("**Gate dependence** (generator / one long-memory head / every head long memory): "
+            "131072: ours 940 µs / 1150 µs / 1420 µs; flashqla 750 µs / 752 µs / 751 µs; "
+            "ours: CP phase A 75.0 µs / 290 µs / 560 µs.") in text
+    assert xs.plot_gate_dependence(df) is not None
+    assert xs.plot_gate_dependence(df.iloc[0:0]) is None
+    assert xs.gate_dependence_table(df.assign(median_us=float("nan"))).empty
+
+
+def test_gate_dependence_names_an_untimed_cell():
+    base = dict(lens="200", T=200, N=1, impl="ours", method="cpu_wall", p20_us=0.0, p80_us=0.0,
+                kernel="", role="", gpu="G", max_abs_err=1e-3)
+    df = pd.DataFrame([dict(base, gates="generator", status="pass", median_us=10.0),
+                       dict(base, gates="every head long memory", status="fail",
+                            median_us=float("nan"))])
+    text = xs.conclusion_markdown(dict(gate=pd.DataFrame([dict(label="ours", lens="200",
+                                                               status="pass", gpu="G")]),
+                                       times=_times(), gates=df))
+    assert "200: ours 10.0 µs / not timed (gate fail)." in text
+    assert xs.plot_gate_dependence(df) is not None

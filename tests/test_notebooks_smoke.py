@@ -183,6 +183,14 @@ def test_scaling_smoke_specifics(smoke):
     res = pd.read_csv(folder / "resources.csv")   # compiled for sm_90 on any host
     assert len(res) and (res.regs > 0).all() and (res.programs_per_sm >= 1).all()
     assert (folder / "time_vs_T.png").exists() and (folder / "gate_errors.png").exists()
+    gates = pd.read_csv(folder / "gate_dependence.csv")   # every gate set of ours, gated
+    ours = gates[(gates.impl == "ours") & (gates.method != "kernel")]
+    assert list(ours.gates) == ["generator", "one long-memory head", "every head long memory"]
+    assert ours.status.isin(["pass", "fail"]).all() and (ours.max_abs_err > 0).all()
+    assert ours[ours.status == "pass"].median_us.notna().all()
+    assert ours[ours.status != "pass"].median_us.isna().all()   # a failing set is not timed
+    assert (folder / "gate_dependence.png").exists() and "**Gate dependence**" in (
+        folder / "conclusion.md").read_text()
     if not _has_gpu():
         skipped = pd.read_csv(folder / "skipped.csv")
         # FlashQLA went through the peer worker, which reported why it cannot run here

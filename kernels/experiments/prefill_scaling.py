@@ -18,6 +18,10 @@ length, and where does our pipeline's time go?
    split (:func:`plan_table`: path, tile width, segments) → ``plan.csv``; registers, shared
    memory and programs per SM of every launch compiled for sm_90
    (:mod:`kernels.bench.sm90`) → ``resources.csv``.
+   :func:`run_gate_dependence` — the long path skips what the gates' decay has made
+   negligible, so its time depends on the gates: ours and ``gate_impls`` at ``gate_shapes``
+   with the generator's gates and with long-memory heads (:func:`with_gates`), gated and
+   timed, ours with its per-kernel times → ``gate_dependence.csv``.
 4. :func:`run_stress` — accuracy on hard inputs (``stress.csv``; the question the deleted
    probe ``prefill_solve_stress.py`` answered). :func:`run_ncu_sections` — Nsight Compute
    sections of one kernel of one call
@@ -29,6 +33,7 @@ GPU-only steps print why they are skipped on the CPU (the smoke profile runs the
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional
 
 import numpy as np
@@ -78,6 +83,12 @@ PARAMS = COMMON_PARAMS + (
           "shapes whose context-parallel split is varied (what each split costs)"),
     Param("split_segments", "list", [4, 8, 16, 32, 64],
           "segments per sequence tried at each split shape (the rule's choice is added)"),
+    Param("gate_shapes", "list", ["131072"],
+          "shapes timed with long-memory gates beside the generator's (gate dependence)"),
+    Param("gate_sets", "list", ["generator", "one long-memory head", "every head long memory"],
+          "gate sets of the gate-dependence section (kernels.experiments.prefill_scaling.with_gates)"),
+    Param("gate_impls", "list", ["ours", "flashqla"],
+          "implementations of the gate-dependence section (a subset of impls)"),
     Param("num_q_heads", "int", 4, "HQ query/key heads (HK equals it)"),
     Param("num_v_heads", "int", 8, "HV value heads"),
     Param("head_dim", "int", 128, "head size D (K and V equal it)"),
@@ -360,6 +371,179 @@ def plot_split_costs(df: pd.DataFrame):
                  + _title(str(df.gpu.iloc[0]), str(df.method.iloc[0])))
     return fig
 
+
+
+GATE_SETS = ("generator", "one long-memory head", "every head long memory")
+#: The slow end of the generator's gate range (``kernels.spec._gate_params``: A in [1, 16],
+#: dt in [1e-3, 1e-1]): about -0.1 of log decay per 64-token chunk, so a 128-chunk segment
+#: of the long path keeps far more than exp(-20) of what entered it.
+LONG_MEMORY_A = 1.0
+LONG_MEMORY_DT = 1e-3
+GATE_COLUMNS = ["lens", "T", "N", "gates", "impl", "status", "max_abs_err", "method",
+                "median_us", "p20_us", "p80_us", "kernel", "role", "gpu"]
+
+
+def with_gates(inputs: dict, gates: str) -> dict:
+    """``inputs`` with the gate set ``gates`` (:data:`GATE_SETS`): ``"generator"`` as given;
+    ``"one long-memory head"``: value head 0 at the slow end of the generator's range
+    (:data:`LONG_MEMORY_A`, :data:`LONG_MEMORY_DT`); ``"every head long memory"``: all
+    heads there. A new dict sharing every other tensor; ``inputs`` is not modified."""
+    if gates not in GATE_SETS:
+        raise ValueError(f"gates must be one of {GATE_SETS}, got {gates!r}")
+    if gates == "generator":
+        return dict(inputs)
+    a_log = math.log(LONG_MEMORY_A)
+    dt_bias = LONG_MEMORY_DT + math.log(-math.expm1(-LONG_MEMORY_DT))   # softplus^-1(dt)
+    x = dict(inputs)
+    if gates == "one long-memory head":
+        x["A_log"], x["dt_bias"] = inputs["A_log"].clone(), inputs["dt_bias"].clone()
+        x["A_log"][0], x["dt_bias"][0] = a_log, dt_bias
+    else:
+        x["A_log"] = inputs["A_log"].new_full(inputs["A_log"].shape, a_log)
+        x["dt_bias"] = inputs["dt_bias"].new_full(inputs["dt_bias"].shape, dt_bias)
+    return x
+
+
+def run_gate_dependence(run: Run) -> pd.DataFrame:
+    """Ours and ``gate_impls`` at ``gate_shapes`` for each of ``gate_sets``: gated against
+    the chunked float32 reference of those gates, timed with the first available method
+    of ``methods``; ours also per kernel (``method = "kernel"`` rows, GPU only)
+    (``gate_dependence.csv``). The long path's phase A walks what the decay has not made
+    negligible, so its time follows the slowest head's memory; the contest generator's
+    seed-0 gates forget fast."""
+    from kernels.reference import prefill_reference_chunked
+
+    p = run.params
+    method = next((m for m in p["methods"] if method_available(m, run.device)[0]), None)
+    if method is None:
+        run.skip("gate dependence", "no timing method of `methods` is available here")
+    impls = {}
+    for name in p["gate_impls"]:
+        fn = run.state["impls"].get(name)
+        if fn is None:
+            run.skip(f"gate dependence: {name}", "not among the implementations (impls)")
+        elif fn:
+            impls[name] = fn
+    shapes = dict(run.state["shapes"])
+    rows = []
+    for lab in p["gate_shapes"]:
+        lens = shapes.get(lab) or parse_shape(lab)[1]
+        base_inputs, _ = _inputs(run, lab, lens)
+        for gates in p["gate_sets"]:
+            x = with_gates(base_inputs, gates)
+            ref = prefill_reference_chunked(**x)
+            for name, fn in impls.items():
+                row = dict(lens=lab, T=sum(lens), N=len(lens), gates=gates, impl=label_of(name),
+                           method=method, median_us=float("nan"), p20_us=float("nan"),
+                           p80_us=float("nan"), kernel="", role="", gpu=run.gpu)
+                key = f"gates-{lab}-{GATE_SETS.index(gates)}"
+                try:
+                    if getattr(fn, "remote", False):
+                        res = fn.run(key, x, ref, device=run.device,
+                                     methods=[method] if method else [],
+                                     rep=p["repetitions"], warmup=p["warmup"])
+                        g, timings = res["gate"], res["timings"]
+                    else:
+                        g = gate_call(fn, x, ref, run.device)
+                        timings = []
+                        if g["status"] == PASS and method is not None:
+                            t = time_call(lambda f=fn: f(**x), method, rep=p["repetitions"],
+                                          warmup=p["warmup"])
+                            timings = [dict(method=t.method, median_us=t.median_us,
+                                            p20_us=t.p20_us, p80_us=t.p80_us)]
+                except Exception as e:
+                    g, timings = dict(status="error", reason=short_reason(e)), []
+                row.update(status=g.get("status"), max_abs_err=g.get("max_abs_err"))
+                if g.get("status") != PASS:
+                    print(f"GATE-DEPENDENCE {str(g.get('status')).upper()}: {label_of(name)} "
+                          f"{lab} {gates}: {g.get('reason', '')}")
+                for t in timings:
+                    if "error" in t:
+                        run.skip(f"gate dependence: {label_of(name)} {lab} {gates}", t["error"])
+                    else:
+                        row.update(method=t["method"], median_us=t["median_us"],
+                                   p20_us=t["p20_us"], p80_us=t["p80_us"])
+                rows.append(row)
+                if name == "ours" and g.get("status") == PASS and run.on_gpu:
+                    rows.extend(_kernel_rows(run, fn, x, row))
+            del x, ref
+    df = pd.DataFrame(rows, columns=GATE_COLUMNS)
+    if len(df):
+        run.write_csv(df, "gate_dependence")
+    return df
+
+
+def _kernel_rows(run: Run, fn, x, row: dict) -> list:
+    from kernels.bench.anatomy import kernel_times
+
+    try:
+        kt = kernel_times(lambda: fn(**x), calls=max(1, run.params["kernel_calls"] // 2))
+    except Exception as e:
+        run.skip(f"gate dependence kernels {row['lens']} {row['gates']}", short_reason(e))
+        return []
+    return [dict(row, method="kernel", kernel=r.kernel, role=r.role, median_us=r.median_us,
+                 p20_us=r.p20_us, p80_us=r.p80_us) for r in kt.itertuples()]
+
+
+def gate_dependence_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per shape and implementation (rows), the time with each gate set (columns), from the
+    timed rows of :func:`run_gate_dependence`; ours' phase A as its own row."""
+    if df is None or df.empty:
+        return pd.DataFrame()
+    t = df[df.method != "kernel"]
+    k = df[(df.method == "kernel") & (df.role == "CP phase A")].assign(impl="ours: CP phase A")
+    both = pd.concat([t, k], ignore_index=True)
+    if both.median_us.isna().all():
+        return pd.DataFrame()
+    tab = both.pivot_table(index=["lens", "impl"], columns="gates", values="median_us",
+                           sort=False, dropna=False)
+    return tab[[g for g in GATE_SETS if g in tab.columns]]
+
+
+def _untimed(df: pd.DataFrame, lens: str, impl: str, gates: str) -> str:
+    """Why a cell of :func:`gate_dependence_table` has no time: the gate's status."""
+    r = df[(df.lens.astype(str) == str(lens)) & (df.impl == impl) & (df.gates == gates)
+           & (df.method != "kernel")]
+    st = str(r.status.iloc[0]) if len(r) else "not run"
+    return "not timed" if st == PASS else f"not timed (gate {st})"
+
+
+def plot_gate_dependence(df: pd.DataFrame):
+    """Grouped bars: one panel per shape, one group per gate set, one bar per implementation
+    (ours' phase A hatched inside its bar)."""
+    tab = gate_dependence_table(df)
+    if tab.empty:
+        return None
+    shapes = unique_in_order(tab.index.get_level_values(0))
+    fig, axes = new_figure(1, len(shapes), panel=(6.0, 4.0))
+    t = df[df.method != "kernel"]
+    ms = t.median_us.max() > 1e4            # the CPU interpreter's seconds: plot ms
+    div, unit = (1e3, "ms") if ms else (1.0, "µs")
+    for ax, lab in zip(axes[0], shapes):
+        sub = tab.loc[lab]
+        impls = [i for i in sub.index if not i.startswith("ours: ")]
+        gates = list(sub.columns)
+        w = 0.8 / max(len(impls), 1)
+        for j, impl in enumerate(impls):
+            xs = np.arange(len(gates)) + (j - (len(impls) - 1) / 2) * w
+            vals = sub.loc[impl].to_numpy(float)
+            bars = ax.bar(xs, np.nan_to_num(vals) / div, w, label=impl)
+            for x0, v, g in zip(xs, vals, gates):
+                if not np.isfinite(v):
+                    ax.text(x0, 0, _untimed(df, lab, impl, g), rotation=90, ha="center",
+                            va="bottom", fontsize=7)
+            if impl == "ours" and "ours: CP phase A" in sub.index:
+                ax.bar(xs, sub.loc["ours: CP phase A"].to_numpy(float) / div, w * 0.6,
+                       color="none", edgecolor=bars[0].get_facecolor(), hatch="//",
+                       label="ours: CP phase A (kernel)")
+        ax.set_xticks(np.arange(len(gates)))
+        ax.set_xticklabels(gates, fontsize=8)
+        ax.set_ylabel(f"time per call ({unit})")
+        ax.set_title(f"{lab} tokens", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("Time vs gates (long-memory heads: A = 1, dt = 1e-3) — "
+                 + _title(str(df.gpu.iloc[0]), str(t.method.iloc[0])))
+    return fig
 
 
 def plan_table(run: Run) -> pd.DataFrame:
@@ -659,7 +843,7 @@ def plot_roofline(roof: pd.DataFrame):
 
 def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     """The conclusion from ``gate``, ``times``, optional ``roofline``, ``plan``, ``split``,
-    ``reference_check`` — computed, never typed."""
+    ``gates`` (gate dependence), ``reference_check`` — computed, never typed."""
     gate, times = dfs.get("gate"), dfs.get("times")
     gpu = str(gate.gpu.iloc[0]) if gate is not None and len(gate) else ""
     lines = [f"### Conclusion — {gpu}"]
@@ -729,6 +913,18 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
                              f"({fmt_x(d.median_us.iloc[0] / best.median_us)} of the fastest)"
                              if len(d) and d.median_us.notna().iloc[0] else ""))
         lines.append(f"**Split cost** ({split.method.iloc[0]}): " + "; ".join(items) + ".")
+    tab = gate_dependence_table(dfs.get("gates"))
+    if not tab.empty:
+        items = []
+        for lab in unique_in_order(tab.index.get_level_values(0)):
+            sub = tab.loc[lab]
+            items.append(f"{lab}: " + "; ".join(
+                f"{impl} " + " / ".join(
+                    fmt_us(v) if np.isfinite(v) else _untimed(dfs["gates"], lab, impl, g)
+                    for v, g in zip(sub.loc[impl].to_numpy(float), sub.columns))
+                for impl in sub.index))
+        lines.append(f"**Gate dependence** ({' / '.join(tab.columns)}): "
+                     + "; ".join(items) + ".")
     roof = dfs.get("roofline")
     if roof is not None and len(roof):
         items = []
