@@ -171,10 +171,26 @@ def _inputs(run: Run, label: str, lens):
     return run.state["inputs"][label], run.state["refs"][label]
 
 
-def _gate_one(run: Run, fn, label: str, inputs, ref) -> dict:
+def _gate_one(run: Run, fn, label: str, inputs, ref, method: Optional[str] = None):
+    """Gate ``fn`` (in this process, or in the peer worker for a remote peer). Without
+    ``method`` the gate row; with it ``(gate row, timings)``, timed only if it passes."""
+    p = run.params
     if getattr(fn, "remote", False):
-        return fn.run(label, inputs, ref, device=run.device)["gate"]
-    return gate_call(fn, inputs, ref, run.device)
+        res = fn.run(label, inputs, ref, device=run.device, methods=[method] if method else [],
+                     rep=p["repetitions"], warmup=p["warmup"])
+        g, timings = res["gate"], res["timings"]
+    else:
+        g, timings = gate_call(fn, inputs, ref, run.device), []
+        if method is not None and g["status"] == PASS:
+            t = time_call(lambda: fn(**inputs), method, rep=p["repetitions"], warmup=p["warmup"])
+            timings = [dict(method=t.method, median_us=t.median_us, p20_us=t.p20_us,
+                            p80_us=t.p80_us)]
+    return g if method is None else (g, timings)
+
+
+def _first_method(run: Run) -> Optional[str]:
+    """The first timing method of ``methods`` available here (None if none is)."""
+    return next((m for m in run.params["methods"] if method_available(m, run.device)[0]), None)
 
 
 # --------------------------------------------------------------------------- 1. gate
@@ -313,7 +329,7 @@ def run_split_costs(run: Run) -> pd.DataFrame:
     from kernels.prefill.context_parallel import cp_long
 
     p, sh = run.params, run.state["shape"]
-    method = next((m for m in p["methods"] if method_available(m, run.device)[0]), None)
+    method = _first_method(run)
     if method is None:
         run.skip("split costs", "no timing method of `methods` is available here")
     shapes = dict(run.state["shapes"])
@@ -414,7 +430,7 @@ def run_gate_dependence(run: Run) -> pd.DataFrame:
     from kernels.reference import prefill_reference_chunked
 
     p = run.params
-    method = next((m for m in p["methods"] if method_available(m, run.device)[0]), None)
+    method = _first_method(run)
     if method is None:
         run.skip("gate dependence", "no timing method of `methods` is available here")
     impls = {}
@@ -438,19 +454,8 @@ def run_gate_dependence(run: Run) -> pd.DataFrame:
                            p80_us=float("nan"), kernel="", role="", gpu=run.gpu)
                 key = f"gates-{lab}-{GATE_SETS.index(gates)}"
                 try:
-                    if getattr(fn, "remote", False):
-                        res = fn.run(key, x, ref, device=run.device,
-                                     methods=[method] if method else [],
-                                     rep=p["repetitions"], warmup=p["warmup"])
-                        g, timings = res["gate"], res["timings"]
-                    else:
-                        g = gate_call(fn, x, ref, run.device)
-                        timings = []
-                        if g["status"] == PASS and method is not None:
-                            t = time_call(lambda f=fn: f(**x), method, rep=p["repetitions"],
-                                          warmup=p["warmup"])
-                            timings = [dict(method=t.method, median_us=t.median_us,
-                                            p20_us=t.p20_us, p80_us=t.p80_us)]
+                    g, timings = (_gate_one(run, fn, key, x, ref, method) if method else
+                                  (_gate_one(run, fn, key, x, ref), []))
                 except Exception as e:
                     g, timings = dict(status="error", reason=short_reason(e)), []
                 row.update(status=g.get("status"), max_abs_err=g.get("max_abs_err"))
