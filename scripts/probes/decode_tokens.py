@@ -1,7 +1,8 @@
-"""cupti_cold us of gdn_decode with T = 1..4 tokens per sequence at B = 1, 64, 512 (the table's
-config), gated against the float32 reference, tagged so that two trees can be compared
+"""cupti_cold us of gdn_decode with T = 1..4 tokens per sequence at B = 1, 4, 8, 32, 64, 512 (the
+table's config), gated against the float32 reference, tagged so that two trees can be compared
 (issue 20's target: T=4 in one call <= 1.3 x one T=1 call). Used to measure the unrolled
-token loop (merged in the twelfth session) against the loop before it:
+token loop (merged in the twelfth session) against the loop before it, and the UT form of
+branch decode-ut (all 2T row reductions against the entering state) against main:
     PYTHONPATH=$PWD python3 scripts/probes/decode_tokens.py new
     git archive <old commit> kernels | tar -x -C .probe/old   # here, then carry .probe
     PYTHONPATH=$PWD/.probe/old python3 scripts/probes/decode_tokens.py old
@@ -19,7 +20,7 @@ from kernels.spec import make_decode_inputs
 
 tag = sys.argv[1]
 rows = []
-for B in (1, 64, 512):
+for B in (1, 4, 8, 32, 64, 512):
     for T in (1, 2, 3, 4):
         x = make_decode_inputs(B, device="cuda", tokens=T)
         r = check_outputs(gdn_decode(**x), decode_reference(**x))
