@@ -7,11 +7,18 @@ the extra time measured for T = 4 over T = 1. ``BK = 16`` / ``32`` need 2 / 3 sh
 Sweeps configs at B = 32, 64, 512 with T = 4 (and the same configs at T = 1), cupti_cold,
 each gated against the float32 reference.
 
-Run (GPU host): PYTHONPATH=$PWD python3 scripts/probes/decode_tokens_configs.py
--> $OUT/decode_tokens_configs.json (dev_checks/decode_tokens_configs_<sha>.json)
+Outcome (H200, de65b81): refuted, BK = 16 / 32 are slower at T = 4 (docs/notes.md). Second
+grid (``tiles``): the table's BK = 128 with several tiles per program, optionally prefetching
+the next tile while one is updated (``V_TILES``, ``PREFETCH``): does overlapping one tile's
+T-token compute with the next tile's load pay, if the extra time at T = 4 is the updates'
+instructions not overlapping the state stream?
+
+Run (GPU host): PYTHONPATH=$PWD python3 scripts/probes/decode_tokens_configs.py [bk|tiles]
+-> $OUT/decode_tokens_configs[_tiles].json (dev_checks/decode_tokens_configs[_tiles]_<sha>.json)
 """
 import json
 import os
+import sys
 
 from kernels.bench.timing import time_fn
 from kernels.checks import check_outputs
@@ -19,8 +26,13 @@ from kernels.decode import config_for, config_grid, gdn_decode
 from kernels.reference import decode_reference
 from kernels.spec import make_decode_inputs
 
-grid = config_grid(BVs=(4, 8, 16, 32), warps=(1, 2, 4), v_tiles=(1,), BKs=(16, 32, 128),
-                   prefetch=(False,))
+mode = (sys.argv[1:] or ["bk"])[0]
+if mode == "tiles":
+    grid = config_grid(BVs=(4, 8, 16, 32), warps=(1, 2, 4), v_tiles=(1, 2, 4), BKs=(128,),
+                       prefetch=(False, True))
+else:
+    grid = config_grid(BVs=(4, 8, 16, 32), warps=(1, 2, 4), v_tiles=(1,), BKs=(16, 32, 128),
+                       prefetch=(False,))
 out = {"grid": [c.name for c in grid], "rows": []}
 
 
@@ -51,5 +63,6 @@ for B in (32, 64, 512):
     print(f"B={B}: table {table.name} T1 {t1:.2f} us; best T4: "
           + ", ".join(f"{r['config']} {r['T4_us']:.2f} ({r['T4_us'] / t1:.2f}x T1)" for r in best),
           flush=True)
-json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "decode_tokens_configs.json"), "w"),
+json.dump(out, open(os.path.join(os.environ.get("OUT", "/tmp"), "decode_tokens_configs"
+                           + ("_tiles" if mode == "tiles" else "") + ".json"), "w"),
           indent=1)
