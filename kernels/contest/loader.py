@@ -512,16 +512,20 @@ def _source_root(src: SolutionSource, key: str) -> Path:
 
 
 def _signature_dps(fn, src: SolutionSource, n_in: int, n_out: int) -> bool:
+    """Destination-passing when the entry names an ``output`` parameter or requires the
+    inputs and the outputs; value-returning when it takes exactly the inputs."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return True   # not introspectable (compiled): flashinfer-bench's default
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        raise src.err(f"{src.entry_symbol} takes *args/**kwargs: say destination_passing_style "
+    pos = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in pos if p.default is p.empty]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        raise src.err(f"{src.entry_symbol} takes *args: say destination_passing_style "
                       "explicitly", "dps")
-    if len(params) == n_in + n_out or any(p.name == "output" for p in params):
+    if any(p.name == "output" for p in pos) or len(required) >= n_in + n_out:
         return True
-    if len(params) == n_in:
+    if len(required) <= n_in <= len(pos):
         return False
     raise src.err(f"not given, and {src.entry_symbol}{inspect.signature(fn)} takes neither "
                   f"the definition's {n_in} inputs nor {n_in} inputs + {n_out} outputs", "dps")
