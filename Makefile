@@ -1,6 +1,8 @@
 # The two commands (see README.md):
 #   make run    - bootstrap an environment, run all notebooks through papermill
-#                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter)
+#                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter);
+#                 SOLUTIONS=a.json,dir/ adds flashinfer-bench solutions to every
+#                 notebook of their op (docs/solutions.md)
 #   make test   - bootstrap an environment, run the whole test suite
 # and helpers:
 #   make lab     - JupyterLab on notebooks/ with this environment's `python3` kernel
@@ -24,6 +26,7 @@
 PROFILE ?= auto
 NOTEBOOKS ?= all
 RUN_ARGS ?=
+SOLUTIONS ?=
 PYTEST_ARGS ?= -q -rs --durations=15
 OUT ?= results/compare
 PACK_OUT ?= build/contest
@@ -39,7 +42,8 @@ bootstrap:
 
 run:
 	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
-	  $$PY -m kernels.runner --profile $(PROFILE) --notebooks $(NOTEBOOKS) $(RUN_ARGS)
+	  $$PY -m kernels.runner --profile $(PROFILE) --notebooks $(NOTEBOOKS) \
+	    $(if $(SOLUTIONS),--solutions $(SOLUTIONS)) $(RUN_ARGS)
 
 test:
 	@PY=$$(scripts/bootstrap.sh) && scripts/install_browser.sh $$PY && export $(INTERPRET) && \

@@ -375,6 +375,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="override a parameter of every selected notebook (value parsed as YAML)")
     p.add_argument("--notebook-dir", default=str(NOTEBOOK_DIR), help=argparse.SUPPRESS)
+    p.add_argument("--solutions", default="",
+                   help="comma list of flashinfer-bench solution JSONs / starter-kit folders, "
+                        "passed as the 'solutions' parameter to every notebook declaring it "
+                        "(each keeps those of its op; docs/solutions.md)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing notebook")
     p.add_argument("--log-output", action="store_true", help="stream cell output to the terminal")
     p.add_argument("--no-progress", action="store_true", help="no papermill progress bar")
@@ -390,6 +394,7 @@ def _plan(args) -> tuple:
     if not root:
         raise RunnerError(f"profile {profile['name']} sets no output_root; pass --output-root")
     overrides = _parse_overrides(args.param)
+    solutions = _solution_paths(args.solutions)
     plans = []
     for stem, path in notebooks.items():
         declared = notebook_parameters(path)
@@ -399,8 +404,24 @@ def _plan(args) -> tuple:
                   f"them anyway)", file=sys.stderr)
         params = build_parameters(stem, declared, profile, device=args.device,
                                   output_root=Path(root).resolve(), overrides=overrides)
+        if solutions and "solutions" in declared:
+            params["solutions"] = solutions
         plans.append((stem, path, declared, params))
     return profile, Path(root).resolve(), plans
+
+
+def _solution_paths(text: str) -> List[str]:
+    """``--solutions a.json,dir/`` -> absolute paths; a missing one is an error."""
+    out = []
+    for item in (x.strip() for x in str(text or "").split(",")):
+        if not item:
+            continue
+        path = Path(item).expanduser().resolve()
+        if not path.exists():
+            raise RunnerError(f"--solutions: {item} does not exist (a solution JSON or a "
+                              "starter-kit folder)")
+        out.append(str(path))
+    return out
 
 
 def _list(profile, root, plans) -> None:

@@ -251,3 +251,32 @@ def test_gpu_build_failure_names_the_file(tmp_path):
     with pytest.raises(SolutionError, match="build failed \\(tvm-ffi") as e:
         load_solution(path)
     assert str(path) in str(e.value)
+
+
+# --------------------------------------------------------------------------- notebooks
+
+
+def test_decode_notebook_gates_and_times_solutions(tmp_path):
+    """Notebook 01's flow with a solution from ``impls`` and one from ``solutions``: the
+    aborting one is an ``error`` row naming the signal, the other is gated and timed
+    under its name, and the run goes on."""
+    from kernels.experiments import decode_crossover as dx
+
+    p = {q.name: q.default for q in dx.PARAMS}
+    p.update(device="cpu", profile="unit", output_root=str(tmp_path), batch_sizes=[1],
+             impls=["torch", f"solution:{PY}"], solutions=[str(FIX / "abort_decode")],
+             methods=["cpu_wall"], sweep_BV=[], repetitions=2, warmup=0)
+    run = dx.start(p)
+    gate = dx.run_gate(run)
+    by = gate.set_index("label")
+    assert by.loc["fixture-py-decode", "status"] == "pass"
+    assert by.loc["fixture-abort", "status"] == "error"
+    assert "killed by SIGABRT" in by.loc["fixture-abort", "reason"]
+    times = dx.run_timing(run, gate)
+    assert set(times.label) == {"torch", "fixture-py-decode"}
+    assert set(times[times.label == "fixture-py-decode"].impl) == {"solution"}
+    assert [s["label"] for s in run.extra_provenance["solutions"]] == ["fixture-py-decode",
+                                                                     "fixture-abort"]
+    run.finish()
+    for s in run.state["solutions"].values():
+        s.worker.close(kill=True)

@@ -66,7 +66,11 @@ PARAMS = COMMON_PARAMS + (
     Param("batch_sizes", "list", [1, 4, 8, 16, 32, 48, 64, 128, 256, 512],
           "decode batch sizes B"),
     Param("impls", "list", ["ours-adaptive", "ours-fla-like", "fla", "flashinfer", "torch"],
-          "implementations: ours-adaptive, ours-fla-like, ours:<config>, fla, flashinfer, torch"),
+          "implementations: ours-adaptive, ours-fla-like, ours:<config>, fla, flashinfer, torch, "
+          "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, run in a "
+          "worker of its own; docs/solutions.md)"),
+    Param("solutions", "list", [],
+          "more solution paths (make run SOLUTIONS=...); those with a decode definition are added"),
     Param("methods", "list", ["cupti_cold", "graph", "event"],
           "timing methods (cupti_cold, graph, event; cpu_wall is interpreter plumbing only)"),
     Param("sweep_BV", "list", [8, 16, 32, 64, 128], "config sweep: BV values"),
@@ -162,13 +166,15 @@ def _ours(config):
 def resolve_impls(run: Run) -> Dict[str, object]:
     """``label → callable`` for the requested peers; unavailable ones are
     reported (:meth:`Run.skip`) and map to their ``Unavailable`` object."""
+    from kernels.contest.remote import is_solution
+
     peers = [n for n in run.params["impls"] if n in PEERS]
     unknown = [n for n in run.params["impls"]
                if n not in PEERS and n not in ("ours-adaptive", "ours-fla-like")
-               and not n.startswith("ours:")]
+               and not n.startswith("ours:") and not is_solution(n)]
     if unknown:
         raise ValueError(f"unknown impls {unknown}; known: ours-adaptive, ours-fla-like, "
-                         f"ours:<config>, {', '.join(PEERS)}")
+                         f"ours:<config>, {', '.join(PEERS)}, solution:<path>")
     out = {}
     if peers:
         from kernels.peers import decode_impls
@@ -176,6 +182,21 @@ def resolve_impls(run: Run) -> Dict[str, object]:
         names = [n for p in peers for _, n in PEER_VARIANTS.get(p, (("default", p),))]
         out.update(decode_impls(tuple(names)))
     return out
+
+
+def resolve_solutions(run: Run) -> Dict[str, object]:
+    """``label -> RemoteSolution or Unavailable`` for the ``solution:`` entries of ``impls``
+    and the decode ones of ``solutions``, each in a worker of its own (recorded in the
+    provenance)."""
+    from kernels.contest.remote import describe, remote_solutions, solution_entries
+
+    explicit, added = solution_entries(run.params)
+    if not (explicit or added):
+        return {}
+    taken = {n for n in run.params["impls"] if not n.startswith("solution:")}
+    sols = remote_solutions(explicit, added, op="decode", taken=taken)
+    run.extra_provenance["solutions"] = describe(sols)
+    return sols
 
 
 def _peer_candidates(label: str):
@@ -199,9 +220,12 @@ def run_gate(run: Run) -> pd.DataFrame:
     grid = config_grid_from_params(p)
     run.state["grid"] = grid
     rows = []
+    sols = run.state["solutions"] = resolve_solutions(run)
     for B in p["batch_sizes"]:
         inputs, ref = _inputs(run, B)
         for label in p["impls"]:
+            if label.startswith("solution:"):
+                continue
             if label == "ours-adaptive":
                 cands = grid or [config_for(B).fit(p["head_dim"])]
             elif label == "ours-fla-like":
@@ -224,6 +248,15 @@ def run_gate(run: Run) -> pd.DataFrame:
                 if cname == "inplace" and row["status"] == PASS:
                     row["reason"] = "updates the state in place by design (restored after the check)"
                 rows.append(dict(base, **row))
+        for label, fn in sols.items():   # each in its worker: a crash is this row's outcome
+            base = dict(label=label, impl="solution", B=B, config="default", gpu=run.gpu)
+            if not fn:
+                rows.append(dict(base, status=UNAVAILABLE, ok=False, reason=fn.reason))
+                continue
+            try:
+                rows.append(dict(base, **fn.run(f"B{B}", inputs, ref, device=run.device)["gate"]))
+            except Exception as e:
+                rows.append(dict(base, status=ERROR, ok=False, reason=short_reason(e)))
     gate = pd.DataFrame(rows)
     run.state["peers"] = peers
     for label, g in gate[gate.status == UNAVAILABLE].groupby("label"):
@@ -438,9 +471,11 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for method in methods:
         for B in p["batch_sizes"]:
-            inputs, _ = _inputs(run, B)
+            inputs, ref = _inputs(run, B)
             fl = floor_us(B, shape, bw)
             for label in p["impls"]:
+                if label.startswith("solution:"):
+                    continue
                 cfg = _label_config(run, label, B)
                 g = gate[(gate.label == label) & (gate.B == B)]
                 if cfg is not None:
@@ -470,12 +505,45 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                                  median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
                                  floor_us=fl, n=t.n, frac_of_copy_bw=fl / t.median_us,
                                  gpu=run.gpu, label=label))
+            rows += _time_solutions(run, gate, method, B, inputs, ref, fl)
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     if len(times):
         run.write_csv(times, "decode_times")
     else:
         print("no timings in this run: decode_times.csv not written")
     return times
+
+
+def _time_solutions(run: Run, gate: pd.DataFrame, method: str, B: int, inputs, ref,
+                    fl: float) -> List[dict]:
+    """Rows of the solutions that passed the gate at ``B``, timed with ``method`` in their
+    workers (gated again there on the same inputs)."""
+    p, rows = run.params, []
+    for label, fn in run.state.get("solutions", {}).items():
+        g = gate[(gate.label == label) & (gate.B == B)]
+        if g.empty or g.status.iloc[0] != PASS:
+            if not g.empty and g.status.iloc[0] != UNAVAILABLE:
+                run.skip(f"{label} B={B} {method}", f"gate {g.status.iloc[0]}")
+            continue
+        try:
+            res = fn.run(f"B{B}", inputs, ref, device=run.device, methods=[method],
+                         rep=p["repetitions"], warmup=p["warmup"])
+        except Exception as e:
+            run.skip(f"{label} B={B} {method}", short_reason(e))
+            continue
+        if res["gate"].get("status") != PASS:
+            run.skip(f"{label} B={B} {method}", f"gate {res['gate'].get('status')} in the "
+                     f"timing run: {res['gate'].get('reason', '')}")
+            continue
+        for t in res["timings"]:
+            if "error" in t:
+                run.skip(f"{label} B={B} {t['method']}", t["error"])
+                continue
+            rows.append(dict(impl="solution", config="default", B=B, method=t["method"],
+                             median_us=t["median_us"], p20_us=t["p20_us"], p80_us=t["p80_us"],
+                             floor_us=fl, n=t["n"], frac_of_copy_bw=fl / t["median_us"],
+                             gpu=run.gpu, label=label))
+    return rows
 
 
 def times_table(times: pd.DataFrame) -> pd.DataFrame:

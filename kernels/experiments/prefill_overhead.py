@@ -52,7 +52,10 @@ PARAMS = COMMON_PARAMS + (
           "prefill shapes: names of kernels.spec.PREFILL_SHAPES, '100+28', '4x1024' or lists of lengths"),
     Param("impls", "list", ["ours", "fla", "fla_flashqla", "flashqla", "flashinfer"],
           "implementations: ours, fla (triton), fla_flashqla (FLA's FlashQLA backend), flashqla, "
-          "flashinfer (the FlashQLA ones run in kernels.peers_worker, GDN_QLA_SITE)"),
+          "flashinfer (the FlashQLA ones run in kernels.peers_worker, GDN_QLA_SITE), "
+          "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, docs/solutions.md)"),
+    Param("solutions", "list", [],
+          "more solution paths (make run SOLUTIONS=...); those with a prefill definition are added"),
     Param("variants", "list", list(DEFAULT_VARIANTS), "our pipeline variants (kernels.prefill.VARIANTS)"),
     Param("methods", "list", ["cupti_cold", "graph"], "timing methods (cupti_cold span, graph replay)"),
     Param("repetitions", "int", 50, "timed calls per point"),
@@ -140,10 +143,13 @@ def _inputs(run: Run, label: str, lens):
 
 def resolve_impls(run: Run) -> Dict[str, Tuple[str, str, object]]:
     """``label → (impl, variant, callable or Unavailable)`` in plotting order."""
+    from kernels.contest.remote import describe, is_solution, remote_solutions, solution_entries
+
     p = run.params
-    unknown = [n for n in p["impls"] if n != "ours" and n not in PEERS]
+    unknown = [n for n in p["impls"] if n != "ours" and n not in PEERS and not is_solution(n)]
     if unknown:
-        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}")
+        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}, "
+                         "solution:<path>")
     out = {}
     if "ours" in p["impls"]:
         from kernels.prefill import VARIANTS, make_prefill_impl
@@ -168,6 +174,11 @@ def resolve_impls(run: Run) -> Dict[str, Tuple[str, str, object]]:
             found.update(remote_prefill_impls(remote))
         for name in peers:
             out[prefill_label(name)] = (name, "default", found[name])
+    explicit, added = solution_entries(p)
+    if explicit or added:
+        sols = remote_solutions(explicit, added, op="prefill", taken=out)
+        run.extra_provenance["solutions"] = describe(sols)
+        out.update({label: ("solution", "default", fn) for label, fn in sols.items()})
     return out
 
 
@@ -348,7 +359,8 @@ def _measure_remote(run, fn, label, impl, variant, lab, lens, inputs, methods, g
     from kernels.bench.timeline import Timeline
 
     p = run.params
-    trace = str(run.path(f"trace_{lab}_{impl}.json")) if lab == gantt_label else None
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", label)
+    trace = str(run.path(f"trace_{lab}_{safe}.json")) if lab == gantt_label else None
     try:
         res = fn.run(lab, inputs, run.state["refs"][lab], device=run.device, methods=methods,
                      rep=p["repetitions"], warmup=p["warmup"], timeline=True, trace=trace)

@@ -60,7 +60,10 @@ PARAMS = COMMON_PARAMS + (
            "T6", "T64", "100+28", "T512", "T2048", "4x1024", "16x256", "57x64"],
           "shapes: '131072' (one sequence), '4x8192', '100+28', names of kernels.spec.PREFILL_SHAPES"),
     Param("impls", "list", ["ours", "fla", "fla_flashqla", "flashqla", "flashinfer"],
-          "ours (gdn_prefill, fused) and peers: fla (triton), fla_flashqla, flashqla, flashinfer"),
+          "ours (gdn_prefill, fused) and peers: fla (triton), fla_flashqla, flashqla, flashinfer; "
+          "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, docs/solutions.md)"),
+    Param("solutions", "list", [],
+          "more solution paths (make run SOLUTIONS=...); those with a prefill definition are added"),
     Param("methods", "list", ["graph"], "timing methods (graph replay, warm L2; cupti_cold; cpu_wall)"),
     Param("repetitions", "int", 30, "timed calls per point"),
     Param("warmup", "int", 5, "untimed calls before timing (FlashQLA compiles each shape on first use)"),
@@ -122,10 +125,18 @@ def start(params: dict) -> Run:
     shape = GDNShape(params["num_q_heads"], params["num_v_heads"], params["head_dim"])
     run.state.update(shape=shape, shapes=[parse_shape(s) for s in params["shapes"]],
                      impls=resolve_impls(params), inputs={}, refs={})
+    run.state["solution_labels"] = [n for n in run.state["impls"]
+                                    if n not in params["impls"] and n != "ours"]
     for name, fn in run.state["impls"].items():
         if not fn:
             run.skip(f"{label_of(name)} (all shapes)", fn.reason)
-    remote = [fn for fn in run.state["impls"].values() if getattr(fn, "remote", False)]
+    from kernels.contest.remote import RemoteSolution, describe
+
+    sols = {n: f for n, f in run.state["impls"].items() if n in run.state["solution_labels"]}
+    if sols:
+        run.extra_provenance["solutions"] = describe(sols)
+    remote = [fn for fn in run.state["impls"].values()
+              if getattr(fn, "remote", False) and not isinstance(fn, RemoteSolution)]
     if remote:
         run.extra_provenance["peer_worker"] = remote[0].worker.status([])["_python"]
     print(f"shape: HQ={shape.num_q_heads} HV={shape.num_v_heads} D={shape.head_dim}; "
@@ -134,13 +145,17 @@ def start(params: dict) -> Run:
 
 
 def resolve_impls(params: dict) -> Dict[str, object]:
-    """``name -> callable, RemotePeer or Unavailable``, in the order of ``impls``."""
+    """``name -> callable, RemotePeer or Unavailable``, in the order of ``impls``; then
+    the solutions (``solution:<path>`` entries and ``solutions``), keyed by their names."""
+    from kernels.contest.remote import is_solution, remote_solutions, solution_entries
     from kernels.peers import WORKER_PEERS, prefill_impls
     from kernels.peers_worker import remote_prefill_impls
 
-    unknown = [n for n in params["impls"] if n != "ours" and n not in PEERS]
+    unknown = [n for n in params["impls"] if n != "ours" and n not in PEERS
+               and not is_solution(n)]
     if unknown:
-        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}")
+        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}, "
+                         "solution:<path>")
     local = [n for n in params["impls"] if n in PEERS and n not in WORKER_PEERS]
     remote = [n for n in params["impls"] if n in WORKER_PEERS]
     found = dict(prefill_impls(local)) if local else {}
@@ -152,8 +167,12 @@ def resolve_impls(params: dict) -> Dict[str, object]:
             from kernels.prefill import make_prefill_impl
 
             out[n] = make_prefill_impl("fused")
-        else:
+        elif not is_solution(n):
             out[n] = found[n]
+    explicit, added = solution_entries(params)
+    if explicit or added:
+        taken = set(out) | {label_of(n) for n in out}
+        out.update(remote_solutions(explicit, added, op="prefill", taken=taken))
     return out
 
 
