@@ -280,3 +280,16 @@ def test_decode_notebook_gates_and_times_solutions(tmp_path):
     run.finish()
     for s in run.state["solutions"].values():
         s.worker.close(kill=True)
+
+
+def test_ncu_target_and_notebook03_targets_take_solutions():
+    from kernels.bench.ncu_target import build_call
+    from kernels.experiments import ncu_counts as nx
+
+    out, state = build_call(f"solution:{PY}", "decode", B=2, device="cpu")()
+    assert out.shape == (2, 1, 8, 128) and state.dtype == torch.float32
+    p = {q.name: q.default for q in nx.PARAMS}
+    p.update(impls=["ours"], solutions=[str(PY)], bv_sweep=[])
+    t = [x for x in nx.targets(p) if x["impl"] == "solution"]
+    assert [x["label"] for x in t] == ["fixture-py-decode"]
+    assert t[0]["target"]["impl"] == f"solution:{PY.resolve()}"
