@@ -293,3 +293,11 @@ def test_ncu_target_and_notebook03_targets_take_solutions():
     t = [x for x in nx.targets(p) if x["impl"] == "solution"]
     assert [x["label"] for x in t] == ["fixture-py-decode"]
     assert t[0]["target"]["impl"] == f"solution:{PY.resolve()}"
+
+
+def test_runner_solutions_option(tmp_path):
+    from kernels.runner import RunnerError, _solution_paths
+
+    assert _solution_paths(f"{PY}, ") == [str(PY.resolve())]
+    with pytest.raises(RunnerError, match="--solutions: .*missing.json does not exist"):
+        _solution_paths(str(tmp_path / "missing.json"))

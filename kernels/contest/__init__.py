@@ -6,6 +6,9 @@ flashinfer-bench itself.
 - :mod:`.definitions`  flashinfer-bench definitions and workloads from :mod:`kernels.spec`
 - :mod:`.solution`     our solutions (and the FlashInfer baseline's) in its format
 - :mod:`.evaluate`     its benchmark on them (GPU), traces and the comparison table
+- :mod:`.loader`       any solution (JSON, starter-kit folder, ``module:function``) as an
+                       implementation in our calling convention: :func:`load_solution`
+- :mod:`.remote`       third-party solutions in worker processes of their own (notebooks)
 
 Command line (``python -m kernels.contest``)::
 
@@ -14,3 +17,12 @@ Command line (``python -m kernels.contest``)::
 
 Importing this package imports neither torch nor flashinfer-bench.
 """
+
+
+def __getattr__(name):
+    """``kernels.contest.load_solution`` (imported on first use: the loader needs torch)."""
+    if name == "load_solution":
+        from .loader import load_solution
+
+        return load_solution
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
