@@ -301,3 +301,11 @@ def test_runner_solutions_option(tmp_path):
     assert _solution_paths(f"{PY}, ") == [str(PY.resolve())]
     with pytest.raises(RunnerError, match="--solutions: .*missing.json does not exist"):
         _solution_paths(str(tmp_path / "missing.json"))
+
+
+def test_our_packed_triton_solution_through_the_loader(tmp_path, decode_case):
+    from kernels.contest.solution import solution, write_solution
+
+    fn = load_solution(write_solution(solution("decode"), tmp_path), op="decode")
+    assert (fn.name, fn.language, fn.dps) == ("gdn-decode-ours", "triton", True)
+    _passes(fn, *decode_case)
