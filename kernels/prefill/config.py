@@ -1,7 +1,7 @@
 """The prefill's levers and launch rules: explicit, no autotuning.
 
 Every default was measured on an H200 or H100 (graph replay, the contest shapes; the
-step tables in ``docs/notes.md``, rows in ``results/*/dev_checks/``). The ``fused``
+step tables in ``docs/notes/prefill.md``, rows in ``results/*/dev_checks/``). The ``fused``
 variant's path with the defaults (the compositions before it launch the same kernels):
 
 * the intra-chunk kernel (gates + cumsum + ``A`` + solve) stores ``Tb = Tm diag(beta)``
@@ -17,7 +17,7 @@ variant's path with the defaults (the compositions before it launch the same ker
 * context parallelism from 64 chunks per sequence (:mod:`.context_parallel`), phase C
   chaining the segment transitions itself (3 launches).
 
-The levers other experiments used are gone; ``docs/notes.md`` ("Prune (issue 22)")
+The levers other experiments used are gone; ``docs/notes/prefill.md`` ("Prune (issue 22)")
 lists each with what it taught and the commit that still has it.
 """
 from __future__ import annotations
@@ -126,7 +126,7 @@ def intra_maxnreg_rule(solve: str, single: bool = False) -> Optional[int]:
     programs need more).
 
     That kernel needs ~150-200 registers uncapped (three programs of 4 warps per SM); at 128
-    it spills nothing and four fit. Measured on an H200 (probe 33, docs/notes.md): intra
+    it spills nothing and four fit. Measured on an H200 (probe 33, docs/notes/prefill.md): intra
     57x64 18.3 -> 15.4 us, 16x256 17.5 -> 15.0, T=8192 27.5 -> 26.2; 112 and 96 spill and
     are slower.
     """
@@ -136,7 +136,7 @@ def intra_maxnreg_rule(solve: str, single: bool = False) -> Optional[int]:
 def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
     """State tile width of the walk when ``walk_BV`` is None: 32 with CP; otherwise 64 when
     that launches ``>= 1.5 * n_sm`` programs, 32 when that launches ``>= 0.9 * n_sm``, else
-    16; capped at ``V``. Measured on an H200 (probes 25-27, docs/notes.md): T=8192 (CP)
+    16; capped at ``V``. Measured on an H200 (probes 25-27, docs/notes/prefill.md): T=8192 (CP)
     phase C 91 -> 82 us at 32 vs 64; 4x1024 55 us at 32 vs 64 at 16 or 64; 57x64 and 16x256
     best at 64 (70.6 / 54.3 vs 72.4 / 56.9 at 32), T=2048 and T <= 512 at 16.
     """
@@ -163,7 +163,7 @@ def walk_stages_rule(BV: int, programs: int, n_sm: int,
     per SM that the launch needs: at ``BV <= 32`` two stages fit two programs per SM
     (~106 KB shared memory each at D = 128), three only one (~158 KB); at ``BV = 64``
     one fits either way. So 3 when ``BV >= 64`` or ``programs <= n_sm``, else 2.
-    Measured on an H200 (docs/notes.md, probe 10): T=2048 walk 49.0 -> 39.5 us, T=8192
+    Measured on an H200 (docs/notes/prefill.md, probe 10): T=2048 walk 49.0 -> 39.5 us, T=8192
     phase C 85.9 -> 77.7, 16x256 35.5 -> 33.7; 4x1024 (256 programs at BV=16) 43 -> 60
     with 3, hence the rule. (``num_stages=1`` crashed the walks with an illegal memory
     access on triton 3.6.) ``smem_per_block``: the device's limit

@@ -28,7 +28,7 @@ chunk's transition norm, ``M`` is dropped where the segment's bound is below ``e
 75 us). The chained form re-chains every earlier segment in every phase-C program (quadratic in the segment
 count: 22.8 ms at 1,048,576 tokens on an H200 against 10.5 ms for the long path), and its
 32-column tiles load each chunk's ``k``, ``q``, ``Tb``, ``Aqk`` four times per head: the
-  long path paid from 16,384 tokens on (docs/notes.md, prefill v10), not at 8,192.
+  long path paid from 16,384 tokens on (docs/notes/long_context.md, prefill v10), not at 8,192.
 
 Segments are numbered with the slot rule of :mod:`.chunk_index` with
 ``BLOCK = SEG_CHUNKS * 64`` (no host sync). Cost: phase A walks ``K + V``
@@ -44,7 +44,7 @@ and the average sequence has at least ``CP_MIN_AVG_CHUNKS`` chunks
 at T = 2048 the walk without CP measured faster on an H200);
 then ``SEG_CHUNKS`` is the power of two nearest ``sqrt(2 * avg_chunks)``,
 clamped to ``[2, 64]`` (16 at T = 8192, N = 1: 8 segments; measured on an H200,
-16 beat 8 and 4, docs/notes.md). Individual
+16 beat 8 and 4, docs/notes/long_context.md). Individual
 lengths are unknown without a sync, so a batch of one long and many short
 sequences is judged by its average; CP is correct for any lengths.
 """

@@ -63,7 +63,7 @@ __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "BC", "solve_bands", "SOLVE"
 #: Sub-block size of the solve.
 BC = 16
 #: Default solve (H200, intra-chunk kernel against ``"blocks"``: 57x64 27.7 -> 13.5 us,
-#: T=8192 49.2 -> 22.5; docs/notes.md "Prefill v8").
+#: T=8192 49.2 -> 22.5; docs/notes/prefill.md "Prefill v8").
 SOLVE = "batched"
 SOLVES = ("batched", "blocks")
 #: Precision of the diagonal inverses by solve. ``"batched"``: Neumann on 8 x 8 blocks,

@@ -396,7 +396,7 @@ def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cf
     ``BV = 128`` with 8 warps: both warpgroups share one load of ``k``, ``q``, ``Tb``,
     ``Aqk``): 4 launches. Measured on an H200 (graph us, against the chained CP at
     ``ddae264``): T=16384 261 -> 221, 32768 444 -> 385, 65536 823 -> 713, 131072 1869 ->
-    1368, 1048576 22799 -> 10476 (docs/notes.md, long context). Phase A skips what the
+    1368, 1048576 22799 -> 10476 (docs/notes/long_context.md, long context). Phase A skips what the
     decay makes negligible (``lb``, the chunks' log transition bounds from the intra-chunk
     kernel; ``TRUNC`` in :func:`.state_walk_t.state_walk_t_kernel`) and phase B the
     reads of a negligible ``M``."""
