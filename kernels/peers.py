@@ -1,4 +1,4 @@
-"""FLA, FlashInfer, FlashQLA and torch behind one calling convention (DESIGN.md §6).
+"""FLA, FlashInfer, FlashQLA and torch behind one calling convention (docs/design.md, "Peers").
 
 Every implementation returned here is called like ours::
 

@@ -3,7 +3,7 @@
 Marked ``slow`` (a few minutes on 2 CPU cores under the Triton interpreter);
 it still runs in CI. One module-scoped run of ``python -m kernels.runner
 --profile smoke --notebooks all`` into ``tmp_path``, then per notebook: it
-completed, its CSVs carry the DESIGN.md §5 columns, no implementation produced a
+completed, its CSVs carry the docs/design.md results-contract columns, no implementation produced a
 wrong result, ours passed the gate everywhere (a GPU peer may refuse the
 smoke profile's small head size: reported, not failed), its PNGs, conclusion
 and provenance exist.

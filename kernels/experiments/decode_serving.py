@@ -561,7 +561,7 @@ def serving_markdown(times: pd.DataFrame, gate: pd.DataFrame, drift: pd.DataFram
         if method == "cupti_cold" and len(st[st.label == "flashinfer_bf16"]):
             items.append("FlashInfer's bf16-state call is two launches with its host path "
                          "between them, and a cupti_cold span includes that gap: its GPU work "
-                         "is far less than the span (docs/notes.md, decode serving on the "
+                         "is far less than the span (docs/notes/decode.md, decode serving on the "
                          "H100); compare it with graph replay")
         if items:
             lines.append(f"**Serving ({method}):**\n" + "\n".join(f"- {i}" for i in items))

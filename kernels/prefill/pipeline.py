@@ -163,7 +163,7 @@ def _config(config, D) -> PrefillConfig:
         config = DEFAULT_CONFIG
     if not isinstance(config, PrefillConfig):
         raise TypeError(f"config must be a PrefillConfig or None, got {type(config).__name__}")
-    return _fitted(config, D)   # (cached: a dataclass replace costs ~10 us per call)
+    return _fitted(config, D)   # (cached: a dataclass replace per call costs host time)
 
 
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
@@ -394,9 +394,8 @@ def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cf
     phase B (:func:`.context_parallel.segment_combine_t_fwd`: the serial pass over the
     segments, bf16 products) and phase C (outputs from each segment's entering state,
     ``BV = 128`` with 8 warps: both warpgroups share one load of ``k``, ``q``, ``Tb``,
-    ``Aqk``): 4 launches. Measured on an H200 (graph us, against the chained CP at
-    ``ddae264``): T=16384 261 -> 221, 32768 444 -> 385, 65536 823 -> 713, 131072 1869 ->
-    1368, 1048576 22799 -> 10476 (docs/notes.md, long context). Phase A skips what the
+    ``Aqk``): 4 launches, about linear in length (numbers against the chained CP:
+    docs/notes/long_context.md, "Numbers behind the rules"). Phase A skips what the
     decay makes negligible (``lb``, the chunks' log transition bounds from the intra-chunk
     kernel; ``TRUNC`` in :func:`.state_walk_t.state_walk_t_kernel`) and phase B the
     reads of a negligible ``M``."""
