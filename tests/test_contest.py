@@ -28,7 +28,7 @@ from kernels.spec import (CONTEST, DECODE_BATCH_SIZES, PREFILL_SHAPES, GDNShape,
 REPO = Path(__file__).resolve().parent.parent
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/test_decode.py
 HAS_FIB = importlib.util.find_spec("flashinfer_bench") is not None
-NO_FIB = "flashinfer-bench is not importable (GPU-host wheels in .gpufib; not a CI dependency)"
+NO_FIB = "flashinfer-bench is not importable (GPU-host wheels in .whl: scripts/contest_wheel.sh; not a CI dependency)"
 
 
 # --------------------------------------------------------------------------- bundle
@@ -502,14 +502,17 @@ def test_check_arguments(tmp_path):
     assert [s["name"] for s in check_arguments(["decode"], [other])] == ["mine"]
 
 
-def test_evaluate_cli_refuses_bad_arguments_before_any_run(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    for args, match in ((["--ops", "mixed"], "ops must list"),
-                        (["--solutions", str(tmp_path / "nope.json")], "no such file or folder"),
-                        (["--rep", "0"], "--rep must be >= 1")):
-        r = subprocess.run([sys.executable, "-m", "kernels.contest", "evaluate", *args], env=env,
-                           capture_output=True, text=True, cwd=REPO)
-        assert r.returncode == 2 and match in r.stderr, (args, r.stderr)
+@pytest.mark.parametrize("args, match", [
+    (["--ops", "mixed"], "ops must list"),
+    (["--solutions", "nope/missing.json"], "no such file or folder"),
+    (["--rep", "0"], "--rep must be >= 1"),
+])
+def test_evaluate_cli_refuses_bad_arguments_before_any_run(capsys, args, match):
+    from kernels.contest.__main__ import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(["evaluate", *args])
+    assert ex.value.code == 2 and match in capsys.readouterr().err
 
 
 def test_notebook_cupti_cold_reads_committed_results():
@@ -539,10 +542,10 @@ def test_evaluate_decode_on_gpu(tmp_path):
 
     mine = write_solution(dict(solution("decode"), name="ours-from-path", author="path"),
                           tmp_path / "sols")
-    root = evaluate(["decode"], solutions=[mine], root=str(tmp_path), rep=5)
+    [root] = evaluate(["decode"], solutions=[mine], root=str(tmp_path), rep=5)
     import pandas as pd
 
-    assert root == tmp_path / gpu_slug() / "contest"
+    assert root == tmp_path / gpu_slug() / "contest_decode"
     df = pd.read_csv(root / "comparison.csv")
     assert sorted(df.solution.unique()) == ["gdn-decode-flashinfer", "gdn-decode-ours",
                                             "ours-from-path"]

@@ -19,9 +19,10 @@ builds them itself). Score (the starter kit's EVALUATION.md): per workload
 workloads the baseline passed, and 0 if any of its workloads did not pass (here a
 workload with no trace counts as not passed). :func:`contest_scores`.
 
-Written to ``<root>/<gpu-slug>/contest/`` only when the run completes
+One run per op, as the contest ran one command per definition, each written to
+``<root>/<gpu-slug>/contest_<op>/`` only when it completes
 (:class:`kernels.bench.results.ResultWriter`; a failed run leaves
-``failed-contest/`` and the last good results in place):
+``failed-contest_<op>/`` and the last good results in place):
 
 ``definitions/``, ``workloads/``, ``solutions/``  the trace set (:mod:`.definitions`);
                        ``blob/`` holds the workload tensors (git-ignored, regenerated)
@@ -37,7 +38,9 @@ Written to ``<root>/<gpu-slug>/contest/`` only when the run completes
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -304,9 +307,10 @@ def _table(records, cols) -> List[str]:
 
 
 def _markdown(df, scores: List[dict], gpu: str, info: dict) -> str:
-    params = "; ".join(f"{op}: warmup {p['warmup_runs']}, iterations {p['iterations']}, "
-                       f"trials {p['num_trials']}" for op, p in info["params"].items())
-    lines = [f"# Contest evaluation — {gpu}", "",
+    p = info["params"]
+    params = (f"warmup {p['warmup_runs']}, iterations {p['iterations']}, "
+              f"trials {p['num_trials']}")
+    lines = [f"# Contest evaluation: {definition_name(info['op'])} — {gpu}", "",
              f"flashinfer-bench {info['version']} (main at {FIB_COMMIT[:8]}, the contest's), "
              f"isolated runner, atol = rtol = 1e-2, {params}. `fib_us`: FlashInfer's "
              "`bench_gpu_time_with_cupti`, cold L2, no CUDA graph (first GPU activity's start "
@@ -377,13 +381,14 @@ def check_arguments(ops: Sequence[str], solutions: Sequence[str] = ()) -> List[d
 
 
 def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
-             root: Optional[str] = None, rep: int = 50) -> Path:
+             root: Optional[str] = None, rep: int = 50) -> List[Path]:
     """Run the contest's flashinfer-bench on ours, the baseline and ``solutions``
-    (paths, :func:`read_solution`) for ``ops``; write ``<root>/<gpu-slug>/contest/``
-    (``root`` defaults to the repository's ``results/``) and return it.
+    (paths, :func:`read_solution`) for each of ``ops`` in turn (as the contest ran one
+    command per definition); write ``<root>/<gpu-slug>/contest_<op>/`` (``root``
+    defaults to the repository's ``results/``) and return those folders.
 
     ``ValueError`` for a bad op or solution path (before anything runs);
-    ``RuntimeError`` without a CUDA GPU, flashinfer-bench or CUPTI.
+    ``RuntimeError`` without a CUDA GPU, the contest's flashinfer-bench build or CUPTI.
     """
     extra = check_arguments(ops, solutions)
     import torch
@@ -391,82 +396,90 @@ def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
     if not torch.cuda.is_available():
         raise RuntimeError("contest evaluation needs a CUDA GPU; torch sees none")
     try:
-        from flashinfer_bench import Benchmark, BenchmarkConfig, TraceSet
-        from flashinfer_bench.bench.config import EvalConfig
-        from flashinfer_bench.data import Definition, Solution
+        import flashinfer_bench  # noqa: F401
     except ImportError as e:
         raise RuntimeError(f"flashinfer-bench is not importable ({e}); on the GPU host carry "
                            ".whl/ and the FlashInfer bundle (docs/contest_harness.md)") from e
-    from ..bench.provenance import collect_provenance, package_version
+    from ..bench.provenance import package_version
 
     fib_version = package_version("flashinfer_bench", dists=("flashinfer-bench",))
     if f"+g{FIB_COMMIT[:8]}" not in fib_version:
         raise RuntimeError(f"flashinfer-bench {fib_version} is not the contest's build (main at "
                            f"{FIB_COMMIT[:8]}): build it with scripts/contest_wheel.sh")
     _check_cupti()
+    log = logging.getLogger("flashinfer_bench")     # its per-solution progress lines
+    if not log.handlers:
+        log.addHandler(logging.StreamHandler(sys.stdout))
+    log.setLevel(logging.INFO)
+    info = dict(version=fib_version, fib_commit=FIB_COMMIT, timeout_s=TIMEOUT_S, rep=rep,
+                cupti_python=package_version("cupti", dists=("cupti-python",)),
+                solutions=[os.fspath(p) for p in solutions])
+    return [_evaluate_op(op, extra, Path(root) if root else RESULTS, info) for op in ops]
+
+
+def _evaluate_op(op: str, extra: Sequence[dict], results_root: Path, info: dict) -> Path:
+    import pandas as pd
+    import torch
+    from flashinfer_bench import Benchmark, BenchmarkConfig, TraceSet
+    from flashinfer_bench.data import Definition, Solution
+
     from ..bench.device import gpu_slug
+    from ..bench.provenance import collect_provenance
     from ..bench.results import ResultWriter
 
     slug = gpu_slug()
-    results_root = Path(root) if root else RESULTS
-    params = {op: contest_params(op) for op in ops}
-    with ResultWriter("contest", root=results_root, gpu=slug) as out:
-        tmp = out.dir
-        wls, sols = write_trace_set(tmp, ops, extra)
-        cfg = BenchmarkConfig(
-            use_isolated_runner=True, timeout_seconds=TIMEOUT_S, rtol=1e-2, atol=1e-2,
-            profile_baseline=False,     # the reference's latency is not the contest's score
-            definition_config={definition_name(op): EvalConfig(**p) for op, p in params.items()})
-        bench = Benchmark(TraceSet.from_path(str(tmp)), cfg)
+    info = dict(info, op=op, params=contest_params(op))
+    with ResultWriter(f"contest_{op}", root=results_root, gpu=slug) as out:
+        wls, sols = write_trace_set(out.dir, [op], extra)
+        wls, sols = wls[op], sols[op]
+        cfg = BenchmarkConfig(use_isolated_runner=True, timeout_seconds=TIMEOUT_S, rtol=1e-2,
+                              atol=1e-2, profile_baseline=False,  # not the contest's score
+                              **info["params"])
+        print(f"contest {op}: {len(sols)} solutions x {len(wls)} workloads "
+              f"({info['params']})", flush=True)
+        bench = Benchmark(TraceSet.from_path(str(out.dir)), cfg)
         try:
             result = bench.run_all(dump_traces=True)
         finally:
             bench.close()
 
-        rows = []
-        for op in ops:
-            defn = Definition.model_validate(definition(op))
-            by_uuid = {wl["trace"]["workload"]["uuid"]: wl for wl in wls[op]}
-            models = {s["name"]: Solution.model_validate(s) for s in sols[op]}
-            seen = set()
-            for tr in result.traces.get(defn.name, []):
-                wl, ev = by_uuid[tr.workload.uuid], tr.evaluation
-                seen.add((wl["key"], tr.solution))
-                row = dict(op=op, workload=wl["key"], solution=tr.solution,
-                           author=models[tr.solution].author, status=ev.status.value,
-                           fib_us=ev.performance.latency_ms * 1e3 if ev.performance else None,
-                           max_abs_err=ev.correctness.max_absolute_error if ev.correctness else None,
-                           max_rel_err=ev.correctness.max_relative_error if ev.correctness else None,
-                           cupti_cold_us=None)
-                # our own span, for code we wrote only (a third party's runs in
-                # flashinfer-bench's isolated workers, never in this process)
-                if ev.status.value == "PASSED" and row["author"] == AUTHOR:
-                    row["cupti_cold_us"] = _own_cupti_cold(op, wl, defn, models[tr.solution], rep)
-                rows.append(row)
-                print(f"{op} {wl['key']:>8} {tr.solution:<28} {row['status']:<20} fib "
-                      f"{row['fib_us'] or float('nan'):9.1f} us  cupti_cold "
-                      f"{row['cupti_cold_us'] or float('nan'):9.1f} us", flush=True)
-            for wl in wls[op]:  # a workload whose run raised has no trace: say so
-                for name in models:
-                    if (wl["key"], name) not in seen:
-                        rows.append(dict(op=op, workload=wl["key"], solution=name,
-                                         author=models[name].author, status="NO_TRACE",
-                                         fib_us=None, max_abs_err=None, max_rel_err=None,
-                                         cupti_cold_us=None))
-        import pandas as pd
-
+        defn = Definition.model_validate(definition(op))
+        by_uuid = {wl["trace"]["workload"]["uuid"]: wl for wl in wls}
+        models = {s["name"]: Solution.model_validate(s) for s in sols}
+        rows, seen = [], set()
+        for tr in result.traces.get(defn.name, []):
+            wl, ev = by_uuid[tr.workload.uuid], tr.evaluation
+            seen.add((wl["key"], tr.solution))
+            row = dict(op=op, workload=wl["key"], solution=tr.solution,
+                       author=models[tr.solution].author, status=ev.status.value,
+                       fib_us=ev.performance.latency_ms * 1e3 if ev.performance else None,
+                       max_abs_err=ev.correctness.max_absolute_error if ev.correctness else None,
+                       max_rel_err=ev.correctness.max_relative_error if ev.correctness else None,
+                       cupti_cold_us=None)
+            # our own span, for code we wrote only (a third party's runs in
+            # flashinfer-bench's isolated workers, never in this process)
+            if ev.status.value == "PASSED" and row["author"] == AUTHOR:
+                row["cupti_cold_us"] = _own_cupti_cold(op, wl, defn, models[tr.solution],
+                                                       info["rep"])
+            rows.append(row)
+            print(f"{op} {wl['key']:>8} {tr.solution:<28} {row['status']:<20} fib "
+                  f"{row['fib_us'] or float('nan'):9.1f} us  cupti_cold "
+                  f"{row['cupti_cold_us'] or float('nan'):9.1f} us", flush=True)
+        for wl in wls:          # a workload whose run raised has no trace: say so
+            for name in models:
+                if (wl["key"], name) not in seen:
+                    rows.append(dict(op=op, workload=wl["key"], solution=name,
+                                     author=models[name].author, status="NO_TRACE",
+                                     fib_us=None, max_abs_err=None, max_rel_err=None,
+                                     cupti_cold_us=None))
         df = comparison_table(rows, notebook_cupti_cold(results_root / slug))
         scores = contest_scores(rows)
         out.write_csv(df, "comparison.csv")
         out.write_csv(pd.DataFrame(scores), "scores.csv")
-        info = dict(version=fib_version, fib_commit=FIB_COMMIT, cupti_python=package_version("cupti",
-                                                                        dists=("cupti-python",)),
-                    params=params, rep=rep, timeout_s=TIMEOUT_S,
-                    solutions=[os.fspath(p) for p in solutions])
-        out.path("comparison.md").write_text(_markdown(df, scores,
-                                                       torch.cuda.get_device_name(), info))
-        out.write_json(collect_provenance(dict(info, ops=list(ops))), "run.json")
+        out.path("comparison.md").write_text(
+            _markdown(df, scores, torch.cuda.get_device_name(), info))
+        out.write_json(collect_provenance(info), "run.json")
         for s in scores:
-            print(f"score {s['op']:<8} {s['solution']:<28} {s['score']:.3f} {s['note']}")
+            print(f"score {op:<8} {s['solution']:<28} {s['score']:.3f} {s['note']}", flush=True)
     print(f"wrote {out.committed}/scores.csv, comparison.csv, comparison.md, traces/")
     return out.committed
