@@ -375,6 +375,38 @@ def test_contest_score_skips_workloads_the_baseline_failed():
     assert math.isnan(d["score"]) and "baseline passed no workload" in d["note"]
 
 
+@pytest.mark.skipif(not HAS_FIB, reason=NO_FIB)
+def test_contest_score_matches_flashinfer_bench_get_solution_score():
+    """The pinned flashinfer-bench's own scoring (what the contest's
+    compute_track_scores.py calls) on the same statuses and latencies."""
+    from flashinfer_bench.data import (Correctness, Definition, Environment, Evaluation,
+                                       EvaluationStatus, Performance, Solution, Trace, TraceSet)
+
+    from kernels.contest.evaluate import contest_scores
+
+    d = Definition.model_validate(defs.definition("decode"))
+    wls = defs.workloads("decode", batch_sizes=(1, 4, 8))
+    base = "gdn-decode-flashinfer"
+    cases = {base: ("fi", [10.0, 20.0, None]),            # the baseline failed B=8
+             "a": ("A", [5.0, 40.0, 1.0]), "b": ("B", [10.0, None, 3.0])}
+    sols, traces, rows = [], [], []
+    for name, (author, lat) in cases.items():
+        sols.append(Solution.model_validate(dict(solution("decode"), name=name, author=author)))
+        for wl, us in zip(wls, lat):
+            status = EvaluationStatus.PASSED if us else EvaluationStatus.INCORRECT_NUMERICAL
+            ev = Evaluation(status=status, environment=Environment(hardware="gpu"),
+                            timestamp="t", correctness=Correctness(),
+                            performance=Performance(latency_ms=us / 1e3) if us else None)
+            tr = Trace.model_validate(dict(wl["trace"], solution=name, evaluation=ev))
+            traces.append(tr)
+            rows.append(_row("decode", wl["key"], name, status.value, us))
+    ts = TraceSet(definitions={d.name: d}, solutions={d.name: sols}, traces={d.name: traces})
+    ours = {s["solution"]: s["score"] for s in contest_scores(rows)}
+    for name in ("a", "b"):
+        assert ours[name] == pytest.approx(ts.get_solution_score(name, "fi").avg_speedup)
+    assert ours["a"] == pytest.approx((10 / 5 + 20 / 40) / 2) and ours["b"] == 0.0
+
+
 def test_comparison_table_speedup_and_flag():
     pytest.importorskip("pandas")
     from kernels.contest.evaluate import comparison_table
