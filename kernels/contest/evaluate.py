@@ -16,8 +16,8 @@ the FlashInfer baseline (:mod:`.solution`) and every path in ``solutions`` (a
 solution JSON or a starter-kit folder, :func:`read_solution`; flashinfer-bench
 builds them itself). Score (the starter kit's EVALUATION.md): per workload
 ``baseline latency / solution latency``; a solution's score is the mean over the
-workloads the baseline passed, and 0 if any of its workloads did not pass (here a
-workload with no trace counts as not passed). :func:`contest_scores`.
+workloads the baseline passed, and 0 if any of its workloads did not pass
+(:func:`contest_scores`, checked against flashinfer-bench's own scoring).
 
 One run per op, as the contest ran one command per definition, each written to
 ``<root>/<gpu-slug>/contest_<op>/`` only when it completes
@@ -207,11 +207,14 @@ def _write_json(path: Path, obj) -> None:
 
 def contest_scores(rows: Sequence[dict]) -> List[dict]:
     """Per (op, solution) the contest score of ``rows`` (one per op, workload and
-    solution: ``status``, ``fib_us``), the baseline being ``gdn-<op>-flashinfer``.
+    solution: ``status``, ``fib_us``), the baseline being ``gdn-<op>-flashinfer``, as
+    flashinfer-bench's ``TraceSet.get_solution_score`` computes it.
 
     ``score``: mean over the workloads the baseline PASSED of ``baseline fib_us /
-    solution fib_us``; 0 when any of the solution's rows is not PASSED; NaN (with a
-    ``note``) when the baseline passed no workload. The baseline itself gets no row.
+    solution fib_us``; 0 when any of the solution's traced workloads is not PASSED;
+    NaN when it shares no workload with the passing baseline. Rows with status
+    ``NO_TRACE`` (flashinfer-bench skipped a workload whose run raised) are left out,
+    and listed in ``note``. The baseline itself gets no row.
     """
     out = []
     for op in dict.fromkeys(r["op"] for r in rows):
@@ -222,21 +225,27 @@ def contest_scores(rows: Sequence[dict]) -> List[dict]:
             if sol == base:
                 continue
             mine = [r for r in rows if r["op"] == op and r["solution"] == sol]
-            failed = [r["workload"] for r in mine if r["status"] != "PASSED"]
-            speedups = [ref[r["workload"]] / r["fib_us"] for r in mine
-                        if r["status"] == "PASSED" and r["workload"] in ref]
+            traced = [r for r in mine if r["status"] != "NO_TRACE"]
+            failed = [str(r["workload"]) for r in traced if r["status"] != "PASSED"]
+            common = [r for r in traced if r["workload"] in ref]
+            notes = []
+            if failed:
+                notes.append("not passed: " + ", ".join(failed))
+            if len(traced) < len(mine):
+                notes.append("no trace: " + ", ".join(str(r["workload"]) for r in mine
+                                                      if r["status"] == "NO_TRACE"))
             rec = dict(op=op, solution=sol, workloads=len(mine), failed=len(failed),
-                       scored=len(speedups), note="")
-            if not ref:
-                rec.update(score=float("nan"), win_rate=float("nan"),
-                           note="the baseline passed no workload")
+                       scored=0 if failed else len(common))
+            if not common:
+                notes.append("no workload the baseline passed")
+                rec.update(score=float("nan"), win_rate=float("nan"))
             elif failed:
-                rec.update(score=0.0, win_rate=0.0,
-                           note="not passed: " + ", ".join(map(str, failed)))
+                rec.update(score=0.0, win_rate=0.0)
             else:
+                speedups = [ref[r["workload"]] / r["fib_us"] for r in common]
                 rec.update(score=sum(speedups) / len(speedups),
-                           win_rate=sum(s > 1 for s in speedups) / len(speedups))
-            out.append(rec)
+                           win_rate=sum(x > 1 for x in speedups) / len(speedups))
+            out.append(dict(rec, note="; ".join(notes)))
     return out
 
 
