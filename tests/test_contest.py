@@ -336,6 +336,16 @@ def test_evaluate_refuses_without_gpu_or_flashinfer_bench():
     assert not Path("/nonexistent/never-written").exists()
 
 
+def test_evaluate_refuses_without_cupti():
+    """Without cupti-python FlashInfer's timing falls back to CUDA events: refused."""
+    from kernels.contest.evaluate import _check_cupti
+
+    if importlib.util.find_spec("cupti") is not None:
+        pytest.skip("cupti-python is importable here")
+    with pytest.raises(RuntimeError, match="CUPTI is unusable here .*No module named 'cupti'"):
+        _check_cupti()
+
+
 # --------------------------------------------------------------------------- the contest's score
 
 def _row(op, wl, sol, status="PASSED", us=None):

@@ -338,20 +338,27 @@ def _markdown(df, scores: List[dict], gpu: str, info: dict) -> str:
 
 # --------------------------------------------------------------------------- the run
 
+_CUPTI_PROBE = """
+from importlib.metadata import version
+from cupti import cupti
+cupti.get_timestamp()
+v = version("cupti-python")
+assert int(v.split(".")[0]) >= 13, f"cupti-python {v} < 13"
+"""
+
+
 def _check_cupti() -> None:
-    """FlashInfer times with CUPTI only where cupti-python >= 13 imports; else it falls
-    back to CUDA events (host-inclusive), which this harness must not report."""
-    from importlib.metadata import PackageNotFoundError, version
+    """FlashInfer times with CUPTI only where cupti-python >= 13 works; else it falls
+    back to CUDA events (host-inclusive), which this harness must not report. Probed in
+    a child process (as flashinfer-bench's workers load it), so this process's own
+    ``cupti_cold`` (torch's profiler) never shares it with a second CUPTI client."""
+    import subprocess
 
-    try:
-        from cupti import cupti  # noqa: F401
-
-        v = version("cupti-python")
-    except (ImportError, PackageNotFoundError) as e:
-        raise RuntimeError(f"cupti-python is not importable ({e}): flashinfer-bench would time "
-                           "with CUDA events; carry .whl/ (scripts/contest_wheel.sh)") from e
-    if int(v.split(".")[0]) < 13:
-        raise RuntimeError(f"cupti-python {v} < 13: FlashInfer's CUPTI timing needs >= 13")
+    r = subprocess.run([sys.executable, "-c", _CUPTI_PROBE], capture_output=True, text=True)
+    if r.returncode:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise RuntimeError(f"CUPTI is unusable here ({last}): flashinfer-bench would time with "
+                           "CUDA events; carry .whl/ (scripts/contest_wheel.sh, gpu_fib)")
 
 
 def _own_cupti_cold(op: str, wl: dict, defn_model, sol_model, rep: int) -> float:
