@@ -336,6 +336,16 @@ def test_evaluate_refuses_without_gpu_or_flashinfer_bench():
     assert not Path("/nonexistent/never-written").exists()
 
 
+def test_evaluate_cli_says_what_the_host_lacks(capsys):
+    from kernels.contest.__main__ import main
+
+    if torch.cuda.is_available() and HAS_FIB:
+        pytest.skip("GPU with flashinfer-bench: the refusal does not apply")
+    assert main(["evaluate", "--ops", "decode", "--root", "/nonexistent/never-written"]) == 1
+    assert "contest evaluate: " in capsys.readouterr().err
+    assert not Path("/nonexistent/never-written").exists()
+
+
 def test_evaluate_refuses_without_cupti():
     """Without cupti-python FlashInfer's timing falls back to CUDA events: refused."""
     from kernels.contest.evaluate import _check_cupti

@@ -44,7 +44,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"entry {sol['spec']['entry_point']})")
         return 0
 
-    from .evaluate import check_arguments, evaluate
+    from .evaluate import check_arguments, check_environment, evaluate
 
     ops, solutions = _comma_list(args.ops), _comma_list(args.solutions)
     if args.rep < 1:
@@ -53,6 +53,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_arguments(ops, solutions)
     except ValueError as e:
         parser.error(str(e))
+    try:
+        check_environment()
+    except RuntimeError as e:
+        print(f"contest evaluate: {e}", file=sys.stderr)
+        return 1
     evaluate(ops, solutions=solutions, root=args.root, rep=args.rep)
     return 0
 

@@ -48,7 +48,7 @@ from .bundle import PACKAGE_DIR
 from .definitions import OP_TYPE, OPS, definition, definition_name, workload_inputs, workloads
 from .solution import AUTHOR, PREFILL_VARIANTS, baseline_solution, solution
 
-__all__ = ["evaluate", "check_arguments", "read_solution", "contest_scores",
+__all__ = ["evaluate", "check_arguments", "check_environment", "read_solution", "contest_scores",
            "comparison_table", "notebook_cupti_cold", "solutions_for", "write_trace_set",
            "contest_params", "FLAG_THRESHOLD", "FIB_COMMIT", "STARTER_KIT_EXTENSIONS"]
 
@@ -393,20 +393,9 @@ def check_arguments(ops: Sequence[str], solutions: Sequence[str] = ()) -> List[d
     return extra
 
 
-def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
-             root: Optional[str] = None, rep: int = 50) -> List[Path]:
-    """Run the contest's flashinfer-bench on ours, the baseline and ``solutions``
-    (paths, :func:`read_solution`) for each of ``ops`` in turn (as the contest ran one
-    command per definition); write ``<root>/<gpu-slug>/contest_<op>/`` (``root``
-    defaults to the repository's ``results/``) and return those folders.
-
-    ``ValueError`` for a bad op or solution path (before anything runs);
-    ``RuntimeError`` without a CUDA GPU, the contest's flashinfer-bench build or CUPTI.
-    """
-    extra = check_arguments(ops, solutions)
-    for path, sol in zip(solutions, extra):
-        if _op_of(sol["definition"]) not in ops:
-            print(f"contest: {path} ({sol['definition']}) left out: its op is not in {list(ops)}")
+def check_environment() -> str:
+    """``RuntimeError`` saying what is missing unless this host has a CUDA GPU, the
+    contest's flashinfer-bench build and a working CUPTI; returns that build's version."""
     import torch
 
     if not torch.cuda.is_available():
@@ -423,6 +412,26 @@ def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
         raise RuntimeError(f"flashinfer-bench {fib_version} is not the contest's build (main at "
                            f"{FIB_COMMIT[:8]}): build it with scripts/contest_wheel.sh")
     _check_cupti()
+    return fib_version
+
+
+def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
+             root: Optional[str] = None, rep: int = 50) -> List[Path]:
+    """Run the contest's flashinfer-bench on ours, the baseline and ``solutions``
+    (paths, :func:`read_solution`) for each of ``ops`` in turn (as the contest ran one
+    command per definition); write ``<root>/<gpu-slug>/contest_<op>/`` (``root``
+    defaults to the repository's ``results/``) and return those folders.
+
+    ``ValueError`` for a bad op or solution path (before anything runs);
+    ``RuntimeError`` without a CUDA GPU, the contest's flashinfer-bench build or CUPTI.
+    """
+    extra = check_arguments(ops, solutions)
+    for path, sol in zip(solutions, extra):
+        if _op_of(sol["definition"]) not in ops:
+            print(f"contest: {path} ({sol['definition']}) left out: its op is not in {list(ops)}")
+    fib_version = check_environment()
+    from ..bench.provenance import package_version
+
     log = logging.getLogger("flashinfer_bench")     # its per-solution progress lines
     if not log.handlers:
         log.addHandler(logging.StreamHandler(sys.stdout))
