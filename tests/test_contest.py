@@ -501,9 +501,11 @@ def test_read_solution_from_json_and_starter_kit_folder(tmp_path):
     assert (got["name"], got["author"], got["definition"]) == (
         "team-x", "team", "gdn_decode_qk4_v8_d128_k_last")
     assert got["spec"]["entry_point"] == "kernel.py::kernel"
-    assert got["spec"]["destination_passing_style"] is False
+    assert got["spec"]["destination_passing_style"] is False and "binding" not in got["spec"]
     # the starter kit packs the folder's own source files, not sub-folders or other files
     assert [s["path"] for s in got["sources"]] == ["helper.cuh", "kernel.py"]
+    (kit / "config.toml").write_text(_KIT + 'binding = "torch"\n')
+    assert read_solution(kit)["spec"]["binding"] == "torch"
 
 
 @pytest.mark.parametrize("case, match", [
@@ -512,6 +514,7 @@ def test_read_solution_from_json_and_starter_kit_folder(tmp_path):
     ("no-spec", "field 'spec' is missing"),
     ("wrong-def", "field 'definition' is 'gemm_n128'"),
     ("kit-no-config", "no config.toml"),
+    ("kit-nested", r"sub-folders \['gdn_decode_qk4_v8_d128_k_last'\] have one"),
     ("kit-bad-toml", "not valid TOML"),
     ("kit-no-language", "field build.language is missing"),
     ("kit-track-name", "field solution.definition is 'gated_delta_net'"),
@@ -523,7 +526,11 @@ def test_read_solution_errors_name_the_file_and_field(tmp_path, case, match):
 
     sol = solution("decode")
     target = tmp_path / "s.json"
-    if case == "not-json":
+    if case == "kit-nested":      # a repository holding one starter-kit folder per definition
+        target = tmp_path / "repo"
+        target.mkdir()
+        _kit(tmp_path, _KIT).rename(target / "gdn_decode_qk4_v8_d128_k_last")
+    elif case == "not-json":
         target.write_text("{name: 1")
     elif case == "no-spec":
         target.write_text(json.dumps({k: v for k, v in sol.items() if k != "spec"}))
@@ -540,7 +547,8 @@ def test_read_solution_errors_name_the_file_and_field(tmp_path, case, match):
             (target / "config.toml").unlink()
     with pytest.raises(ValueError, match=match) as err:
         read_solution(target)
-    where = target / "config.toml" if case.startswith("kit") and case != "kit-no-config" else target
+    where = (target / "config.toml" if case.startswith("kit")
+             and case not in ("kit-no-config", "kit-nested") else target)
     assert str(where) in str(err.value)
 
 

@@ -80,7 +80,7 @@ def _op_of(def_name: str) -> Optional[str]:
 def read_solution(path) -> dict:
     """A solution (dict in flashinfer-bench's format) from ``path``: a solution JSON,
     or a starter-kit folder (``config.toml`` with ``[solution] name, definition,
-    author`` and ``[build] language, entry_point[, destination_passing_style]``, the
+    author`` and ``[build] language, entry_point[, destination_passing_style, binding]``, the
     sources in ``solution/<language>/``, packed as the starter kit packs them).
 
     ``ValueError`` naming the file and field for a missing path, malformed JSON/TOML,
@@ -109,8 +109,10 @@ def _read_starter_kit(folder: Path) -> dict:
 
     cfg_path = folder / "config.toml"
     if not cfg_path.is_file():
+        inner = sorted(p.parent.name for p in folder.glob("*/config.toml"))
         raise ValueError(f"solution folder {folder}: no config.toml (a starter-kit folder "
-                         "has config.toml and solution/<language>/)")
+                         "has config.toml and solution/<language>/)"
+                         + (f"; its sub-folders {inner} have one: pass those" if inner else ""))
     try:
         cfg = tomllib.loads(cfg_path.read_text())
     except tomllib.TOMLDecodeError as e:
@@ -136,12 +138,14 @@ def _read_starter_kit(folder: Path) -> dict:
     if not files:
         raise ValueError(f"{cfg_path}: build.language is {language!r} but {src_dir} holds no "
                          f"source files ({', '.join(STARTER_KIT_EXTENSIONS)})")
+    build = cfg["build"]
+    spec = {"language": language, "target_hardware": ["cuda"], "entry_point": entry,
+            "dependencies": [],
+            "destination_passing_style": bool(build.get("destination_passing_style", True))}
+    if "binding" in build:      # tvm-ffi (flashinfer-bench's default for CUDA) or torch
+        spec["binding"] = build["binding"]
     return {"name": name, "definition": definition_, "author": author,
-            "description": f"starter-kit folder {folder}",
-            "spec": {"language": language, "target_hardware": ["cuda"], "entry_point": entry,
-                     "dependencies": [],
-                     "destination_passing_style": bool(cfg["build"].get(
-                         "destination_passing_style", True))},
+            "description": f"starter-kit folder {folder}", "spec": spec,
             "sources": [{"path": f.name, "content": f.read_text()} for f in files]}
 
 
