@@ -11,9 +11,11 @@
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
 #   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
 #                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
-#   make contest-eval [CONTEST_ARGS="--ops decode"]
-#                 flashinfer-bench on our solutions and FlashInfer (CUDA GPU) ->
-#                 results/<gpu>/contest/ (traces, comparison table)
+#   make contest-eval [SOLUTIONS=a.json,kit-folder/] [CONTEST_ARGS="--ops decode"]
+#                 the contest's flashinfer-bench (CUPTI spans; scripts/contest_wheel.sh) on
+#                 ours, FlashInfer's baseline and SOLUTIONS (CUDA GPU) ->
+#                 results/<gpu>/contest/ (scores, per-workload table, traces);
+#                 docs/contest_harness.md
 #
 # `make test` first runs scripts/install_browser.sh (Debian chromium + chromedriver
 # for the JupyterLab browser test, when root or password-less sudo can apt-get;
@@ -65,4 +67,4 @@ pack:
 	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.contest pack --op $(OP) $(if $(VARIANT),--variant $(VARIANT)) --out $(PACK_OUT)
 
 contest-eval:
-	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.contest evaluate $(CONTEST_ARGS)
+	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.contest evaluate $(if $(SOLUTIONS),--solutions $(SOLUTIONS)) $(CONTEST_ARGS)

@@ -5,7 +5,8 @@ flashinfer-bench itself.
                        the torch/triton-only import check)
 - :mod:`.definitions`  flashinfer-bench definitions and workloads from :mod:`kernels.spec`
 - :mod:`.solution`     our solutions (and the FlashInfer baseline's) in its format
-- :mod:`.evaluate`     its benchmark on them (GPU), traces and the comparison table
+- :mod:`.evaluate`     the contest's flashinfer-bench build on them, the baseline and
+                       other solutions (GPU): contest scores, per-workload table, traces
 - :mod:`.loader`       any solution (JSON, starter-kit folder, ``module:function``) as an
                        implementation in our calling convention: :func:`load_solution`
 - :mod:`.remote`       third-party solutions in worker processes of their own (notebooks)
@@ -13,7 +14,7 @@ flashinfer-bench itself.
 Command line (``python -m kernels.contest``)::
 
     pack --op decode|prefill [--variant fused|graph] --out DIR   # DIR/<name>.json
-    evaluate [--ops decode,prefill] [--out results/<gpu>/contest]  # GPU + flashinfer-bench
+    evaluate [--ops decode,prefill] [--solutions a.json,dir/] [--root results]  # GPU
 
 Importing this package imports neither torch nor flashinfer-bench.
 """
