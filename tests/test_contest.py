@@ -463,96 +463,11 @@ def test_wheel_script_pins_the_commit_evaluate_requires():
     assert f"\nFIB_COMMIT={FIB_COMMIT}\n" in text
 
 
-# --------------------------------------------------------------------------- solution paths
-
-def _kit(tmp_path, config, files=None):
-    folder = tmp_path / "kit"
-    (folder / "solution" / "triton").mkdir(parents=True)
-    (folder / "config.toml").write_text(config)
-    files = {"kernel.py": "def kernel(*a):\n    pass\n"} if files is None else files
-    for name, text in files.items():
-        (folder / "solution" / "triton" / name).write_text(text)
-    return folder
-
-
-_KIT = """[solution]
-name = "team-x"
-definition = "gdn_decode_qk4_v8_d128_k_last"
-author = "team"
-
-[build]
-language = "triton"
-entry_point = "kernel.py::kernel"
-destination_passing_style = false
-"""
-
-
-def test_read_solution_from_json_and_starter_kit_folder(tmp_path):
-    from kernels.contest.evaluate import read_solution
-
-    sol = solution("decode")
-    path = write_solution(sol, tmp_path)
-    assert read_solution(path) == sol
-    kit = _kit(tmp_path, _KIT, {"kernel.py": "def kernel(*a):\n    pass\n",
-                                "helper.cuh": "// x\n", "notes.txt": "not a source"})
-    (kit / "solution" / "triton" / "sub").mkdir()
-    (kit / "solution" / "triton" / "sub" / "deep.py").write_text("x = 1\n")
-    got = read_solution(kit)
-    assert (got["name"], got["author"], got["definition"]) == (
-        "team-x", "team", "gdn_decode_qk4_v8_d128_k_last")
-    assert got["spec"]["entry_point"] == "kernel.py::kernel"
-    assert got["spec"]["destination_passing_style"] is False and "binding" not in got["spec"]
-    # the starter kit packs the folder's own source files, not sub-folders or other files
-    assert [s["path"] for s in got["sources"]] == ["helper.cuh", "kernel.py"]
-    (kit / "config.toml").write_text(_KIT + 'binding = "torch"\n')
-    assert read_solution(kit)["spec"]["binding"] == "torch"
-
-
-@pytest.mark.parametrize("case, match", [
-    ("missing", "no such file or folder"),
-    ("not-json", "not valid JSON"),
-    ("no-spec", "field 'spec' is missing"),
-    ("wrong-def", "field 'definition' is 'gemm_n128'"),
-    ("kit-no-config", "no config.toml"),
-    ("kit-nested", r"sub-folders \['gdn_decode_qk4_v8_d128_k_last'\] have one"),
-    ("kit-bad-toml", "not valid TOML"),
-    ("kit-no-language", "field build.language is missing"),
-    ("kit-track-name", "field solution.definition is 'gated_delta_net'"),
-    ("kit-entry", "build.entry_point must be '<file>::<function>'"),
-    ("kit-no-sources", "holds no source files"),
-])
-def test_read_solution_errors_name_the_file_and_field(tmp_path, case, match):
-    from kernels.contest.evaluate import read_solution
-
-    sol = solution("decode")
-    target = tmp_path / "s.json"
-    if case == "kit-nested":      # a repository holding one starter-kit folder per definition
-        target = tmp_path / "repo"
-        target.mkdir()
-        _kit(tmp_path, _KIT).rename(target / "gdn_decode_qk4_v8_d128_k_last")
-    elif case == "not-json":
-        target.write_text("{name: 1")
-    elif case == "no-spec":
-        target.write_text(json.dumps({k: v for k, v in sol.items() if k != "spec"}))
-    elif case == "wrong-def":
-        target.write_text(json.dumps(dict(sol, definition="gemm_n128")))
-    elif case.startswith("kit"):
-        target = _kit(tmp_path, {
-            "kit-no-config": _KIT, "kit-bad-toml": "[solution\n",
-            "kit-no-language": _KIT.replace('language = "triton"\n', ""),
-            "kit-track-name": _KIT.replace("gdn_decode_qk4_v8_d128_k_last", "gated_delta_net"),
-            "kit-entry": _KIT.replace('"kernel.py::kernel"', '"kernel"'),
-            "kit-no-sources": _KIT}[case], {} if case == "kit-no-sources" else None)
-        if case == "kit-no-config":
-            (target / "config.toml").unlink()
-    with pytest.raises(ValueError, match=match) as err:
-        read_solution(target)
-    where = (target / "config.toml" if case.startswith("kit")
-             and case not in ("kit-no-config", "kit-nested") else target)
-    assert str(where) in str(err.value)
-
+# --------------------------------------------------------------------------- arguments
 
 def test_check_arguments(tmp_path):
+    """The contest's own rules on top of kernels.contest.loader.read_solution (whose
+    errors tests/test_solutions.py checks): its two definitions only, unique names."""
     from kernels.contest.evaluate import check_arguments, solutions_for
 
     with pytest.raises(ValueError, match="ops must list decode and/or prefill"):
@@ -562,8 +477,17 @@ def test_check_arguments(tmp_path):
     dup = write_solution(solution("prefill"), tmp_path)          # gdn-prefill-ours-fused
     with pytest.raises(ValueError, match="'gdn-prefill-ours-fused' is used twice"):
         check_arguments(["prefill"], [dup])
-    other = write_solution(dict(solution("decode"), name="mine"), tmp_path)
-    assert [s["name"] for s in check_arguments(["decode"], [other])] == ["mine"]
+    shape = tmp_path / "shape" / "s.json"                        # GDN, not the contest's shape
+    shape.parent.mkdir()
+    shape.write_text(json.dumps(dict(solution("decode"), name="x",
+                                     definition="gdn_decode_qk16_v32_d128_k_last")))
+    with pytest.raises(ValueError, match="field 'definition': 'gdn_decode_qk16_v32_d128_k_last' "
+                                         "is not one of the contest's") as e:
+        check_arguments(["decode"], [shape])
+    assert str(shape) in str(e.value)
+    mine = dict(solution("decode"), name="mine")
+    other = write_solution(mine, tmp_path)
+    assert check_arguments(["decode"], [other]) == [mine]     # flashinfer-bench's dict, as read
     # read (and so checked) whatever the ops; evaluated with its own op only
     assert [s["name"] for s in solutions_for("prefill", check_arguments(["prefill"], [other]))
             ] == ["gdn-prefill-ours-fused", "gdn-prefill-ours-graph", "gdn-prefill-flashinfer"]
@@ -571,7 +495,7 @@ def test_check_arguments(tmp_path):
 
 @pytest.mark.parametrize("args, match", [
     (["--ops", "mixed"], "ops must list"),
-    (["--solutions", "nope/missing.json"], "no such file or folder"),
+    (["--solutions", "nope/missing.json"], "no such solution JSON or starter-kit folder"),
     (["--rep", "0"], "--rep must be >= 1"),
 ])
 def test_evaluate_cli_refuses_bad_arguments_before_any_run(capsys, args, match):

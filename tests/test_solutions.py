@@ -109,34 +109,145 @@ def test_bad_inputs_name_the_argument(decode_case):
         fn(**dict(x, v=x["v"][:1]))
 
 
+# --------------------------------------------------------------------------- reading (the one reader)
+
+
+def _kit(tmp_path: Path, config: str, files=None) -> Path:
+    """A starter-kit folder: config.toml and solution/python/<files>."""
+    folder = tmp_path / "kit"
+    (folder / "solution" / "python").mkdir(parents=True)
+    (folder / "config.toml").write_text(config)
+    files = {"kernel.py": "def kernel(*a):\n    pass\n"} if files is None else files
+    for name, text in files.items():
+        (folder / "solution" / "python" / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "solution" / "python" / name).write_text(text)
+    return folder
+
+
+_KIT = f"""[solution]
+name = "team-x"
+definition = "{DEF}"
+author = "team"
+
+[build]
+language = "python"
+entry_point = "kernel.py::kernel"
+destination_passing_style = false
+"""
+
+
+def test_read_as_flashinfer_bench_solution(tmp_path):
+    """fib_solution(), what make contest-eval evaluates: a JSON as read; a folder packed as
+    the starter kit packs it (its own source files; '<file>::<function>'; destination-
+    passing unless config.toml says otherwise; binding passed through)."""
+    from kernels.contest.solution import solution, write_solution
+
+    sol = solution("decode")
+    src = read_solution(write_solution(sol, tmp_path))
+    assert src.fib_solution() == sol and src.author == sol["author"]
+    kit = _kit(tmp_path, _KIT, {"kernel.py": "def kernel(*a):\n    pass\n",
+                                "helper.CUH": "// x\n", "notes.txt": "not a source",
+                                "sub/deep.py": "x = 1\n"})
+    src = read_solution(kit)
+    got = src.fib_solution()
+    assert (got["name"], got["author"], got["definition"]) == ("team-x", "team", DEF)
+    assert got["spec"] == {"language": "python", "target_hardware": ["cuda"],
+                           "entry_point": "kernel.py::kernel", "dependencies": [],
+                           "destination_passing_style": False}
+    assert [s["path"] for s in got["sources"]] == ["helper.CUH", "kernel.py"]
+    assert sorted(src.sources) == ["helper.CUH", "kernel.py"]     # what the loader builds, too
+    (kit / "config.toml").write_text(_KIT.replace("destination_passing_style = false\n", "")
+                                     .replace('"kernel.py::kernel"', '"kernel"')
+                                     + 'binding = "torch"\n')
+    src = read_solution(kit)
+    assert src.dps is None and (src.entry_file, src.entry_symbol) == ("kernel.py", "kernel")
+    got = src.fib_solution()
+    assert got["spec"]["destination_passing_style"] is True     # the starter kit's default
+    assert (got["spec"]["entry_point"], got["spec"]["binding"]) == ("kernel.py::kernel", "torch")
+
+
 @pytest.mark.parametrize("case,match", [
+    ("missing", "no such solution JSON or starter-kit folder"),
     ("not-json", "not valid JSON"),
+    ("not-object", "a solution JSON is an object, got list"),
+    ("no-author", "missing field 'author'"),
     ("no-entry-field", "missing field 'spec.entry_point'"),
     ("bad-entry-format", "field 'spec.entry_point'.*expected '<file>::<function>'"),
     ("entry-not-in-sources", "field 'spec.entry_point'.*'main.py' is not among the sources"),
-    ("missing-function", "field 'spec.entry_point'.*no function 'nope'"),
     ("wrong-op", "field 'definition'.*a prefill definition; a decode implementation"),
     ("not-gdn", "field 'definition'.*not a GDN definition"),
-    ("language", "field 'spec.language'.*'tilelang' is not supported"),
-    ("import-error", "importing kernel.py failed: ZeroDivisionError"),
-    ("dps-ambiguous", "field 'spec.destination_passing_style'.*takes neither"),
+    ("language", "field 'spec.language'.*'rust' is not one of flashinfer-bench's"),
+    ("dps-type", "field 'spec.destination_passing_style' must be true or false"),
+    ("source-path", r"field 'sources\[\].path' '../x.py' must be relative"),
 ])
 def test_json_errors_name_file_and_field(tmp_path, case, match):
+    path = tmp_path / "bad.json"
     if case == "not-json":
-        path = tmp_path / "bad.json"
         path.write_text("{not json")
+    elif case == "not-object":
+        path.write_text("[]")
+    elif case == "no-author":
+        path = _json(tmp_path, drop=("author",))
     elif case == "no-entry-field":
         path = _json(tmp_path, drop=("spec.entry_point",))
     elif case == "bad-entry-format":
         path = _json(tmp_path, entry="kernel.py")
     elif case == "entry-not-in-sources":
         path = _json(tmp_path, entry="main.py::run")
-    elif case == "missing-function":
-        path = _json(tmp_path, entry="kernel.py::nope")
     elif case == "wrong-op":
         path = _json(tmp_path, definition="gdn_prefill_qk4_v8_d128_k_last")
     elif case == "not-gdn":
         path = _json(tmp_path, definition="rmsnorm_h4096")
+    elif case == "language":
+        path = _json(tmp_path, language="rust")
+    elif case == "dps-type":
+        path = _json(tmp_path, dps="yes")
+    elif case == "source-path":
+        path = _json(tmp_path, sources=[{"path": "../x.py", "content": "x = 1\n"}])
+    with pytest.raises(SolutionError, match=match) as e:
+        read_solution(path, op="decode")
+    assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("no-config", "no config.toml"),
+    ("nested", r"no config.toml .*sub-folders \['gdn_decode_qk4_v8_d128_k_last'\] have one"),
+    ("bad-toml", "not valid TOML"),
+    ("no-language", "missing field 'build.language'"),
+    ("track-name", "field 'solution.definition' is 'gated_delta_net', not a GDN definition"),
+    ("no-language-folder", "field 'build.language' is 'triton' but .*solution/triton is not a "
+                           "folder"),
+    ("no-sources", r"solution/python: no source files \(.py, .cu"),
+    ("bare-entry", "field 'build.entry_point' is 'kernel': no Python file"),
+])
+def test_folder_errors_name_file_and_field(tmp_path, case, match):
+    config = {"bad-toml": "[solution\n",
+              "no-language": _KIT.replace('language = "python"\n', ""),
+              "track-name": _KIT.replace(DEF, "gated_delta_net"),
+              "no-language-folder": _KIT.replace('"python"', '"triton"'),
+              "bare-entry": _KIT.replace('"kernel.py::kernel"', '"kernel"')}.get(case, _KIT)
+    files = {"no-sources": {"notes.txt": "x", "sub/deep.py": "def kernel():\n    pass\n"},
+             "bare-entry": {"k.py": "def other():\n    pass\n"}}.get(case)
+    folder = _kit(tmp_path, config, files)
+    if case == "no-config":
+        (folder / "config.toml").unlink()
+    elif case == "nested":       # a repository holding one starter-kit folder per definition
+        folder = folder.rename(tmp_path / DEF).parent
+    with pytest.raises(SolutionError, match=match) as e:
+        read_solution(folder)
+    assert str(folder) in str(e.value)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("missing-function", "field 'spec.entry_point'.*no function 'nope'"),
+    ("language", "field 'spec.language'.*'tilelang' is not supported here"),
+    ("import-error", "importing kernel.py failed: ZeroDivisionError"),
+    ("dps-ambiguous", "field 'spec.destination_passing_style'.*takes neither"),
+])
+def test_load_errors_name_file_and_field(tmp_path, case, match):
+    """Errors only loading finds (read_solution accepts these)."""
+    if case == "missing-function":
+        path = _json(tmp_path, entry="kernel.py::nope")
     elif case == "language":
         path = _json(tmp_path, language="tilelang")
     elif case == "import-error":
@@ -144,27 +255,10 @@ def test_json_errors_name_file_and_field(tmp_path, case, match):
     else:
         path = _json(tmp_path, dps=None, sources=[
             {"path": "kernel.py", "content": "def run(q, k):\n    pass\n"}])
+    read_solution(path)
     with pytest.raises(SolutionError, match=match) as e:
         load_solution(path, op="decode")
     assert str(path) in str(e.value)
-
-
-def test_folder_errors(tmp_path):
-    with pytest.raises(SolutionError, match="no config.toml"):
-        read_solution(tmp_path)
-    (tmp_path / "config.toml").write_text('[solution]\nname = "x"\ndefinition = "%s"\n'
-                                          '[build]\nlanguage = "triton"\nentry_point = "kernel"\n'
-                                          % DEF)
-    with pytest.raises(SolutionError, match="field 'build.language'.*not a folder"):
-        read_solution(tmp_path)
-    (tmp_path / "solution" / "triton").mkdir(parents=True)
-    (tmp_path / "solution" / "triton" / "k.py").write_text("def other():\n    pass\n")
-    with pytest.raises(SolutionError, match="field 'build.entry_point'.*no Python file"):
-        read_solution(tmp_path)
-    (tmp_path / "solution" / "triton" / "k.py").write_text("def kernel():\n    pass\n")
-    assert read_solution(tmp_path).entry_file == "k.py"
-    with pytest.raises(SolutionError, match="no such solution"):
-        read_solution(tmp_path / "missing.json")
 
 
 def test_cuda_solution_on_a_cpu_host_says_why():

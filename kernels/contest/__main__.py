@@ -21,13 +21,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pack.add_argument("--out", required=True, help="folder for <solution-name>.json")
     ev = sub.add_parser("evaluate", help="the contest's flashinfer-bench on ours, FlashInfer's "
                                          "baseline and --solutions (CUDA GPU; "
-                                         "docs/contest_harness.md)")
+                                         "docs/contest.md)")
     ev.add_argument("--ops", default="decode,prefill", help="comma list of decode, prefill")
     ev.add_argument("--solutions", default="",
                     help="comma list of solution JSONs / starter-kit folders to evaluate too")
     ev.add_argument("--root", default=None,
                     help="results root (default: the repository's results/); writes "
-                         "<root>/<gpu-slug>/contest/")
+                         "<root>/<gpu-slug>/contest_<op>/")
     ev.add_argument("--rep", type=int, default=50,
                     help="calls per workload for our own cupti_cold cross-check")
     args = parser.parse_args(argv)

@@ -1,8 +1,8 @@
 """The contest's evaluation, run locally: flashinfer-bench at the contest's version (GPU).
 
 :func:`evaluate` runs flashinfer-bench built from its main branch as of the final
-kernel submission deadline (``scripts/contest_wheel.sh``; docs/contest_harness.md
-says why not PyPI's 0.1.2) with the contest's settings: isolated runner (one
+kernel submission deadline (``scripts/contest_wheel.sh``; docs/contest.md says
+why not PyPI's 0.1.2) with the contest's settings: isolated runner (one
 process per solution), timeout 300 s, ``atol = rtol = 1e-2``, GDN prefill
 ``warmup 1, iterations 5, trials 3``, decode the defaults ``10, 50, 3``. Its
 latency is FlashInfer's ``bench_gpu_time_with_cupti`` with a cold L2 and no CUDA
@@ -13,8 +13,8 @@ back to CUDA events, which count the host's launch path).
 
 Solutions, on the same workloads: ours (decode; prefill ``fused`` and ``graph``),
 the FlashInfer baseline (:mod:`.solution`) and every path in ``solutions`` (a
-solution JSON or a starter-kit folder, :func:`read_solution`; flashinfer-bench
-builds them itself). Score (the starter kit's EVALUATION.md): per workload
+solution JSON or a starter-kit folder, read by :func:`.loader.read_solution`;
+flashinfer-bench builds them itself). Score (the starter kit's EVALUATION.md): per workload
 ``baseline latency / solution latency``; a solution's score is the mean over the
 workloads the baseline passed, and 0 if any of its workloads did not pass
 (:func:`contest_scores`, checked against flashinfer-bench's own scoring).
@@ -46,20 +46,18 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .bundle import PACKAGE_DIR
 from .definitions import OP_TYPE, OPS, definition, definition_name, workload_inputs, workloads
+from .loader import read_solution
 from .solution import AUTHOR, PREFILL_VARIANTS, baseline_solution, solution
 
-__all__ = ["evaluate", "check_arguments", "check_environment", "read_solution", "contest_scores",
+__all__ = ["evaluate", "check_arguments", "check_environment", "contest_scores",
            "comparison_table", "notebook_cupti_cold", "solutions_for", "write_trace_set",
-           "contest_params", "FLAG_THRESHOLD", "FIB_COMMIT", "STARTER_KIT_EXTENSIONS"]
+           "contest_params", "FLAG_THRESHOLD", "FIB_COMMIT"]
 
 #: flashinfer-bench main at the final kernel submission deadline (scripts/contest_wheel.sh)
 FIB_COMMIT = "ecafa9c2c62007667838226068b21ca9ff1c9183"
 FLAG_THRESHOLD = 0.10
 TIMEOUT_S = 300
 RESULTS = PACKAGE_DIR.parent / "results"
-#: files the starter kit packs from solution/<language>/ (flashinfer-bench's
-#: pack_solution_from_files: the folder's own files, not sub-folders)
-STARTER_KIT_EXTENSIONS = (".py", ".cu", ".cuh", ".cpp", ".c", ".h", ".hpp")
 _CONTEST_PARAMS = {"decode": dict(warmup_runs=10, iterations=50, num_trials=3),
                    "prefill": dict(warmup_runs=1, iterations=5, num_trials=3)}
 
@@ -72,88 +70,6 @@ def contest_params(op: str) -> dict:
 
 
 # --------------------------------------------------------------------------- solutions
-
-def _op_of(def_name: str) -> Optional[str]:
-    return next((op for op in OPS if definition_name(op) == def_name), None)
-
-
-def read_solution(path) -> dict:
-    """A solution (dict in flashinfer-bench's format) from ``path``: a solution JSON,
-    or a starter-kit folder (``config.toml`` with ``[solution] name, definition,
-    author`` and ``[build] language, entry_point[, destination_passing_style, binding]``, the
-    sources in ``solution/<language>/``, packed as the starter kit packs them).
-
-    ``ValueError`` naming the file and field for a missing path, malformed JSON/TOML,
-    a missing field, or a definition other than our two (flashinfer-bench validates
-    the rest when it loads the trace set)."""
-    p = Path(path)
-    if p.is_dir():
-        return _read_starter_kit(p)
-    if not p.is_file():
-        raise ValueError(f"solution {path}: no such file or folder")
-    try:
-        sol = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"solution {p}: not valid JSON ({e})") from None
-    if not isinstance(sol, dict):
-        raise ValueError(f"solution {p}: expected a JSON object, got {type(sol).__name__}")
-    for field in ("name", "definition", "author", "spec", "sources"):
-        if field not in sol:
-            raise ValueError(f"solution {p}: field {field!r} is missing")
-    _check_definition(sol["definition"], f"solution {p}: field 'definition'")
-    return sol
-
-
-def _read_starter_kit(folder: Path) -> dict:
-    import tomllib      # Python >= 3.11 (the GPU host has 3.12)
-
-    cfg_path = folder / "config.toml"
-    if not cfg_path.is_file():
-        inner = sorted(p.parent.name for p in folder.glob("*/config.toml"))
-        raise ValueError(f"solution folder {folder}: no config.toml (a starter-kit folder "
-                         "has config.toml and solution/<language>/)"
-                         + (f"; its sub-folders {inner} have one: pass those" if inner else ""))
-    try:
-        cfg = tomllib.loads(cfg_path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{cfg_path}: not valid TOML ({e})") from None
-
-    def field(table: str, key: str, default=None):
-        value = cfg.get(table, {}).get(key, default)
-        if value is None:
-            raise ValueError(f"{cfg_path}: field {table}.{key} is missing")
-        return value
-
-    name, definition_ = field("solution", "name"), field("solution", "definition")
-    author, language = field("solution", "author"), field("build", "language")
-    entry = field("build", "entry_point")
-    _check_definition(definition_, f"{cfg_path}: field solution.definition")
-    if "::" not in entry:
-        raise ValueError(f"{cfg_path}: field build.entry_point must be '<file>::<function>' "
-                         f"(e.g. 'kernel.py::kernel'), got {entry!r}")
-    src_dir = folder / "solution" / language
-    files = (sorted(f for f in src_dir.iterdir()
-                    if f.is_file() and f.suffix.lower() in STARTER_KIT_EXTENSIONS)
-             if src_dir.is_dir() else [])
-    if not files:
-        raise ValueError(f"{cfg_path}: build.language is {language!r} but {src_dir} holds no "
-                         f"source files ({', '.join(STARTER_KIT_EXTENSIONS)})")
-    build = cfg["build"]
-    spec = {"language": language, "target_hardware": ["cuda"], "entry_point": entry,
-            "dependencies": [],
-            "destination_passing_style": bool(build.get("destination_passing_style", True))}
-    if "binding" in build:      # tvm-ffi (flashinfer-bench's default for CUDA) or torch
-        spec["binding"] = build["binding"]
-    return {"name": name, "definition": definition_, "author": author,
-            "description": f"starter-kit folder {folder}", "spec": spec,
-            "sources": [{"path": f.name, "content": f.read_text()} for f in files]}
-
-
-def _check_definition(def_name, where: str) -> None:
-    if _op_of(def_name) is None:
-        raise ValueError(f"{where} is {def_name!r}; this suite evaluates "
-                         f"{', '.join(definition_name(op) for op in OPS)}")
-
 
 def solutions_for(op: str, extra: Sequence[dict] = ()) -> List[dict]:
     """The solutions evaluated for ``op``: ours (prefill: every packed variant), the
@@ -384,14 +300,22 @@ def _own_cupti_cold(op: str, wl: dict, defn_model, sol_model, rep: int) -> float
 
 
 def check_arguments(ops: Sequence[str], solutions: Sequence[str] = ()) -> List[dict]:
-    """Validate :func:`evaluate`'s arguments without a GPU; return the solutions read
-    from ``solutions`` (each is evaluated with the op of its definition; one for an op
-    not in ``ops`` is left out). ``ValueError`` naming the argument (or file and field)
-    for an unknown or empty op list, a bad solution path, or a name used twice."""
+    """Validate :func:`evaluate`'s arguments without a GPU; return the solutions of
+    ``solutions`` in flashinfer-bench's format (each is evaluated with the op of its
+    definition; one for an op not in ``ops`` is left out). ``ValueError`` naming the
+    argument (or file and field) for an unknown or empty op list, a solution
+    :func:`.loader.read_solution` refuses, a definition other than the contest's two, or
+    a name used twice."""
     bad = [op for op in ops if op not in OPS]
     if bad or not ops:
         raise ValueError(f"ops must list {' and/or '.join(OPS)}, got {list(ops)!r}")
-    extra = [read_solution(p) for p in solutions]
+    extra = []
+    for path in solutions:
+        src = read_solution(path)
+        if src.definition != definition_name(src.op):
+            raise src.err(f"{src.definition!r} is not one of the contest's definitions "
+                          f"({', '.join(definition_name(op) for op in OPS)})", "definition")
+        extra.append(src.fib_solution())
     for op in ops:
         solutions_for(op, extra)
     return extra
@@ -408,7 +332,7 @@ def check_environment() -> str:
         import flashinfer_bench  # noqa: F401
     except ImportError as e:
         raise RuntimeError(f"flashinfer-bench is not importable ({e}); on the GPU host carry "
-                           ".whl/ and the FlashInfer bundle (docs/contest_harness.md)") from e
+                           ".whl/ and the FlashInfer bundle (docs/contest.md)") from e
     from ..bench.provenance import package_version
 
     fib_version = package_version("flashinfer_bench", dists=("flashinfer-bench",))
@@ -422,7 +346,7 @@ def check_environment() -> str:
 def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
              root: Optional[str] = None, rep: int = 50) -> List[Path]:
     """Run the contest's flashinfer-bench on ours, the baseline and ``solutions``
-    (paths, :func:`read_solution`) for each of ``ops`` in turn (as the contest ran one
+    (paths, :func:`check_arguments`) for each of ``ops`` in turn (as the contest ran one
     command per definition); write ``<root>/<gpu-slug>/contest_<op>/`` (``root``
     defaults to the repository's ``results/``) and return those folders.
 
@@ -430,8 +354,9 @@ def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
     ``RuntimeError`` without a CUDA GPU, the contest's flashinfer-bench build or CUPTI.
     """
     extra = check_arguments(ops, solutions)
+    evaluated = {definition_name(op) for op in ops}
     for path, sol in zip(solutions, extra):
-        if _op_of(sol["definition"]) not in ops:
+        if sol["definition"] not in evaluated:
             print(f"contest: {path} ({sol['definition']}) left out: its op is not in {list(ops)}")
     fib_version = check_environment()
     from ..bench.provenance import package_version

@@ -7,7 +7,8 @@
   binding}, sources [{path, content}]``);
 - a contest starter-kit folder: ``config.toml`` (``[solution] name, definition, author``;
   ``[build] language, entry_point`` and optionally ``destination_passing_style``,
-  ``binding``) plus the sources under ``solution/<language>/``;
+  ``binding``) plus the sources: the files of ``solution/<language>/`` (not its
+  sub-folders), as the starter kit packs them;
 - ``module:function``: a Python callable already importable, with the definition's
   argument names (its op from ``op=`` or from whether it takes ``cu_seqlens``);
 
@@ -45,6 +46,7 @@ the solution) leaves everything in place, as flashinfer-bench does.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import hashlib
 import importlib
@@ -73,9 +75,13 @@ __all__ = ["SOLUTION_PREFIX", "SolutionError", "SolutionSource", "SolutionImpl",
 SOLUTION_PREFIX = "solution:"
 PY_LANGUAGES = ("python", "triton")
 CUDA_LANGUAGES = ("cuda", "cpp")
+#: flashinfer-bench's languages (``tilelang``: it builds those itself; this loader does not)
+LANGUAGES = PY_LANGUAGES + CUDA_LANGUAGES + ("tilelang",)
 BINDINGS = ("tvm-ffi", "torch")
-#: files of a starter-kit folder packed as sources (flashinfer-bench's pack_solution_from_files)
-SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", ".h", ".hpp")
+#: a starter-kit folder's sources: the files of ``solution/<language>/`` itself (not its
+#: sub-folders) with these suffixes, as the starter kit packs them
+#: (flashinfer-bench's ``pack_solution_from_files``)
+SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".cpp", ".c", ".h", ".hpp")
 _CUDA_SUFFIXES = (".cu",)
 _CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".c")
 _DEF_RE = re.compile(r"^gdn_(decode|prefill)_qk(\d+)_v(\d+)_d(\d+)_k_last$")
@@ -155,6 +161,7 @@ class SolutionSource:
     origin: str                    # the file or folder it came from (for messages)
     name: str
     definition: str
+    author: str
     op: str
     language: str
     entry_file: str                # relative to the source root
@@ -164,6 +171,7 @@ class SolutionSource:
     sources: Dict[str, str]        # relative path -> content
     root: Optional[Path] = None    # folder whose files are the sources (starter kit)
     fields: Dict[str, str] = field(default_factory=dict)  # our field -> its name in origin
+    packed: Optional[dict] = None  # flashinfer-bench's Solution dict (see fib_solution)
 
     @property
     def graph_capturable(self) -> bool:
@@ -176,6 +184,13 @@ class SolutionSource:
 
     def err(self, what: str, key: str) -> SolutionError:
         return SolutionError(f"{self.origin}: field {self.fields.get(key, key)!r}: {what}")
+
+    def fib_solution(self) -> dict:
+        """The solution in flashinfer-bench's format (a copy), for its trace set: a JSON as
+        read; a starter-kit folder packed as the starter kit packs it (its sources, entry
+        ``<file>::<function>``, ``destination_passing_style`` true unless config.toml says
+        otherwise, ``binding`` if given)."""
+        return copy.deepcopy(self.packed)
 
 
 def _need(d, key: str, origin: str, where: str, typ=str):
@@ -226,6 +241,7 @@ def _read_json(path: Path, op: Optional[str]) -> SolutionSource:
         raise SolutionError(f"{origin}: a solution JSON is an object, got {type(sol).__name__}")
     name = _need(sol, "name", origin, "")
     defn = _need(sol, "definition", origin, "")
+    author = _need(sol, "author", origin, "")
     spec = _need(sol, "spec", origin, "", dict)
     language = _need(spec, "language", origin, "spec.").lower()
     entry = _need(spec, "entry_point", origin, "spec.")
@@ -245,11 +261,11 @@ def _read_json(path: Path, op: Optional[str]) -> SolutionSource:
         raise SolutionError(f"{origin}: field 'spec.destination_passing_style' must be true "
                             f"or false, got {dps!r}")
     entry_file, symbol = _split_entry(entry, origin, "spec.entry_point")
-    src = SolutionSource(origin, name, defn, _op_of(defn, origin, "definition", op), language,
-                         entry_file, symbol, dps, spec.get("binding"), sources,
+    src = SolutionSource(origin, name, defn, author, _op_of(defn, origin, "definition", op),
+                         language, entry_file, symbol, dps, spec.get("binding"), sources,
                          fields=dict(entry="spec.entry_point", language="spec.language",
                                      dps="spec.destination_passing_style",
-                                     binding="spec.binding"))
+                                     binding="spec.binding"), packed=sol)
     return _validate(src)
 
 
@@ -257,8 +273,10 @@ def _read_folder(path: Path, op: Optional[str]) -> SolutionSource:
     cfg_path = path / "config.toml"
     origin = str(cfg_path)
     if not cfg_path.is_file():
+        inner = sorted(p.parent.name for p in path.glob("*/config.toml"))
         raise SolutionError(f"{path}: no config.toml (a starter-kit folder holds config.toml "
-                            "and solution/<language>/)")
+                            "and solution/<language>/)"
+                            + (f"; its sub-folders {inner} have one: pass those" if inner else ""))
     if tomllib is None:
         raise SolutionError(f"{origin}: reading config.toml needs Python 3.11+ (tomllib)")
     try:
@@ -269,15 +287,15 @@ def _read_folder(path: Path, op: Optional[str]) -> SolutionSource:
     build = _need(cfg, "build", origin, "", dict)
     name = _need(sol, "name", origin, "solution.")
     defn = _need(sol, "definition", origin, "solution.")
+    author = _need(sol, "author", origin, "solution.")
     language = _need(build, "language", origin, "build.").lower()
     entry = _need(build, "entry_point", origin, "build.")
     root = path / "solution" / language
     if not root.is_dir():
         raise SolutionError(f"{origin}: field 'build.language' is {language!r} but {root} is "
                             "not a folder")
-    sources = {p.relative_to(root).as_posix(): p.read_text()
-               for p in sorted(root.rglob("*"))
-               if p.is_file() and p.suffix in SOURCE_SUFFIXES and "__pycache__" not in p.parts}
+    sources = {p.name: p.read_text() for p in sorted(root.iterdir())
+               if p.is_file() and p.suffix.lower() in SOURCE_SUFFIXES}
     if not sources:
         raise SolutionError(f"{root}: no source files ({', '.join(SOURCE_SUFFIXES)})")
     if "::" in entry:
@@ -294,12 +312,21 @@ def _read_folder(path: Path, op: Optional[str]) -> SolutionSource:
     if dps is not None and not isinstance(dps, bool):
         raise SolutionError(f"{origin}: field 'build.destination_passing_style' must be true "
                             f"or false, got {dps!r}")
-    src = SolutionSource(origin, name, defn, _op_of(defn, origin, "solution.definition", op),
-                         language, entry_file, symbol, dps, build.get("binding"), sources,
-                         root=root, fields=dict(entry="build.entry_point",
-                                                language="build.language",
-                                                dps="build.destination_passing_style",
-                                                binding="build.binding"))
+    spec = {"language": language, "target_hardware": ["cuda"],
+            "entry_point": f"{entry_file}::{symbol}", "dependencies": [],
+            "destination_passing_style": True if dps is None else dps}
+    if "binding" in build:
+        spec["binding"] = build["binding"]
+    packed = {"name": name, "definition": defn, "author": author,
+              "description": f"starter-kit folder {path}", "spec": spec,
+              "sources": [{"path": p, "content": c} for p, c in sources.items()]}
+    src = SolutionSource(origin, name, defn, author,
+                         _op_of(defn, origin, "solution.definition", op), language, entry_file,
+                         symbol, dps, build.get("binding"), sources, root=root,
+                         fields=dict(definition="solution.definition", entry="build.entry_point",
+                                     language="build.language",
+                                     dps="build.destination_passing_style",
+                                     binding="build.binding"), packed=packed)
     return _validate(src)
 
 
@@ -313,9 +340,9 @@ def _defines(text: str, symbol: str) -> bool:
 
 
 def _validate(src: SolutionSource) -> SolutionSource:
-    if src.language not in PY_LANGUAGES + CUDA_LANGUAGES:
-        raise src.err(f"language {src.language!r} is not supported here (python, triton, "
-                      "cuda, cpp)", "language")
+    if src.language not in LANGUAGES:
+        raise src.err(f"language {src.language!r} is not one of flashinfer-bench's "
+                      f"({', '.join(LANGUAGES)})", "language")
     if src.entry_file not in src.sources:
         raise src.err(f"entry file {src.entry_file!r} is not among the sources "
                       f"({', '.join(sorted(src.sources))})", "entry")
@@ -331,7 +358,8 @@ def _validate(src: SolutionSource) -> SolutionSource:
 
 
 def read_solution(path, op: Optional[str] = None) -> SolutionSource:
-    """Read and check a solution JSON or starter-kit folder without running any of it.
+    """Read and check a solution JSON or starter-kit folder without running any of it: the
+    one reader of solutions (notebooks, Nsight Compute targets, ``make contest-eval``).
     ``op`` (``"decode"``/``"prefill"``): refuse a definition of the other op."""
     if op is not None and op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
@@ -694,7 +722,7 @@ def _load_callable(spec: str, op: Optional[str]) -> SolutionImpl:
         names = []
     op = op or ("prefill" if "cu_seqlens" in names else "decode")
     n_in, n_out = (len(_definition(op, 4, 8, 128)[k]) for k in ("inputs", "outputs"))
-    src = SolutionSource(spec, spec, "", op, "python", "", fn_name, None, None, {},
+    src = SolutionSource(spec, spec, "", "", op, "python", "", fn_name, None, None, {},
                          fields=dict(dps="destination_passing_style"))
     return SolutionImpl(fn, name=spec, language="python", definition=None, op=op,
                         dps=_signature_dps(fn, src, n_in, n_out), graph_capturable=True,
@@ -716,6 +744,9 @@ def load_solution(path, op: Optional[str] = None, *, scoped: bool = True) -> Sol
     if not Path(text).expanduser().exists() and _CALLABLE_RE.match(text):
         return _load_callable(text, op)
     src = read_solution(text, op)
+    if src.language not in PY_LANGUAGES + CUDA_LANGUAGES:
+        raise src.err(f"language {src.language!r} is not supported here (python, triton, "
+                      "cuda, cpp); flashinfer-bench builds it (make contest-eval)", "language")
     n_in, n_out = (len(_definition(src.op, 4, 8, 128)[k]) for k in ("inputs", "outputs"))
     import torch
 
