@@ -14,8 +14,8 @@
 #   make contest-eval [SOLUTIONS=a.json,kit-folder/] [CONTEST_ARGS="--ops decode"]
 #                 the contest's flashinfer-bench (CUPTI spans; scripts/contest_wheel.sh) on
 #                 ours, FlashInfer's baseline and SOLUTIONS (CUDA GPU) ->
-#                 results/<gpu>/contest/ (scores, per-workload table, traces);
-#                 docs/contest_harness.md
+#                 results/<gpu>/contest_<op>/ (scores, per-workload table, traces);
+#                 docs/contest.md
 #
 # `make test` first runs scripts/install_browser.sh (Debian chromium + chromedriver
 # for the JupyterLab browser test, when root or password-less sudo can apt-get;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The contest's flashinfer-bench, built from source, plus the wheels the offline GPU host
-# lacks to run it, into the git-ignored .whl/ (docs/contest_harness.md says why this one).
+# lacks to run it, into the git-ignored .whl/ (docs/contest.md says why this one).
 #
 #   FIB_COMMIT  flashinfer-ai/flashinfer-bench main as of the final kernel submission
 #               deadline (2026-04-24 23:59 AoE = 2026-04-25 11:59 UTC): the last commit

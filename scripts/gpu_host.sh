@@ -5,7 +5,7 @@
 #   gpu_heavy_unpack    join the parts, check SHA256SUMS, unpack (flashinfer + CuTe DSL)
 #   gpu_fib             check and unpack the .whl/ wheels (the contest's flashinfer-bench and
 #                       the deps the host lacks: scripts/contest_wheel.sh) into the same site
-#                       folder (for `make contest-eval`; docs/contest_harness.md)
+#                       folder (for `make contest-eval`; docs/contest.md)
 #   gpu_env             PYTHONPATH, ipykernel registration, editable install of the project
 #   gpu_qla_part N      stash .gpuqla/part-0N in /root/qlaparts (machine must stay warm)
 #   gpu_qla_unpack      join, check SHA256SUMS, pip-install the wheels into /root/qlasite and
