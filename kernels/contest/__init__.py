@@ -8,7 +8,8 @@ flashinfer-bench itself.
 - :mod:`.evaluate`     the contest's flashinfer-bench build on them, the baseline and
                        other solutions (GPU): contest scores, per-workload table, traces
 - :mod:`.loader`       any solution (JSON, starter-kit folder, ``module:function``) as an
-                       implementation in our calling convention: :func:`load_solution`
+                       implementation in our calling convention: :func:`load_solution`;
+                       ``read_solution``, the one reader (also :mod:`.evaluate`'s)
 - :mod:`.remote`       third-party solutions in worker processes of their own (notebooks)
 
 Command line (``python -m kernels.contest``)::
