@@ -15,7 +15,7 @@ One module per stage, each readable and testable alone:
 - :mod:`.config`            :class:`PrefillConfig` (8 levers) and the launch rules
 
 Public API: :func:`gdn_prefill`, :data:`VARIANTS`, :func:`make_prefill_impl`,
-:func:`launch_count_hint`.
+:func:`launch_count_hint`, :func:`.config.recurrent_rule`.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
            "plan_fused", "graph_cache_info", "clear_graph_cache", "PrefillConfig",
-           "DEFAULT_CONFIG", "ACCURATE_CONFIG", "describe_status"]
+           "DEFAULT_CONFIG", "ACCURATE_CONFIG", "describe_status", "recurrent_rule"]
 
 VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused", "recurrent")
 
