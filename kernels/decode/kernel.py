@@ -172,7 +172,7 @@ def gdn_decode_kernel(
         keep = valid & (rep == 0)
         if HAS_STATUS:
             if i_p == 0:
-                tl.store(status, any_slot_repeated(idx, B, P, 64) * 16)   # SLOT_REPEATED
+                tl.store(status, any_slot_repeated(idx, B, P, 16) * 16)   # SLOT_REPEATED
 
     b_A = -tl.exp(tl.load(A_log + i_hv))
     b_dt = tl.load(dt_bias + i_hv)
