@@ -343,7 +343,7 @@ run.show(xp.plot_time_vs_T(times), "time_vs_T")
 xp.ratio_table(times)"""),
     ("md", """\
 ## 3. How our call is split
-Path (one launch, walk, chained or long context parallelism), walk tile width, chunks per
+Path (token-recurrent, one launch, walk, chained or long context parallelism), walk tile width, chunks per
 segment and segments, launches: the host rules of `kernels.prefill` for each shape."""),
     ("code", """\
 plan = xp.plan_table(run)
