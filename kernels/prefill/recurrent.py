@@ -15,8 +15,8 @@ Grid: one program per ``BV`` state rows of one (sequence, value head), ``N * HV 
 programs; ``BV``, the row layout ``BK`` and ``num_warps`` come from the decode dispatch
 table for ``N`` sequences (:func:`kernels.decode.table.config_for_device`: the same state
 tiles and programs per SM as a decode call of batch ``N``). Each program loads the inputs
-of token ``t + 1`` before it updates its rows with token ``t`` (their latency hides behind
-the update). Varlen through ``cu_seqlens`` (:func:`.chunk_index.seq_bounds`: in bounds for
+of token ``t + 2`` before it updates its rows with token ``t`` (two steps, ~1 us by the
+decode kernel's per-token time, cover a DRAM miss). Varlen through ``cu_seqlens`` (:func:`.chunk_index.seq_bounds`: in bounds for
 any values), the initial state optional; unchecked ``cu_seqlens`` are checked by every
 program before it walks (:mod:`.guard`: NaN outputs and status bits, no sync, no extra
 launch). CUDA-graph capturable: no host sync, no allocation but the outputs.
@@ -37,6 +37,19 @@ from .chunk_index import cu_status, seq_bounds  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 
 __all__ = ["recurrent_prefill_kernel", "recurrent_fwd", "recurrent_tile"]
+
+
+@triton.jit
+def _token_inputs(q, k, v, a, b, t, eos, i_hq, i_hv, o_qk, o_v, HQ: tl.constexpr,
+                  HV: tl.constexpr, D: tl.constexpr):
+    """Token ``t``'s ``q``, ``k`` (``[NC, BK]``), ``v`` (this program's ``[BV]``), ``a``,
+    ``b`` as stored (bf16); zeros past ``eos`` (nothing read there)."""
+    m = t < eos
+    p_qk = (t * HQ + i_hq) * D + o_qk
+    p_g = t * HV + i_hv
+    return (tl.load(q + p_qk, mask=m, other=0.0), tl.load(k + p_qk, mask=m, other=0.0),
+            tl.load(v + p_g * D + o_v, mask=m, other=0.0), tl.load(a + p_g, mask=m, other=0.0),
+            tl.load(b + p_g, mask=m, other=0.0))
 
 
 @triton.jit(do_not_specialize=["T", "N"])
@@ -91,30 +104,22 @@ def recurrent_prefill_kernel(
     b_dt = tl.load(dt_bias + i_hv)
     o_qk = o_c[:, None] * BK + o_kc[None, :]                        # [NC, BK]
 
-    # token t's inputs are in registers when its step starts; t + 1's are loaded before it
-    m = bos < eos
-    p_qk = (bos * HQ + i_hq) * D + o_qk
-    p_g = bos * HV + i_hv
-    b_q = tl.load(q + p_qk, mask=m, other=0.0)
-    b_k = tl.load(k + p_qk, mask=m, other=0.0)
-    b_v = tl.load(v + p_g * D + o_v, mask=m, other=0.0)
-    b_a = tl.load(a + p_g, mask=m, other=0.0)
-    b_b = tl.load(b + p_g, mask=m, other=0.0)
+    # tokens t and t + 1 are in registers (or in flight) when step t starts; t + 2 is
+    # loaded before it: two steps (~1 us) cover a DRAM miss
+    b_q, b_k, b_v, b_a, b_b = _token_inputs(q, k, v, a, b, bos, eos, i_hq, i_hv, o_qk, o_v,
+                                            HQ, HV, D)
+    n_q, n_k, n_v, n_a, n_b = _token_inputs(q, k, v, a, b, bos + 1, eos, i_hq, i_hv, o_qk,
+                                            o_v, HQ, HV, D)
     for t in range(bos, eos):
-        m = t + 1 < eos
-        n_q = tl.load(q + p_qk + HQ * D, mask=m, other=0.0)
-        n_k = tl.load(k + p_qk + HQ * D, mask=m, other=0.0)
-        n_v = tl.load(v + (p_g + HV) * D + o_v, mask=m, other=0.0)
-        n_a = tl.load(a + p_g + HV, mask=m, other=0.0)
-        n_b = tl.load(b + p_g + HV, mask=m, other=0.0)
+        f_q, f_k, f_v, f_a, f_b = _token_inputs(q, k, v, a, b, t + 2, eos, i_hq, i_hv, o_qk,
+                                                o_v, HQ, HV, D)
         b_decay, b_beta = token_gates(b_a, b_b, b_A, b_dt)
         b_h, b_o = update_tile(b_h, b_k.to(tl.float32)[:, None, :],
                                (b_q.to(tl.float32) * scale)[:, None, :], b_v.to(tl.float32),
                                b_decay, b_beta)
-        tl.store(o + p_g * D + o_v, b_o.to(o.dtype.element_ty))
+        tl.store(o + (t * HV + i_hv) * D + o_v, b_o.to(o.dtype.element_ty))
         b_q, b_k, b_v, b_a, b_b = n_q, n_k, n_v, n_a, n_b
-        p_qk += HQ * D
-        p_g += HV
+        n_q, n_k, n_v, n_a, n_b = f_q, f_k, f_v, f_a, f_b
     tl.store(ht + p_h, b_h)
 
 
