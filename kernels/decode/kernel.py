@@ -58,13 +58,17 @@ def update_tile(b_h, b_k, b_qs, b_v, b_decay, b_beta):
     ``b_k``, ``b_qs`` are ``[NC, 1, BK]``; ``b_v`` is ``[BV]``; the rest are scalars.
     (Also the token step of the recurrent prefill, :mod:`kernels.prefill.recurrent`.)
     """
-    # sum over chunks (in-thread) first, then over the chunk width (shuffles)
+    # sum over chunks (in-thread) first, then over the chunk width (shuffles). Both row
+    # reductions read the old row, so they run side by side: <row', q> = decay <row, q> +
+    # u <k, q> leaves one reduction, not two in a row, on the path of each token
     b_hk = tl.sum(tl.sum(b_h * b_k, axis=0), axis=1)     # <row, k>        [BV]
+    b_hq = tl.sum(tl.sum(b_h * b_qs, axis=0), axis=1)    # <row, q*scale>  [BV]
+    b_kq = tl.sum(tl.sum(b_k * b_qs, axis=0), axis=1)    # <k, q*scale>    [1] (no state)
     b_u = b_beta * (b_v - b_decay * b_hk)                # residual        [BV]
+    b_o = b_decay * b_hq + b_u * b_kq                    # <row', q*scale> [BV]
     # expand as [BV] -> [BV, 1] -> [1, BV, 1]: the layout the reductions produced
     b_u = tl.expand_dims(tl.expand_dims(b_u, 1), 0)
     b_h = b_h * b_decay + b_u * b_k                      # row'            [NC, BV, BK]
-    b_o = tl.sum(tl.sum(b_h * b_qs, axis=0), axis=1)     # <row', q*scale> [BV]
     return b_h, b_o
 
 
