@@ -186,14 +186,19 @@ workload 0 (one sequence of T=6):
   185 µs (**8.3×**); next steps: no host syncs, CUDA graphs, fewer kernels.
 
 Our pipeline exposes each step as a variant: `unfused → fused_gates → no_sync
-→ graph → fused`. For every variant, FLA (its Triton path, and dispatching to
-FlashQLA), FlashQLA (in a worker process with its own site, `GDN_QLA_SITE`) and
-FlashInfer, and shapes from T=6 to
+→ graph → fused`, and beside them `recurrent`, a token-recurrent kernel (one launch,
+the state walked token by token in registers) that `fused` and `graph` take for calls
+of up to `RECURRENT_MAX_T` tokens. For every variant, FLA (its Triton path, its fused
+recurrent kernel, and dispatching to FlashQLA), FlashQLA (in a worker process with its
+own site, `GDN_QLA_SITE`) and FlashInfer, and shapes from T=6 to
 T=8192 (one or many sequences) this notebook records one call's GPU timeline
 (launches, busy time, wall span, idle fraction), times it with `cupti_cold`
 (launch gaps count) and `graph` replay (they don't), and draws the Gantt chart
-at T=6, the waterfall of what each step saves, time vs T, and busy vs idle.
-Timelines and timings need a CUDA GPU; on the CPU only the correctness gate runs."""),
+at T=6, the waterfall of what each step saves, time vs T, and busy vs idle. Then it
+measures where the token-recurrent kernel stops paying: ours recurrent vs ours chunked
+vs FLA's fused recurrent from 1 to 128 tokens, the crossover that
+`kernels.prefill.config.RECURRENT_MAX_T` is set from.
+Timelines and timings need a CUDA GPU; on the CPU only the correctness gates run."""),
     ("params", None),
     ("code", IMPORTS.format(module="prefill_overhead")),
     ("md", """\
@@ -225,10 +230,27 @@ run.show(xp.plot_time_vs_T(times), "time_vs_T")"""),
     ("md", "## 6. GPU busy vs idle within one call"),
     ("code", """\
 run.show(xp.plot_busy_idle(times), "busy_idle")"""),
+    ("md", """\
+## 7. Recurrent or chunked: short calls
+A call of a few tokens is a decode step repeated: the token-recurrent kernel reads and
+writes each state once and walks the tokens in registers, while the chunked path pays for
+a 64-token chunk, its solve and a second walk. Per total length `T` in
+`crossover_lengths`, one sequence and a batch of `crossover_batch` sequences (T split by
+halves): ours recurrent (`variant="recurrent"`), ours chunked (`fused` with
+`recurrent_max_T=0`), ours as dispatched (`fused`: recurrent up to `RECURRENT_MAX_T`) and
+FLA's `fused_recurrent_gated_delta_rule`, each gated against the float32 reference, then
+timed with `crossover_method`. The crossover (`recurrent_crossover.csv`) is the largest
+measured T up to which recurrent wins at every point; `RECURRENT_MAX_T` is set from it."""),
+    ("code", """\
+crossover_times = xp.run_crossover(run)
+crossover = xp.crossovers(run, crossover_times)
+run.show(xp.plot_crossover(crossover_times, crossover), "recurrent_crossover")
+crossover"""),
     ("md", "## Conclusion"),
     ("code", """\
 conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, waterfall=waterfalls,
-                                         gantt_lens=xp.parse_shape(run.params["gantt_shape"])[0]))
+                                         gantt_lens=xp.parse_shape(run.params["gantt_shape"])[0],
+                                         crossover=crossover, crossover_times=crossover_times))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
@@ -321,7 +343,7 @@ run.show(xp.plot_time_vs_T(times), "time_vs_T")
 xp.ratio_table(times)"""),
     ("md", """\
 ## 3. How our call is split
-Path (one launch, walk, chained or long context parallelism), walk tile width, chunks per
+Path (token-recurrent, one launch, walk, chained or long context parallelism), walk tile width, chunks per
 segment and segments, launches: the host rules of `kernels.prefill` for each shape."""),
     ("code", """\
 plan = xp.plan_table(run)

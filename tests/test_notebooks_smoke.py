@@ -41,7 +41,7 @@ REQUIRED = {
                             "p80_us", "kernel", "role"]),
 }
 IMPLS = {"ours", "fla", "flashinfer", "torch", "fla (triton)", "fla (flashqla backend)",
-         "flashqla"}
+         "flashqla", "fla_recurrent"}
 SMOKE_BUDGET_S = 6 * 60
 
 
@@ -151,10 +151,17 @@ def test_prefill_smoke_specifics(smoke):
     out, _, _ = smoke
     folder = out / "02_prefill_launch_overhead"
     assert (folder / "gate_errors.png").exists()
+    # the recurrent-vs-chunked section: every point gated, ours passing three ways
+    rgate = pd.read_csv(folder / "recurrent_gate.csv")
+    ours = rgate[rgate.impl == "ours"]
+    assert set(ours.label) == {"ours-recurrent", "ours-chunked", "ours-fused"}
+    assert (ours.status == "pass").all(), ours.to_string()
+    assert not (rgate.status == "fail").any()
     if _has_gpu():
-        for png in ("gantt", "waterfall", "time_vs_T", "busy_idle"):
+        for png in ("gantt", "waterfall", "time_vs_T", "busy_idle", "recurrent_crossover"):
             assert (folder / f"{png}.png").exists(), png
         assert list(folder.glob("trace_*.json")), "no Chrome traces saved"
+        assert len(pd.read_csv(folder / "recurrent_crossover.csv"))
     else:
         skipped = pd.read_csv(folder / "skipped.csv")
         assert skipped.reason.str.contains("CUDA GPU").any()
@@ -179,7 +186,7 @@ def test_scaling_smoke_specifics(smoke):
     check = pd.read_csv(folder / "reference_check.csv")
     assert check.ok.all() and len(check) == gate.lens.nunique()
     plan = pd.read_csv(folder / "plan.csv")
-    assert set(plan.path) <= {"one launch", "walk", "chained CP", "long CP"}
+    assert set(plan.path) <= {"recurrent", "one launch", "walk", "chained CP", "long CP"}
     res = pd.read_csv(folder / "resources.csv")   # compiled for sm_90 on any host
     assert len(res) and (res.regs > 0).all() and (res.programs_per_sm >= 1).all()
     assert (folder / "time_vs_T.png").exists() and (folder / "gate_errors.png").exists()

@@ -572,10 +572,10 @@ def plot_gate_dependence(df: pd.DataFrame):
 
 
 def plan_table(run: Run) -> pd.DataFrame:
-    """How our ``fused`` call splits each shape (host rules, no launch): ``path`` (one
-    launch, walk, chained CP, long CP), walk tile width ``BV``, ``seg_chunks`` (chunks per
-    CP segment), ``segments`` (per call), ``launches``."""
-    from kernels.prefill import DEFAULT_CONFIG, plan_fused
+    """How our ``fused`` call splits each shape (host rules, no launch): ``path`` (recurrent,
+    one launch, walk, chained CP, long CP), walk tile width ``BV``, ``seg_chunks`` (chunks
+    per CP segment), ``segments`` (per call), ``launches``."""
+    from kernels.prefill import DEFAULT_CONFIG, plan_fused, recurrent_rule
     from kernels.prefill.context_parallel import cp_long
 
     sh = run.state["shape"]
@@ -584,12 +584,13 @@ def plan_table(run: Run) -> pd.DataFrame:
         T, N = sum(lens), len(lens)
         BV, seg = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
         long = bool(seg) and cp_long(T, N)
-        path = ("long CP" if long else "chained CP" if seg else
+        path = ("recurrent" if recurrent_rule(T, None, DEFAULT_CONFIG) else
+                "long CP" if long else "chained CP" if seg else
                 "one launch" if T <= DEFAULT_CONFIG.single_launch_max_T else "walk")
         segs = sum(max(-(-n // (seg * 64)), 1) for n in lens if n) if seg else 0
         rows.append(dict(lens=lab, T=T, N=N, path=path, BV=BV, seg_chunks=seg, segments=segs,
-                         launches={"one launch": 1, "walk": 2, "chained CP": 3,
-                                   "long CP": 4}[path]))
+                         launches={"recurrent": 1, "one launch": 1, "walk": 2,
+                                   "chained CP": 3, "long CP": 4}[path]))
     df = pd.DataFrame(rows)
     run.write_csv(df, "plan")
     return df

@@ -11,7 +11,9 @@ variant's path with the defaults (the compositions before it launch the same ker
 * the ``"batched"`` solve with a 128-register cap (:func:`intra_maxnreg_rule`), 4 warps;
 * walks: bf16 products, tile width by :func:`walk_tile_rule`, warps and stages by
   :func:`walk_launch_rule`, the transposed walk by :func:`walk_transposed_rule`;
-* calls of up to ``single_launch_max_T`` tokens: one launch (walker programs);
+* calls of up to ``recurrent_max_T`` tokens: the token-recurrent kernel
+  (:mod:`.recurrent`, :func:`recurrent_rule`); up to ``single_launch_max_T``: one launch
+  (walker programs);
 * programmatic dependent launch of the walks (:mod:`.pdl`), triggered at the start of
   the earlier kernel's programs;
 * context parallelism from 64 chunks per sequence (:mod:`.context_parallel`), phase C
@@ -28,7 +30,8 @@ from typing import Optional
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "walk_tile_rule",
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS",
-           "WALK_3_STAGE_SMEM", "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV"]
+           "WALK_3_STAGE_SMEM", "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV",
+           "RECURRENT_MAX_T", "recurrent_rule"]
 
 #: ``num_warps`` of the intra-chunk kernel (8 were slower).
 INTRA_WARPS = 4
@@ -38,6 +41,15 @@ SUMMARY_WARPS, SUMMARY_STAGES = 4, 3
 #: State columns per walker program of the one-launch path: narrower walkers miscompiled on
 #: triton 3.6 (right on the interpreter), so walkers run only where the head size is >= 64.
 WALKER_BV = 64
+
+
+#: Calls of up to this many tokens (all sequences together) take the token-recurrent kernel
+#: (:mod:`.recurrent`) instead of the chunked path: the crossover of the two, measured in
+#: notebook 02 ("Recurrent or chunked", ``recurrent_crossover.csv``). The total bounds the
+#: longest sequence, which sets the recurrent kernel's serial steps, without a sync. Set
+#: conservatively until that measurement: one 6-token sequence took the chunked path 10.9 us
+#: on an H200 against 4.46 us for a token-by-token kernel (issue 33).
+RECURRENT_MAX_T = 16
 
 
 def _pow2(x) -> bool:
@@ -66,6 +78,9 @@ class PrefillConfig:
             one launch: walker programs in the intra-chunk grid walk each sequence as its
             chunk programs flag their chunks (no host gap on the eager path; at T=512 one
             launch was slower, hence 128). 0: never.
+        recurrent_max_T: calls of up to this many tokens without forced CP take the
+            token-recurrent kernel (:func:`recurrent_rule`); default
+            :data:`RECURRENT_MAX_T`. 0: never (notebook 02's chunked rows).
 
     Measured numbers: docs/notes/prefill.md, "Numbers behind the rules".
     """
@@ -77,6 +92,7 @@ class PrefillConfig:
     cp_chain_precision: str = "bf16"
     pdl: bool = True
     single_launch_max_T: int = 128
+    recurrent_max_T: int = RECURRENT_MAX_T
 
     def __post_init__(self):
         if self.walk_BV is not None and (not _pow2(self.walk_BV) or self.walk_BV < 16):
@@ -89,9 +105,10 @@ class PrefillConfig:
                                  f"got {getattr(self, f)!r}")
         if not isinstance(self.pdl, bool):
             raise ValueError(f"pdl must be a bool, got {self.pdl!r}")
-        if not isinstance(self.single_launch_max_T, int) or self.single_launch_max_T < 0:
-            raise ValueError(f"single_launch_max_T must be an int >= 0, "
-                             f"got {self.single_launch_max_T!r}")
+        for f in ("single_launch_max_T", "recurrent_max_T"):
+            x = getattr(self, f)
+            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+                raise ValueError(f"{f} must be an int >= 0, got {x!r}")
 
     @property
     def name(self) -> str:
@@ -116,6 +133,13 @@ DEFAULT_CONFIG = PrefillConfig()
 #: "Numbers behind the rules").
 ACCURATE_CONFIG = PrefillConfig(storage="precise", solve="blocks", precision="bf16x2",
                                 cp_chain_precision="tf32x3")
+
+
+def recurrent_rule(T: int, cp, config: PrefillConfig) -> bool:
+    """Whether a ``fused`` / ``graph`` call of ``T`` tokens takes the token-recurrent kernel:
+    ``T <= config.recurrent_max_T`` unless context parallelism is forced (``cp`` True or
+    an int)."""
+    return not cp and T <= config.recurrent_max_T
 
 
 def intra_maxnreg_rule(solve: str, single: bool = False) -> Optional[int]:

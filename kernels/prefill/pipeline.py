@@ -29,6 +29,11 @@ variant         stages                                                       GPU
                 as the chunk programs flag their chunks, and (2) is not
                 launched
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
+``recurrent``   the token-recurrent kernel (:mod:`.recurrent`): gates, the   1 kernel
+                state walked token by token in registers, outputs and
+                the guard in one launch; ``fused`` and ``graph`` take it
+                for calls of up to ``recurrent_max_T`` tokens
+                (:func:`.config.recurrent_rule`)
 ==============  ===========================================================  =====================
 
 Validation (:func:`kernels.spec.validate_prefill_inputs`) runs before
@@ -54,17 +59,18 @@ from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STAGES,
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
-                     walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
+                     recurrent_rule, walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
                                segment_combine_t_fwd, sm_count, smem_per_block)
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
+from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
-           "fused_launches",
+           "prefill_recurrent", "fused_launches",
            "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
@@ -78,6 +84,8 @@ LAUNCHES = {
     "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
     "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
     "fused+cp_long": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
+    "fused+recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
+    "recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
 }
 
 
@@ -314,17 +322,40 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                                           scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
     fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
-                   shape, cp, cfg, guard=not checked, status=status)
+                   shape, cp, cfg, guard=not checked, status=status,
+                   recurrent=recurrent_rule(q.shape[0], cp, cfg))
+    if checked and status is not None:
+        status.zero_()
+    return o, ht
+
+
+def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
+                      output=None, output_state=None, check_values=None, config=None,
+                      status=None):
+    """The token-recurrent kernel (:mod:`.recurrent`) at any length: one launch, unchecked
+    ``cu_seqlens`` guarded on the device. ``config`` is checked but has no lever here (the
+    kernel works in f32 throughout)."""
+    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                          scale, output, output_state, check_values, status)
+    _config(config, shape.head_dim)
+    recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
+                  guard=not checked, status=status)
     if checked and status is not None:
         status.zero_()
     return o, ht
 
 
 def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, shape,
-                   cp, cfg, guard=False, status=None) -> None:
+                   cp, cfg, guard=False, status=None, recurrent=False) -> None:
     """The ``fused`` variant's kernels on validated inputs and allocated outputs. ``guard``:
     the kernel that writes the outputs checks ``cu_seqlens`` on the device (:mod:`.guard`;
-    ``status`` gets its bits; :mod:`.graph` guards in its unpack kernel instead)."""
+    ``status`` gets its bits; :mod:`.graph` guards in its unpack kernel instead).
+    ``recurrent``: the token-recurrent kernel alone (the caller applies
+    :func:`.config.recurrent_rule` to the call's real length)."""
+    if recurrent:
+        recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
+                      guard=guard, status=status)
+        return None
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
