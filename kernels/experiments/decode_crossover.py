@@ -70,7 +70,7 @@ PARAMS = COMMON_PARAMS + (
           "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, run in a "
           "worker of its own; docs/solutions.md)"),
     Param("solutions", "list", [],
-          "more solution paths (make run SOLUTIONS=...); those with a decode definition are added"),
+          "more solution paths (the make variable SOLUTIONS); those with a decode definition are added"),
     Param("methods", "list", ["cupti_cold", "graph", "event"],
           "timing methods (cupti_cold, graph, event; cpu_wall is interpreter plumbing only)"),
     Param("sweep_BV", "list", [8, 16, 32, 64, 128], "config sweep: BV values"),

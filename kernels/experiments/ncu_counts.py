@@ -49,7 +49,7 @@ PARAMS = COMMON_PARAMS + (
           "targets: fla, flashinfer, ours (our chosen config), solution:<path> (a flashinfer-bench "
           "solution, profiled in ncu's own process; docs/solutions.md)"),
     Param("solutions", "list", [],
-          "more solution paths (make run SOLUTIONS=...); those with a decode definition are profiled"),
+          "more solution paths (the make variable SOLUTIONS); those with a decode definition are profiled"),
     Param("ours_config", "str", "auto", "our config: a name like BV32-w4-s1-t1, or auto for config_for(B)"),
     Param("bv_sweep", "list", [8, 16, 32, 64, 128], "BV values of our sweep (one V-tile per program)"),
     Param("bv_sweep_num_warps", "int", 4, "num_warps of every BV sweep config"),

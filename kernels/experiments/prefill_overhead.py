@@ -65,7 +65,7 @@ PARAMS = COMMON_PARAMS + (
           "in kernels.peers_worker, GDN_QLA_SITE), "
           "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, docs/solutions.md)"),
     Param("solutions", "list", [],
-          "more solution paths (make run SOLUTIONS=...); those with a prefill definition are added"),
+          "more solution paths (the make variable SOLUTIONS); those with a prefill definition are added"),
     Param("variants", "list", list(DEFAULT_VARIANTS), "our pipeline variants (kernels.prefill.VARIANTS)"),
     Param("methods", "list", ["cupti_cold", "graph"], "timing methods (cupti_cold span, graph replay)"),
     Param("repetitions", "int", 50, "timed calls per point"),

@@ -63,7 +63,7 @@ PARAMS = COMMON_PARAMS + (
           "ours (gdn_prefill, fused) and peers: fla (triton), fla_flashqla, flashqla, flashinfer; "
           "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, docs/solutions.md)"),
     Param("solutions", "list", [],
-          "more solution paths (make run SOLUTIONS=...); those with a prefill definition are added"),
+          "more solution paths (the make variable SOLUTIONS); those with a prefill definition are added"),
     Param("methods", "list", ["graph"], "timing methods (graph replay, warm L2; cupti_cold; cpu_wall)"),
     Param("repetitions", "int", 30, "timed calls per point"),
     Param("warmup", "int", 5, "untimed calls before timing (FlashQLA compiles each shape on first use)"),
