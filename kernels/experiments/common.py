@@ -81,13 +81,13 @@ def render_param(p: Param) -> str:
 _CASTS = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
 
 
-def collect_params(namespace: dict, params: Sequence[Param], stem: Optional[str] = None) -> dict:
-    """The values of ``params`` in ``namespace`` (a notebook's ``globals()``).
+def collect_params(namespace: dict, params: Sequence[Param], stem: str) -> dict:
+    """The values of ``params`` in ``namespace`` (notebook ``stem``'s ``globals()``).
 
     Checks each value against the declared type (ints are accepted for
-    floats) and raises ``ValueError`` naming a missing or mistyped parameter.
-    With ``stem`` (the notebook's), ``profile="auto"`` and ``output_root="auto"``
-    are resolved by :func:`resolve_auto`.
+    floats) and raises ``ValueError`` naming a missing or mistyped parameter,
+    then resolves ``profile="auto"`` / ``output_root="auto"`` by :func:`resolve_auto`.
+    ``stem`` is required so no notebook's collector can skip that resolution.
     """
     out = {}
     for p in params:
@@ -102,7 +102,7 @@ def collect_params(namespace: dict, params: Sequence[Param], stem: Optional[str]
         if want is not None and not isinstance(v, want) or (want is int and isinstance(v, bool)):
             raise ValueError(f"parameter {p.name!r} must be {p.type}, got {type(v).__name__}: {v!r}")
         out[p.name] = v
-    return resolve_auto(out, params, stem) if stem is not None else out
+    return resolve_auto(out, params, stem)
 
 
 def resolve_auto(values: dict, params: Sequence[Param], stem: str,

@@ -100,7 +100,7 @@ TIMES_COLUMNS = ["impl", "lens", "T", "N", "method", "median_us", "p20_us", "p80
 
 def collect_params(namespace: dict) -> dict:
     """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
-    return _collect(namespace, PARAMS)
+    return _collect(namespace, PARAMS, STEM)
 
 
 def label_of(name: str) -> str:
