@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_x, new_figure,
-                     short_reason, start_run, unique_in_order)
+                     progress, short_reason, start_run, unique_in_order)
 
 STEM = "03_ncu_instruction_counts"
 INST = "smsp__inst_executed.sum"
@@ -162,7 +162,7 @@ def run_profiles(run: Run) -> pd.DataFrame:
     raw_dir = run.path("raw")
     raw_dir.mkdir(exist_ok=True)
     frames = []
-    for t in targets(p):
+    for t in progress(targets(p), "Nsight Compute: counters per target", "target"):
         out_csv = raw_dir / f"ncu_{t['label']}.csv"
         try:
             raw = run_ncu(t["target"], metrics=list(p["metrics"]), out_csv=out_csv)
