@@ -45,7 +45,9 @@ def audit_figure(fig, name: str) -> list:
         problems.append("no title")
     for i, ax in enumerate(axes):
         where = f"panel {i} ({ax.get_title() or 'untitled'})"
-        n_data = (sum(len(ln.get_xdata()) for ln in ax.lines) + len(ax.patches)
+        n_data = (sum(int(np.isfinite(np.asarray(ln.get_ydata(), float)).sum())
+                      for ln in ax.lines if ln.get_transform() == ax.transData)  # not axhline
+                  + len(ax.patches)
                   + sum(len(c.get_offsets()) if hasattr(c, "get_offsets") else 1
                         for c in ax.collections) + len(ax.images))
         if not n_data:

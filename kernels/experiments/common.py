@@ -428,7 +428,7 @@ def gate_call(fn: Callable, inputs: dict, reference, device: str) -> dict:
 
 #: widest figure (inches, before an outside legend): shown at 100 px per inch by
 #: :meth:`Run.show`, a figure stays within 1,400 px in JupyterLab
-MAX_FIGURE_WIDTH_IN = 12.0
+MAX_FIGURE_WIDTH_IN = 11.5
 
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(5.0, 3.6), squeeze=False, **kw):
@@ -454,7 +454,7 @@ def figure_legend(fig, axes, **kw) -> None:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
     if seen:
-        fig.legend(list(seen.values()), list(seen), loc="outside right upper",
+        fig.legend(list(seen.values()), list(seen), loc="outside right center",
                    fontsize=kw.pop("fontsize", 7), **kw)
 
 

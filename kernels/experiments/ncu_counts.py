@@ -449,7 +449,7 @@ def plot_metric_bars(totals: pd.DataFrame, metrics: Sequence[str], gpu: str = ""
         ax.set_title(m, fontsize=8)
         ax.set_ylabel(_UNITS.get(m, "value"), fontsize=8)
     B = int(t.B.iloc[0]) if len(t) else 0
-    fig.suptitle(f"Decode metrics per implementation, B={B} — {_where(totals, gpu)}"
+    fig.suptitle(f"Decode metrics per implementation, B={B}\n{_where(totals, gpu)}"
                  f"{_source_note(totals)}")
     return fig
 
