@@ -26,7 +26,8 @@
 PROFILE ?= auto
 NOTEBOOKS ?= all
 RUN_ARGS ?=
-PYTEST_ARGS ?= -q -rs --durations=15
+# default verbosity: one line per test file with its dots and the suite's % done
+PYTEST_ARGS ?= -rs --durations=15
 OUT ?= results/compare
 PACK_OUT ?= build/contest
 CONTEST_ARGS ?=
