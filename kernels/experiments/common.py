@@ -446,7 +446,7 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(5.0, 3.6), squeeze=Fals
     return fig, axes
 
 
-def figure_legend(fig, axes, **kw) -> None:
+def figure_legend(fig, axes) -> None:
     """One legend for the whole figure, outside the panels on the right (so it covers
     no data): each label once, from whichever panel drew it."""
     seen = {}
@@ -454,8 +454,7 @@ def figure_legend(fig, axes, **kw) -> None:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(lab, h)
     if seen:
-        fig.legend(list(seen.values()), list(seen), loc="outside right center",
-                   fontsize=kw.pop("fontsize", 7), **kw)
+        fig.legend(list(seen.values()), list(seen), loc="outside right center", fontsize=7)
 
 
 def fmt_us(x: float) -> str:
