@@ -23,7 +23,7 @@ __all__ = ["FIGURES", "draw", "redraw_folder", "main"]
 
 def _csv(folder: Path, name: str) -> Optional[pd.DataFrame]:
     p = folder / name
-    return pd.read_csv(p, dtype={"lens": str}) if p.is_file() else None
+    return pd.read_csv(p, dtype={"lens": str, "kernel": str, "role": str}) if p.is_file() else None
 
 
 def _prov(folder: Path) -> dict:
