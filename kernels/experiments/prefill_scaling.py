@@ -745,6 +745,18 @@ def ratio_display(times: pd.DataFrame) -> pd.DataFrame:
                              "fastest peer us": "fastest peer (µs)"})
 
 
+def _plain_log_formatter():
+    """Log-axis tick labels as plain numbers (``2,000,000``); minor ones only where
+    matplotlib would label them (a span of about a decade or less)."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:,.0f}" if x >= 1 else f"{x:g}"
+
+    return Plain(labelOnlyBase=False)
+
+
 def _us_axis(ax) -> None:
     """The notebook's one time unit, µs, on a linear y axis (thousands separated: the CPU
     interpreter's calls take seconds)."""
@@ -780,6 +792,8 @@ def plot_time_vs_T(times: pd.DataFrame):
                    label="a batch (N > 1 sequences)")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(_plain_log_formatter())   # "2×10⁶" beside a batch marker read as the batch's value
     ax.set_xlabel("total tokens T (log)")
     ax.set_ylabel("time per call (µs, log)")
     ax.set_title("one sequence (lines), batches (squares)", fontsize=9)
