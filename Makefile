@@ -7,7 +7,9 @@
 # and helpers:
 #   make lab     - JupyterLab on notebooks/ with this environment's `python3` kernel
 #                  (a notebook run there uses profile/output_root "auto": the same
-#                  profile as `make run`, results into the repository's results/)
+#                  profile as `make run`, results into the repository's results/;
+#                  saving a suite notebook there writes it without outputs, so
+#                  git status stays clean: kernels/lab.py, docs/notebooks.md)
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
 #   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
 #                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
@@ -29,7 +31,8 @@ PROFILE ?= auto
 NOTEBOOKS ?= all
 RUN_ARGS ?=
 SOLUTIONS ?=
-PYTEST_ARGS ?= -q -rs --durations=15
+# default verbosity: one line per test file with its dots and the suite's % done
+PYTEST_ARGS ?= -rs --durations=15
 OUT ?= results/compare
 PACK_OUT ?= build/contest
 CONTEST_ARGS ?=
@@ -55,8 +58,7 @@ test:
 lab:
 	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
 	  { $$PY -c 'import jupyterlab' 2>/dev/null || { echo "make lab: $$PY has no jupyterlab (the lab extra; the offline GPU host has none)" >&2; exit 1; }; } && \
-	  JUPYTER_PREFER_ENV_PATH=1 $$PY -m jupyterlab --notebook-dir=notebooks \
-	    $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
+	  $$PY -m kernels.lab $(LAB_ARGS)
 
 compare:
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=$(OUT)]" >&2; exit 2; }

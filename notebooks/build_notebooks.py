@@ -159,9 +159,9 @@ run.show(xp.plot_drift(drift), "drift")
 xp.drift_table(drift)"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
     times=times, gate=gate, crossovers=crossovers, best=best, serving_times=serving["times"],
-    serving_gate=serving["gate"], drift=drift))
+    serving_gate=serving["gate"], drift=drift)))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
@@ -248,9 +248,10 @@ run.show(xp.plot_crossover(crossover_times, crossover), "recurrent_crossover")
 crossover"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, waterfall=waterfalls,
-                                         gantt_lens=xp.parse_shape(run.params["gantt_shape"])[0],
-                                         crossover=crossover, crossover_times=crossover_times))
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
+    gate=gate, times=times, waterfall=waterfalls,
+    gantt_lens=xp.parse_shape(run.params["gantt_shape"])[0],
+    crossover=crossover, crossover_times=crossover_times)))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
@@ -296,7 +297,7 @@ run.show(xp.plot_bv_sweep(fit, B=run.params["B"], gpu=run.gpu), "bv_sweep")
 fit["table"] if fit else None"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(totals=totals, fit=fit))
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(totals=totals, fit=fit)))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
@@ -340,7 +341,7 @@ xp.gate_summary(gate)"""),
     ("code", """\
 times = xp.run_times(run, gate)
 run.show(xp.plot_time_vs_T(times), "time_vs_T")
-xp.ratio_table(times)"""),
+xp.ratio_display(times)"""),
     ("md", """\
 ## 3. How our call is split
 Path (token-recurrent, one launch, walk, chained or long context parallelism), walk tile width, chunks per
@@ -396,10 +397,9 @@ ncu = xp.run_ncu_sections(run)
 xp.ncu_summary(ncu)"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, plan=plan, stress=stress,
-                                         split=split, gates=gates,
-                                         roofline=anatomy["roofline"],
-                                         reference_check=run.state["reference_check"]))
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
+    gate=gate, times=times, plan=plan, stress=stress, split=split, gates=gates,
+    roofline=anatomy["roofline"], reference_check=run.state["reference_check"])))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),

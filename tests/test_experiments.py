@@ -8,6 +8,7 @@ figures, and the notebooks' parameter cells.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -436,14 +437,14 @@ def test_render_and_collect_params():
           Param("f", "float", 0.5, "a float"), Param("on", "bool", False, "flag"))
     assert render_param(ps[1]) == 'xs: list = ["a", 1]  # things'
     assert render_param(ps[3]) == "on: bool = False  # flag"
-    got = collect_params(dict(n=4, xs=("b",), f=1, on=True, other=0), ps)
+    got = collect_params(dict(n=4, xs=("b",), f=1, on=True, other=0), ps, "99_unit")
     assert got == dict(n=4, xs=["b"], f=1.0, on=True)
     with pytest.raises(ValueError, match="'n' must be int"):
-        collect_params(dict(n="4", xs=[], f=1.0, on=True), ps)
+        collect_params(dict(n="4", xs=[], f=1.0, on=True), ps, "99_unit")
     with pytest.raises(ValueError, match="'n' must be int"):
-        collect_params(dict(n=True, xs=[], f=1.0, on=True), ps)
+        collect_params(dict(n=True, xs=[], f=1.0, on=True), ps, "99_unit")
     with pytest.raises(ValueError, match="'on' is not defined"):
-        collect_params(dict(n=1, xs=[], f=1.0), ps)
+        collect_params(dict(n=1, xs=[], f=1.0), ps, "99_unit")
 
 
 @pytest.mark.parametrize("mod", [dx, px, nx], ids=["01", "02", "03"])
@@ -454,7 +455,7 @@ def test_params_have_required_and_no_equals_in_help(mod):
     for p in mod.PARAMS:
         # papermill's inspector skips a parameter line holding more than one '='
         assert "=" not in p.help, p
-        assert collect_params({p.name: p.default}, (p,))  # defaults have their declared type
+        assert collect_params({p.name: p.default}, (p,), mod.STEM)  # defaults have their declared type
 
 
 def test_ncu_default_metrics_match_instrument():
@@ -552,8 +553,46 @@ def test_auto_output_root_needs_a_known_profile():
                      has_gpu=False)
 
 
-@pytest.mark.parametrize("mod", [dx, px, nx], ids=["01", "02", "03"])
-def test_notebook_collect_params_resolves_auto(mod):
-    got = mod.collect_params(_defaults(mod))
-    assert got["profile"] in ("smoke", "full")
-    assert got["output_root"].endswith("results/smoke" if got["profile"] == "smoke" else "results")
+def _notebook_module(path):
+    """The experiment module a committed notebook imports as ``xp``, and its
+    parameters cell run as the notebook runs it (JupyterLab: nothing injected)."""
+    import importlib
+    import json
+    import re
+
+    cells = json.loads(path.read_text())["cells"]
+    src = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+           for c in cells if c["cell_type"] == "code"]
+    names = {m for s in src for m in re.findall(r"from kernels\.experiments import (\w+) as xp", s)}
+    assert len(names) == 1, f"{path.name}: imports {sorted(names)} as xp (want one module)"
+    params_cell = next("".join(c["source"]) for c in cells
+                       if "parameters" in c.get("metadata", {}).get("tags", []))
+    namespace = {}
+    exec(params_cell, namespace)  # noqa: S102 - our committed parameters cell
+    return importlib.import_module(f"kernels.experiments.{names.pop()}"), namespace
+
+
+@pytest.mark.parametrize("has_gpu,profile,root", [(False, "smoke", "results/smoke"),
+                                                  (True, "full", "results")])
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("notebooks/*.ipynb")),
+                         ids=lambda p: p.stem)
+def test_every_notebook_resolves_auto_as_make_run_would(path, has_gpu, profile, root, monkeypatch):
+    """Each committed notebook, run by hand with its parameters cell as committed,
+    resolves ``"auto"`` through the shared collector: its module's ``STEM`` is the
+    notebook's, the device's profile values (its dict for that stem included) fill the
+    defaults, and results go to the repository's results folder."""
+    import kernels.bench.device as device
+    from kernels.runner import REPO_ROOT, load_profile
+
+    monkeypatch.setattr(device, "has_gpu", lambda: has_gpu)
+    mod, namespace = _notebook_module(path)
+    assert mod.STEM == path.stem
+    assert namespace["profile"] == "auto" and namespace["output_root"] == "auto"
+    got = mod.collect_params(namespace)
+    prof = load_profile(profile)
+    assert got["profile"] == profile
+    assert got["output_root"] == str(REPO_ROOT / root)
+    declared = {p.name for p in mod.PARAMS}
+    for k, v in dict(prof["defaults"], **prof["notebooks"].get(path.stem, {})).items():
+        if k in declared and k not in ("device", "output_root", "profile"):
+            assert got[k] == v, k

@@ -16,6 +16,7 @@ timings use the ``cpu_wall`` method only, the prefill notebook writes no
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -203,3 +204,30 @@ def test_scaling_smoke_specifics(smoke):
         # FlashQLA went through the peer worker, which reported why it cannot run here
         assert skipped.what.str.startswith("flashqla").any()
         assert skipped.reason.str.contains("CUDA GPU").any()
+
+
+@pytest.mark.parametrize("stem", list(REQUIRED))
+def test_figures_read_well_on_smoke_data(smoke, stem):
+    """The figures the smoke CSVs draw pass the audit of ``test_figures.py`` (title,
+    labelled axes in µs, no empty panel, no legend over data, ≤ 1,400 px inline)."""
+    from kernels.experiments.redraw import draw
+    from test_figures import audit_figure
+
+    out, _, _ = smoke
+    figs = draw(out / stem)
+    assert figs or stem == "02_prefill_launch_overhead", f"{stem}: no figure drawn from its CSVs"
+    problems = {name: p for name, fig in figs.items() if (p := audit_figure(fig, name))}
+    assert not problems, "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
+
+
+@pytest.mark.parametrize("stem", ["01_decode_crossover", "04_prefill_scaling"])
+def test_measuring_cells_show_progress(smoke, stem):
+    """The measuring loops print a tqdm bar (to stderr) naming what they measure."""
+    import nbformat
+
+    out, _, _ = smoke
+    nb = nbformat.read(str(out / f"{stem}.ipynb"), as_version=4)
+    err = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                  for o in c.get("outputs", []) if o.get("name") == "stderr")
+    assert re.search(r"gate: .+100%\|", err), err[-2000:]
+    assert re.search(r"timing.+100%\|", err), err[-2000:]

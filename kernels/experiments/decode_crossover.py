@@ -40,8 +40,9 @@ import numpy as np
 import pandas as pd
 
 from .common import (CPU_WALL, COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
-                     collect_params as _collect, fmt_us, fmt_x, gate_call, method_available,
-                     new_figure, short_reason, start_run, time_call, unique_in_order)
+                     collect_params as _collect, figure_legend, fmt_us, fmt_x, gate_call,
+                     method_available, new_figure, progress, short_reason, start_run, time_call,
+                     unique_in_order)
 
 from . import decode_serving as _serving
 from .decode_serving import (drift_table, plot_drift, plot_serving_pooled,  # noqa: F401
@@ -221,7 +222,7 @@ def run_gate(run: Run) -> pd.DataFrame:
     run.state["grid"] = grid
     rows = []
     sols = run.state["solutions"] = resolve_solutions(run)
-    for B in p["batch_sizes"]:
+    for B in progress(p["batch_sizes"], f"gate: {len(p['impls'])} implementations per B", "B"):
         inputs, ref = _inputs(run, B)
         for label in p["impls"]:
             if label.startswith("solution:"):
@@ -301,7 +302,7 @@ def run_sweep(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     passed = gate[(gate.label == "ours-adaptive") & (gate.status == PASS)]
     rows = []
-    for B in p["batch_sizes"]:
+    for B in progress(p["batch_sizes"], f"sweep: {len(grid)} configs per B ({method})", "B"):
         inputs, _ = _inputs(run, B)
         good = set(passed[passed.B == B].config)
         for cfg in grid:
@@ -470,7 +471,8 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     bw = _copy_bw(run) if methods else float("nan")
     rows = []
     for method in methods:
-        for B in p["batch_sizes"]:
+        for B in progress(p["batch_sizes"], f"timing: {len(p['impls'])} implementations per B "
+                          f"({method})", "B"):
             inputs, ref = _inputs(run, B)
             fl = floor_us(B, shape, bw)
             for label in p["impls"]:
@@ -675,7 +677,7 @@ def plot_time_vs_B(times: pd.DataFrame):
         ax.set_ylabel("time per call (µs), median, p20–p80")
         _auto_logy(ax, t.median_us)
         ax.set_title(f"method: {method}", fontsize=9)
-        ax.legend(fontsize=7)
+    figure_legend(fig, axes)   # outside: it covered the dashed floor at small B
     fig.suptitle(f"GDN decode: time vs batch size — {gpu}{_cpu_notes(methods)}")
     return fig
 
@@ -704,25 +706,27 @@ def plot_speedup(times: pd.DataFrame, baselines: Sequence[str]):
     if times is None or times.empty:
         return None
     methods = unique_in_order(times.method)
-    baselines = list(baselines) or ["flashinfer"]
+    asked = list(baselines) or ["flashinfer"]
+    baselines = [b for b in asked if b in set(times.label)]
+    missing = [b for b in asked if b not in baselines]
+    if not baselines:
+        return None
     fig, axes = new_figure(max(1, len(methods)), len(baselines), panel=(5.4, 3.8))
     gpu = _gpu_of(times)
+    color = {lab: f"C{k % 10}" for k, lab in enumerate(unique_in_order(times.label))}
     for i, method in enumerate(methods):
         t = times[times.method == method]
         for j, baseline in enumerate(baselines):
             ax = axes[i][j]
             ax.set_title(f"vs {baseline} — {gpu}, method: {method}", fontsize=9)
-            if baseline not in set(t.label):
-                ax.text(0.5, 0.5, f"{baseline} not measured in this run", ha="center",
-                        va="center", transform=ax.transAxes)
-                continue
             sp = speedups(t, baseline)
             left_out = [l for l in unique_in_order(sp.label) if impl_of(l) == "torch"]
             sp = sp[~sp.label.isin(left_out)]
             notes = []
             for label in unique_in_order(sp.label):
                 g = sp[sp.label == label].sort_values("B")
-                line, = ax.plot(g.B, g.speedup, marker="o", ms=3, label=label)
+                line, = ax.plot(g.B, g.speedup, marker="o", ms=3, label=label,
+                                color=color[label])   # one colour per label in every panel
                 for b, d in crossover_points(g.B, g.speedup):
                     ax.axvline(b, color=line.get_color(), ls=":", lw=1)
                     notes.append(f"{label}: B≈{b:.3g} ({d})")
@@ -736,10 +740,11 @@ def plot_speedup(times: pd.DataFrame, baselines: Sequence[str]):
             ax.text(0.02, 0.02, "crossovers:\n" + ("\n".join(notes) if notes else "none"),
                     transform=ax.transAxes, fontsize=6.5, va="bottom", ha="left",
                     bbox=dict(boxstyle="round", fc="white", ec="0.7", alpha=0.85))
-            if len(sp):
-                ax.legend(fontsize=7, loc="upper right")
+    figure_legend(fig, axes)   # outside: in a panel it covered the curves
     fig.suptitle(f"GDN decode: speedup and crossover batch size — {gpu}, "
-                 f"timing: {', '.join(methods)} (median){_cpu_notes(methods)}")
+                 f"timing: {', '.join(methods)} (median){_cpu_notes(methods)}"
+                 + (f"\n(not measured in this run, so no panel: vs {', '.join(missing)})"
+                    if missing else ""))
     return fig
 
 
@@ -764,7 +769,7 @@ def plot_bw_fraction(times: pd.DataFrame):
         ax.set_xlabel("batch size B")
         ax.set_ylabel("state bytes / time ÷ copy bandwidth")
         ax.set_title(f"method: {method}", fontsize=9)
-        ax.legend(fontsize=7)
+    figure_legend(fig, axes)
     fig.suptitle(f"GDN decode: achieved fraction of copy bandwidth — {gpu}{_cpu_notes(methods)}")
     return fig
 

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_x, new_figure,
-                     short_reason, start_run, unique_in_order)
+                     progress, short_reason, start_run, unique_in_order)
 
 STEM = "03_ncu_instruction_counts"
 INST = "smsp__inst_executed.sum"
@@ -181,7 +181,7 @@ def run_profiles(run: Run) -> pd.DataFrame:
     raw_dir = run.path("raw")
     raw_dir.mkdir(exist_ok=True)
     frames = []
-    for t in targets(p):
+    for t in progress(targets(p), "Nsight Compute: counters per target", "target"):
         out_csv = raw_dir / f"ncu_{re.sub(r'[^A-Za-z0-9_.+-]', '_', t['label'])}.csv"
         try:
             raw = run_ncu(t["target"], metrics=list(p["metrics"]), out_csv=out_csv)
@@ -468,7 +468,7 @@ def plot_metric_bars(totals: pd.DataFrame, metrics: Sequence[str], gpu: str = ""
         ax.set_title(m, fontsize=8)
         ax.set_ylabel(_UNITS.get(m, "value"), fontsize=8)
     B = int(t.B.iloc[0]) if len(t) else 0
-    fig.suptitle(f"Decode metrics per implementation, B={B} — {_where(totals, gpu)}"
+    fig.suptitle(f"Decode metrics per implementation, B={B}\n{_where(totals, gpu)}"
                  f"{_source_note(totals)}")
     return fig
 

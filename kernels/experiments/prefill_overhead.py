@@ -43,7 +43,7 @@ import pandas as pd
 
 from .common import (COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
                      collect_params as _collect, fmt_us, fmt_x, gate_call, method_available,
-                     new_figure, short_reason, start_run, time_call, unique_in_order)
+                     new_figure, progress, short_reason, start_run, time_call, unique_in_order)
 
 STEM = "02_prefill_launch_overhead"
 #: The steps of the waterfall, in order; the token-recurrent variant joins the table after them.
@@ -233,7 +233,8 @@ def run_gate(run: Run) -> pd.DataFrame:
     impls = resolve_impls(run)
     run.state["impls"] = impls
     rows = []
-    for lab, lens in run.state["shapes"]:
+    for lab, lens in progress(run.state["shapes"], f"gate: {len(impls)} implementations per shape",
+                              "shape"):
         inputs, ref = _inputs(run, lab, lens)
         for label, (impl, variant, fn) in impls.items():
             base = dict(label=label, impl=impl, variant=variant, lens=lab, T=sum(lens),
@@ -329,7 +330,8 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     gantt_label = parse_shape(p["gantt_shape"])[0] if p["gantt_shape"] else None
     impls = run.state["impls"]
     rows = []
-    for lab, lens in run.state["shapes"]:
+    for lab, lens in progress(run.state["shapes"], f"timelines + timing ({', '.join(methods)}) "
+                              f"of {len(impls)} implementations per shape", "shape"):
         inputs, _ = _inputs(run, lab, lens)
         for label, (impl, variant, fn) in impls.items():
             g = gate[(gate.label == label) & (gate.lens == lab)]
