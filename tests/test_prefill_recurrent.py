@@ -113,12 +113,11 @@ def test_graph_buckets_keep_the_recurrent_choice():
     clear_graph_cache()
 
 
-def test_tile_from_the_decode_table():
-    """The tiles of a decode call of batch N, fitted to the head size."""
-    from kernels.decode.table import config_for_device
+def test_tile_is_the_recurrent_tile_fitted_to_the_head_size():
+    """One tile for every call of the path (eight warps at D = 128), fitted to the head size."""
     for N, D in ((1, 128), (64, 128), (3, 16)):
-        cfg = config_for_device(N, torch.device("cpu")).fit(D)
-        assert recurrent.recurrent_tile(N, D, torch.device("cpu")) == (
-            cfg.BV, cfg.block_k(D), cfg.num_warps)
-        BV, BK, _ = recurrent.recurrent_tile(N, D, torch.device("cpu"))
+        cfg = recurrent.RECURRENT_TILE.fit(D)
+        BV, BK, warps = recurrent.recurrent_tile(N, D, torch.device("cpu"))
+        assert (BV, BK, warps) == (cfg.BV, cfg.block_k(D), cfg.num_warps)
         assert D % BV == 0 and D % BK == 0
+    assert recurrent.recurrent_tile(1, 128, torch.device("cpu"))[2] == 8

@@ -12,11 +12,11 @@ cores), so past a few dozen tokens the chunked path wins; :func:`.config.recurre
 picks between them (the crossover is measured in notebook 02).
 
 Grid: one program per ``BV`` state rows of one (sequence, value head), ``N * HV * D / BV``
-programs; ``BV``, the row layout ``BK`` and ``num_warps`` come from the decode dispatch
-table for ``N`` sequences (:func:`kernels.decode.table.config_for_device`: the same state
-tiles and programs per SM as a decode call of batch ``N``). Each program loads the inputs
-of token ``t + 2`` before it updates its rows with token ``t`` (two steps, ~1 us by the
-decode kernel's per-token time, cover a DRAM miss). Varlen through ``cu_seqlens`` (:func:`.chunk_index.seq_bounds`: in bounds for
+programs of :data:`RECURRENT_TILE`: eight warps share each tile, so a token's row reductions
+are short; the per-token chain is latency, not bytes, and the decode table's tiles (tuned for
+one token's bytes) were up to 2x slower per token (docs/notes/recurrent_prefill.md). Each
+program loads the inputs of token ``t + 2`` before it updates its rows with token ``t``.
+Varlen through ``cu_seqlens`` (:func:`.chunk_index.seq_bounds`: in bounds for
 any values), the initial state optional; unchecked ``cu_seqlens`` are checked by every
 program before it walks (:mod:`.guard`: NaN outputs and status bits, no sync, no extra
 launch). CUDA-graph capturable: no host sync, no allocation but the outputs.
@@ -31,12 +31,16 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ..decode.kernel import token_gates, update_tile  # noqa: E402
-from ..decode.table import config_for_device  # noqa: E402
+from ..decode.config import DecodeConfig  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
 from .chunk_index import cu_status, seq_bounds  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 
-__all__ = ["recurrent_prefill_kernel", "recurrent_fwd", "recurrent_tile"]
+__all__ = ["recurrent_prefill_kernel", "recurrent_fwd", "recurrent_tile", "RECURRENT_TILE"]
+
+#: State tile of the recurrent kernel, whatever ``N`` (the path takes short calls only, so
+#: ``N`` is small): chosen by a probe of five tiles on an H200 (docs/notes/recurrent_prefill.md).
+RECURRENT_TILE = DecodeConfig.from_name("BV8-w8-s1-t1")
 
 
 @triton.jit
@@ -127,9 +131,9 @@ _LAUNCH = FastLaunch(recurrent_prefill_kernel)
 
 
 def recurrent_tile(N: int, D: int, device):
-    """``(BV, BK, num_warps)`` of the recurrent kernel for ``N`` sequences: the decode
-    dispatch table's config for batch ``N`` on ``device``, fitted to ``D``."""
-    cfg = config_for_device(max(N, 1), device).fit(D)
+    """``(BV, BK, num_warps)`` of the recurrent kernel: :data:`RECURRENT_TILE` fitted to
+    ``D`` (``N`` and ``device`` do not change it)."""
+    cfg = RECURRENT_TILE.fit(D)
     return cfg.BV, cfg.block_k(D), cfg.num_warps
 
 
