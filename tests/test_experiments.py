@@ -179,22 +179,6 @@ def test_decode_figures(tmp_path):
 # --------------------------------------------------------------------------- prefill
 
 
-@pytest.mark.parametrize("lens, label", [
-    ([6], "6"), ([1024] * 4, "4x1024"), ([100, 28], "100+28"), ([64] * 57, "57x64"),
-])
-def test_lens_label_roundtrip(lens, label):
-    assert px.lens_label(lens) == label
-    assert px.parse_shape(label) == (label, lens)
-
-
-def test_parse_shape_names_and_errors():
-    assert px.parse_shape("T6") == ("6", [6])
-    assert px.parse_shape("4x1024") == ("4x1024", [1024] * 4)
-    assert px.parse_shape([3, 5]) == ("3+5", [3, 5])
-    with pytest.raises(ValueError, match="not a prefill shape"):
-        px.parse_shape("nonsense")
-
-
 def _prefill_times(method="cupti_cold"):
     steps = dict(unfused=1000.0, fused_gates=700.0, no_sync=500.0, graph=200.0, fused=150.0)
     launches = dict(unfused=51, fused_gates=44, no_sync=44, graph=1, fused=6)

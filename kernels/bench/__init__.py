@@ -1,6 +1,5 @@
 """The instruments: what measures the kernels (import the submodules).
 
-- :mod:`.device`      ``gpu_slug``, ``has_gpu``, ``resolve_device``
 - :mod:`.timing`      ``time_fn`` with ``cupti_cold`` / ``graph`` / ``event``
 - :mod:`.timeline`    ``record_timeline``, ``Timeline``, ``plot_gantt``
 - :mod:`.ncu`         ``run_ncu``, ``parse_ncu_csv``, ``ncu_available``

@@ -87,7 +87,8 @@ import pandas as pd
 from .chrome_trace import annotations, api_calls, gpu_activities, load_events
 
 __all__ = [
-    "METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable", "time_fn",
+    "METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable", "method_available",
+    "time_fn",
     "flush_buffer", "split_iterations", "iteration_spans", "record_cupti_session",
     "ITER_RANGE", "FLUSH_RANGE",
 ]
@@ -359,6 +360,17 @@ def _time_cpu_wall(fn, rep):
 
 
 # --------------------------------------------------------------------------- entry point
+
+
+def method_available(method: str, device: str) -> Tuple[bool, str]:
+    """Whether ``method`` can time work on ``device``; the reason when not."""
+    if method == CPU_WALL:
+        return True, ""
+    if method in METHODS:
+        if not str(device).startswith("cuda"):
+            return False, f"method {method!r} needs a CUDA GPU (device is {device})"
+        return True, ""
+    return False, f"unknown timing method {method!r} (known: {', '.join(ALL_METHODS)})"
 
 
 def time_fn(fn: Callable[[], object], method: str, *, rep: int = 100, warmup: int = 10,

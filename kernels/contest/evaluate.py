@@ -155,8 +155,7 @@ def notebook_cupti_cold(results_dir: Path) -> Dict[tuple, float]:
                     out[(sol, str(int(r.B)))] = float(r.median_us)
     pre = results_dir / "02_prefill_launch_overhead" / "prefill_times.csv"
     if pre.is_file():
-        from ..experiments.prefill_overhead import lens_label
-        from ..spec import PREFILL_SHAPES
+        from ..spec import PREFILL_SHAPES, lens_label
 
         key_of = {lens_label(lens): key for key, lens in PREFILL_SHAPES.items()}
         p = pd.read_csv(pre, dtype={"lens": str})
@@ -237,8 +236,8 @@ def evaluate(ops: Sequence[str] = ("decode", "prefill"), *, out: Optional[str] =
     except ImportError as e:
         raise RuntimeError(f"flashinfer-bench is not importable ({e}); on the GPU host "
                            "install the .gpufib wheels (scripts/gpu_host.sh: gpu_fib)") from e
-    from ..bench.device import gpu_slug
-    from ..bench.provenance import package_version
+    from ..device import gpu_slug
+    from ..packages import package_version
 
     slug = gpu_slug()
     root = Path(out) if out else RESULTS / slug / "contest"

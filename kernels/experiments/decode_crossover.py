@@ -39,9 +39,11 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .common import (CPU_WALL, COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
-                     collect_params as _collect, fmt_us, fmt_x, gate_call, method_available,
-                     new_figure, short_reason, start_run, time_call, unique_in_order)
+from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
+from kernels.bench.timing import CPU_WALL, method_available, time_fn
+
+from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
+                     new_figure, start_run, unique_in_order)
 
 from . import decode_serving as _serving
 from .decode_serving import (drift_table, plot_drift, plot_serving_pooled,  # noqa: F401
@@ -276,8 +278,8 @@ def run_sweep(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 continue
             fn = _ours(cfg)
             try:
-                t = time_call(lambda: fn(**inputs), method, rep=p["sweep_repetitions"],
-                              warmup=p["warmup"])
+                t = time_fn(lambda: fn(**inputs), method, rep=p["sweep_repetitions"],
+                            warmup=p["warmup"])
             except Exception as e:
                 run.skip(f"sweep {cfg.name} B={B}", short_reason(e))
                 continue
@@ -308,7 +310,7 @@ def write_dispatch_table(run: Run, best: pd.DataFrame) -> dict:
     """Write the best config per B as a dispatch table into the result folder
     and, with ``write_dispatch_table``, into ``kernels/decode_configs/``.
     Prints both paths; returns ``{B: DecodeConfig}`` (empty without a sweep)."""
-    from kernels.bench.device import gpu_slug
+    from kernels.device import gpu_slug
     from kernels.decode import DecodeConfig, write_config_table
 
     if best.empty:
@@ -461,8 +463,8 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                         run.skip(f"{label} {cname} B={B} {method}", why)
                     continue
                 try:
-                    t = time_call(lambda: fn(**call_inputs), method, rep=p["repetitions"],
-                                  warmup=p["warmup"])
+                    t = time_fn(lambda: fn(**call_inputs), method, rep=p["repetitions"],
+                                warmup=p["warmup"])
                 except Exception as e:
                     run.skip(f"{label} B={B} {method}", short_reason(e))
                     continue

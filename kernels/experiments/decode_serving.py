@@ -36,8 +36,10 @@ from typing import Dict, List
 import numpy as np
 import pandas as pd
 
-from .common import (CPU_WALL, PASS, UNAVAILABLE, Run, gate_call, method_available,
-                     new_figure, short_reason, time_call, unique_in_order)
+from kernels.bench.gate import PASS, UNAVAILABLE, gate_call, short_reason
+from kernels.bench.timing import CPU_WALL, method_available, time_fn
+
+from .common import Run, new_figure, unique_in_order
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 # label -> kernels.peers name (None: ours)
@@ -200,7 +202,7 @@ def run_serving(run: Run, copy_bw: float) -> Dict[str, pd.DataFrame]:
             if not ok:
                 continue
             try:
-                t = time_call(lambda: fn(**own), method, rep=p["repetitions"], warmup=p["warmup"])
+                t = time_fn(lambda: fn(**own), method, rep=p["repetitions"], warmup=p["warmup"])
             except Exception as e:
                 run.skip(f"serving {case.name} B={B} {method}", short_reason(e))
                 continue

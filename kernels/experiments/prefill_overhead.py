@@ -22,9 +22,8 @@ peers:
    and on any device :func:`plot_gate_errors`.
 4. :func:`conclusion_markdown` from the tables.
 
-Shapes are names of :data:`kernels.spec.PREFILL_SHAPES` (``"T6"``,
-``"4x1024"``), compact strings (``"100+28"``, ``"3x5"``) or lists of lengths.
-The ``lens`` column holds the compact form (:func:`lens_label`).
+Shapes are specs of :func:`kernels.spec.parse_shape`; the ``lens`` column holds their
+compact form (:func:`kernels.spec.lens_label`).
 """
 from __future__ import annotations
 
@@ -35,9 +34,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from .common import (COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
-                     collect_params as _collect, fmt_us, fmt_x, gate_call, method_available,
-                     new_figure, short_reason, start_run, time_call, unique_in_order)
+from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
+from kernels.bench.timing import method_available, time_fn
+from kernels.spec import parse_shape
+
+from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
+                     new_figure, start_run, unique_in_order)
 
 STEM = "02_prefill_launch_overhead"
 DEFAULT_VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
@@ -74,43 +76,6 @@ TIMES_COLUMNS = ["impl", "variant", "lens", "T", "N", "method", "median_us", "la
 def collect_params(namespace: dict) -> dict:
     """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
     return _collect(namespace, PARAMS, STEM)
-
-
-# --------------------------------------------------------------------------- shapes
-
-
-def lens_label(lens: Sequence[int]) -> str:
-    """Compact name of a list of lengths: ``[6]``→``"6"``, ``[1024]*4``→``"4x1024"``,
-    ``[100, 28]``→``"100+28"``."""
-    lens = [int(n) for n in lens]
-    if len(lens) > 1 and len(set(lens)) == 1:
-        return f"{len(lens)}x{lens[0]}"
-    return "+".join(str(n) for n in lens)
-
-
-def parse_shape(spec) -> Tuple[str, List[int]]:
-    """``(lens_label, lens)`` of a shape spec (see the module docstring)."""
-    from kernels.spec import PREFILL_SHAPES
-
-    if isinstance(spec, (list, tuple)):
-        lens = [int(n) for n in spec]
-    elif isinstance(spec, int):
-        lens = [spec]
-    elif spec in PREFILL_SHAPES:
-        lens = list(PREFILL_SHAPES[spec])
-    else:
-        s = str(spec).strip().lstrip("T")
-        if re.fullmatch(r"\d+x\d+", s):
-            n, l = s.split("x")
-            lens = [int(l)] * int(n)
-        elif re.fullmatch(r"\d+(\+\d+)*", s):
-            lens = [int(x) for x in s.split("+")]
-        else:
-            raise ValueError(f"not a prefill shape: {spec!r} (a name of PREFILL_SHAPES, "
-                             f"'100+28', '4x1024' or a list of lengths)")
-    if not lens or any(n < 0 for n in lens):
-        raise ValueError(f"prefill shape {spec!r}: lengths must be >= 0, got {lens}")
-    return lens_label(lens), lens
 
 
 def start(params: dict) -> Run:
@@ -320,7 +285,7 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
             base = _base_row(run, impl, variant, lab, lens, label, summ)
             for method in methods:
                 try:
-                    t = time_call(call, method, rep=p["repetitions"], warmup=p["warmup"])
+                    t = time_fn(call, method, rep=p["repetitions"], warmup=p["warmup"])
                 except Exception as e:
                     run.skip(f"{label} lens={lab} {method}", short_reason(e))
                     continue
