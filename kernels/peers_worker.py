@@ -25,8 +25,8 @@ tensors; written once per shape, :meth:`PeerWorker.put`); the worker moves them 
 device, gates the peer with :func:`kernels.bench.gate.gate_call` (the contest rule
 against that reference), and only if it passes records a timeline
 (:func:`kernels.bench.timeline.record_timeline`) and times it with
-:func:`kernels.bench.timing.time_fn`: the same
-instruments as the parent's rows, which land in the same tables.
+:func:`kernels.bench.timing.time_each`: the same instruments as the parent's rows, which
+land in the same tables.
 
 Protocol: one JSON request per line on the worker's stdin, one JSON response per line on
 its stdout (the worker moves everything else its libraries print to stderr). Requests:
@@ -343,7 +343,7 @@ def _gate_and_time(req: dict, fn, loaded: dict) -> dict:
     import torch
 
     from .bench.gate import PASS, UNAVAILABLE, gate_call, short_reason
-    from .bench.timing import time_fn
+    from .bench.timing import time_each
 
     if not fn:
         return dict(gate=dict(status=UNAVAILABLE, ok=False, reason=fn.reason), timings=[],
@@ -375,13 +375,8 @@ def _gate_and_time(req: dict, fn, loaded: dict) -> dict:
                 tl.export_chrome_trace(req["trace"])
         except Exception as e:
             res["timeline_error"] = short_reason(e)
-    for method in req.get("methods") or []:
-        try:
-            t = time_fn(call, method, rep=req["rep"], warmup=req["warmup"])
-            res["timings"].append(dict(method=t.method, median_us=t.median_us, p20_us=t.p20_us,
-                                       p80_us=t.p80_us, n=t.n))
-        except Exception as e:
-            res["timings"].append(dict(method=method, error=short_reason(e)))
+    res["timings"] = time_each(call, req.get("methods") or [], rep=req["rep"],
+                               warmup=req["warmup"])
     return res
 
 

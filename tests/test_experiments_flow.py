@@ -14,7 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from kernels.bench import timing
 from kernels.bench.timing import Timing
+from kernels.experiments import common
 from kernels.experiments import decode_crossover as dx
 from kernels.experiments import prefill_overhead as px
 
@@ -57,8 +59,8 @@ def test_decode_flow_with_fake_gpu_methods(tmp_path, monkeypatch):
     monkeypatch.setattr(dx, "resolve_impls", lambda run: {
         "flashinfer": fi_copy, "flashinfer_inplace": fi_inplace, "torch": broken})
     calls = []
-    monkeypatch.setattr(dx, "time_fn", _fake_time(calls))
-    monkeypatch.setattr(dx, "method_available",
+    monkeypatch.setattr(timing, "time_fn", _fake_time(calls))
+    monkeypatch.setattr(common, "method_available",
                         lambda m, d: (True, "") if m in ("cupti_cold", "graph") else (False, "no"))
     params = _params(dx, output_root=str(tmp_path), num_q_heads=1, num_v_heads=2, head_dim=16,
                      batch_sizes=[1, 2], impls=["ours-fla-like", "flashinfer", "torch"],
@@ -95,8 +97,8 @@ def test_prefill_flow_with_fake_timelines(tmp_path, monkeypatch):
     monkeypatch.setattr(px, "_timelines_available", lambda run: (True, ""))
     monkeypatch.setattr(tl_mod, "record_timeline", lambda fn, warmup=3: (fn(), fake_tl)[1])
     calls = []
-    monkeypatch.setattr(px, "time_fn", _fake_time(calls))
-    monkeypatch.setattr(px, "method_available", lambda m, d: (True, ""))
+    monkeypatch.setattr(timing, "time_fn", _fake_time(calls))
+    monkeypatch.setattr(common, "method_available", lambda m, d: (True, ""))
     params = _params(px, output_root=str(tmp_path), num_q_heads=1, num_v_heads=2, head_dim=16,
                      shapes=["T6", [3, 2]], impls=["ours"], variants=["unfused", "fused"],
                      methods=["cupti_cold", "graph"], gantt_shape="T6",

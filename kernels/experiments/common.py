@@ -24,6 +24,8 @@ from typing import Any, Iterable, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from kernels.bench.timing import method_available
+
 __all__ = [
     "Param", "COMMON_PARAMS", "render_param", "collect_params", "resolve_auto",
     "Run", "start_run",
@@ -229,6 +231,28 @@ class Run:
         """Record and print that ``what`` was not done, and why."""
         print(f"SKIPPED {what}: {reason}")
         self.skipped.append({"what": what, "reason": reason})
+
+    def usable_methods(self, methods: Sequence[str]) -> List[str]:
+        """The timing ``methods`` that can run on this device; each other one is skipped."""
+        usable = []
+        for m in methods:
+            ok, why = method_available(m, self.device)
+            if ok:
+                usable.append(m)
+            else:
+                self.skip(f"timing with {m}", why)
+        return usable
+
+    def timed_rows(self, timings: Iterable[dict], what: str, base: dict) -> List[dict]:
+        """``base`` with each timing of :func:`kernels.bench.timing.time_each` (here or in
+        the peer worker); a method that raised is skipped as ``"<what> <method>"``."""
+        rows = []
+        for t in timings:
+            if "error" in t:
+                self.skip(f"{what} {t['method']}", t["error"])
+            else:
+                rows.append(dict(base, **t))
+        return rows
 
     def finish(self) -> Path:
         """Write provenance (+ skipped.csv) and move the folder into place."""

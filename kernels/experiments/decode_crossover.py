@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
-from kernels.bench.timing import CPU_WALL, method_available, time_fn
+from kernels.bench.timing import CPU_WALL, method_available, time_each
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
                      new_figure, start_run, unique_in_order)
@@ -277,16 +277,11 @@ def run_sweep(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
             if cfg.name not in good:
                 continue
             fn = _ours(cfg)
-            try:
-                t = time_fn(lambda: fn(**inputs), method, rep=p["sweep_repetitions"],
-                            warmup=p["warmup"])
-            except Exception as e:
-                run.skip(f"sweep {cfg.name} B={B}", short_reason(e))
-                continue
-            rows.append(dict(B=B, config=cfg.name, BV=cfg.BV, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages, V_TILES=cfg.V_TILES, method=t.method,
-                             median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, n=t.n,
-                             gpu=run.gpu))
+            timings = time_each(lambda: fn(**inputs), [method], rep=p["sweep_repetitions"],
+                                warmup=p["warmup"])
+            rows += run.timed_rows(timings, f"sweep {cfg.name} B={B}", dict(
+                B=B, config=cfg.name, BV=cfg.BV, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, V_TILES=cfg.V_TILES, gpu=run.gpu))
     sweep = pd.DataFrame(rows, columns=cols)
     run.write_csv(sweep, "sweep")
     return sweep
@@ -429,13 +424,7 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     p = run.params
     shape = run.state["shape"]
     peers = run.state.get("peers", {})
-    methods = []
-    for m in p["methods"]:
-        ok, why = method_available(m, run.device)
-        if ok:
-            methods.append(m)
-        else:
-            run.skip(f"timing with {m}", why)
+    methods = run.usable_methods(p["methods"])
     bw = _copy_bw(run) if methods else float("nan")
     rows = []
     for method in methods:
@@ -462,17 +451,12 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                     if g.empty or g.status.iloc[0] != UNAVAILABLE:
                         run.skip(f"{label} {cname} B={B} {method}", why)
                     continue
-                try:
-                    t = time_fn(lambda: fn(**call_inputs), method, rep=p["repetitions"],
-                                warmup=p["warmup"])
-                except Exception as e:
-                    run.skip(f"{label} B={B} {method}", short_reason(e))
-                    continue
-                rows.append(dict(impl=impl_of(label), config=cname, B=B, method=t.method,
-                                 median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
-                                 floor_us=fl, n=t.n, frac_of_copy_bw=fl / t.median_us,
-                                 gpu=run.gpu, label=label))
+                timings = time_each(lambda: fn(**call_inputs), [method], rep=p["repetitions"],
+                                    warmup=p["warmup"])
+                rows += run.timed_rows(timings, f"{label} B={B}", dict(
+                    impl=impl_of(label), config=cname, B=B, floor_us=fl, gpu=run.gpu, label=label))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
+    times["frac_of_copy_bw"] = times.floor_us / times.median_us
     if len(times):
         run.write_csv(times, "decode_times")
     else:

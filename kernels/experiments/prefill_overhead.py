@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
-from kernels.bench.timing import method_available, time_fn
+from kernels.bench.timing import time_each
 from kernels.spec import parse_shape
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
@@ -249,13 +249,7 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=TIMES_COLUMNS)
     from kernels.bench.timeline import record_timeline
 
-    methods = []
-    for m in p["methods"]:
-        good, reason = method_available(m, run.device)
-        if good:
-            methods.append(m)
-        else:
-            run.skip(f"timing with {m}", reason)
+    methods = run.usable_methods(p["methods"])
     gantt_label = parse_shape(p["gantt_shape"])[0] if p["gantt_shape"] else None
     impls = run.state["impls"]
     rows = []
@@ -282,15 +276,9 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                     tl.export_chrome_trace(path)
             except Exception as e:
                 run.skip(f"timeline {label} lens={lab}", short_reason(e))
-            base = _base_row(run, impl, variant, lab, lens, label, summ)
-            for method in methods:
-                try:
-                    t = time_fn(call, method, rep=p["repetitions"], warmup=p["warmup"])
-                except Exception as e:
-                    run.skip(f"{label} lens={lab} {method}", short_reason(e))
-                    continue
-                rows.append(dict(base, method=t.method, median_us=t.median_us, p20_us=t.p20_us,
-                                 p80_us=t.p80_us, n=t.n))
+            timings = time_each(call, methods, rep=p["repetitions"], warmup=p["warmup"])
+            rows += run.timed_rows(timings, f"{label} lens={lab}",
+                                   _base_row(run, impl, variant, lab, lens, label, summ))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     if len(times):
         run.write_csv(times, "prefill_times")
@@ -327,14 +315,8 @@ def _measure_remote(run, fn, label, impl, variant, lab, lens, inputs, methods, g
         run.skip(f"timeline {label} lens={lab}", res["timeline_error"])
     if trace and res.get("timeline"):
         run.state["timelines"][label] = Timeline.from_chrome_trace(trace)
-    base = _base_row(run, impl, variant, lab, lens, label, res.get("timeline") or {})
-    rows = []
-    for t in res["timings"]:
-        if "error" in t:
-            run.skip(f"{label} lens={lab} {t['method']}", t["error"])
-        else:
-            rows.append(dict(base, **t))
-    return rows
+    return run.timed_rows(res["timings"], f"{label} lens={lab}",
+                          _base_row(run, impl, variant, lab, lens, label, res.get("timeline") or {}))
 
 
 def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,

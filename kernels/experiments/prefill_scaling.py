@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from kernels.bench.gate import PASS, UNAVAILABLE, gate_call, short_reason
-from kernels.bench.timing import method_available, time_fn
+from kernels.bench.timing import method_available, time_each, time_fn
 from kernels.report import TARGET_RATIO, ratio_table
 from kernels.spec import parse_shape
 
@@ -185,9 +185,8 @@ def _gate_one(run: Run, fn, label: str, inputs, ref, method: Optional[str] = Non
     else:
         g, timings = gate_call(fn, inputs, ref, run.device), []
         if method is not None and g["status"] == PASS:
-            t = time_fn(lambda: fn(**inputs), method, rep=p["repetitions"], warmup=p["warmup"])
-            timings = [dict(method=t.method, median_us=t.median_us, p20_us=t.p20_us,
-                            p80_us=t.p80_us)]
+            timings = time_each(lambda: fn(**inputs), [method], rep=p["repetitions"],
+                                warmup=p["warmup"])
     return g if method is None else (g, timings)
 
 
@@ -242,13 +241,7 @@ def run_times(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     """Every passing implementation × shape × method (``prefill_scaling.csv``, written
     again with the per-kernel rows by :func:`run_anatomy`)."""
     p = run.params
-    methods = []
-    for m in p["methods"]:
-        ok, why = method_available(m, run.device)
-        if ok:
-            methods.append(m)
-        else:
-            run.skip(f"timing with {m}", why)
+    methods = run.usable_methods(p["methods"])
     rows = []
     for lab, lens in run.state["shapes"]:
         inputs, ref = _inputs(run, lab, lens)
@@ -258,8 +251,6 @@ def run_times(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 if not g.empty and g.status.iloc[0] != UNAVAILABLE:
                     run.skip(f"{label_of(name)} lens={lab}", f"gate {g.status.iloc[0]}")
                 continue
-            base = dict(impl=label_of(name), lens=lab, T=sum(lens), N=len(lens), kernel="",
-                        role="", gpu=run.gpu)
             if getattr(fn, "remote", False):
                 try:
                     res = fn.run(lab, inputs, ref, device=run.device, methods=methods,
@@ -271,21 +262,13 @@ def run_times(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                     run.skip(f"{label_of(name)} lens={lab}", f"gate {res['gate'].get('status')} "
                              f"in the timing run: {res['gate'].get('reason', '')}")
                     continue
-                for t in res["timings"]:
-                    if "error" in t:
-                        run.skip(f"{label_of(name)} lens={lab} {t['method']}", t["error"])
-                    else:
-                        rows.append(dict(base, **t))
-                continue
-            call = (lambda f=fn: f(**inputs))
-            for m in methods:
-                try:
-                    t = time_fn(call, m, rep=p["repetitions"], warmup=p["warmup"])
-                except Exception as e:
-                    run.skip(f"{label_of(name)} lens={lab} {m}", short_reason(e))
-                    continue
-                rows.append(dict(base, method=t.method, median_us=t.median_us, p20_us=t.p20_us,
-                                 p80_us=t.p80_us, n=t.n))
+                timings = res["timings"]
+            else:
+                timings = time_each(lambda f=fn: f(**inputs), methods, rep=p["repetitions"],
+                                    warmup=p["warmup"])
+            rows += run.timed_rows(timings, f"{label_of(name)} lens={lab}", dict(
+                impl=label_of(name), lens=lab, T=sum(lens), N=len(lens), kernel="", role="",
+                gpu=run.gpu))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     run.state["times"] = times
     if len(times):
