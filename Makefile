@@ -1,17 +1,23 @@
 # The two commands (see README.md):
 #   make run    - bootstrap an environment, run all notebooks through papermill
-#                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter)
+#                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter);
+#                 SOLUTIONS=a.json,dir/ adds flashinfer-bench solutions to every
+#                 notebook of their op (docs/solutions.md)
 #   make test   - bootstrap an environment, run the whole test suite
 # and helpers:
 #   make lab     - JupyterLab on notebooks/ with this environment's `python3` kernel
 #                  (a notebook run there uses profile/output_root "auto": the same
-#                  profile as `make run`, results into the repository's results/)
+#                  profile as `make run`, results into the repository's results/;
+#                  saving a suite notebook there writes it without outputs, so
+#                  git status stays clean: kernels/lab.py, docs/notebooks.md)
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
 #   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
 #                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
-#   make contest-eval [CONTEST_ARGS="--ops decode"]
-#                 flashinfer-bench on our solutions and FlashInfer (CUDA GPU) ->
-#                 results/<gpu>/contest/ (traces, comparison table)
+#   make contest-eval [SOLUTIONS=a.json,kit-folder/] [CONTEST_ARGS="--ops decode"]
+#                 the contest's flashinfer-bench (CUPTI spans; scripts/contest_wheel.sh) on
+#                 ours, FlashInfer's baseline and SOLUTIONS (CUDA GPU) ->
+#                 results/<gpu>/contest_<op>/ (scores, per-workload table, traces);
+#                 docs/contest.md
 #
 # `make test` first runs scripts/install_browser.sh (Debian chromium + chromedriver
 # for the JupyterLab browser test, when root or password-less sudo can apt-get;
@@ -24,7 +30,9 @@
 PROFILE ?= auto
 NOTEBOOKS ?= all
 RUN_ARGS ?=
-PYTEST_ARGS ?= -q -rs --durations=15
+SOLUTIONS ?=
+# default verbosity: one line per test file with its dots and the suite's % done
+PYTEST_ARGS ?= -rs --durations=15
 OUT ?= results/compare
 PACK_OUT ?= build/contest
 CONTEST_ARGS ?=
@@ -39,7 +47,8 @@ bootstrap:
 
 run:
 	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
-	  $$PY -m kernels.runner --profile $(PROFILE) --notebooks $(NOTEBOOKS) $(RUN_ARGS)
+	  $$PY -m kernels.runner --profile $(PROFILE) --notebooks $(NOTEBOOKS) \
+	    $(if $(SOLUTIONS),--solutions $(SOLUTIONS)) $(RUN_ARGS)
 
 test:
 	@PY=$$(scripts/bootstrap.sh) && scripts/install_browser.sh $$PY && export $(INTERPRET) && \
@@ -49,8 +58,7 @@ test:
 lab:
 	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
 	  { $$PY -c 'import jupyterlab' 2>/dev/null || { echo "make lab: $$PY has no jupyterlab (the lab extra; the offline GPU host has none)" >&2; exit 1; }; } && \
-	  JUPYTER_PREFER_ENV_PATH=1 $$PY -m jupyterlab --notebook-dir=notebooks \
-	    $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
+	  $$PY -m kernels.lab $(LAB_ARGS)
 
 compare:
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=$(OUT)]" >&2; exit 2; }
@@ -61,4 +69,4 @@ pack:
 	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.contest pack --op $(OP) $(if $(VARIANT),--variant $(VARIANT)) --out $(PACK_OUT)
 
 contest-eval:
-	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.contest evaluate $(CONTEST_ARGS)
+	@PY=$$(scripts/bootstrap.sh) && $$PY -m kernels.contest evaluate $(if $(SOLUTIONS),--solutions $(SOLUTIONS)) $(CONTEST_ARGS)

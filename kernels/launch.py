@@ -2,9 +2,9 @@
 
 On the eager path the host time between the two launches decides the call's
 span at short lengths (the GPU waits for the second launch). Triton's
-``kernel[grid](...)`` binds and specialises every argument on every call: on
-the H200 host the 41-argument walk kernel took 39 us to launch against 14 us
-for a one-argument kernel (``results/nvidia-h200/dev_checks/prefill_host_costs_*.csv``).
+``kernel[grid](...)`` binds and specialises every argument on every call, which costs
+more host time the more arguments a kernel has (docs/notes/prefill.md, "Numbers behind the
+rules").
 
 :class:`FastLaunch` keeps, per kernel, the compiled kernel Triton returned for
 a *launch key* and launches it directly (``compiled[grid](*args)``) when the key
@@ -19,8 +19,8 @@ repeats. The key holds everything Triton specialises on for our arguments:
 
 :meth:`FastLaunch.bind` does all of that ahead of time and returns a zero-argument
 launch: the ``fused`` pipeline binds every kernel of a call before launching the
-first, so only the bound launches (~8 us each on the H200 host, against ~28 us
-for a whole ``state_walk_fwd``) stand between two kernels.
+first, so only the bound launches (a fraction of a whole ``state_walk_fwd``) stand
+between two kernels.
 
 A key seen for the first time goes through ``kernel[grid](...)`` (compiling if
 needed) and its compiled kernel is kept. Off CUDA (the interpreter) or with

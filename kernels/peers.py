@@ -1,4 +1,4 @@
-"""FLA, FlashInfer, FlashQLA and torch behind one calling convention (DESIGN.md §6).
+"""FLA, FlashInfer, FlashQLA and torch behind one calling convention (docs/design.md, "Peers").
 
 Every implementation returned here is called like ours::
 
@@ -51,6 +51,11 @@ Prefill peers
                 -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)`` (f32
                 ``[T,HV]``) as PyTorch ops, and returns ``output[0]``. Label
                 ``"fla (triton)"``.
+``fla_recurrent`` ``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule`` on the
+                packed sequences (``cu_seqlens``): FLA's token-recurrent kernel (one
+                launch, gates in the kernel as for the decode peer, ``state_v_first``),
+                its answer to short prompts. Label ``"fla (fused recurrent)"``. Like
+                FLA's decode it also runs under the Triton interpreter.
 ``fla_flashqla`` the same FLA call with ``FLA_FLASH_QLA=1``: FLA's backend dispatch
                 hands it to FlashQLA (checked on each call with FLA's own verifier;
                 a rejected call raises instead of silently running Triton). Label
@@ -97,11 +102,12 @@ __all__ = ["Unavailable", "DECODE_PEERS", "PREFILL_PEERS", "WORKER_PEERS", "PREF
 
 DECODE_PEERS = ("fla", "flashinfer", "flashinfer_inplace", "flashinfer_bf16_inplace",
                 "flashinfer_mtp_inplace", "torch")
-PREFILL_PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer", "torch")
+PREFILL_PEERS = ("fla", "fla_recurrent", "fla_flashqla", "flashqla", "flashinfer", "torch")
 #: Prefill peers the notebooks run in :mod:`kernels.peers_worker` (tilelang's own site).
 WORKER_PEERS = ("flashqla", "fla_flashqla")
 #: How tables and legends name each prefill peer ("FLA" alone would be ambiguous).
-PREFILL_LABELS = {"fla": "fla (triton)", "fla_flashqla": "fla (flashqla backend)",
+PREFILL_LABELS = {"fla": "fla (triton)", "fla_recurrent": "fla (fused recurrent)",
+                  "fla_flashqla": "fla (flashqla backend)",
                   "flashqla": "flashqla", "flashinfer": "flashinfer", "torch": "torch"}
 
 
@@ -204,18 +210,24 @@ def _i64(cu: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- FLA
 
 
-def _fla_decode() -> Callable:
+def _fla_fused_recurrent() -> Callable:
+    """FLA's ``fused_recurrent_gated_delta_rule`` (decode and the recurrent prefill peer)."""
     _need_package("fla", "fla-core")
     if not torch.cuda.is_available():
         from . import interpret
 
         if not interpret.INTERPRET:
             raise _Missing("FLA (Triton kernels) needs a CUDA GPU, or TRITON_INTERPRET=1 "
-                           "(where its decode runs, slowly); torch sees no GPU")
-        interpret.install()  # CPU: FLA's decode kernel runs under the Triton interpreter
+                           "(where its recurrent kernel runs, slowly); torch sees no GPU")
+        interpret.install()  # CPU: FLA's recurrent kernel runs under the Triton interpreter
     fused = _import("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule", "fla-core")
-    _need_params(fused, ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "state_v_first"),
-                 "fla fused_recurrent_gated_delta_rule")
+    _need_params(fused, ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "state_v_first",
+                         "cu_seqlens"), "fla fused_recurrent_gated_delta_rule")
+    return fused
+
+
+def _fla_decode() -> Callable:
+    fused = _fla_fused_recurrent()
 
     def fla_decode(q, k, v, state, A_log, a, dt_bias, b, scale=None):
         """FLA fused recurrent decode, gates in kernel. Shapes: see :mod:`kernels.spec`."""
@@ -226,6 +238,21 @@ def _fla_decode() -> Callable:
         return _bf16(o), ht
 
     return fla_decode
+
+
+def _fla_recurrent_prefill() -> Callable:
+    fused = _fla_fused_recurrent()
+
+    def fla_recurrent_prefill(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None):
+        """FLA fused recurrent over packed sequences, gates in kernel. `[T,...]` packed."""
+        o, ht = fused(q[None], k[None], v[None], g=a[None], beta=b[None],
+                      scale=resolve_scale(scale, q.shape[-1]), initial_state=state,
+                      output_final_state=True, use_gate_in_kernel=True, A_log=A_log,
+                      dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True, state_v_first=True,
+                      cu_seqlens=_i64(cu_seqlens))
+        return _bf16(o[0]), ht
+
+    return fla_recurrent_prefill
 
 
 #: FLA's switch of its FlashQLA backend (``fla/ops/gated_delta_rule/backends/flash_qla.py``,
@@ -421,6 +448,7 @@ _DECODE_BUILDERS = {
 }
 _PREFILL_BUILDERS = {
     "fla": _fla_prefill,
+    "fla_recurrent": _fla_recurrent_prefill,
     "fla_flashqla": lambda: _fla_prefill(flashqla=True),
     "flashqla": _flashqla_prefill,
     "flashinfer": _flashinfer_prefill,

@@ -1,4 +1,4 @@
-"""Float32 PyTorch reference of the GDN decode and prefill (DESIGN.md §2).
+"""Float32 PyTorch reference of the GDN decode and prefill (docs/design.md, "The computation").
 
 Per sequence and value head ``h``, with ``S = state[h].T`` of shape ``[K, V]``::
 

@@ -18,7 +18,7 @@ One run at a time per output root: the runner holds an exclusive lock on
 ``<output_root>/.runner.lock`` (``flock``: released by the OS however the run
 ends, SIGKILL included) and writes its pid, start time and command into it; a
 second run into the same root stops at once (exit 2) with a message naming the
-first. Holding the lock, the runner first cleans what killed runs left in
+first; a finished run deletes the lock file. Holding the lock, the runner first cleans what killed runs left in
 ``<output_root>/<gpu-slug>/`` (:func:`kernels.bench.results.sweep_leftovers`:
 ``.tmp-*`` folders deleted, results caught mid-swap restored).
 
@@ -31,7 +31,8 @@ as ``<output_root>/<gpu-slug>/failed-<stem>.ipynb`` (the last good results
 stay untouched), goes on with the next notebook unless ``--fail-fast``, and
 exits non-zero.
 
-The kernel (Jupyter ``python3``, run in the notebook's folder) inherits:
+The kernel (Jupyter ``python3``, run in the notebook's folder, talking to papermill
+over local Unix sockets rather than TCP) inherits:
 ``TRITON_INTERPRET`` (1 without a CUDA GPU unless set, as the Makefile does),
 the repository on ``PYTHONPATH``, ``MPLBACKEND=Agg`` (the notebooks display
 the PNGs they save) and ``JUPYTER_PREFER_ENV_PATH=1`` (this environment's
@@ -82,7 +83,10 @@ class RunLock:
 
     ``acquire()`` raises :class:`RunnerError` naming the holder (pid, host, start
     time, command) when another process holds it. The OS drops the lock when the
-    holder exits or is killed; the file stays (empty once released).
+    holder exits or is killed (the file then stays, naming the dead holder, until
+    the next run); ``release()`` deletes the file while still holding the lock, so
+    a finished run leaves nothing behind. A process that locked a file unlinked
+    meanwhile sees that the path no longer names its file and tries again.
     """
 
     def __init__(self, root: Path):
@@ -92,19 +96,27 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                info = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
-            except ValueError:
-                info = {}
-            os.close(fd)
-            who = (f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started "
-                   f"{info.get('started', '?')}, command: {info.get('command', '?')}")
-            raise RunnerError(f"another run is writing into {self.root} ({who}); wait for it "
-                              f"to finish or stop it (lock: {self.path})") from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    info = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
+                except ValueError:
+                    info = {}
+                os.close(fd)
+                who = (f"pid {info.get('pid', '?')} on {info.get('host', '?')}, started "
+                       f"{info.get('started', '?')}, command: {info.get('command', '?')}")
+                raise RunnerError(f"another run is writing into {self.root} ({who}); wait for it "
+                                  f"to finish or stop it (lock: {self.path})") from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder released (and unlinked) it between our open and flock
         info = dict(pid=os.getpid(), host=os.uname().nodename,
                     started=time.strftime("%Y-%m-%d %H:%M:%S %z"),
                     command=" ".join(getattr(sys, "orig_argv", sys.argv)))
@@ -115,7 +127,10 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
@@ -324,10 +339,16 @@ def _describe_failure(stem: str, exc: BaseException) -> str:
     return f"{stem}: {type(exc).__name__}: {str(exc)[:500]}"
 
 
+# the kernel talks to papermill over local Unix sockets, not TCP: no open port, and no
+# "Kernel is running over TCP without encryption" warning from every notebook
+_KERNEL_CONFIG = {"KernelManager": {"transport": "ipc"}}
+
+
 def run_notebook(path: Path, params: dict, out_dir: Path, *, progress_bar: bool = True,
                  log_output: bool = False, cwd: Optional[Path] = None) -> RunResult:
     """Execute one notebook into a temporary file, then move it into ``out_dir``."""
     import papermill
+    from traitlets.config import Config
 
     stem = path.stem
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -341,7 +362,7 @@ def run_notebook(path: Path, params: dict, out_dir: Path, *, progress_bar: bool 
             papermill.execute_notebook(
                 str(path), str(executed), parameters=params, kernel_name=KERNEL_NAME,
                 progress_bar=progress_bar, log_output=log_output,
-                cwd=str(cwd or path.parent))
+                cwd=str(cwd or path.parent), config=Config(_KERNEL_CONFIG))
         except Exception as exc:  # noqa: BLE001 - report any failure, keep going
             message = _describe_failure(stem, exc)
             kept = None
@@ -375,6 +396,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="override a parameter of every selected notebook (value parsed as YAML)")
     p.add_argument("--notebook-dir", default=str(NOTEBOOK_DIR), help=argparse.SUPPRESS)
+    p.add_argument("--solutions", default="",
+                   help="comma list of flashinfer-bench solution JSONs / starter-kit folders, "
+                        "passed as the 'solutions' parameter to every notebook declaring it "
+                        "(each keeps those of its op; docs/solutions.md)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing notebook")
     p.add_argument("--log-output", action="store_true", help="stream cell output to the terminal")
     p.add_argument("--no-progress", action="store_true", help="no papermill progress bar")
@@ -390,6 +415,7 @@ def _plan(args) -> tuple:
     if not root:
         raise RunnerError(f"profile {profile['name']} sets no output_root; pass --output-root")
     overrides = _parse_overrides(args.param)
+    solutions = _solution_paths(args.solutions)
     plans = []
     for stem, path in notebooks.items():
         declared = notebook_parameters(path)
@@ -399,8 +425,24 @@ def _plan(args) -> tuple:
                   f"them anyway)", file=sys.stderr)
         params = build_parameters(stem, declared, profile, device=args.device,
                                   output_root=Path(root).resolve(), overrides=overrides)
+        if solutions and "solutions" in declared:
+            params["solutions"] = solutions
         plans.append((stem, path, declared, params))
     return profile, Path(root).resolve(), plans
+
+
+def _solution_paths(text: str) -> List[str]:
+    """``--solutions a.json,dir/`` -> absolute paths; a missing one is an error."""
+    out = []
+    for item in (x.strip() for x in str(text or "").split(",")):
+        if not item:
+            continue
+        path = Path(item).expanduser().resolve()
+        if not path.exists():
+            raise RunnerError(f"--solutions: {item} does not exist (a solution JSON or a "
+                              "starter-kit folder)")
+        out.append(str(path))
+    return out
 
 
 def _list(profile, root, plans) -> None:

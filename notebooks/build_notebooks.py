@@ -159,9 +159,9 @@ run.show(xp.plot_drift(drift), "drift")
 xp.drift_table(drift)"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
     times=times, gate=gate, crossovers=crossovers, best=best, serving_times=serving["times"],
-    serving_gate=serving["gate"], drift=drift))
+    serving_gate=serving["gate"], drift=drift)))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
@@ -186,14 +186,19 @@ workload 0 (one sequence of T=6):
   185 µs (**8.3×**); next steps: no host syncs, CUDA graphs, fewer kernels.
 
 Our pipeline exposes each step as a variant: `unfused → fused_gates → no_sync
-→ graph → fused`. For every variant, FLA (its Triton path, and dispatching to
-FlashQLA), FlashQLA (in a worker process with its own site, `GDN_QLA_SITE`) and
-FlashInfer, and shapes from T=6 to
+→ graph → fused`, and beside them `recurrent`, a token-recurrent kernel (one launch,
+the state walked token by token in registers) that `fused` and `graph` take for calls
+of up to `RECURRENT_MAX_T` tokens. For every variant, FLA (its Triton path, its fused
+recurrent kernel, and dispatching to FlashQLA), FlashQLA (in a worker process with its
+own site, `GDN_QLA_SITE`) and FlashInfer, and shapes from T=6 to
 T=8192 (one or many sequences) this notebook records one call's GPU timeline
 (launches, busy time, wall span, idle fraction), times it with `cupti_cold`
 (launch gaps count) and `graph` replay (they don't), and draws the Gantt chart
-at T=6, the waterfall of what each step saves, time vs T, and busy vs idle.
-Timelines and timings need a CUDA GPU; on the CPU only the correctness gate runs."""),
+at T=6, the waterfall of what each step saves, time vs T, and busy vs idle. Then it
+measures where the token-recurrent kernel stops paying: ours recurrent vs ours chunked
+vs FLA's fused recurrent from 1 to 128 tokens, the crossover that
+`kernels.prefill.config.RECURRENT_MAX_T` is set from.
+Timelines and timings need a CUDA GPU; on the CPU only the correctness gates run."""),
     ("params", None),
     ("code", IMPORTS.format(module="prefill_overhead")),
     ("md", """\
@@ -225,10 +230,28 @@ run.show(xp.plot_time_vs_T(times), "time_vs_T")"""),
     ("md", "## 6. GPU busy vs idle within one call"),
     ("code", """\
 run.show(xp.plot_busy_idle(times), "busy_idle")"""),
+    ("md", """\
+## 7. Recurrent or chunked: short calls
+A call of a few tokens is a decode step repeated: the token-recurrent kernel reads and
+writes each state once and walks the tokens in registers, while the chunked path pays for
+a 64-token chunk, its solve and a second walk. Per total length `T` in
+`crossover_lengths`, one sequence and a batch of `crossover_batch` sequences (T split by
+halves): ours recurrent (`variant="recurrent"`), ours chunked (`fused` with
+`recurrent_max_T=0`), ours as dispatched (`fused`: recurrent up to `RECURRENT_MAX_T`) and
+FLA's `fused_recurrent_gated_delta_rule`, each gated against the float32 reference, then
+timed with `crossover_method`. The crossover (`recurrent_crossover.csv`) is the largest
+measured T up to which recurrent wins at every point; `RECURRENT_MAX_T` is set from it."""),
+    ("code", """\
+crossover_times = xp.run_crossover(run)
+crossover = xp.crossovers(run, crossover_times)
+run.show(xp.plot_crossover(crossover_times, crossover), "recurrent_crossover")
+crossover"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, waterfall=waterfalls,
-                                         gantt_lens=xp.parse_shape(run.params["gantt_shape"])[0]))
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
+    gate=gate, times=times, waterfall=waterfalls,
+    gantt_lens=xp.parse_shape(run.params["gantt_shape"])[0],
+    crossover=crossover, crossover_times=crossover_times)))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
@@ -274,7 +297,7 @@ run.show(xp.plot_bv_sweep(fit, B=run.params["B"], gpu=run.gpu), "bv_sweep")
 fit["table"] if fit else None"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(totals=totals, fit=fit))
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(totals=totals, fit=fit)))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
@@ -318,10 +341,10 @@ xp.gate_summary(gate)"""),
     ("code", """\
 times = xp.run_times(run, gate)
 run.show(xp.plot_time_vs_T(times), "time_vs_T")
-xp.ratio_table(times)"""),
+xp.ratio_display(times)"""),
     ("md", """\
 ## 3. How our call is split
-Path (one launch, walk, chained or long context parallelism), walk tile width, chunks per
+Path (token-recurrent, one launch, walk, chained or long context parallelism), walk tile width, chunks per
 segment and segments, launches: the host rules of `kernels.prefill` for each shape."""),
     ("code", """\
 plan = xp.plan_table(run)
@@ -374,10 +397,9 @@ ncu = xp.run_ncu_sections(run)
 xp.ncu_summary(ncu)"""),
     ("md", "## Conclusion"),
     ("code", """\
-conclusion = xp.conclusion_markdown(dict(gate=gate, times=times, plan=plan, stress=stress,
-                                         split=split, gates=gates,
-                                         roofline=anatomy["roofline"],
-                                         reference_check=run.state["reference_check"]))
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
+    gate=gate, times=times, plan=plan, stress=stress, split=split, gates=gates,
+    roofline=anatomy["roofline"], reference_check=run.state["reference_check"])))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),

@@ -3,8 +3,9 @@
 #   gpu_lite            unpack .gpulite/lite.tar.xz (papermill, ipykernel, nvtx, fla-core)
 #   gpu_heavy_part N    stash .gpuheavy/part-0N in /root/parts (machine must stay warm)
 #   gpu_heavy_unpack    join the parts, check SHA256SUMS, unpack (flashinfer + CuTe DSL)
-#   gpu_fib             unpack the .gpufib/ wheels (flashinfer-bench and the deps the host
-#                       lacks) into the same site folder (for `make contest-eval`)
+#   gpu_fib             check and unpack the .whl/ wheels (the contest's flashinfer-bench and
+#                       the deps the host lacks: scripts/contest_wheel.sh) into the same site
+#                       folder (for `make contest-eval`; docs/contest.md)
 #   gpu_env             PYTHONPATH, ipykernel registration, editable install of the project
 #   gpu_qla_part N      stash .gpuqla/part-0N in /root/qlaparts (machine must stay warm)
 #   gpu_qla_unpack      join, check SHA256SUMS, pip-install the wheels into /root/qlasite and
@@ -24,10 +25,12 @@ gpu_heavy_unpack() {
 }
 gpu_fib() {
   # wheels are zip archives: extracting one into a --target style folder installs it
-  mkdir -p "$SITE" && [ -f "$SITE/.fib" ] && return 0
-  ls .gpufib/*.whl >/dev/null || { echo "gpu_fib: no wheels in .gpufib/ (carry it)" >&2; return 1; }
-  for w in .gpufib/*.whl; do python3 -m zipfile -e "$w" "$SITE" || return 1; done
-  touch "$SITE/.fib"
+  ls .whl/flashinfer_bench-*.whl >/dev/null || { echo "gpu_fib: no wheels in .whl/ (carry it)" >&2; return 1; }
+  (cd .whl && sha256sum -c --quiet SHA256SUMS) || { echo "gpu_fib: .whl/SHA256SUMS mismatch" >&2; return 1; }
+  local mark="$SITE/.fib-$(cd .whl && sha256sum SHA256SUMS | cut -c1-12)"
+  mkdir -p "$SITE" && [ -f "$mark" ] && return 0
+  for w in .whl/*.whl; do python3 -m zipfile -e "$w" "$SITE" || return 1; done
+  touch "$mark"
 }
 gpu_env() {
   export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1

@@ -29,7 +29,7 @@ def test_kernel_times_needs_a_gpu():
 
 
 def test_prefill_kernel_model_matches_the_notes():
-    # docs/notes.md, prefill v9: the walk at 16x256 moves ~48 MB (k, q 8, v 8, Tb + Aqk 8,
+    # docs/notes/prefill.md, prefill v9: the walk at 16x256 moves ~48 MB (k, q 8, v 8, Tb + Aqk 8,
     # state in and out 16, outputs 8) and does ~4.3 GFLOP
     w = roofline.prefill_kernel_model("walk", [256] * 16, CONTEST)
     assert w["bytes"] / 1e6 == pytest.approx(48.5, rel=0.05)

@@ -28,7 +28,7 @@ from kernels.spec import (CONTEST, DECODE_BATCH_SIZES, PREFILL_SHAPES, GDNShape,
 REPO = Path(__file__).resolve().parent.parent
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/test_decode.py
 HAS_FIB = importlib.util.find_spec("flashinfer_bench") is not None
-NO_FIB = "flashinfer-bench is not importable (GPU-host wheels in .gpufib; not a CI dependency)"
+NO_FIB = "flashinfer-bench is not importable (GPU-host wheels in .whl: scripts/contest_wheel.sh; not a CI dependency)"
 
 
 # --------------------------------------------------------------------------- bundle
@@ -332,12 +332,183 @@ def test_evaluate_refuses_without_gpu_or_flashinfer_bench():
     if torch.cuda.is_available() and HAS_FIB:
         pytest.skip("GPU with flashinfer-bench: the refusal does not apply")
     with pytest.raises(RuntimeError, match="CUDA GPU|flashinfer-bench"):
-        evaluate(["decode"], out="/nonexistent/never-written")
+        evaluate(["decode"], root="/nonexistent/never-written")
+    assert not Path("/nonexistent/never-written").exists()
+
+
+def test_evaluate_cli_says_what_the_host_lacks(capsys):
+    from kernels.contest.__main__ import main
+
+    if torch.cuda.is_available() and HAS_FIB:
+        pytest.skip("GPU with flashinfer-bench: the refusal does not apply")
+    assert main(["evaluate", "--ops", "decode", "--root", "/nonexistent/never-written"]) == 1
+    assert "contest evaluate: " in capsys.readouterr().err
+    assert not Path("/nonexistent/never-written").exists()
+
+
+def test_evaluate_refuses_without_cupti():
+    """Without cupti-python FlashInfer's timing falls back to CUDA events: refused."""
+    from kernels.contest.evaluate import _check_cupti
+
+    if importlib.util.find_spec("cupti") is not None:
+        pytest.skip("cupti-python is importable here")
+    with pytest.raises(RuntimeError, match="CUPTI is unusable here .*No module named 'cupti'"):
+        _check_cupti()
+
+
+# --------------------------------------------------------------------------- the contest's score
+
+def _row(op, wl, sol, status="PASSED", us=None):
+    return dict(op=op, workload=wl, solution=sol, status=status, fib_us=us)
+
+
+def test_contest_score_is_the_mean_speedup_over_the_baseline():
+    from kernels.contest.evaluate import contest_scores
+
+    base = "gdn-decode-flashinfer"
+    rows = [_row("decode", "1", base, us=10.0), _row("decode", "4", base, us=20.0),
+            _row("decode", "1", "a", us=5.0), _row("decode", "4", "a", us=40.0),
+            _row("decode", "1", "b", us=10.0), _row("decode", "4", "b", "INCORRECT_NUMERICAL"),
+            _row("decode", "1", "c", us=2.0), _row("decode", "4", "c", "NO_TRACE")]
+    got = {s["solution"]: s for s in contest_scores(rows)}
+    assert set(got) == {"a", "b", "c"}                      # the baseline is not scored
+    assert got["a"]["score"] == pytest.approx((10 / 5 + 20 / 40) / 2)
+    assert got["a"]["win_rate"] == 0.5 and got["a"]["scored"] == 2 and got["a"]["failed"] == 0
+    # any workload not passed zeroes the score
+    assert got["b"]["score"] == 0.0 and got["b"]["failed"] == 1
+    assert got["b"]["note"] == "not passed: 4"
+    # a workload with no trace (its run raised in flashinfer-bench) is left out, and said
+    assert got["c"]["score"] == 5.0 and got["c"]["scored"] == 1 and got["c"]["failed"] == 0
+    assert got["c"]["note"] == "no trace: 4"
+
+
+def test_contest_score_skips_workloads_the_baseline_failed():
+    from kernels.contest.evaluate import contest_scores
+
+    base = "gdn-prefill-flashinfer"
+    rows = [_row("prefill", "x", base, us=30.0), _row("prefill", "y", base, "RUNTIME_ERROR"),
+            _row("prefill", "x", "ours", us=10.0), _row("prefill", "y", "ours", us=1.0),
+            _row("decode", "1", "gdn-decode-flashinfer", "RUNTIME_ERROR"),
+            _row("decode", "1", "ours-d", us=1.0)]
+    got = {(s["op"], s["solution"]): s for s in contest_scores(rows)}
+    assert got[("prefill", "ours")]["score"] == pytest.approx(3.0)
+    assert got[("prefill", "ours")]["scored"] == 1
+    d = got[("decode", "ours-d")]
+    assert math.isnan(d["score"]) and d["note"] == "no workload the baseline passed"
+
+
+@pytest.mark.skipif(not HAS_FIB, reason=NO_FIB)
+def test_contest_score_matches_flashinfer_bench_get_solution_score():
+    """The pinned flashinfer-bench's own scoring (what the contest's
+    compute_track_scores.py calls) on the same statuses and latencies."""
+    from flashinfer_bench.data import (Correctness, Definition, Environment, Evaluation,
+                                       EvaluationStatus, Performance, Solution, Trace, TraceSet)
+
+    from kernels.contest.evaluate import contest_scores
+
+    d = Definition.model_validate(defs.definition("decode"))
+    wls = defs.workloads("decode", batch_sizes=(1, 4, 8))
+    base = "gdn-decode-flashinfer"
+    cases = {base: ("fi", [10.0, 20.0, None]),            # the baseline failed B=8
+             "a": ("A", [5.0, 40.0, 1.0]), "b": ("B", [10.0, None, 3.0]),
+             "c": ("C", [2.0, "skip", None])}                # B=4 raised: no trace
+    sols, traces, rows = [], [], []
+    for name, (author, lat) in cases.items():
+        sols.append(Solution.model_validate(dict(solution("decode"), name=name, author=author)))
+        for wl, us in zip(wls, lat):
+            if us == "skip":
+                rows.append(_row("decode", wl["key"], name, "NO_TRACE"))
+                continue
+            status = EvaluationStatus.PASSED if us else EvaluationStatus.INCORRECT_NUMERICAL
+            ev = Evaluation(status=status, environment=Environment(hardware="gpu"),
+                            timestamp="t", correctness=Correctness(),
+                            performance=Performance(latency_ms=us / 1e3) if us else None)
+            tr = Trace.model_validate(dict(wl["trace"], solution=name, evaluation=ev))
+            traces.append(tr)
+            rows.append(_row("decode", wl["key"], name, status.value, us))
+    ts = TraceSet(definitions={d.name: d}, solutions={d.name: sols}, traces={d.name: traces})
+    ours = {s["solution"]: s["score"] for s in contest_scores(rows)}
+    for name in ("a", "b", "c"):
+        assert ours[name] == pytest.approx(ts.get_solution_score(name, "fi").avg_speedup)
+    assert ours["a"] == pytest.approx((10 / 5 + 20 / 40) / 2) and ours["b"] == ours["c"] == 0.0
+
+
+def test_comparison_table_speedup_and_flag():
+    pytest.importorskip("pandas")
+    from kernels.contest.evaluate import comparison_table
+
+    rows = [dict(op="decode", workload="1", solution="gdn-decode-flashinfer", status="PASSED",
+                 fib_us=6.0, cupti_cold_us=6.1, max_abs_err=0.0, max_rel_err=0.0),
+            dict(op="decode", workload="1", solution="gdn-decode-ours", status="PASSED",
+                 fib_us=3.0, cupti_cold_us=2.0, max_abs_err=0.0, max_rel_err=0.0),
+            dict(op="decode", workload="1", solution="x", status="INCORRECT_NUMERICAL",
+                 fib_us=None, cupti_cold_us=None, max_abs_err=0.5, max_rel_err=1.0)]
+    df = comparison_table(rows, {("gdn-decode-ours", "1"): 2.5})
+    assert df.speedup.tolist()[:2] == [1.0, 2.0] and math.isnan(df.speedup[2])
+    assert df.flag.tolist() == [False, True, False]   # a failed row is reported, not flagged
+    assert df.notebook_cupti_cold_us.tolist()[1] == 2.5
+
+
+def test_contest_params_are_the_evaluation_commands():
+    from kernels.contest.evaluate import contest_params
+
+    assert contest_params("prefill") == dict(warmup_runs=1, iterations=5, num_trials=3)
+    assert contest_params("decode") == dict(warmup_runs=10, iterations=50, num_trials=3)
+
+
+def test_wheel_script_pins_the_commit_evaluate_requires():
+    from kernels.contest.evaluate import FIB_COMMIT
+
+    text = (REPO / "scripts" / "contest_wheel.sh").read_text()
+    assert f"\nFIB_COMMIT={FIB_COMMIT}\n" in text
+
+
+# --------------------------------------------------------------------------- arguments
+
+def test_check_arguments(tmp_path):
+    """The contest's own rules on top of kernels.contest.loader.read_solution (whose
+    errors tests/test_solutions.py checks): its two definitions only, unique names."""
+    from kernels.contest.evaluate import check_arguments, solutions_for
+
+    with pytest.raises(ValueError, match="ops must list decode and/or prefill"):
+        check_arguments(["mixed"])
+    with pytest.raises(ValueError, match="ops must list"):
+        check_arguments([])
+    dup = write_solution(solution("prefill"), tmp_path)          # gdn-prefill-ours-fused
+    with pytest.raises(ValueError, match="'gdn-prefill-ours-fused' is used twice"):
+        check_arguments(["prefill"], [dup])
+    shape = tmp_path / "shape" / "s.json"                        # GDN, not the contest's shape
+    shape.parent.mkdir()
+    shape.write_text(json.dumps(dict(solution("decode"), name="x",
+                                     definition="gdn_decode_qk16_v32_d128_k_last")))
+    with pytest.raises(ValueError, match="field 'definition': 'gdn_decode_qk16_v32_d128_k_last' "
+                                         "is not one of the contest's") as e:
+        check_arguments(["decode"], [shape])
+    assert str(shape) in str(e.value)
+    mine = dict(solution("decode"), name="mine")
+    other = write_solution(mine, tmp_path)
+    assert check_arguments(["decode"], [other]) == [mine]     # flashinfer-bench's dict, as read
+    # read (and so checked) whatever the ops; evaluated with its own op only
+    assert [s["name"] for s in solutions_for("prefill", check_arguments(["prefill"], [other]))
+            ] == ["gdn-prefill-ours-fused", "gdn-prefill-ours-graph", "gdn-prefill-flashinfer"]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--ops", "mixed"], "ops must list"),
+    (["--solutions", "nope/missing.json"], "no such solution JSON or starter-kit folder"),
+    (["--rep", "0"], "--rep must be >= 1"),
+])
+def test_evaluate_cli_refuses_bad_arguments_before_any_run(capsys, args, match):
+    from kernels.contest.__main__ import main
+
+    with pytest.raises(SystemExit) as ex:
+        main(["evaluate", *args])
+    assert ex.value.code == 2 and match in capsys.readouterr().err
 
 
 def test_notebook_cupti_cold_reads_committed_results():
     pytest.importorskip("pandas")
-    from kernels.contest.evaluate import comparison_table, notebook_cupti_cold
+    from kernels.contest.evaluate import notebook_cupti_cold
 
     found = [p for p in (REPO / "results").iterdir()
              if (p / "01_decode_crossover" / "decode_times.csv").is_file()
@@ -350,33 +521,33 @@ def test_notebook_cupti_cold_reads_committed_results():
                       else [f"gdn-prefill-ours-{v}" for v in PREFILL_VARIANTS])
             + [f"gdn-{op}-flashinfer"]}
     assert set(nb) == keys and all(v > 0 for v in nb.values())
-    rows = [dict(op="decode", workload="1", solution="gdn-decode-ours", status="PASSED",
-                 fib_us=3.0, cupti_cold_us=2.0, host_call_us=1.0, max_abs_err=0.0),
-            dict(op="decode", workload="4", solution="gdn-decode-ours", status="PASSED",
-                 fib_us=2.1, cupti_cold_us=2.0, host_call_us=1.0, max_abs_err=0.0)]
-    rows.append(dict(op="decode", workload="8", solution="gdn-decode-ours",
-                     status="INCORRECT_NUMERICAL", fib_us=None, cupti_cold_us=None,
-                     host_call_us=None, max_abs_err=0.5))
-    df = comparison_table(rows, nb)
-    assert df.flag.tolist() == [True, False, False]   # a failed row is reported, not flagged
-    assert df.notebook_cupti_cold_us.tolist() == [nb[("gdn-decode-ours", w)] for w in "148"]
-    assert df.fib_over_cupti.isna().tolist() == [False, False, True]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_FIB, reason=NO_FIB)
 def test_evaluate_decode_on_gpu(tmp_path):
-    """flashinfer-bench end to end on our decode solution (short run; no baseline)."""
+    """The contest's flashinfer-bench end to end on decode: ours, the baseline and our
+    packed JSON under another name, read from a path (CUPTI spans, scores)."""
+    from kernels.device import gpu_slug
     from kernels.contest.evaluate import evaluate
 
-    root = evaluate(["decode"], out=str(tmp_path), warmup=2, iterations=5, trials=1, rep=5,
-                    baseline=False)
+    mine = write_solution(dict(solution("decode"), name="ours-from-path", author="path"),
+                          tmp_path / "sols")
+    [root] = evaluate(["decode"], solutions=[mine], root=str(tmp_path), rep=5)
     import pandas as pd
 
+    assert root == tmp_path / gpu_slug() / "contest_decode"
     df = pd.read_csv(root / "comparison.csv")
-    assert df.workload.astype(str).tolist() == [str(b) for b in DECODE_BATCH_SIZES]
-    assert (df.status == "PASSED").all(), df[["workload", "status"]]
-    assert (df.fib_us > 0).all() and (df.cupti_cold_us > 0).all() and (df.host_call_us > 0).all()
-    traces = (root / "traces" / "gdn" / f"{defs.definition_name('decode')}.jsonl").read_text()
-    assert len(traces.strip().splitlines()) == len(DECODE_BATCH_SIZES)
-    assert (root / "comparison.md").read_text().startswith("# flashinfer-bench vs our cupti_cold")
+    assert sorted(df.solution.unique()) == ["gdn-decode-flashinfer", "gdn-decode-ours",
+                                            "ours-from-path"]
+    assert (df.status == "PASSED").all(), df[["workload", "solution", "status"]]
+    assert len(df) == 3 * len(DECODE_BATCH_SIZES) and (df.fib_us > 0).all()
+    ours = df[df.solution == "gdn-decode-ours"]
+    assert (ours.cupti_cold_us > 0).all()
+    assert df[df.solution == "ours-from-path"].cupti_cold_us.isna().all()   # not our author
+    scores = pd.read_csv(root / "scores.csv").set_index("solution")
+    assert set(scores.index) == {"gdn-decode-ours", "ours-from-path"}
+    assert (scores.score > 0).all() and (scores.failed == 0).all()
+    traces = list((root / "traces").rglob("*.jsonl"))
+    assert sum(len(t.read_text().strip().splitlines()) for t in traces) == len(df)
+    assert (root / "comparison.md").read_text().startswith("# Contest evaluation")

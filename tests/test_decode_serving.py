@@ -100,6 +100,10 @@ def test_unchecked_out_of_range_slots_are_padding_and_touch_nothing():
         "slots 0 and 2 (not addressed by a valid index) changed"
 
 
+def _slots(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
 BAD_POOL = [
     pytest.param(lambda i: {**i, "state_indices": i["state_indices"].float()}, {}, TypeError,
                  "state_indices", id="float-slots"),
@@ -111,12 +115,11 @@ BAD_POOL = [
                  "state_indices", id="slots-list"),
     pytest.param(lambda i: {**i, "state_indices": i["state_indices"].to("meta")}, {}, ValueError,
                  "state_indices", id="slots-device"),
-    pytest.param(lambda i: {**i, "state_indices": torch.tensor([1, 4, 1], dtype=torch.int32)},
-                 {}, ValueError, "state_indices must not repeat", id="repeated-slot"),
-    pytest.param(lambda i: {**i, "state_indices": torch.tensor([0, 5, -1], dtype=torch.int32)},
-                 {}, ValueError, "state_indices must be < the pool size", id="slot-out-of-range"),
-    pytest.param(lambda i: {**i, "state_indices": torch.tensor([0, 5, -1], dtype=torch.int32)},
-                 {"check_values": True}, ValueError, "state_indices", id="checked-explicitly"),
+    # the host's value checks (the CPU default; on CUDA only when asked: they sync)
+    pytest.param(lambda i: {**i, "state_indices": _slots([1, 4, 1])}, {"check_values": True},
+                 ValueError, "state_indices must not repeat", id="repeated-slot"),
+    pytest.param(lambda i: {**i, "state_indices": _slots([0, 5, -1])}, {"check_values": True},
+                 ValueError, "state_indices must be < the pool size", id="slot-out-of-range"),
     pytest.param(lambda i: {**i, "state": i["state"][:, :2]}, {}, ValueError, "state",
                  id="pool-heads"),
     pytest.param(lambda i: i, {"inplace": False}, ValueError, "inplace", id="pool-not-inplace"),
@@ -137,6 +140,67 @@ def test_repeated_padding_slots_are_allowed():
     inp["state_indices"] = torch.tensor([-1, 2, -1], dtype=torch.int32, device=DEVICE)
     ref = decode_reference(**inp)
     assert check_outputs(gdn_decode(**inp), ref).ok
+
+
+@pytest.mark.parametrize("config", ["BV8-w1-s1-t1", "BV8-w1-s1-t2-pf"])
+def test_unchecked_repeated_slots_give_nan_and_leave_the_slot(config):
+    """check_values=False (the GPU default): a live slot named twice is caught in the
+    kernel. Those sequences' outputs and intermediate states are NaN and their slot keeps
+    its state; the other sequences (a distinct slot, padding, a slot >= P) run as usual;
+    status holds SLOT_REPEATED, then 0 on a call without repeats."""
+    from kernels.decode.kernel import SLOT_REPEATED
+    from kernels.prefill import describe_status
+    B, P, T = 5, 6, 2
+    inp = _inputs(B, T, seed=4, pool_size=P, shape=GDNShape(1, 1, 16))
+    pool = inp["state"]
+    before = pool.clone()
+    idx = [4, 1, 4, -1, 9]          # sequences 0 and 2 share slot 4
+    inp["state_indices"] = torch.tensor(idx, dtype=torch.int32, device=DEVICE)
+    status = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
+    out, _, inter = gdn_decode(**inp, check_values=False, config=config, status=status,
+                               intermediate_states=True)
+    assert int(status) == SLOT_REPEATED and "pool slot" in describe_status(status)
+    for i in (0, 2):
+        assert bool(out[i].isnan().all()) and bool(inter[i].isnan().all())
+    assert torch.equal(pool[4], before[4]), "a repeated slot was written"
+    ref_idx = torch.tensor([-1, 1, -1, -1, -1], dtype=torch.int32, device=DEVICE)
+    ref_out, ref_pool, ref_inter = decode_reference(
+        **{**inp, "state": before.clone(), "state_indices": ref_idx}, intermediate_states=True)
+    keep = [1, 3, 4]
+    assert check_outputs((out[keep], pool), (ref_out[keep], ref_pool)).ok
+    assert check_close(inter[keep], ref_inter[keep], name="intermediate_states").ok
+    for s in (0, 2, 3, 4, 5):
+        assert torch.equal(pool[s], before[s]), f"slot {s} changed"
+    inp["state_indices"] = torch.tensor([0, 1, 2, -1, -1], dtype=torch.int32, device=DEVICE)
+    out, _ = gdn_decode(**inp, check_values=False, config=config, status=status)
+    assert int(status) == 0 and bool(out.isfinite().all())
+
+
+def test_repeated_slot_check_spans_blocks():
+    """A batch larger than one block of the check (128 slots, 64 for the status): the
+    repeat of the first slot by the last sequence is found."""
+    from kernels.decode.kernel import SLOT_REPEATED
+    B = 130
+    inp = _inputs(B, 1, seed=6, pool_size=B, shape=GDNShape(1, 1, 16))
+    idx = list(range(B))
+    idx[-1] = 0
+    inp["state_indices"] = torch.tensor(idx, dtype=torch.int32, device=DEVICE)
+    pool, before = inp["state"], inp["state"].clone()
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    out, _ = gdn_decode(**inp, check_values=False, config="BV16-w1-s1-t1-k16", status=status)
+    assert int(status) == SLOT_REPEATED
+    nan_rows = out.flatten(1).isnan().all(1)
+    assert nan_rows.tolist() == [True] + [False] * (B - 2) + [True]
+    assert torch.equal(pool[0], before[0]) and not torch.equal(pool[1], before[1])
+
+
+def test_status_needs_a_pool():
+    inp = _inputs(2, seed=1)
+    with pytest.raises(ValueError, match="status"):
+        gdn_decode(**inp, status=torch.zeros(1, dtype=torch.int32, device=DEVICE))
+    inp = _inputs(2, seed=1, pool_size=3)
+    with pytest.raises(TypeError, match="status"):
+        gdn_decode(**inp, status=torch.zeros(1, dtype=torch.int64, device=DEVICE))
 
 
 # ----------------------------------------------------------------------------- T tokens

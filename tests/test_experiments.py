@@ -8,6 +8,7 @@ figures, and the notebooks' parameter cells.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -200,7 +201,8 @@ def _prefill_times(method="cupti_cold"):
 
 def test_waterfall_table_steps():
     w = px.waterfall_table(_prefill_times(), "6")
-    assert list(w.variant) == list(px.DEFAULT_VARIANTS)
+    assert list(w.variant) == list(px.WATERFALL_VARIANTS)
+    assert px.DEFAULT_VARIANTS == px.WATERFALL_VARIANTS + ("recurrent",)
     assert np.isnan(w.saved_us.iloc[0])
     assert list(w.saved_us.iloc[1:]) == [300.0, 200.0, 300.0, 50.0]
     assert list(w.saved_frac.iloc[1:]) == pytest.approx([0.3, 0.2, 0.3, 0.05])
@@ -215,6 +217,59 @@ def test_waterfall_table_steps():
     t.loc[(t.variant == "fused") & (t.lens == "6"), "median_us"] = 250.0
     assert px.waterfall_table(t, "6").saved_us.iloc[-1] == -50.0
     assert px.waterfall_table(_prefill_times(), "nope").empty
+
+
+def test_crossover_points_and_mixed_lens():
+    assert px.mixed_lens(6, 4) == [3, 1, 0, 2] and px.mixed_lens(128, 4) == [64, 32, 16, 16]
+    assert px.mixed_lens(1, 3) == [0, 0, 1] and px.mixed_lens(5, 1) == [5]
+    pts = px.crossover_points(dict(crossover_lengths=[1, 6], crossover_batch=4))
+    assert pts == [("B=1", "1", [1]), ("B=1", "6", [6]), ("mixed N=4", "0+0+0+1", [0, 0, 0, 1]),
+                   ("mixed N=4", "3+1+0+2", [3, 1, 0, 2])]
+    assert len(px.crossover_points(dict(crossover_lengths=[2], crossover_batch=1))) == 1
+    with pytest.raises(ValueError, match="crossover_lengths"):
+        px.crossover_points(dict(crossover_lengths=[0, 4], crossover_batch=2))
+    with pytest.raises(ValueError, match="crossover_batch"):
+        px.crossover_points(dict(crossover_lengths=[4], crossover_batch=0))
+
+
+def _crossover_times(rec, chk, Ts=(1, 2, 4, 8, 16, 32), series="B=1"):
+    rows = []
+    for lab, us in (("ours-recurrent", rec), ("ours-chunked", chk),
+                    ("ours-fused", [min(a, b) for a, b in zip(rec, chk)]),
+                    ("fla (fused recurrent)", [u * 1.2 for u in rec])):
+        for T, u in zip(Ts, us):
+            rows.append(dict(series=series, lens=str(T), T=T, N=1, longest=T, label=lab,
+                             impl="ours" if lab.startswith("ours") else "fla_recurrent",
+                             variant="", status="pass", max_abs_err=1e-3, method="cupti_cold",
+                             median_us=u, p20_us=u, p80_us=u, n=10, gpu="NVIDIA H200"))
+    return pd.DataFrame(rows, columns=px.CROSSOVER_COLUMNS)
+
+
+def test_crossover_table_and_figure():
+    from kernels.prefill.config import RECURRENT_MAX_T
+    one = _crossover_times([3, 3.5, 4.5, 6, 9, 15], [10, 10, 10, 10.5, 10.5, 11])
+    mixed = _crossover_times([3, 4, 12, 8, 9, 20], [10, 10, 10, 10, 10, 11], series="mixed N=4")
+    times = pd.concat([one, mixed], ignore_index=True)
+    t = px.crossover_table(times)
+    assert list(t.series) == ["B=1", "mixed N=4"]
+    assert list(t.crossover_T) == [16, 2]     # the first loss ends the run (T=4 mixed)
+    assert list(t.first_chunked_T) == [32, 4]
+    assert t.recurrent_us.iloc[0] == 9 and t.chunked_us.iloc[0] == 10.5
+    assert (t.rule_max_T == RECURRENT_MAX_T).all()
+    always = px.crossover_table(_crossover_times([1] * 6, [2] * 6))
+    assert always.crossover_T.iloc[0] == 32 and np.isnan(always.first_chunked_T.iloc[0])
+    never = px.crossover_table(_crossover_times([3] * 6, [2] * 6))
+    assert np.isnan(never.crossover_T.iloc[0]) and never.first_chunked_T.iloc[0] == 1
+    untimed = times.assign(median_us=np.nan)
+    assert px.crossover_table(untimed).empty and px.plot_crossover(untimed) is None
+    fig = px.plot_crossover(times, t)
+    assert fig is not None and "NVIDIA H200" in fig._suptitle.get_text()
+    assert "cupti_cold" in fig._suptitle.get_text()
+    md = px.conclusion_markdown(dict(gate=None, times=None, crossover=t, crossover_times=times))
+    assert md.startswith("### Conclusion — NVIDIA H200")
+    assert "B=1: recurrent faster up to T=16 (9.00 µs vs chunked 10.5 µs)" in md
+    assert "chunked from T=32" in md and "support up to 2" in md
+    assert "B=1, T=8: ours-fused 6.00 µs; ours-recurrent 6.00 µs" in md
 
 
 def test_prefill_conclusion_from_data():
@@ -366,14 +421,14 @@ def test_render_and_collect_params():
           Param("f", "float", 0.5, "a float"), Param("on", "bool", False, "flag"))
     assert render_param(ps[1]) == 'xs: list = ["a", 1]  # things'
     assert render_param(ps[3]) == "on: bool = False  # flag"
-    got = collect_params(dict(n=4, xs=("b",), f=1, on=True, other=0), ps)
+    got = collect_params(dict(n=4, xs=("b",), f=1, on=True, other=0), ps, "99_unit")
     assert got == dict(n=4, xs=["b"], f=1.0, on=True)
     with pytest.raises(ValueError, match="'n' must be int"):
-        collect_params(dict(n="4", xs=[], f=1.0, on=True), ps)
+        collect_params(dict(n="4", xs=[], f=1.0, on=True), ps, "99_unit")
     with pytest.raises(ValueError, match="'n' must be int"):
-        collect_params(dict(n=True, xs=[], f=1.0, on=True), ps)
+        collect_params(dict(n=True, xs=[], f=1.0, on=True), ps, "99_unit")
     with pytest.raises(ValueError, match="'on' is not defined"):
-        collect_params(dict(n=1, xs=[], f=1.0), ps)
+        collect_params(dict(n=1, xs=[], f=1.0), ps, "99_unit")
 
 
 @pytest.mark.parametrize("mod", [dx, px, nx], ids=["01", "02", "03"])
@@ -384,7 +439,7 @@ def test_params_have_required_and_no_equals_in_help(mod):
     for p in mod.PARAMS:
         # papermill's inspector skips a parameter line holding more than one '='
         assert "=" not in p.help, p
-        assert collect_params({p.name: p.default}, (p,))  # defaults have their declared type
+        assert collect_params({p.name: p.default}, (p,), mod.STEM)  # defaults have their declared type
 
 
 def test_ncu_default_metrics_match_instrument():
@@ -482,8 +537,46 @@ def test_auto_output_root_needs_a_known_profile():
                      has_gpu=False)
 
 
-@pytest.mark.parametrize("mod", [dx, px, nx], ids=["01", "02", "03"])
-def test_notebook_collect_params_resolves_auto(mod):
-    got = mod.collect_params(_defaults(mod))
-    assert got["profile"] in ("smoke", "full")
-    assert got["output_root"].endswith("results/smoke" if got["profile"] == "smoke" else "results")
+def _notebook_module(path):
+    """The experiment module a committed notebook imports as ``xp``, and its
+    parameters cell run as the notebook runs it (JupyterLab: nothing injected)."""
+    import importlib
+    import json
+    import re
+
+    cells = json.loads(path.read_text())["cells"]
+    src = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+           for c in cells if c["cell_type"] == "code"]
+    names = {m for s in src for m in re.findall(r"from kernels\.experiments import (\w+) as xp", s)}
+    assert len(names) == 1, f"{path.name}: imports {sorted(names)} as xp (want one module)"
+    params_cell = next("".join(c["source"]) for c in cells
+                       if "parameters" in c.get("metadata", {}).get("tags", []))
+    namespace = {}
+    exec(params_cell, namespace)  # noqa: S102 - our committed parameters cell
+    return importlib.import_module(f"kernels.experiments.{names.pop()}"), namespace
+
+
+@pytest.mark.parametrize("has_gpu,profile,root", [(False, "smoke", "results/smoke"),
+                                                  (True, "full", "results")])
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("notebooks/*.ipynb")),
+                         ids=lambda p: p.stem)
+def test_every_notebook_resolves_auto_as_make_run_would(path, has_gpu, profile, root, monkeypatch):
+    """Each committed notebook, run by hand with its parameters cell as committed,
+    resolves ``"auto"`` through the shared collector: its module's ``STEM`` is the
+    notebook's, the device's profile values (its dict for that stem included) fill the
+    defaults, and results go to the repository's results folder."""
+    import kernels.device as device
+    from kernels.runner import REPO_ROOT, load_profile
+
+    monkeypatch.setattr(device, "has_gpu", lambda: has_gpu)
+    mod, namespace = _notebook_module(path)
+    assert mod.STEM == path.stem
+    assert namespace["profile"] == "auto" and namespace["output_root"] == "auto"
+    got = mod.collect_params(namespace)
+    prof = load_profile(profile)
+    assert got["profile"] == profile
+    assert got["output_root"] == str(REPO_ROOT / root)
+    declared = {p.name for p in mod.PARAMS}
+    for k, v in dict(prof["defaults"], **prof["notebooks"].get(path.stem, {})).items():
+        if k in declared and k not in ("device", "output_root", "profile"):
+            assert got[k] == v, k

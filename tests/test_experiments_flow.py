@@ -129,6 +129,35 @@ def test_prefill_flow_with_fake_timelines(tmp_path, monkeypatch):
         assert c in df.columns
 
 
+def test_prefill_crossover_flow_with_fake_timing(tmp_path, monkeypatch):
+    """The recurrent-vs-chunked section: every point gated (ours three ways and FLA's fused
+    recurrent kernel, which runs under the interpreter), passing points timed, the CSVs,
+    the crossover table and the figure."""
+    calls = []
+    monkeypatch.setattr(timing, "time_fn", _fake_time(calls))
+    monkeypatch.setattr(common, "method_available", lambda m, d: (True, ""))
+    params = _params(px, output_root=str(tmp_path), num_q_heads=1, num_v_heads=2, head_dim=16,
+                     crossover_lengths=[1, 3], crossover_batch=2, repetitions=2, warmup=0)
+    run = px.start(params)
+    times = px.run_crossover(run)
+    fla = times[times.impl == "fla_recurrent"]
+    assert len(fla) == 4 and (fla.status.isin(["pass", "unavailable"])).all()
+    ours = times[times.impl == "ours"]
+    assert list(ours.label.unique()) == ["ours-recurrent", "ours-chunked", "ours-fused"]
+    assert (ours.status == "pass").all() and ours.median_us.notna().all()
+    assert list(times.lens.unique()) == ["1", "3", "0+1", "1+2"]
+    assert len(calls) == int(times.median_us.notna().sum())
+    table = px.crossovers(run, times)
+    assert list(table.series) == ["B=1", "mixed N=2"]
+    fig = px.plot_crossover(times, table)
+    assert fig is not None
+    run.save_fig(fig, "recurrent_crossover")
+    final = run.finish()
+    for name in ("recurrent_gate.csv", "recurrent_times.csv", "recurrent_crossover.csv"):
+        assert (final / name).exists(), name
+    assert "median_us" not in pd.read_csv(final / "recurrent_gate.csv").columns
+
+
 def test_ncu_flow_with_fake_ncu(tmp_path, monkeypatch):
     from kernels.bench import ncu as ncu_mod
     from kernels.experiments import ncu_counts as nx

@@ -22,6 +22,8 @@ def test_case_list_covers_every_fault_and_target():
         got = {c.name.rsplit("-", 1)[0] for c in cs if c.target == t}
         assert {"cu_negative", "cu_decreasing", "cu_too_short", "cu_too_long", "cu_int16",
                 "cu_other_device", "cu_end_long", "cu_end_short"} <= got
+    assert "recurrent" in faults.PREFILL_TARGETS
+    assert [c.target for c in cs if c.name.startswith("slot_repeated")] == ["decode"]
 
 
 @pytest.mark.parametrize("outcome,expect,ok", [
@@ -36,6 +38,9 @@ def test_case_list_covers_every_fault_and_target():
     ("precision: default x; ACCURATE_CONFIG ok", "match", False),
     ("crash: exit status -11: ", "error", False),
     ("empty_output", "error_or_match", True),
+    ("nonfinite_output: output 100.0%, state 0.0%", "error_or_flagged", True),
+    ("error: ValueError: state_indices must not repeat", "error_or_flagged", True),
+    ("ok", "error_or_flagged", False),
     ("ok", "match", True),
 ])
 def test_judge(outcome, expect, ok):
@@ -46,7 +51,8 @@ def test_judge(outcome, expect, ok):
 
 
 def test_harness_runs_cases_in_subprocesses_and_writes_csv(tmp_path):
-    names = ["valid-fused", "cu_decreasing-no_sync", "nan_k-decode", "q_float32-graph"]
+    names = ["valid-fused", "cu_decreasing-no_sync", "nan_k-decode", "q_float32-graph",
+             "slot_repeated-decode"]
     sel = [c for c in faults.cases() if c.name in names]
     rows = faults.run_all(sel, shape_name="small", device="cpu", jobs=2, progress=None)
     by = {r["case"]: r for r in rows}
@@ -55,6 +61,8 @@ def test_harness_runs_cases_in_subprocesses_and_writes_csv(tmp_path):
         "error: ValueError: cu_seqlens must be non-decreasing")     # checked on the CPU
     assert by["nan_k-decode"]["outcome"].startswith("nonfinite_output")
     assert by["q_float32-graph"]["outcome"].startswith("error: TypeError: q")
+    assert by["slot_repeated-decode"]["outcome"].startswith(
+        "error: ValueError: state_indices must not repeat")     # checked on the CPU
     assert all(r["passed"] and r["context_ok"] and r["inputs_untouched"] for r in rows)
     path = faults.write_csv(rows, tmp_path / "cpu" / "faults.csv")
     with open(path) as f:

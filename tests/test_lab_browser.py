@@ -1,19 +1,21 @@
-"""JupyterLab in a real browser: what a person does with ``make lab``.
+"""JupyterLab in a real browser: what a person does with ``make lab``, for every notebook.
 
-Starts JupyterLab (this Python's ``jupyterlab``) on 127.0.0.1, a free port and a
-random token, serving the repository's ``notebooks/``; headless Chromium (Debian's
-``chromium`` + ``chromedriver``, installed by ``scripts/install_browser.sh``) driven
-by Selenium opens ``01_decode_crossover.ipynb`` and picks Run → Run All Cells. The
-parameters stay as committed (``profile`` / ``output_root`` ``"auto"``), on the CPU
-interpreter (the server sees no GPU), so the notebook runs the smoke profile and
-writes into the repository's ``results/smoke/``. Checked: every code cell ran, no
-cell shows an error, at least one plot is an ``<img>`` the browser decoded, the
-notebook's provenance landed in ``results/smoke/cpu-interpreter/``, and the
-committed notebook file is unchanged (autosave is off). A screenshot goes to
-``results/smoke/cpu-interpreter/jupyterlab_01_decode_crossover.png``.
+Starts JupyterLab the way ``make lab`` does (``python -m kernels.lab``: the repository's
+``notebooks/``, the save hook that strips outputs) on 127.0.0.1, a free port and a random
+token, with autosave left on; headless Chromium (Debian's ``chromium`` + ``chromedriver``,
+installed by ``scripts/install_browser.sh``) driven by Selenium opens each committed
+notebook in turn and picks Run → Run All Cells. The parameters stay as committed
+(``profile`` / ``output_root`` ``"auto"``), on the CPU interpreter (the server sees no
+GPU), so each notebook runs the smoke profile and writes into the repository's
+``results/smoke/``. Checked per notebook: every code cell ran, no cell shows an error,
+every figure the run saved is an ``<img>`` the browser decoded, the provenance landed in
+``results/smoke/cpu-interpreter/<notebook>/`` with the smoke values, and after a save
+the notebook file is byte for byte the committed one. One server and one browser serve
+all notebooks; each notebook's kernel is shut down after its test. A screenshot per
+notebook goes to ``results/smoke/cpu-interpreter/jupyterlab_<notebook>.png``.
 
-Without jupyterlab, selenium, chromium or chromedriver the test skips with the
-reason; with ``GDN_REQUIRE_BROWSER=1`` (CI) it fails instead.
+Without jupyterlab, selenium, chromium or chromedriver the tests skip with the
+reason; with ``GDN_REQUIRE_BROWSER=1`` (CI) they fail instead.
 """
 from __future__ import annotations
 
@@ -32,9 +34,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = "01_decode_crossover.ipynb"
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OUT = ROOT / "results" / "smoke" / "cpu-interpreter"
-SCREENSHOT = OUT / "jupyterlab_01_decode_crossover.png"
 RUN_LIMIT_S = 600
 
 
@@ -65,32 +66,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on the repository's notebooks/, with its own config,
-    data and runtime folders (autosave off), seeing no GPU."""
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """``make lab``'s JupyterLab (kernels.lab) with its own config, data and runtime
+    folders, seeing no GPU; the app is exposed to the page so the test can save."""
     _require()
+    tmp_path = tmp_path_factory.mktemp("lab")
     port, token = _free_port(), secrets.token_hex(16)
     cfg = tmp_path / "config"
-    user = cfg / "lab" / "user-settings" / "@jupyterlab"
-    for plugin, values in (("docmanager-extension/plugin", {"autosave": False}),
-                           # no news / update prompt (it would fetch from the internet)
-                           ("apputils-extension/notification",
-                            {"fetchNews": "false", "checkForUpdates": False})):
-        f = user / f"{plugin}.jupyterlab-settings"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(json.dumps(values))
+    # no news / update prompt (it would fetch from the internet); autosave stays on
+    f = cfg / "lab" / "user-settings" / "@jupyterlab" / "apputils-extension" / \
+        "notification.jupyterlab-settings"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(cfg), JUPYTER_DATA_DIR=str(tmp_path / "data"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTER_PREFER_ENV_PATH="1",
-               CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1", MPLBACKEND="Agg")
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), CUDA_VISIBLE_DEVICES="",
+               TRITON_INTERPRET="1", MPLBACKEND="Agg")
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in paths if p != str(ROOT)])
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        [sys.executable, "-m", "kernels.lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          "--port-retries=0", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={ROOT / 'notebooks'}", f"--LabApp.workspaces_dir={tmp_path / 'ws'}"]
-        + (["--allow-root"] if os.geteuid() == 0 else []),
+         "--LabApp.expose_app_in_browser=True", f"--LabApp.workspaces_dir={tmp_path / 'ws'}"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -117,8 +115,8 @@ def lab(tmp_path):
         log.close()
 
 
-@pytest.fixture
-def browser(tmp_path):
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
     _require()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -126,7 +124,7 @@ def browser(tmp_path):
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium")
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'chrome'}"):
+              "--window-size=1400,1000", f"--user-data-dir={tmp_path_factory.mktemp('chrome')}"):
         opts.add_argument(a)
     driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")),
                               options=opts)
@@ -134,6 +132,13 @@ def browser(tmp_path):
         yield driver
     finally:
         driver.quit()
+
+
+def _api(lab, method: str, path: str):
+    req = urllib.request.Request(f"{lab['base']}{path}?token={lab['token']}", method=method)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        body = r.read()
+    return json.loads(body) if body else None
 
 
 def _click_menu(driver, wait, top: str, item: str):
@@ -160,16 +165,26 @@ const imgs = [...nb.querySelectorAll('.jp-OutputArea-output img')]
 return {prompts, errors, imgs};
 """
 
+# save the open notebook through JupyterLab's own command (what autosave and Ctrl+S do)
+_SAVE_JS = r"""
+const done = arguments[arguments.length - 1];
+window.jupyterapp.commands.execute('docmanager:save').then(() => done('ok'), e => done(String(e)));
+"""
+
 
 @pytest.mark.slow
-def test_notebook_01_runs_in_jupyterlab_in_chromium(lab, browser):
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_notebook_runs_in_jupyterlab_in_chromium(lab, browser, notebook):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
-    committed = (ROOT / "notebooks" / NOTEBOOK).read_bytes()
+    stem = notebook[:-len(".ipynb")]
+    path = ROOT / "notebooks" / notebook
+    committed = path.read_bytes()
     started = time.time()
-    browser.get(f"{lab['base']}/lab/tree/{NOTEBOOK}?token={lab['token']}")
+    # a workspace per notebook, so the page holds this notebook alone
+    browser.get(f"{lab['base']}/lab/workspaces/{stem}/tree/{notebook}?reset&token={lab['token']}")
     wait = WebDriverWait(browser, 120)
     wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, ".jp-NotebookPanel .jp-CodeCell")))
     # JupyterLab may ask which kernel to start (preselected: the notebook's python3); accept
@@ -195,32 +210,49 @@ def test_notebook_01_runs_in_jupyterlab_in_chromium(lab, browser):
             break   # Run All started nothing in a minute
         time.sleep(2)
     seconds = time.time() - started
+    saved = browser.execute_async_script(_SAVE_JS)
     OUT.mkdir(parents=True, exist_ok=True)
+    shot = OUT / f"jupyterlab_{stem}.png"
     imgs = browser.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output img")
     if imgs:
         browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", imgs[0])
         time.sleep(0.5)
-    browser.save_screenshot(str(SCREENSHOT))
-    print(f"JupyterLab Run All of {NOTEBOOK}: {seconds:.0f} s; screenshot {SCREENSHOT}")
+    browser.save_screenshot(str(shot))
+    for session in _api(lab, "GET", "/api/sessions"):   # free the kernel for the next notebook
+        _api(lab, "DELETE", f"/api/sessions/{session['id']}")
+    print(f"JupyterLab Run All of {notebook}: {seconds:.0f} s; screenshot {shot}")
 
     assert state is not None, "the notebook never appeared in the page"
-    assert not state["errors"], "a cell failed in JupyterLab:\n" + "\n---\n".join(state["errors"])
+    assert not state["errors"], f"a cell of {notebook} failed in JupyterLab:\n" + \
+        "\n---\n".join(state["errors"])
     assert state["prompts"] and all(re.fullmatch(r"\[\d+\]:", p) for p in state["prompts"]), (
-        f"not every code cell ran within {RUN_LIMIT_S} s: prompts {state['prompts']}")
-    drawn = [i for i in state["imgs"] if i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/png")]
-    assert drawn, f"no plot rendered as an <img> in the page: {state['imgs']}"
-    assert SCREENSHOT.stat().st_size > 10_000
+        f"not every code cell of {notebook} ran within {RUN_LIMIT_S} s: prompts {state['prompts']}")
     # "auto": the smoke profile, into the repository's results/ from notebooks/'s kernel
-    prov = json.loads((OUT / "01_decode_crossover" / "provenance.json").read_text())
-    assert (OUT / "01_decode_crossover" / "provenance.json").stat().st_mtime >= started
+    res = OUT / stem
+    prov = json.loads((res / "provenance.json").read_text())
+    assert (res / "provenance.json").stat().st_mtime >= started
     from kernels.runner import load_profile
 
     smoke = load_profile("smoke")
     assert prov["params"]["profile"] == "smoke"
     assert prov["params"]["output_root"] == str(ROOT / smoke["defaults"]["output_root"])
-    for k, v in smoke["notebooks"]["01_decode_crossover"].items():
+    for k, v in smoke["notebooks"][stem].items():
         assert prov["params"][k] == v, k
-    assert (ROOT / "notebooks" / NOTEBOOK).read_bytes() == committed, "JupyterLab saved the notebook"
+    drawn = [i for i in state["imgs"] if i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/png")]
+    figures = list(res.glob("*.png"))
+    assert len(drawn) >= len(figures), (
+        f"{len(figures)} figures saved, {len(drawn)} shown as <img> in the page: {state['imgs']}")
+    assert shot.stat().st_size > 10_000
+    # the save went through the hook of `make lab`: the committed file, unchanged
+    assert saved == "ok", f"saving {notebook} in JupyterLab failed: {saved}"
+    assert path.stat().st_mtime >= started, "JupyterLab did not write the notebook"
+    after = path.read_bytes()
+    if after != committed:
+        (res / f"saved-{notebook}").write_bytes(after)   # for the diff
+        path.write_bytes(committed)                        # leave the checkout clean
+    assert after == committed, (
+        f"saving {notebook} in JupyterLab changed the committed file: diff it with "
+        f"{res / f'saved-{notebook}'}")
 
 
 @pytest.mark.parametrize("required", ["1", "0"])

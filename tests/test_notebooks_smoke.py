@@ -3,7 +3,7 @@
 Marked ``slow`` (a few minutes on 2 CPU cores under the Triton interpreter);
 it still runs in CI. One module-scoped run of ``python -m kernels.runner
 --profile smoke --notebooks all`` into ``tmp_path``, then per notebook: it
-completed, its CSVs carry the DESIGN.md §5 columns, no implementation produced a
+completed, its CSVs carry the docs/design.md results-contract columns, no implementation produced a
 wrong result, ours passed the gate everywhere (a GPU peer may refuse the
 smoke profile's small head size: reported, not failed), its PNGs, conclusion
 and provenance exist.
@@ -16,6 +16,7 @@ timings use the ``cpu_wall`` method only, the prefill notebook writes no
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ REQUIRED = {
                             "p80_us", "kernel", "role"]),
 }
 IMPLS = {"ours", "fla", "flashinfer", "torch", "fla (triton)", "fla (flashqla backend)",
-         "flashqla"}
+         "flashqla", "fla_recurrent"}
 SMOKE_BUDGET_S = 6 * 60
 
 
@@ -151,10 +152,17 @@ def test_prefill_smoke_specifics(smoke):
     out, _, _ = smoke
     folder = out / "02_prefill_launch_overhead"
     assert (folder / "gate_errors.png").exists()
+    # the recurrent-vs-chunked section: every point gated, ours passing three ways
+    rgate = pd.read_csv(folder / "recurrent_gate.csv")
+    ours = rgate[rgate.impl == "ours"]
+    assert set(ours.label) == {"ours-recurrent", "ours-chunked", "ours-fused"}
+    assert (ours.status == "pass").all(), ours.to_string()
+    assert not (rgate.status == "fail").any()
     if _has_gpu():
-        for png in ("gantt", "waterfall", "time_vs_T", "busy_idle"):
+        for png in ("gantt", "waterfall", "time_vs_T", "busy_idle", "recurrent_crossover"):
             assert (folder / f"{png}.png").exists(), png
         assert list(folder.glob("trace_*.json")), "no Chrome traces saved"
+        assert len(pd.read_csv(folder / "recurrent_crossover.csv"))
     else:
         skipped = pd.read_csv(folder / "skipped.csv")
         assert skipped.reason.str.contains("CUDA GPU").any()
@@ -179,7 +187,7 @@ def test_scaling_smoke_specifics(smoke):
     check = pd.read_csv(folder / "reference_check.csv")
     assert check.ok.all() and len(check) == gate.lens.nunique()
     plan = pd.read_csv(folder / "plan.csv")
-    assert set(plan.path) <= {"one launch", "walk", "chained CP", "long CP"}
+    assert set(plan.path) <= {"recurrent", "one launch", "walk", "chained CP", "long CP"}
     res = pd.read_csv(folder / "resources.csv")   # compiled for sm_90 on any host
     assert len(res) and (res.regs > 0).all() and (res.programs_per_sm >= 1).all()
     assert (folder / "time_vs_T.png").exists() and (folder / "gate_errors.png").exists()
@@ -196,3 +204,30 @@ def test_scaling_smoke_specifics(smoke):
         # FlashQLA went through the peer worker, which reported why it cannot run here
         assert skipped.what.str.startswith("flashqla").any()
         assert skipped.reason.str.contains("CUDA GPU").any()
+
+
+@pytest.mark.parametrize("stem", list(REQUIRED))
+def test_figures_read_well_on_smoke_data(smoke, stem):
+    """The figures the smoke CSVs draw pass the audit of ``test_figures.py`` (title,
+    labelled axes in µs, no empty panel, no legend over data, ≤ 1,400 px inline)."""
+    from kernels.experiments.redraw import draw
+    from test_figures import audit_figure
+
+    out, _, _ = smoke
+    figs = draw(out / stem)
+    assert figs or stem == "02_prefill_launch_overhead", f"{stem}: no figure drawn from its CSVs"
+    problems = {name: p for name, fig in figs.items() if (p := audit_figure(fig, name))}
+    assert not problems, "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
+
+
+@pytest.mark.parametrize("stem", ["01_decode_crossover", "04_prefill_scaling"])
+def test_measuring_cells_show_progress(smoke, stem):
+    """The measuring loops print a tqdm bar (to stderr) naming what they measure."""
+    import nbformat
+
+    out, _, _ = smoke
+    nb = nbformat.read(str(out / f"{stem}.ipynb"), as_version=4)
+    err = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                  for o in c.get("outputs", []) if o.get("name") == "stderr")
+    assert re.search(r"gate: .+100%\|", err), err[-2000:]
+    assert re.search(r"timing.+100%\|", err), err[-2000:]

@@ -66,6 +66,25 @@ def test_fla_decode_on_cpu_needs_fla_and_the_interpreter(interpret):
         assert torch.equal(inputs["state"], before)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU behaviour; this host has a GPU")
+def test_fla_recurrent_prefill_on_cpu_needs_fla_and_the_interpreter(interpret):
+    from kernels.spec import GDNShape
+    fn = peers.prefill_impls(["fla_recurrent"])["fla_recurrent"]
+    if not _installed("fla"):
+        assert not fn and "fla-core is not installed" in fn.reason
+    elif not interpret:
+        assert not fn and "TRITON_INTERPRET=1" in fn.reason
+    else:
+        assert fn and peers.prefill_label("fla_recurrent") == "fla (fused recurrent)"
+        for with_state in (True, False):   # packed sequences, an empty one among them
+            inputs = make_prefill_inputs([3, 0, 2], GDNShape(1, 2, 16), with_state=with_state)
+            before = {n: t.clone() for n, t in inputs.items() if torch.is_tensor(t)}
+            out = fn(**inputs)
+            assert out[0].shape == (5, 2, 16) and out[0].dtype == torch.bfloat16
+            assert check_outputs(out, prefill_reference(**inputs)).ok
+            assert all(torch.equal(inputs[n], t) for n, t in before.items())
+
+
 @pytest.mark.skipif(_installed("flashinfer"), reason="flashinfer is installed here")
 def test_flashinfer_absent_names_the_package():
     assert "flashinfer-python is not installed" in peers.decode_impls(["flashinfer"])["flashinfer"].reason

@@ -66,9 +66,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:graph variant. no CUDA device")
 
 # --------------------------------------------------------------------------- variants
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "recurrent"])
 @pytest.mark.parametrize("shape, lens, cu_dtype, with_state", CASE_PARAMS)
 def test_variant_matches_reference(variant, shape, lens, cu_dtype, with_state):
+    """(The token-recurrent variant: tests/test_prefill_recurrent.py, on shorter shapes.)"""
     x, ref = case(shape, lens, cu_dtype, with_state)
     before = {n: t.clone() for n, t in x.items() if torch.is_tensor(t)}
     out = gdn_prefill(**x, variant=variant)
@@ -178,7 +179,7 @@ def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state
     with mock.patch.object(pipeline, "state_walk_fwd", side_effect=no_walk), \
             mock.patch.object(pipeline, "state_walk_t_fwd", side_effect=no_walk):
         out = gdn_prefill(**x, variant="fused", output=o, output_state=st,
-                          config=PrefillConfig(single_launch_max_T=max_T))
+                          config=PrefillConfig(single_launch_max_T=max_T, recurrent_max_T=0))
     assert_ok(out, ref)
     assert int(pipeline._walker_flags(torch.device(DEV), 1).abs().sum()) == 0
 
@@ -207,6 +208,8 @@ def test_config_validation():
         PrefillConfig(pdl=1)
     with pytest.raises(ValueError, match="single_launch_max_T"):
         PrefillConfig(single_launch_max_T=-1)
+    with pytest.raises(ValueError, match="recurrent_max_T"):
+        PrefillConfig(recurrent_max_T=-1)
     with pytest.raises(TypeError):
         PrefillConfig(walk_warps=4)   # a removed lever
     assert PrefillConfig().name == "default"
@@ -506,6 +509,7 @@ def forbid_host_reads():
     pytest.param("no_sync", {}, id="no_sync"),
     pytest.param("fused", {}, id="fused"),
     pytest.param("fused", {"cp": 1}, id="fused-cp"),
+    pytest.param("recurrent", {}, id="recurrent"),
 ])
 def test_no_sync_variants_never_read_device_values(forbid_host_reads, variant, options):
     x, ref = case(S16, [100, 0, 28], torch.int32, True)
@@ -587,6 +591,9 @@ def test_launch_count_hint():
     assert launch_count_hint("fused", T=8192, N=1, device="cpu")["kernels"] == 3  # CP
     assert launch_count_hint("fused", T=512, N=1, device="cpu")["kernels"] == 2   # intra, walk
     assert launch_count_hint("fused", T=65536, N=1, device="cpu")["kernels"] == 4  # long CP
+    short = launch_count_hint("fused", T=6, N=1, device="cpu")   # the token-recurrent kernel
+    assert short["kernels"] == 1 and short["cp"] is False and "recurrent" in short["note"]
+    assert launch_count_hint("recurrent", T=4096, N=1)["kernels"] == 1
     with pytest.raises(ValueError):
         launch_count_hint("nope")
 

@@ -6,7 +6,8 @@ clamped in every kernel (outputs written only inside their tensors: canaries aro
 them stay intact), the guard turning every output row and final state into NaN, the
 status bits, inputs untouched, the one-launch path's flags left at zero. Every path of
 ``fused`` carries the guard in its last kernel: the one-launch walkers, the walk alone
-(``single_launch_max_T=0``), the chained CP walk and the long CP path's phase C. With values
+(``single_launch_max_T=0``), the chained CP walk and the long CP path's phase C; the
+token-recurrent kernel guards in its one launch. With values
 checked the same inputs raise a ValueError naming ``cu_seqlens`` before any launch.
 """
 from __future__ import annotations
@@ -48,7 +49,8 @@ WALK_ONLY = dataclasses.replace(DEFAULT_CONFIG, single_launch_max_T=0)
 VARIANTS = [("fused", "fused", None, None), ("fused-walk", "fused", None, "walk"),
             ("fused-cp", "fused", True, None), ("fused-cp-long", "fused", True, "long"),
             ("no_sync", "no_sync", None, None), ("graph", "graph", None, None),
-            ("unfused", "unfused", None, None), ("fused_gates", "fused_gates", None, None)]
+            ("unfused", "unfused", None, None), ("fused_gates", "fused_gates", None, None),
+            ("recurrent", "recurrent", None, None)]
 
 
 def _path(path):

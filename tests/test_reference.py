@@ -1,7 +1,7 @@
 """kernels.reference against formulations written independently here.
 
 1. A float64 *chunked* form (the WY / UT-transform matrix form of the gated
-   delta rule with chunk 16), written from the math of DESIGN.md §2 and not
+   delta rule with chunk 16), written from the math of docs/design.md ("The computation") and not
    from the token loop in ``kernels/reference.py``.
 2. Decode reference == prefill reference on length-1 sequences.
 3. FLA's own naive recurrent (and chunk) references when fla imports here.

@@ -43,13 +43,12 @@ def test_prefill_best_variant_and_eager_ratio(tmp_path):
     assert p["span / graph"] == pytest.approx(42.0 / 20.0) and p["fused launches"] == 2
 
 
-def test_update_readme_rewrites_only_the_block(tmp_path):
+def test_update_rewrites_only_the_block(tmp_path):
     _write(tmp_path)
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- results:begin -->\nSTALE-TABLE\n<!-- results:end -->\noutro\n")
-    main(["--results", str(tmp_path), "--gpus", "gpu-x", "--update-readme",
-          "--readme", str(readme)])
-    s = readme.read_text()
+    doc = tmp_path / "results.md"
+    doc.write_text("intro\n<!-- results:begin -->\nSTALE-TABLE\n<!-- results:end -->\noutro\n")
+    main(["--results", str(tmp_path), "--gpus", "gpu-x", "--update", "--doc", str(doc)])
+    s = doc.read_text()
     assert s.startswith("intro\n") and s.endswith("outro\n") and "STALE-TABLE" not in s
     assert "| 64 |" in s and "Decode, gpu-x" in s
 
@@ -103,3 +102,16 @@ def test_triton_versions_table_and_untimed_note(tmp_path):
                  ).to_csv(gpu / "04_prefill_scaling" / "gate.csv", index=False)
     assert untimed_note(gpu) == (" Not timed (—): peer at 1048576: error "
                                  "(OutOfMemoryError: CUDA out of memory).")
+
+
+def test_committed_results_page_matches_the_committed_csvs():
+    """docs/results.md's generated block is what ``--update`` writes from ``results/``."""
+    from pathlib import Path
+
+    from kernels.report import BEGIN, END, render
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "results.md").read_text()
+    block = page[page.index(BEGIN) + len(BEGIN):page.index(END)].strip()
+    expected = render(root / "results", ["nvidia-h200", "nvidia-h100-80gb-hbm3"]).strip()
+    assert block == expected, "docs/results.md is stale: run python -m kernels.report --update"

@@ -154,7 +154,40 @@ def test_lock_released_after_a_run(tmp_path):
             runner.RunLock(tmp_path).acquire()
     with runner.RunLock(tmp_path):   # free again
         pass
-    assert (tmp_path / runner.LOCK_NAME).read_text() == ""
+    assert not (tmp_path / runner.LOCK_NAME).exists()   # nothing left behind
+
+
+def test_a_finished_run_is_quiet_and_leaves_no_lock(toy):
+    """A whole run (a subprocess, as ``make run``): the kernel talks over local sockets,
+    so no "running over TCP without encryption" warning per notebook; no lock file left."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "kernels.runner", *_argv(toy)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "without encryption" not in res.stdout + res.stderr
+    assert "1/1 notebooks ok" in res.stdout
+    assert not (toy["out"] / runner.LOCK_NAME).exists()
+
+
+def test_lock_taken_on_a_file_unlinked_meanwhile_is_retried(tmp_path, monkeypatch):
+    """A run that opened the lock file just before the holder released (unlinked) it
+    must not hold a lock on the orphaned file: it retries on the path's new file."""
+    import fcntl as _fcntl
+
+    real_flock, calls = _fcntl.flock, []
+
+    def flock(fd, op):
+        if op & _fcntl.LOCK_EX and not calls:   # the holder releases between open and flock
+            calls.append(fd)
+            os.unlink(tmp_path / runner.LOCK_NAME)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(runner.fcntl, "flock", flock)
+    lock = runner.RunLock(tmp_path).acquire()
+    try:
+        assert calls and os.fstat(lock._fd).st_ino == os.stat(tmp_path / runner.LOCK_NAME).st_ino
+    finally:
+        lock.release()
 
 
 def test_result_writer_tmp_name_is_swept(tmp_path):

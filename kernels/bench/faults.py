@@ -5,8 +5,9 @@
 
 Every case (:func:`cases`) builds inputs, breaks one thing (a dtype, a shape, a
 device, a stride, the values of ``cu_seqlens``, an empty batch, NaN / Inf in one
-input, huge ``a`` / ``b``), calls one target (``fused``, ``graph``, ``no_sync``,
-``fused_cp``: ``fused`` with ``cp=True`` at a long ``T``, ``decode``) and waits for
+input, huge ``a`` / ``b``, a pool slot named twice), calls one target (``fused``, ``graph``,
+``no_sync``, ``fused_cp``: ``fused`` with ``cp=True`` at a long ``T``, ``recurrent``: the
+token-recurrent kernel at the same ``T`` as the others, ``decode``) and waits for
 the device. It runs in a fresh subprocess (``--run-case NAME``) so that a crash or a
 lost CUDA context is observed as one and cannot leak into the next case. Columns of
 the CSV:
@@ -24,7 +25,9 @@ the CSV:
 * ``context_ok``: after the case a fresh CUDA operation in the same process succeeds
   (off CUDA: a fresh torch operation);
 * ``expect`` and ``passed``: what the case must end in (``error``; ``error_or_nan``:
-  an error or all-NaN outputs; ``flagged_or_match``: non-finite outputs, ``precision``
+  an error or all-NaN outputs; ``error_or_flagged``: an error or non-finite outputs (a
+  decode pool call returns the pool, finite where nothing was written);
+  ``flagged_or_match``: non-finite outputs, ``precision``
   or a match of the reference; ``match``; ``error_or_match``) and whether it did, with inputs
   untouched and the context alive. A ``wrong_output`` or ``crash`` never passes.
 
@@ -49,7 +52,7 @@ __all__ = ["Case", "cases", "run_case", "run_all", "write_csv", "judge", "COLUMN
 
 COLUMNS = ("case", "target", "expect", "outcome", "inputs_untouched", "context_ok", "passed",
            "seconds")
-PREFILL_TARGETS = ("fused", "graph", "no_sync", "fused_cp")
+PREFILL_TARGETS = ("fused", "graph", "no_sync", "fused_cp", "recurrent")
 TARGETS = PREFILL_TARGETS + ("decode",)
 INPUTS = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")
 
@@ -103,6 +106,14 @@ def _empty(x, dev, other):
         x["state"] = x["state"][:0].clone()
 
 
+def _slot_repeated(x, dev, other):
+    """Every sequence of the batch of 4 shares a live pool slot with another (the dense
+    state becomes a pool of 4 slots): unchecked on CUDA, the kernel must write NaN outputs
+    and leave the pool untouched; checked (off CUDA), a ValueError."""
+    import torch
+    x["state_indices"] = torch.tensor([1, 1, 2, 2], dtype=torch.int32, device=dev)
+
+
 def _noncontig(t, dev, other):
     import torch
     return torch.cat([t, t], dim=-1)[..., ::2]    # same values, stride 2 in the last dim
@@ -150,6 +161,7 @@ def cases() -> List[Case]:
     add("cu_float", "error", _set("cu_seqlens", lambda t, d, o: t.float()), P)
     add("cu_other_device", "error", _set("cu_seqlens", lambda t, d, o: t.to(o)), P)
     add("cu_strided", "error", _set("cu_seqlens", _noncontig), P)
+    add("slot_repeated", "error_or_flagged", _slot_repeated, ("decode",))
     return out
 
 
@@ -290,6 +302,7 @@ def judge(row: dict) -> bool:
     is_err, is_nan = o.startswith("error"), o == "nan_output"
     flagged = is_nan or o.startswith("nonfinite_output")
     return {"error": is_err, "error_or_nan": is_err or is_nan,
+            "error_or_flagged": is_err or flagged,
             "flagged_or_match": flagged or o == "ok" or o.startswith("precision"),
             "match": o == "ok",
             "error_or_match": is_err or o in ("ok", "empty_output")}[e]

@@ -14,7 +14,8 @@ only the kernels of that call.
 Implementations: ``ours`` (:func:`kernels.decode.gdn_decode` with ``--config``,
 or the prefill pipeline with ``--variant``), and every peer name of
 :mod:`kernels.peers` (``fla``, ``flashinfer``, ``flashinfer_inplace``,
-``torch``). Prints nothing on stdout (ncu writes its CSV there); exit status 3
+``torch``), and ``solution:<path>`` (a flashinfer-bench solution loaded by
+:func:`kernels.contest.load_solution`, unscoped: this process is its own). Prints nothing on stdout (ncu writes its CSV there); exit status 3
 when the implementation is unavailable, with the reason on stderr.
 """
 from __future__ import annotations
@@ -69,6 +70,11 @@ def build_call(impl: str, op: str = "decode", *, B: int = 64, lens=(512,), confi
         inputs = spec.make_prefill_inputs(list(lens), seed=seed, device=device)
     else:
         raise ValueError(f"op must be 'decode' or 'prefill', got {op!r}")
+    if impl.startswith("solution:"):
+        from kernels.contest.loader import load_solution
+
+        fn = load_solution(impl, op, scoped=False)
+        return lambda: fn(**inputs)
     if impl == "ours":
         if op == "decode":
             from kernels.decode import gdn_decode
@@ -113,7 +119,7 @@ def main(argv=None) -> int:
     try:
         fn = build_call(args.impl, args.op, B=args.B, lens=lens, config=args.config,
                         variant=args.variant, seed=args.seed)
-    except (RuntimeError, ImportError) as e:
+    except (RuntimeError, ImportError, ValueError) as e:   # ValueError: SolutionError
         print(f"ncu_target: {e}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     for _ in range(max(0, args.warmup)):

@@ -1,6 +1,6 @@
 """Write a notebook's results so a failed run never clobbers the last good ones.
 
-Layout (DESIGN.md §5): ``<root>/<gpu-slug>/<notebook>/`` holds the CSVs, PNGs
+Layout (docs/design.md, "The results contract"): ``<root>/<gpu-slug>/<notebook>/`` holds the CSVs, PNGs
 and ``provenance.json`` of the last *completed* run of ``<notebook>``.
 
 :class:`ResultWriter` writes into a temporary sibling folder

@@ -15,7 +15,7 @@ interpreter switched off there) and reads the cubin with the ``cuobjdump`` Trito
 threads, 32 programs). Pointer arguments are marked 16-byte aligned when they were, as on
 the GPU (the pipeliner decides differently without it); ints are not specialised.
 Resources match the GPU's for the same triton version (triton 3.6 on the GPU host; the CPU
-venv has 3.7, which pipelines some loops differently: ``docs/notes.md``, prefill v9).
+venv has 3.7, which pipelines some loops differently: ``docs/notes/prefill.md``, prefill v9).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ versions. Cases:
   shape and one long sequence (:data:`LONG`, the long context-parallel path);
 * ``prefill-accurate`` and ``prefill`` on the hard inputs of
   :mod:`kernels.stress_inputs` (:data:`STRESS`): gate only. The default config is
-  expected to miss the contest tolerance there (README, "Prefill accuracy on hard
+  expected to miss the contest tolerance there (docs/notes/prefill.md, "Accuracy on hard
   inputs"); :data:`~kernels.prefill.ACCURATE_CONFIG` to pass.
 
 Every case is gated against the float32 reference on the same inputs (contest rule,

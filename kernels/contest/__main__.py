@@ -6,6 +6,10 @@ import sys
 from typing import Optional, Sequence
 
 
+def _comma_list(text: str) -> list:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.contest",
                                      description="Our GDN kernels as flashinfer-bench solutions.")
@@ -15,17 +19,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pack.add_argument("--variant", default=None,
                       help="prefill variant: fused (default) or graph")
     pack.add_argument("--out", required=True, help="folder for <solution-name>.json")
-    ev = sub.add_parser("evaluate", help="flashinfer-bench on our solutions and FlashInfer "
-                                         "(CUDA GPU, flashinfer-bench importable)")
+    ev = sub.add_parser("evaluate", help="the contest's flashinfer-bench on ours, FlashInfer's "
+                                         "baseline and --solutions (CUDA GPU; "
+                                         "docs/contest.md)")
     ev.add_argument("--ops", default="decode,prefill", help="comma list of decode, prefill")
-    ev.add_argument("--out", default=None,
-                    help="trace-set root (default results/<gpu-slug>/contest)")
-    ev.add_argument("--warmup", type=int, default=10, help="flashinfer-bench warmup_runs")
-    ev.add_argument("--iterations", type=int, default=50, help="flashinfer-bench iterations")
-    ev.add_argument("--trials", type=int, default=3, help="flashinfer-bench num_trials")
+    ev.add_argument("--solutions", default="",
+                    help="comma list of solution JSONs / starter-kit folders to evaluate too")
+    ev.add_argument("--root", default=None,
+                    help="results root (default: the repository's results/); writes "
+                         "<root>/<gpu-slug>/contest_<op>/")
     ev.add_argument("--rep", type=int, default=50,
-                    help="calls per point for our cupti_cold and host-call timings")
-    ev.add_argument("--no-baseline", action="store_true", help="skip the FlashInfer solutions")
+                    help="calls per workload for our own cupti_cold cross-check")
     args = parser.parse_args(argv)
 
     if args.command == "pack":
@@ -40,14 +44,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"entry {sol['spec']['entry_point']})")
         return 0
 
-    from .evaluate import evaluate
+    from .evaluate import check_arguments, check_environment, evaluate
 
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    bad = [o for o in ops if o not in ("decode", "prefill")]
-    if bad or not ops:
-        parser.error(f"--ops must list decode and/or prefill, got {args.ops!r}")
-    evaluate(ops, out=args.out, warmup=args.warmup, iterations=args.iterations,
-             trials=args.trials, rep=args.rep, baseline=not args.no_baseline)
+    ops, solutions = _comma_list(args.ops), _comma_list(args.solutions)
+    if args.rep < 1:
+        parser.error(f"--rep must be >= 1, got {args.rep}")
+    try:
+        check_arguments(ops, solutions)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        check_environment()
+    except RuntimeError as e:
+        print(f"contest evaluate: {e}", file=sys.stderr)
+        return 1
+    evaluate(ops, solutions=solutions, root=args.root, rep=args.rep)
     return 0
 
 

@@ -1,86 +1,108 @@
-"""Local evaluation with flashinfer-bench itself, beside our own timings (GPU).
+"""The contest's evaluation, run locally: flashinfer-bench at the contest's version (GPU).
 
-:func:`evaluate` builds a flashinfer-bench trace set under
-``results/<gpu-slug>/contest/`` and runs its ``Benchmark`` on it:
+:func:`evaluate` runs flashinfer-bench built from its main branch as of the final
+kernel submission deadline (``scripts/contest_wheel.sh``; docs/contest.md says
+why not PyPI's 0.1.2) with the contest's settings: isolated runner (one
+process per solution), timeout 300 s, ``atol = rtol = 1e-2``, GDN prefill
+``warmup 1, iterations 5, trials 3``, decode the defaults ``10, 50, 3``. Its
+latency is FlashInfer's ``bench_gpu_time_with_cupti`` with a cold L2 and no CUDA
+graph: per call, the span from the first GPU activity's start to the last one's
+end; the median of ``iterations`` calls per input set, averaged over ``trials``
+input sets. It refuses to run where CUPTI is unavailable (FlashInfer would fall
+back to CUDA events, which count the host's launch path).
 
-``definitions/gdn/<def>.json``         from :mod:`.definitions` (our spec, our reference)
-``workloads/gdn/<def>.jsonl``          decode B in DECODE_BATCH_SIZES, prefill PREFILL_SHAPES
-``blob/workloads/gdn/<def>/*.safetensors``  their tensors (git-ignored; regenerated
-                                       from the seed on every run)
-``solutions/gdn/<def>/<name>.json``    ours (decode; prefill ``fused`` and ``graph``) and
-                                       the FlashInfer baseline (:mod:`.solution`)
-``traces/gdn/<def>.jsonl``             what flashinfer-bench wrote: status, max abs/rel
-                                       error against our reference, latency
-``comparison.csv`` / ``.md``           its latency beside ours (below); rows differing
-                                       from our ``cupti_cold`` by more than 10 % flagged
+Solutions, on the same workloads: ours (decode; prefill ``fused`` and ``graph``),
+the FlashInfer baseline (:mod:`.solution`) and every path in ``solutions`` (a
+solution JSON or a starter-kit folder, read by :func:`.loader.read_solution`;
+flashinfer-bench builds them itself). Score (the starter kit's EVALUATION.md): per workload
+``baseline latency / solution latency``; a solution's score is the mean over the
+workloads the baseline passed, and 0 if any of its workloads did not pass
+(:func:`contest_scores`, checked against flashinfer-bench's own scoring).
 
-flashinfer-bench's correctness check is the contest's (atol = rtol = 1e-2, every
-element) against the definition's reference - our float32 reference. Its
-latency (``fib_us``) is the mean over ``num_trials`` input sets of the mean of
-``iterations`` calls, each bracketed by CUDA events right after a device
-synchronise and a 256 MiB L2 flush, on freshly cloned inputs: it counts the
-host's whole launch path (Python, argument checks, allocation, every launch),
-because the stream is empty when the first event is recorded.
+One run per op, as the contest ran one command per definition, each written to
+``<root>/<gpu-slug>/contest_<op>/`` only when it completes
+(:class:`kernels.bench.results.ResultWriter`; a failed run leaves
+``failed-contest_<op>/`` and the last good results in place):
 
-For every solution that PASSED, on the same packed callable (built by
-flashinfer-bench's own builder) and the workload's inputs, we add:
-
-``cupti_cold_us``  :func:`kernels.bench.timing.time_fn` ``cupti_cold``: first to
-                   last GPU activity of one call, L2 flushed, host synchronised;
-``host_call_us``   median host time of one call (``perf_counter`` from the call to
-                   its return, device idle before it): the launch path that
-                   ``fib_us`` includes and ``cupti_cold_us`` starts after;
-``notebook_cupti_cold_us``  our committed notebook number for the same
-                   implementation and shape (``01_decode_crossover/decode_times.csv``,
-                   ``02_prefill_launch_overhead/prefill_times.csv``), when present.
-
-``flag`` marks rows where ``fib_us`` and ``cupti_cold_us`` differ by more than
-10 %; ``fib_minus_cupti_us`` against ``host_call_us`` says whether the host's
-launch path accounts for the difference.
+``definitions/``, ``workloads/``, ``solutions/``  the trace set (:mod:`.definitions`);
+                       ``blob/`` holds the workload tensors (git-ignored, regenerated)
+``traces/``            what flashinfer-bench wrote (status, errors, latency)
+``scores.csv``         per solution: contest score, workloads scored/failed, win rate
+``comparison.csv``     per workload: status, ``fib_us``, speedup over the baseline and,
+                       for our solutions and the baseline adapter, our own
+                       ``cupti_cold`` of the same callable (:mod:`kernels.bench.timing`)
+                       and the committed notebook number, flagged when it differs from
+                       ``fib_us`` by more than 10 %
+``comparison.md``      both tables; ``run.json`` the provenance record
 """
 from __future__ import annotations
 
 import json
-import shutil
-import statistics
-import time
+import logging
+import os
+import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .bundle import PACKAGE_DIR
-from .definitions import OP_TYPE, definition, workload_inputs, workloads
-from .solution import PREFILL_VARIANTS, baseline_solution, solution
+from .definitions import OP_TYPE, OPS, definition, definition_name, workload_inputs, workloads
+from .loader import read_solution
+from .solution import AUTHOR, PREFILL_VARIANTS, baseline_solution, solution
 
-__all__ = ["evaluate", "comparison_table", "notebook_cupti_cold", "FLAG_THRESHOLD",
-           "solutions_for", "write_trace_set"]
+__all__ = ["evaluate", "check_arguments", "check_environment", "contest_scores",
+           "comparison_table", "notebook_cupti_cold", "solutions_for", "write_trace_set",
+           "contest_params", "FLAG_THRESHOLD", "FIB_COMMIT"]
 
+#: flashinfer-bench main at the final kernel submission deadline (scripts/contest_wheel.sh)
+FIB_COMMIT = "ecafa9c2c62007667838226068b21ca9ff1c9183"
 FLAG_THRESHOLD = 0.10
+TIMEOUT_S = 300
 RESULTS = PACKAGE_DIR.parent / "results"
+_CONTEST_PARAMS = {"decode": dict(warmup_runs=10, iterations=50, num_trials=3),
+                   "prefill": dict(warmup_runs=1, iterations=5, num_trials=3)}
 
 
-def solutions_for(op: str, baseline: bool = True) -> List[dict]:
-    """The solutions evaluated for ``op``: ours (prefill: every packed variant), then
-    the FlashInfer baseline."""
+def contest_params(op: str) -> dict:
+    """flashinfer-bench's warmup_runs / iterations / num_trials for ``op`` in the
+    contest's evaluation (EVALUATION.md: prefill set on its command line, decode the
+    defaults)."""
+    return dict(_CONTEST_PARAMS[op])
+
+
+# --------------------------------------------------------------------------- solutions
+
+def solutions_for(op: str, extra: Sequence[dict] = ()) -> List[dict]:
+    """The solutions evaluated for ``op``: ours (prefill: every packed variant), the
+    FlashInfer baseline, then those of ``extra`` whose definition is ``op``'s.
+    ``ValueError`` when two share a name (the trace set keys solutions by name)."""
     sols = ([solution("decode")] if op == "decode"
             else [solution("prefill", variant=v) for v in PREFILL_VARIANTS])
-    return sols + ([baseline_solution(op)] if baseline else [])
+    sols.append(baseline_solution(op))
+    taken = {s["name"] for s in sols}
+    for s in extra:
+        if s["definition"] != definition_name(op):
+            continue
+        if s["name"] in taken:
+            raise ValueError(f"solution name {s['name']!r} is used twice (ours and the baseline "
+                             "take gdn-<op>-ours*, gdn-<op>-flashinfer): rename one (field 'name')")
+        taken.add(s["name"])
+        sols.append(s)
+    return sols
 
 
-def write_trace_set(root: Path, ops: Sequence[str], baseline: bool = True) -> Dict[str, list]:
-    """Write definitions, workloads (+ safetensors blobs) and solutions of ``ops`` under
-    ``root`` (replacing any earlier ones and their traces); return ``{op: workloads}``."""
+def write_trace_set(root: Path, ops: Sequence[str], extra: Sequence[dict] = ()
+                    ) -> Tuple[Dict[str, list], Dict[str, List[dict]]]:
+    """Write definitions, workloads (+ safetensors blobs) and solutions of ``ops``
+    under ``root``; return ``({op: workloads}, {op: solutions})``."""
     from safetensors.torch import save_file
 
-    for sub in ("definitions", "workloads", "solutions", "traces", "blob"):
-        shutil.rmtree(root / sub, ignore_errors=True)
-    out = {}
+    wls, sols = {}, {}
     for op in ops:
-        defn = definition(op)
-        name = defn["name"]
-        _write_json(root / "definitions" / OP_TYPE / f"{name}.json", defn)
-        wls = workloads(op)
+        name = definition_name(op)
+        _write_json(root / "definitions" / OP_TYPE / f"{name}.json", definition(op))
+        wls[op] = workloads(op)
         lines = []
-        for wl in wls:
+        for wl in wls[op]:
             tensors = {k: v.contiguous() for k, v in workload_inputs(op, wl).items()
                        if k != "scale" and v is not None}
             path = root / wl["trace"]["workload"]["inputs"]["q"]["path"]
@@ -90,10 +112,10 @@ def write_trace_set(root: Path, ops: Sequence[str], baseline: bool = True) -> Di
         wpath = root / "workloads" / OP_TYPE / f"{name}.jsonl"
         wpath.parent.mkdir(parents=True, exist_ok=True)
         wpath.write_text("\n".join(lines) + "\n")
-        for sol in solutions_for(op, baseline):
+        sols[op] = solutions_for(op, extra)
+        for sol in sols[op]:
             _write_json(root / "solutions" / OP_TYPE / name / f"{sol['name']}.json", sol)
-        out[op] = wls
-    return out
+    return wls, sols
 
 
 def _write_json(path: Path, obj) -> None:
@@ -101,39 +123,50 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
-def _host_call_us(fn, rep: int) -> float:
-    import torch
+# --------------------------------------------------------------------------- scores
 
-    samples = []
-    for _ in range(rep):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+def contest_scores(rows: Sequence[dict]) -> List[dict]:
+    """Per (op, solution) the contest score of ``rows`` (one per op, workload and
+    solution: ``status``, ``fib_us``), the baseline being ``gdn-<op>-flashinfer``, as
+    flashinfer-bench's ``TraceSet.get_solution_score`` computes it.
 
-
-def _own_timings(op: str, wl: dict, defn_model, sol_model, rep: int) -> dict:
-    """cupti_cold and host-call µs of the packed callable on the workload's inputs."""
-    import torch
-    from flashinfer_bench.compile import BuilderRegistry
-
-    from ..bench.timing import time_fn
-
-    runnable = BuilderRegistry.get_instance().build(defn_model, sol_model)
-    inputs = workload_inputs(op, wl, device="cuda")
-    args = [inputs[n] for n in defn_model.inputs]
-    if sol_model.spec.destination_passing_style:
-        shapes = defn_model.get_output_shapes(wl["trace"]["workload"]["axes"])
-        args += [torch.empty(s, dtype=d, device="cuda")
-                 for s, d in zip(shapes, defn_model.torch_output_dtypes)]
-
-    def call():
-        return runnable(*args)
-
-    t = time_fn(call, "cupti_cold", rep=rep, warmup=5)
-    return {"cupti_cold_us": t.median_us, "host_call_us": _host_call_us(call, rep)}
+    ``score``: mean over the workloads the baseline PASSED of ``baseline fib_us /
+    solution fib_us``; 0 when any of the solution's traced workloads is not PASSED;
+    NaN when it shares no workload with the passing baseline. Rows with status
+    ``NO_TRACE`` (flashinfer-bench skipped a workload whose run raised) are left out,
+    and listed in ``note``. The baseline itself gets no row.
+    """
+    out = []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        base = baseline_solution(op)["name"]
+        ref = {r["workload"]: r["fib_us"] for r in rows
+               if r["op"] == op and r["solution"] == base and r["status"] == "PASSED"}
+        for sol in dict.fromkeys(r["solution"] for r in rows if r["op"] == op):
+            if sol == base:
+                continue
+            mine = [r for r in rows if r["op"] == op and r["solution"] == sol]
+            traced = [r for r in mine if r["status"] != "NO_TRACE"]
+            failed = [str(r["workload"]) for r in traced if r["status"] != "PASSED"]
+            common = [r for r in traced if r["workload"] in ref]
+            notes = []
+            if failed:
+                notes.append("not passed: " + ", ".join(failed))
+            if len(traced) < len(mine):
+                notes.append("no trace: " + ", ".join(str(r["workload"]) for r in mine
+                                                      if r["status"] == "NO_TRACE"))
+            rec = dict(op=op, solution=sol, workloads=len(mine), failed=len(failed),
+                       scored=0 if failed else len(common))
+            if not common:
+                notes.append("no workload the baseline passed")
+                rec.update(score=float("nan"), win_rate=float("nan"))
+            elif failed:
+                rec.update(score=0.0, win_rate=0.0)
+            else:
+                speedups = [ref[r["workload"]] / r["fib_us"] for r in common]
+                rec.update(score=sum(speedups) / len(speedups),
+                           win_rate=sum(x > 1 for x in speedups) / len(speedups))
+            out.append(dict(rec, note="; ".join(notes)))
+    return out
 
 
 def notebook_cupti_cold(results_dir: Path) -> Dict[tuple, float]:
@@ -170,125 +203,236 @@ def notebook_cupti_cold(results_dir: Path) -> Dict[tuple, float]:
 
 
 def comparison_table(rows: List[dict], notebook: Dict[tuple, float]):
-    """Rows (one per trace) -> DataFrame with the ratios and the > 10 % flag."""
+    """Rows (one per op, workload, solution) -> DataFrame with the speedup over the
+    baseline, our ``cupti_cold`` beside ``fib_us`` and the > 10 % flag."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    for col in ("fib_us", "cupti_cold_us", "host_call_us", "max_abs_err"):
+    for col in ("fib_us", "cupti_cold_us", "max_abs_err", "max_rel_err"):
         df[col] = pd.to_numeric(df[col])        # None (not timed / failed) -> NaN
+    base = {(r.op, r.workload): r.fib_us for r in df.itertuples()
+            if r.solution == baseline_solution(r.op)["name"] and r.status == "PASSED"}
+    df["speedup"] = [base.get((r.op, r.workload), float("nan")) / r.fib_us
+                     if r.status == "PASSED" else float("nan") for r in df.itertuples()]
     df["notebook_cupti_cold_us"] = [notebook.get((r.solution, r.workload)) for r in df.itertuples()]
     df["fib_over_cupti"] = df.fib_us / df.cupti_cold_us
-    df["fib_minus_cupti_us"] = df.fib_us - df.cupti_cold_us
     df["flag"] = (df.fib_over_cupti - 1).abs() > FLAG_THRESHOLD
     return df
 
 
-def _markdown(df, gpu: str, cfg: dict) -> str:
-    cols = ["op", "workload", "solution", "status", "fib_us", "cupti_cold_us", "host_call_us",
-            "notebook_cupti_cold_us", "fib_over_cupti", "fib_minus_cupti_us", "flag",
-            "max_abs_err"]
-    lines = [f"# flashinfer-bench vs our cupti_cold — {gpu}", "",
-             f"flashinfer-bench {cfg['version']}: warmup {cfg['warmup']}, iterations "
-             f"{cfg['iterations']}, trials {cfg['trials']} (CUDA events after a sync and a "
-             "256 MiB L2 flush: the host launch path counts). Ours: cupti_cold and host-call "
-             f"medians of {cfg['rep']} calls of the same packed callable. Flag: |fib/cupti - 1| "
-             f"> {FLAG_THRESHOLD:.0%}.", ""]
-    passed = df[df.status == "PASSED"]
-    if len(passed):
-        lines += ["Per solution, medians over workloads (µs): the gap `fib - cupti_cold` "
-                  "beside the host time of one call.", "",
-                  "| solution | flagged | fib - cupti_cold | host_call |", "|---|---|---|---|"]
-        for sol, g in passed.groupby("solution", sort=False):
-            lines.append(f"| {sol} | {int(g.flag.sum())}/{len(g)} | "
-                         f"{g.fib_minus_cupti_us.median():.1f} | {g.host_call_us.median():.1f} |")
-        lines.append("")
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    shown = df[cols].copy()
-    shown["flag"] = shown.flag.map({True: "**>10 %**", False: ""})
-    for r in shown.itertuples(index=False):
-        cells = []
-        for v in r:
-            if isinstance(v, float):
-                cells.append("" if v != v else f"{v:.3g}" if abs(v) < 1e-2 else f"{v:.2f}")
-            else:
-                cells.append("" if v is None else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
+def _cell(v) -> str:
+    if isinstance(v, bool):
+        return "**>10 %**" if v else ""
+    if isinstance(v, float):
+        return "" if v != v else f"{v:.3g}" if abs(v) < 1e-2 else f"{v:.2f}"
+    return "" if v is None else str(v)
+
+
+def _table(records, cols) -> List[str]:
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in records]
+    return lines
+
+
+def _markdown(df, scores: List[dict], gpu: str, info: dict) -> str:
+    p = info["params"]
+    params = (f"warmup {p['warmup_runs']}, iterations {p['iterations']}, "
+              f"trials {p['num_trials']}")
+    lines = [f"# Contest evaluation: {definition_name(info['op'])} — {gpu}", "",
+             f"flashinfer-bench {info['version']} (main at {FIB_COMMIT[:8]}, the contest's), "
+             f"isolated runner, atol = rtol = 1e-2, {params}. `fib_us`: FlashInfer's "
+             "`bench_gpu_time_with_cupti`, cold L2, no CUDA graph (first GPU activity's start "
+             "to the last one's end of a call; median of the iterations, mean over the "
+             "trials). Score: mean over workloads of baseline / solution latency, 0 if any "
+             f"workload failed. `cupti_cold_us`: our own span of the same callable (median of "
+             f"{info['rep']} calls), our solutions and the baseline only; flag: "
+             f"|fib / cupti_cold - 1| > {FLAG_THRESHOLD:.0%}.", "",
+             "## Contest score (baseline: FlashInfer through kernels.peers)", ""]
+    lines += _table(scores, ["op", "solution", "score", "win_rate", "scored", "failed", "note"])
+    cols = ["op", "workload", "solution", "status", "fib_us", "speedup", "cupti_cold_us",
+            "notebook_cupti_cold_us", "fib_over_cupti", "flag", "max_abs_err"]
+    lines += ["", "## Per workload", ""] + _table(df[cols].to_dict("records"), cols)
     return "\n".join(lines) + "\n"
 
 
-def evaluate(ops: Sequence[str] = ("decode", "prefill"), *, out: Optional[str] = None,
-             warmup: int = 10, iterations: int = 50, trials: int = 3, rep: int = 50,
-             baseline: bool = True) -> Path:
-    """Run flashinfer-bench on our solutions (and FlashInfer's) for ``ops``; write the
-    trace set and the comparison table under ``out`` (default
-    ``results/<gpu-slug>/contest``). Returns that folder.
+# --------------------------------------------------------------------------- the run
 
-    Raises ``RuntimeError`` without a CUDA GPU or without flashinfer-bench / safetensors.
-    """
+_CUPTI_PROBE = """
+from importlib.metadata import version
+from cupti import cupti
+cupti.get_timestamp()
+v = version("cupti-python")
+assert int(v.split(".")[0]) >= 13, f"cupti-python {v} < 13"
+"""
+
+
+def _check_cupti() -> None:
+    """FlashInfer times with CUPTI only where cupti-python >= 13 works; else it falls
+    back to CUDA events (host-inclusive), which this harness must not report. Probed in
+    a child process (as flashinfer-bench's workers load it), so this process's own
+    ``cupti_cold`` (torch's profiler) never shares it with a second CUPTI client."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", _CUPTI_PROBE], capture_output=True, text=True)
+    if r.returncode:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise RuntimeError(f"CUPTI is unusable here ({last}): flashinfer-bench would time with "
+                           "CUDA events; carry .whl/ (scripts/contest_wheel.sh, gpu_fib)")
+
+
+def _own_cupti_cold(op: str, wl: dict, defn_model, sol_model, rep: int) -> float:
+    """Our ``cupti_cold`` median (µs) of the solution's callable, built by
+    flashinfer-bench's own builder, on the workload's inputs."""
+    import torch
+    from flashinfer_bench.compile import BuilderRegistry
+
+    from ..bench.timing import time_fn
+
+    runnable = BuilderRegistry.get_instance().build(defn_model, sol_model)
+    inputs = workload_inputs(op, wl, device="cuda")
+    args = [inputs[n] for n in defn_model.inputs]
+    if sol_model.spec.destination_passing_style:
+        shapes = defn_model.get_output_shapes(wl["trace"]["workload"]["axes"])
+        args += [torch.empty(s, dtype=d, device="cuda")
+                 for s, d in zip(shapes, defn_model.torch_output_dtypes)]
+    return time_fn(lambda: runnable(*args), "cupti_cold", rep=rep, warmup=5).median_us
+
+
+def check_arguments(ops: Sequence[str], solutions: Sequence[str] = ()) -> List[dict]:
+    """Validate :func:`evaluate`'s arguments without a GPU; return the solutions of
+    ``solutions`` in flashinfer-bench's format (each is evaluated with the op of its
+    definition; one for an op not in ``ops`` is left out). ``ValueError`` naming the
+    argument (or file and field) for an unknown or empty op list, a solution
+    :func:`.loader.read_solution` refuses, a definition other than the contest's two, or
+    a name used twice."""
+    bad = [op for op in ops if op not in OPS]
+    if bad or not ops:
+        raise ValueError(f"ops must list {' and/or '.join(OPS)}, got {list(ops)!r}")
+    extra = []
+    for path in solutions:
+        src = read_solution(path)
+        if src.definition != definition_name(src.op):
+            raise src.err(f"{src.definition!r} is not one of the contest's definitions "
+                          f"({', '.join(definition_name(op) for op in OPS)})", "definition")
+        extra.append(src.fib_solution())
+    for op in ops:
+        solutions_for(op, extra)
+    return extra
+
+
+def check_environment() -> str:
+    """``RuntimeError`` saying what is missing unless this host has a CUDA GPU, the
+    contest's flashinfer-bench build and a working CUPTI; returns that build's version."""
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("contest evaluation needs a CUDA GPU (flashinfer-bench times with "
-                           "CUDA events); torch sees none")
+        raise RuntimeError("contest evaluation needs a CUDA GPU; torch sees none")
     try:
-        from flashinfer_bench import Benchmark, BenchmarkConfig, TraceSet
-        from flashinfer_bench.data import Definition, Solution
+        import flashinfer_bench  # noqa: F401
     except ImportError as e:
-        raise RuntimeError(f"flashinfer-bench is not importable ({e}); on the GPU host "
-                           "install the .gpufib wheels (scripts/gpu_host.sh: gpu_fib)") from e
-    from ..device import gpu_slug
+        raise RuntimeError(f"flashinfer-bench is not importable ({e}); on the GPU host carry "
+                           ".whl/ and the FlashInfer bundle (docs/contest.md)") from e
     from ..packages import package_version
 
-    slug = gpu_slug()
-    root = Path(out) if out else RESULTS / slug / "contest"
-    root.mkdir(parents=True, exist_ok=True)
-    wls = write_trace_set(root, ops, baseline)
-    cfg = BenchmarkConfig(warmup_runs=warmup, iterations=iterations, num_trials=trials,
-                          rtol=1e-2, atol=1e-2, profile_baseline=False,
-                          log_dir=str(root / "logs"), timeout_seconds=600)
-    ts = TraceSet.from_path(str(root))
-    bench = Benchmark(ts, cfg)
-    try:
-        result = bench.run_all(dump_traces=True)
-    finally:
-        bench.close()
+    fib_version = package_version("flashinfer_bench", dists=("flashinfer-bench",))
+    if f"+g{FIB_COMMIT[:8]}" not in fib_version:
+        raise RuntimeError(f"flashinfer-bench {fib_version} is not the contest's build (main at "
+                           f"{FIB_COMMIT[:8]}): build it with scripts/contest_wheel.sh")
+    _check_cupti()
+    return fib_version
 
-    rows = []
-    for op in ops:
+
+def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
+             root: Optional[str] = None, rep: int = 50) -> List[Path]:
+    """Run the contest's flashinfer-bench on ours, the baseline and ``solutions``
+    (paths, :func:`check_arguments`) for each of ``ops`` in turn (as the contest ran one
+    command per definition); write ``<root>/<gpu-slug>/contest_<op>/`` (``root``
+    defaults to the repository's ``results/``) and return those folders.
+
+    ``ValueError`` for a bad op or solution path (before anything runs);
+    ``RuntimeError`` without a CUDA GPU, the contest's flashinfer-bench build or CUPTI.
+    """
+    extra = check_arguments(ops, solutions)
+    evaluated = {definition_name(op) for op in ops}
+    for path, sol in zip(solutions, extra):
+        if sol["definition"] not in evaluated:
+            print(f"contest: {path} ({sol['definition']}) left out: its op is not in {list(ops)}")
+    fib_version = check_environment()
+    from ..packages import package_version
+
+    log = logging.getLogger("flashinfer_bench")     # its per-solution progress lines
+    if not log.handlers:
+        log.addHandler(logging.StreamHandler(sys.stdout))
+    log.setLevel(logging.INFO)
+    info = dict(version=fib_version, fib_commit=FIB_COMMIT, timeout_s=TIMEOUT_S, rep=rep,
+                cupti_python=package_version("cupti", dists=("cupti-python",)),
+                solutions=[os.fspath(p) for p in solutions])
+    return [_evaluate_op(op, extra, Path(root) if root else RESULTS, info) for op in ops]
+
+
+def _evaluate_op(op: str, extra: Sequence[dict], results_root: Path, info: dict) -> Path:
+    import pandas as pd
+    import torch
+    from flashinfer_bench import Benchmark, BenchmarkConfig, TraceSet
+    from flashinfer_bench.data import Definition, Solution
+
+    from ..bench.provenance import collect_provenance
+    from ..bench.results import ResultWriter
+    from ..device import gpu_slug
+
+    slug = gpu_slug()
+    info = dict(info, op=op, params=contest_params(op))
+    with ResultWriter(f"contest_{op}", root=results_root, gpu=slug) as out:
+        wls, sols = write_trace_set(out.dir, [op], extra)
+        wls, sols = wls[op], sols[op]
+        cfg = BenchmarkConfig(use_isolated_runner=True, timeout_seconds=TIMEOUT_S, rtol=1e-2,
+                              atol=1e-2, profile_baseline=False,  # not the contest's score
+                              **info["params"])
+        print(f"contest {op}: {len(sols)} solutions x {len(wls)} workloads "
+              f"({info['params']})", flush=True)
+        bench = Benchmark(TraceSet.from_path(str(out.dir)), cfg)
+        try:
+            result = bench.run_all(dump_traces=True)
+        finally:
+            bench.close()
+
         defn = Definition.model_validate(definition(op))
-        by_uuid = {wl["trace"]["workload"]["uuid"]: wl for wl in wls[op]}
-        sols = {s["name"]: Solution.model_validate(s) for s in solutions_for(op, baseline)}
+        by_uuid = {wl["trace"]["workload"]["uuid"]: wl for wl in wls}
+        models = {s["name"]: Solution.model_validate(s) for s in sols}
+        rows, seen = [], set()
         for tr in result.traces.get(defn.name, []):
-            wl = by_uuid[tr.workload.uuid]
-            ev = tr.evaluation
-            row = dict(op=op, workload=wl["key"], solution=tr.solution, status=ev.status.value,
+            wl, ev = by_uuid[tr.workload.uuid], tr.evaluation
+            seen.add((wl["key"], tr.solution))
+            row = dict(op=op, workload=wl["key"], solution=tr.solution,
+                       author=models[tr.solution].author, status=ev.status.value,
                        fib_us=ev.performance.latency_ms * 1e3 if ev.performance else None,
                        max_abs_err=ev.correctness.max_absolute_error if ev.correctness else None,
                        max_rel_err=ev.correctness.max_relative_error if ev.correctness else None,
-                       cupti_cold_us=None, host_call_us=None)
-            if ev.status.value == "PASSED":     # only a correct solution is timed by us
-                row.update(_own_timings(op, wl, defn, sols[tr.solution], rep))
+                       cupti_cold_us=None)
+            # our own span, for code we wrote only (a third party's runs in
+            # flashinfer-bench's isolated workers, never in this process)
+            if ev.status.value == "PASSED" and row["author"] == AUTHOR:
+                row["cupti_cold_us"] = _own_cupti_cold(op, wl, defn, models[tr.solution],
+                                                       info["rep"])
             rows.append(row)
-            print(f"{op} {wl['key']:>8} {tr.solution:<24} {row['status']:<20} "
-                  f"fib {row['fib_us'] or float('nan'):9.1f} us  cupti_cold "
+            print(f"{op} {wl['key']:>8} {tr.solution:<28} {row['status']:<20} fib "
+                  f"{row['fib_us'] or float('nan'):9.1f} us  cupti_cold "
                   f"{row['cupti_cold_us'] or float('nan'):9.1f} us", flush=True)
-        seen = {(r["workload"], r["solution"]) for r in rows if r["op"] == op}
-        for wl in wls[op]:      # flashinfer-bench skips a workload whose run raised: say so
-            for name in sols:
+        for wl in wls:          # a workload whose run raised has no trace: say so
+            for name in models:
                 if (wl["key"], name) not in seen:
                     rows.append(dict(op=op, workload=wl["key"], solution=name,
-                                     status="NO_TRACE (see logs/)", fib_us=None,
-                                     max_abs_err=None, max_rel_err=None, cupti_cold_us=None,
-                                     host_call_us=None))
-    df = comparison_table(rows, notebook_cupti_cold(RESULTS / slug))
-    df.to_csv(root / "comparison.csv", index=False)
-    info = dict(version=package_version("flashinfer_bench", dists=("flashinfer-bench",)), warmup=warmup,
-                iterations=iterations, trials=trials, rep=rep)
-    (root / "comparison.md").write_text(_markdown(df, torch.cuda.get_device_name(), info))
-    from ..bench.provenance import collect_provenance
-
-    # the suite's provenance record (GPU, driver, torch/triton/peer versions, git sha) with
-    # the evaluation's settings as its parameters
-    _write_json(root / "run.json", collect_provenance(dict(info, ops=list(ops))))
-    print(f"wrote {root}/comparison.csv, comparison.md, traces/")
-    return root
+                                     author=models[name].author, status="NO_TRACE",
+                                     fib_us=None, max_abs_err=None, max_rel_err=None,
+                                     cupti_cold_us=None))
+        df = comparison_table(rows, notebook_cupti_cold(results_root / slug))
+        scores = contest_scores(rows)
+        out.write_csv(df, "comparison.csv")
+        out.write_csv(pd.DataFrame(scores), "scores.csv")
+        out.path("comparison.md").write_text(
+            _markdown(df, scores, torch.cuda.get_device_name(), info))
+        out.write_json(collect_provenance(info), "run.json")
+        for s in scores:
+            print(f"score {op:<8} {s['solution']:<28} {s['score']:.3f} {s['note']}", flush=True)
+    print(f"wrote {out.committed}/scores.csv, comparison.csv, comparison.md, traces/")
+    return out.committed

@@ -21,7 +21,12 @@ With ``POOLED`` the state is a pool ``[P, HV, D, D]`` and sequence ``b`` uses
 slot ``idx[b]``. A slot outside ``[0, P)`` (negative = padding, or out of
 range) is never read or written: its loads and stores are masked off, its
 pointers are formed from slot 0, and its outputs (and intermediate states)
-are zeros.
+are zeros. A live slot named by two or more sequences (they would race on it) is
+caught without a sync: each program compares its slot with the batch's ``B``
+entries of ``idx`` (:func:`slot_repeated`, while its first tile load is in flight);
+every such sequence writes NaN outputs (and intermediate states) and leaves its
+slot as it was, the others run as usual; with ``HAS_STATUS`` program 0 stores
+:data:`SLOT_REPEATED` (or 0) into ``status`` (:func:`any_slot_repeated`).
 
 A tile is held as ``[NC, BV, BK]``: each row cut into ``NC = D / BK`` chunks of
 ``BK`` contiguous floats. Triton spreads the fast ``BK`` axis over ``BK / 4``
@@ -39,23 +44,71 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-__all__ = ["gdn_decode_kernel"]
+__all__ = ["gdn_decode_kernel", "update_tile", "token_gates", "SLOT_REPEATED"]
+
+#: Status bit of a pooled call in which two sequences name one live slot (after the
+#: prefill's ``cu_seqlens`` bits 1...8, :mod:`kernels.prefill.guard`, which words it too).
+SLOT_REPEATED = 16
 
 
 @triton.jit
-def _update_tile(b_h, b_k, b_qs, b_v, b_decay, b_beta):
+def update_tile(b_h, b_k, b_qs, b_v, b_decay, b_beta):
     """Update one ``[NC, BV, BK]`` tile of state rows; return ``(new tile, o [BV])``.
 
     ``b_k``, ``b_qs`` are ``[NC, 1, BK]``; ``b_v`` is ``[BV]``; the rest are scalars.
+    (Also the token step of the recurrent prefill, :mod:`kernels.prefill.recurrent`.)
     """
-    # sum over chunks (in-thread) first, then over the chunk width (shuffles)
+    # sum over chunks (in-thread) first, then over the chunk width (shuffles). Both row
+    # reductions read the old row, so they run side by side: <row', q> = decay <row, q> +
+    # u <k, q> leaves one reduction, not two in a row, on the path of each token
     b_hk = tl.sum(tl.sum(b_h * b_k, axis=0), axis=1)     # <row, k>        [BV]
+    b_hq = tl.sum(tl.sum(b_h * b_qs, axis=0), axis=1)    # <row, q*scale>  [BV]
+    b_kq = tl.sum(tl.sum(b_k * b_qs, axis=0), axis=1)    # <k, q*scale>    [1] (no state)
     b_u = b_beta * (b_v - b_decay * b_hk)                # residual        [BV]
+    b_o = b_decay * b_hq + b_u * b_kq                    # <row', q*scale> [BV]
     # expand as [BV] -> [BV, 1] -> [1, BV, 1]: the layout the reductions produced
     b_u = tl.expand_dims(tl.expand_dims(b_u, 1), 0)
     b_h = b_h * b_decay + b_u * b_k                      # row'            [NC, BV, BK]
-    b_o = tl.sum(tl.sum(b_h * b_qs, axis=0), axis=1)     # <row', q*scale> [BV]
     return b_h, b_o
+
+
+@triton.jit
+def token_gates(b_a, b_b, b_A, b_dt):
+    """``(decay, beta)`` of one token from the raw gate inputs ``a``, ``b`` (scalars) with
+    ``b_A = -exp(A_log)`` and ``b_dt = dt_bias`` of the head, in f32."""
+    b_x = b_a.to(tl.float32) + b_dt
+    b_softplus = tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
+    return tl.exp(b_A * b_softplus), tl.sigmoid(b_b.to(tl.float32))
+
+
+@triton.jit
+def slot_repeated(idx, i_b, i_s, B, P, BLOCK: tl.constexpr):
+    """Whether pool slot ``i_s`` (the raw ``idx[i_b]``) is live (in ``[0, P)``) and named by
+    another of the ``B`` sequences too: ``B`` loads of ``idx``, ``BLOCK`` at a time."""
+    n = 0
+    for j0 in range(0, B, BLOCK):
+        o_j = j0 + tl.arange(0, BLOCK)
+        s_j = tl.load(idx + o_j, mask=o_j < B, other=-1).to(tl.int64)
+        n += tl.sum(((s_j == i_s) & (o_j != i_b) & (o_j < B)).to(tl.int32), axis=0)
+    return (i_s >= 0) & (i_s < P) & (n > 0)
+
+
+@triton.jit
+def any_slot_repeated(idx, B, P, BLOCK: tl.constexpr):
+    """1 if any live slot of ``idx[:B]`` is named twice, else 0: pairs of ``BLOCK``-entry
+    blocks (``(B / BLOCK)^2 / 2`` compares of ``BLOCK^2``)."""
+    rep = 0
+    for i0 in range(0, B, BLOCK):
+        o_i = i0 + tl.arange(0, BLOCK)
+        s_i = tl.load(idx + o_i, mask=o_i < B, other=-1).to(tl.int64)
+        live = (s_i >= 0) & (s_i < P) & (o_i < B)
+        for j0 in range(i0, B, BLOCK):
+            o_j = j0 + tl.arange(0, BLOCK)
+            s_j = tl.load(idx + o_j, mask=o_j < B, other=-1).to(tl.int64)
+            eq = ((s_i[:, None] == s_j[None, :]) & live[:, None]
+                  & (o_i[:, None] < o_j[None, :]) & (o_j[None, :] < B))
+            rep = tl.maximum(rep, tl.max(tl.max(eq.to(tl.int32), axis=1), axis=0))
+    return rep
 
 
 @triton.jit
@@ -72,6 +125,7 @@ def gdn_decode_kernel(
     dt_bias,      # [HV] f32 bias added to ``a`` before softplus
     b,            # [B, T, HV] bf16 raw beta gate input (pre-sigmoid)
     o,            # [B, T, HV, D] bf16 output
+    status,       # [1] int32 out: SLOT_REPEATED or 0 (read only if POOLED and HAS_STATUS)
     scale,        # f32 output scale
     P,            # pool size (slots >= P are treated as padding)
     T: tl.constexpr,            # tokens per sequence (>= 1; unrolled)
@@ -85,6 +139,7 @@ def gdn_decode_kernel(
     EVICT: tl.constexpr,        # eviction policy of the state stream ("" or "evict_first")
     POOLED: tl.constexpr,       # state is a pool read/written at idx[b]
     INTERMEDIATE: tl.constexpr,  # store the state after every token into hi
+    HAS_STATUS: tl.constexpr = False,  # POOLED: program 0 stores the call's status bits
 ):
     NV: tl.constexpr = D // (BV * V_TILES)   # programs per (sequence, value head)
     NC: tl.constexpr = D // BK               # chunks per row
@@ -95,9 +150,9 @@ def gdn_decode_kernel(
 
     # -- the state this program updates: row i_b of a dense state, or slot idx[i_b] --
     if POOLED:
-        i_s = tl.load(idx + i_b).to(tl.int64)
-        valid = (i_s >= 0) & (i_s < P)       # padding and out-of-range slots: untouched
-        i_s = tl.where(valid, i_s, 0)
+        i_raw = tl.load(idx + i_b).to(tl.int64)
+        valid = (i_raw >= 0) & (i_raw < P)   # padding and out-of-range slots: untouched
+        i_s = tl.where(valid, i_raw, 0)
     else:
         i_s = i_b.to(tl.int64)
 
@@ -113,6 +168,15 @@ def gdn_decode_kernel(
         b_h = tl.load(p_h0, mask=valid, other=0.0, eviction_policy=EVICT).to(tl.float32)
     else:
         b_h = tl.load(p_h0, eviction_policy=EVICT).to(tl.float32)
+    if POOLED:
+        # a slot named by two sequences would race: both sequences write NaN outputs and
+        # leave the slot as it was (checked while the first tile is in flight)
+        B = tl.num_programs(0) // (HV * NV)
+        rep = slot_repeated(idx, i_b, i_raw, B, P, 128)
+        keep = valid & (rep == 0)
+        if HAS_STATUS:
+            if i_p == 0:
+                tl.store(status, any_slot_repeated(idx, B, P, 16) * 16)   # SLOT_REPEATED
 
     b_A = -tl.exp(tl.load(A_log + i_hv))
     b_dt = tl.load(dt_bias + i_hv)
@@ -133,24 +197,22 @@ def gdn_decode_kernel(
             # keeps the tile's coalesced layout and moves only these small vectors.
             b_qs = tl.load(q + (i_bt * HQ + i_hq) * D + o_qk).to(tl.float32) * scale
             b_k = tl.load(k + (i_bt * HQ + i_hq) * D + o_qk).to(tl.float32)
-            b_x = tl.load(a + i_bt * HV + i_hv).to(tl.float32) + b_dt
-            b_softplus = tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
-            b_decay = tl.exp(b_A * b_softplus)
-            b_beta = tl.sigmoid(tl.load(b + i_bt * HV + i_hv).to(tl.float32))
+            b_decay, b_beta = token_gates(tl.load(a + i_bt * HV + i_hv),
+                                          tl.load(b + i_bt * HV + i_hv), b_A, b_dt)
             b_v = tl.load(v + (i_bt * HV + i_hv) * D + o_v).to(tl.float32)
-            b_h, b_o = _update_tile(b_h, b_k[:, None, :], b_qs[:, None, :], b_v, b_decay,
-                                    b_beta)
-            if POOLED:  # padding: zeros out (whatever its inputs hold)
-                b_o = tl.where(valid, b_o, 0.0)
+            b_h, b_o = update_tile(b_h, b_k[:, None, :], b_qs[:, None, :], b_v, b_decay,
+                                   b_beta)
+            if POOLED:  # padding: zeros out (whatever its inputs hold); a repeated slot: NaN
+                b_o = tl.where(rep, float("nan"), tl.where(valid, b_o, 0.0))
             tl.store(o + (i_bt * HV + i_hv) * D + o_v, b_o.to(o.dtype.element_ty))
             if INTERMEDIATE:
                 b_hi = b_h
                 if POOLED:
-                    b_hi = tl.where(valid, b_h, 0.0)
+                    b_hi = tl.where(rep, float("nan"), tl.where(valid, b_h, 0.0))
                 tl.store(hi + (i_bt * HV + i_hv).to(tl.int64) * (D * D) + o_r,
                          b_hi.to(hi.dtype.element_ty))
         if POOLED:
-            tl.store(p_ht, b_h.to(ht.dtype.element_ty), mask=valid, eviction_policy=EVICT)
+            tl.store(p_ht, b_h.to(ht.dtype.element_ty), mask=keep, eviction_policy=EVICT)
         else:
             tl.store(p_ht, b_h.to(ht.dtype.element_ty), eviction_policy=EVICT)
         if PREFETCH:

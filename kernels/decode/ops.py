@@ -61,7 +61,8 @@ def _resolve_inplace(inplace, pooled: bool) -> bool:
 
 
 def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
-                   state_indices, intermediate_states, check_values, output_state=None):
+                   state_indices, intermediate_states, check_values, output_state=None,
+                   status=None):
     """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
     see :func:`gdn_decode`."""
     if check_values is None:
@@ -82,6 +83,10 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
             raise ValueError("output_state must be None when the state is updated in place "
                              "(inplace=True or state_indices)")
         _check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
+    if status is not None:
+        if not pooled:
+            raise ValueError("status goes with state_indices (it reports repeated pool slots)")
+        _check_buffer("status", status, torch.int32, (1,), q)
     cfg = _resolve_config(config, B, D, q.device)
 
     o = output if output is not None else q.new_empty((B, T, HV, D))
@@ -91,10 +96,10 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
     grid = (cfg.programs(B, HV, D),)
     _DECODE_LAUNCH[grid](
         q, k, v, state, ht, hi, state_indices if pooled else q, A_log, a, dt_bias, b, o,
-        resolve_scale(scale, D), state.shape[0],
+        status, resolve_scale(scale, D), state.shape[0],
         T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES, PREFETCH=cfg.PREFETCH,
         EVICT="evict_first" if cfg.EVICT_FIRST else "", POOLED=pooled,
-        INTERMEDIATE=intermediate_states,
+        INTERMEDIATE=intermediate_states, HAS_STATUS=status is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return (o, ht, hi) if intermediate_states else (o, ht)
@@ -106,7 +111,8 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
                config: Union[DecodeConfig, str, None] = None, inplace: Optional[bool] = None,
                output: Optional[torch.Tensor] = None, intermediate_states: bool = False,
                check_values: Optional[bool] = None,
-               output_state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
+               output_state: Optional[torch.Tensor] = None,
+               status: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, ...]:
     """Gated DeltaNet decode of ``T >= 1`` tokens per sequence, one kernel launch.
 
     Each state tile is read once, updated for the ``T`` tokens in order in f32
@@ -133,9 +139,12 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
             is read and updated in place at those slots only. A negative slot is
             padding: its state is neither read nor written and its output (and
             intermediate states) are zeros. Slot values are checked when
-            ``check_values`` (below ``P``, none repeated); unchecked, a slot
-            ``>= P`` is treated as padding too (masked in the kernel: memory
-            outside the pool is never touched), and repeated slots race.
+            ``check_values`` (below ``P``, none repeated: a ValueError); unchecked,
+            a slot ``>= P`` is treated as padding too (masked in the kernel: memory
+            outside the pool is never touched), and a live slot named by two or
+            more sequences is caught in the kernel (no sync): those sequences'
+            outputs (and intermediate states) are NaN and their slot is left as it
+            was; the other sequences run as usual.
         config: a :class:`DecodeConfig` (or its name); None picks
             :func:`kernels.decode.config_for` of the batch size on this GPU.
         inplace: write the new state into ``state`` and return it. None (default):
@@ -152,6 +161,10 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
             like ``state`` (dense only, not with ``inplace``); the contest's
             destination-passing entry point (:mod:`kernels.contest`) writes into the
             evaluator's buffers.
+        status: optional `[1]` int32 tensor on the inputs' device, with
+            ``state_indices`` only: the call stores
+            :data:`kernels.decode.kernel.SLOT_REPEATED` (16) there if a live slot is
+            repeated, else 0, without a sync (read it whenever convenient).
 
     Returns:
         ``(output [B, T, HV, D] bf16, new_state)``, ``new_state`` shaped and typed
@@ -163,4 +176,5 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
         is allocated or written.
     """
     return gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
-                          state_indices, intermediate_states, check_values, output_state)
+                          state_indices, intermediate_states, check_values, output_state,
+                          status)

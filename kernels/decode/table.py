@@ -49,8 +49,8 @@ DEFAULT_TABLE: Dict[int, DecodeConfig] = {
 
 PathLike = Union[str, Path]
 # (gpu_slug, path as given) -> table: every decode call looks its table up, and building and
-# hashing a Path each time cost ~15 us of a ~75 us call on the H100 host
-# (results/nvidia-h100-80gb-hbm3/dev_checks/decode_host_profile_e509955.txt)
+# hashing a Path each time was a fifth of the call's host time (docs/notes/decode.md,
+# "Decode's host path")
 _cache: Dict[tuple, Optional[Dict[int, DecodeConfig]]] = {}
 _device_slugs: Dict[int, str] = {}
 

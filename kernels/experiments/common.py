@@ -24,12 +24,14 @@ from typing import Any, Iterable, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from kernels.bench.gate import PASS, short_reason
 from kernels.bench.timing import method_available
 
 __all__ = [
     "Param", "COMMON_PARAMS", "render_param", "collect_params", "resolve_auto",
     "Run", "start_run",
     "new_figure", "fmt_us", "fmt_x", "gpu_name_of", "unique_in_order",
+    "progress", "figure_legend", "MAX_FIGURE_WIDTH_IN",
 ]
 
 # --------------------------------------------------------------------------- parameters
@@ -73,13 +75,13 @@ def render_param(p: Param) -> str:
 _CASTS = {"int": int, "float": float, "str": str, "bool": bool, "list": list}
 
 
-def collect_params(namespace: dict, params: Sequence[Param], stem: Optional[str] = None) -> dict:
-    """The values of ``params`` in ``namespace`` (a notebook's ``globals()``).
+def collect_params(namespace: dict, params: Sequence[Param], stem: str) -> dict:
+    """The values of ``params`` in ``namespace`` (notebook ``stem``'s ``globals()``).
 
     Checks each value against the declared type (ints are accepted for
-    floats) and raises ``ValueError`` naming a missing or mistyped parameter.
-    With ``stem`` (the notebook's), ``profile="auto"`` and ``output_root="auto"``
-    are resolved by :func:`resolve_auto`.
+    floats) and raises ``ValueError`` naming a missing or mistyped parameter,
+    then resolves ``profile="auto"`` / ``output_root="auto"`` by :func:`resolve_auto`.
+    ``stem`` is required so no notebook's collector can skip that resolution.
     """
     out = {}
     for p in params:
@@ -94,7 +96,7 @@ def collect_params(namespace: dict, params: Sequence[Param], stem: Optional[str]
         if want is not None and not isinstance(v, want) or (want is int and isinstance(v, bool)):
             raise ValueError(f"parameter {p.name!r} must be {p.type}, got {type(v).__name__}: {v!r}")
         out[p.name] = v
-    return resolve_auto(out, params, stem) if stem is not None else out
+    return resolve_auto(out, params, stem)
 
 
 def resolve_auto(values: dict, params: Sequence[Param], stem: str,
@@ -211,8 +213,11 @@ class Run:
         path = self.save_fig(fig, name)
         try:
             from IPython.display import Image, display
+            from PIL import Image as PILImage
 
-            display(Image(filename=str(path)))
+            with PILImage.open(path) as im:   # 100 px per inch of figure inline (files: 150 dpi)
+                width = round(im.size[0] * 100 / (im.info.get("dpi") or (150, 150))[0])
+            display(Image(filename=str(path), width=width))
         except ImportError:  # pragma: no cover - outside IPython
             pass
         return None
@@ -225,6 +230,19 @@ class Run:
     def path(self, name: str) -> Path:
         """A path inside the result folder (for files an instrument writes itself)."""
         return self.dir / name
+
+    def with_profile_note(self, conclusion: str) -> str:
+        """``conclusion`` with, under its heading, what a ``smoke`` run's numbers are worth
+        (tiny shapes, few repetitions: they exercise the steps, they measure nothing)."""
+        if self.params.get("profile") != "smoke":
+            return conclusion
+        head, _, rest = conclusion.partition("\n")
+        note = ("**Smoke profile — not a measurement.** Tiny shapes, few repetitions, on "
+                f"{self.gpu}: this run checks that every step runs and writes its tables and "
+                "figures. Its times, ratios, targets, crossovers and pass counts (hard inputs "
+                "included) say nothing about the kernels; the `full` profile on a GPU "
+                "measures them.")
+        return f"{head}\n\n{note}\n{rest}"
 
     # -- bookkeeping
     def skip(self, what: str, reason: str) -> None:
@@ -253,6 +271,22 @@ class Run:
             else:
                 rows.append(dict(base, **t))
         return rows
+
+    def worker_result(self, fn, key: str, inputs: dict, reference, what: str,
+                      **kw) -> Optional[dict]:
+        """``fn.run(...)`` of an implementation in a worker process (a peer or a solution,
+        gated again there on the same inputs); ``None``, with ``what`` skipped, when the
+        worker fails or that gate does not pass."""
+        try:
+            res = fn.run(key, inputs, reference, device=self.device, **kw)
+        except Exception as e:
+            self.skip(what, short_reason(e))
+            return None
+        if res["gate"].get("status") != PASS:
+            self.skip(what, f"gate {res['gate'].get('status')} in the timing run: "
+                      f"{res['gate'].get('reason', '')}")
+            return None
+        return res
 
     def finish(self) -> Path:
         """Write provenance (+ skipped.csv) and move the folder into place."""
@@ -315,17 +349,35 @@ def start_run(stem: str, params: dict) -> Run:
 # --------------------------------------------------------------------------- figures & text
 
 
+#: widest figure (inches, before an outside legend): shown at 100 px per inch by
+#: :meth:`Run.show`, a figure stays within 1,400 px in JupyterLab
+MAX_FIGURE_WIDTH_IN = 11.5
+
+
 def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(5.0, 3.6), squeeze=False, **kw):
-    """A pyplot-free :class:`~matplotlib.figure.Figure` and its axes grid.
+    """A pyplot-free :class:`~matplotlib.figure.Figure` and its axes grid, panels
+    narrowed so the row fits :data:`MAX_FIGURE_WIDTH_IN`.
 
     Pyplot-free so a notebook shows each figure exactly once (``display(fig)``)
     and no figure stays alive in pyplot's registry.
     """
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(panel[0] * ncols, panel[1] * nrows), layout="constrained")
+    width = min(panel[0] * ncols, MAX_FIGURE_WIDTH_IN)
+    fig = Figure(figsize=(width, panel[1] * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=squeeze, **kw)
     return fig, axes
+
+
+def figure_legend(fig, axes) -> None:
+    """One legend for the whole figure, outside the panels on the right (so it covers
+    no data): each label once, from whichever panel drew it."""
+    seen = {}
+    for ax in getattr(axes, "flat", axes):
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside right center", fontsize=7)
 
 
 def fmt_us(x: float) -> str:
@@ -353,3 +405,14 @@ def unique_in_order(xs: Iterable) -> list:
             seen.add(x)
             out.append(x)
     return out
+
+
+def progress(items: Iterable, what: str, unit: str = "step"):
+    """``items`` with a tqdm bar on stderr saying ``what`` is measured, so a long
+    measuring cell (or ``make run --log-output``) shows where it is and how far."""
+    import sys
+
+    from tqdm import tqdm
+
+    items = list(items)
+    return tqdm(items, desc=what, unit=unit, file=sys.stderr, mininterval=1.0, ncols=100)

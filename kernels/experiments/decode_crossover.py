@@ -42,8 +42,8 @@ import pandas as pd
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import CPU_WALL, method_available, time_each
 
-from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
-                     new_figure, start_run, unique_in_order)
+from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
+                     fmt_us, fmt_x, new_figure, progress, start_run, unique_in_order)
 
 from . import decode_serving as _serving
 from .decode_serving import (drift_table, plot_drift, plot_serving_pooled,  # noqa: F401
@@ -68,7 +68,11 @@ PARAMS = COMMON_PARAMS + (
     Param("batch_sizes", "list", [1, 4, 8, 16, 32, 48, 64, 128, 256, 512],
           "decode batch sizes B"),
     Param("impls", "list", ["ours-adaptive", "ours-fla-like", "fla", "flashinfer", "torch"],
-          "implementations: ours-adaptive, ours-fla-like, ours:<config>, fla, flashinfer, torch"),
+          "implementations: ours-adaptive, ours-fla-like, ours:<config>, fla, flashinfer, torch, "
+          "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, run in a "
+          "worker of its own; docs/solutions.md)"),
+    Param("solutions", "list", [],
+          "more solution paths (the make variable SOLUTIONS); those with a decode definition are added"),
     Param("methods", "list", ["cupti_cold", "graph", "event"],
           "timing methods (cupti_cold, graph, event; cpu_wall is interpreter plumbing only)"),
     Param("sweep_BV", "list", [8, 16, 32, 64, 128], "config sweep: BV values"),
@@ -164,13 +168,15 @@ def _ours(config):
 def resolve_impls(run: Run) -> Dict[str, object]:
     """``label → callable`` for the requested peers; unavailable ones are
     reported (:meth:`Run.skip`) and map to their ``Unavailable`` object."""
+    from kernels.contest.remote import is_solution
+
     peers = [n for n in run.params["impls"] if n in PEERS]
     unknown = [n for n in run.params["impls"]
                if n not in PEERS and n not in ("ours-adaptive", "ours-fla-like")
-               and not n.startswith("ours:")]
+               and not n.startswith("ours:") and not is_solution(n)]
     if unknown:
         raise ValueError(f"unknown impls {unknown}; known: ours-adaptive, ours-fla-like, "
-                         f"ours:<config>, {', '.join(PEERS)}")
+                         f"ours:<config>, {', '.join(PEERS)}, solution:<path>")
     out = {}
     if peers:
         from kernels.peers import decode_impls
@@ -178,6 +184,21 @@ def resolve_impls(run: Run) -> Dict[str, object]:
         names = [n for p in peers for _, n in PEER_VARIANTS.get(p, (("default", p),))]
         out.update(decode_impls(tuple(names)))
     return out
+
+
+def resolve_solutions(run: Run) -> Dict[str, object]:
+    """``label -> RemoteSolution or Unavailable`` for the ``solution:`` entries of ``impls``
+    and the decode ones of ``solutions``, each in a worker of its own (recorded in the
+    provenance)."""
+    from kernels.contest.remote import describe, remote_solutions, solution_entries
+
+    explicit, added = solution_entries(run.params)
+    if not (explicit or added):
+        return {}
+    taken = {n for n in run.params["impls"] if not n.startswith("solution:")}
+    sols = remote_solutions(explicit, added, op="decode", taken=taken)
+    run.extra_provenance["solutions"] = describe(sols)
+    return sols
 
 
 def _peer_candidates(label: str):
@@ -201,9 +222,12 @@ def run_gate(run: Run) -> pd.DataFrame:
     grid = config_grid_from_params(p)
     run.state["grid"] = grid
     rows = []
-    for B in p["batch_sizes"]:
+    sols = run.state["solutions"] = resolve_solutions(run)
+    for B in progress(p["batch_sizes"], f"gate: {len(p['impls'])} implementations per B", "B"):
         inputs, ref = _inputs(run, B)
         for label in p["impls"]:
+            if label.startswith("solution:"):
+                continue
             if label == "ours-adaptive":
                 cands = grid or [config_for(B).fit(p["head_dim"])]
             elif label == "ours-fla-like":
@@ -226,6 +250,15 @@ def run_gate(run: Run) -> pd.DataFrame:
                 if cname == "inplace" and row["status"] == PASS:
                     row["reason"] = "updates the state in place by design (restored after the check)"
                 rows.append(dict(base, **row))
+        for label, fn in sols.items():   # each in its worker: a crash is this row's outcome
+            base = dict(label=label, impl="solution", B=B, config="default", gpu=run.gpu)
+            if not fn:
+                rows.append(dict(base, status=UNAVAILABLE, ok=False, reason=fn.reason))
+                continue
+            try:
+                rows.append(dict(base, **fn.run(f"B{B}", inputs, ref, device=run.device)["gate"]))
+            except Exception as e:
+                rows.append(dict(base, status=ERROR, ok=False, reason=short_reason(e)))
     gate = pd.DataFrame(rows)
     run.state["peers"] = peers
     for label, g in gate[gate.status == UNAVAILABLE].groupby("label"):
@@ -270,7 +303,7 @@ def run_sweep(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     passed = gate[(gate.label == "ours-adaptive") & (gate.status == PASS)]
     rows = []
-    for B in p["batch_sizes"]:
+    for B in progress(p["batch_sizes"], f"sweep: {len(grid)} configs per B ({method})", "B"):
         inputs, _ = _inputs(run, B)
         good = set(passed[passed.B == B].config)
         for cfg in grid:
@@ -428,10 +461,13 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     bw = _copy_bw(run) if methods else float("nan")
     rows = []
     for method in methods:
-        for B in p["batch_sizes"]:
-            inputs, _ = _inputs(run, B)
+        for B in progress(p["batch_sizes"], f"timing: {len(p['impls'])} implementations per B "
+                          f"({method})", "B"):
+            inputs, ref = _inputs(run, B)
             fl = floor_us(B, shape, bw)
             for label in p["impls"]:
+                if label.startswith("solution:"):
+                    continue
                 cfg = _label_config(run, label, B)
                 g = gate[(gate.label == label) & (gate.B == B)]
                 if cfg is not None:
@@ -455,6 +491,7 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                                     warmup=p["warmup"])
                 rows += run.timed_rows(timings, f"{label} B={B}", dict(
                     impl=impl_of(label), config=cname, B=B, floor_us=fl, gpu=run.gpu, label=label))
+            rows += _time_solutions(run, gate, method, B, inputs, ref, fl)
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     times["frac_of_copy_bw"] = times.floor_us / times.median_us
     if len(times):
@@ -462,6 +499,25 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     else:
         print("no timings in this run: decode_times.csv not written")
     return times
+
+
+def _time_solutions(run: Run, gate: pd.DataFrame, method: str, B: int, inputs, ref,
+                    fl: float) -> List[dict]:
+    """Rows of the solutions that passed the gate at ``B``, timed with ``method`` in their
+    workers (gated again there on the same inputs)."""
+    p, rows = run.params, []
+    for label, fn in run.state.get("solutions", {}).items():
+        g = gate[(gate.label == label) & (gate.B == B)]
+        if g.empty or g.status.iloc[0] != PASS:
+            if not g.empty and g.status.iloc[0] != UNAVAILABLE:
+                run.skip(f"{label} B={B} {method}", f"gate {g.status.iloc[0]}")
+            continue
+        res = run.worker_result(fn, f"B{B}", inputs, ref, f"{label} B={B} {method}",
+                                methods=[method], rep=p["repetitions"], warmup=p["warmup"])
+        if res:
+            rows += run.timed_rows(res["timings"], f"{label} B={B}", dict(
+                impl="solution", config="default", B=B, floor_us=fl, gpu=run.gpu, label=label))
+    return rows
 
 
 def times_table(times: pd.DataFrame) -> pd.DataFrame:
@@ -593,7 +649,7 @@ def plot_time_vs_B(times: pd.DataFrame):
         ax.set_ylabel("time per call (µs), median, p20–p80")
         _auto_logy(ax, t.median_us)
         ax.set_title(f"method: {method}", fontsize=9)
-        ax.legend(fontsize=7)
+    figure_legend(fig, axes)   # outside: it covered the dashed floor at small B
     fig.suptitle(f"GDN decode: time vs batch size — {gpu}{_cpu_notes(methods)}")
     return fig
 
@@ -622,25 +678,27 @@ def plot_speedup(times: pd.DataFrame, baselines: Sequence[str]):
     if times is None or times.empty:
         return None
     methods = unique_in_order(times.method)
-    baselines = list(baselines) or ["flashinfer"]
+    asked = list(baselines) or ["flashinfer"]
+    baselines = [b for b in asked if b in set(times.label)]
+    missing = [b for b in asked if b not in baselines]
+    if not baselines:
+        return None
     fig, axes = new_figure(max(1, len(methods)), len(baselines), panel=(5.4, 3.8))
     gpu = _gpu_of(times)
+    color = {lab: f"C{k % 10}" for k, lab in enumerate(unique_in_order(times.label))}
     for i, method in enumerate(methods):
         t = times[times.method == method]
         for j, baseline in enumerate(baselines):
             ax = axes[i][j]
             ax.set_title(f"vs {baseline} — {gpu}, method: {method}", fontsize=9)
-            if baseline not in set(t.label):
-                ax.text(0.5, 0.5, f"{baseline} not measured in this run", ha="center",
-                        va="center", transform=ax.transAxes)
-                continue
             sp = speedups(t, baseline)
             left_out = [l for l in unique_in_order(sp.label) if impl_of(l) == "torch"]
             sp = sp[~sp.label.isin(left_out)]
             notes = []
             for label in unique_in_order(sp.label):
                 g = sp[sp.label == label].sort_values("B")
-                line, = ax.plot(g.B, g.speedup, marker="o", ms=3, label=label)
+                line, = ax.plot(g.B, g.speedup, marker="o", ms=3, label=label,
+                                color=color[label])   # one colour per label in every panel
                 for b, d in crossover_points(g.B, g.speedup):
                     ax.axvline(b, color=line.get_color(), ls=":", lw=1)
                     notes.append(f"{label}: B≈{b:.3g} ({d})")
@@ -654,10 +712,11 @@ def plot_speedup(times: pd.DataFrame, baselines: Sequence[str]):
             ax.text(0.02, 0.02, "crossovers:\n" + ("\n".join(notes) if notes else "none"),
                     transform=ax.transAxes, fontsize=6.5, va="bottom", ha="left",
                     bbox=dict(boxstyle="round", fc="white", ec="0.7", alpha=0.85))
-            if len(sp):
-                ax.legend(fontsize=7, loc="upper right")
+    figure_legend(fig, axes)   # outside: in a panel it covered the curves
     fig.suptitle(f"GDN decode: speedup and crossover batch size — {gpu}, "
-                 f"timing: {', '.join(methods)} (median){_cpu_notes(methods)}")
+                 f"timing: {', '.join(methods)} (median){_cpu_notes(methods)}"
+                 + (f"\n(not measured in this run, so no panel: vs {', '.join(missing)})"
+                    if missing else ""))
     return fig
 
 
@@ -682,7 +741,7 @@ def plot_bw_fraction(times: pd.DataFrame):
         ax.set_xlabel("batch size B")
         ax.set_ylabel("state bytes / time ÷ copy bandwidth")
         ax.set_title(f"method: {method}", fontsize=9)
-        ax.legend(fontsize=7)
+    figure_legend(fig, axes)
     fig.suptitle(f"GDN decode: achieved fraction of copy bandwidth — {gpu}{_cpu_notes(methods)}")
     return fig
 

@@ -39,7 +39,7 @@ import pandas as pd
 from kernels.bench.gate import PASS, UNAVAILABLE, gate_call
 from kernels.bench.timing import CPU_WALL, method_available, time_each
 
-from .common import Run, new_figure, unique_in_order
+from .common import Run, figure_legend, new_figure, progress, unique_in_order
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 # label -> kernels.peers name (None: ours)
@@ -177,7 +177,8 @@ def run_serving(run: Run, copy_bw: float) -> Dict[str, pd.DataFrame]:
     sections = serving_cases(p)
     cases = unique_in_order(c for _, c in sections)
     gate_rows, time_rows = [], []
-    for B in p["batch_sizes"]:
+    for B in progress(p["batch_sizes"], f"serving: gate + timing of {len(cases)} cases per B "
+                      f"({method})", "B"):
         for case in sorted(cases, key=lambda c: (c.layout, c.T, c.state_dtype)):
             inputs = _case_inputs(run, case, B)
             cname, fn, inplace = _case_fn(run, case, B)
@@ -336,8 +337,9 @@ def plot_serving_tokens(times: pd.DataFrame):
     t = times[times.section == "tokens"] if len(times) else times
     if t.empty:
         return None
-    fig, axes = new_figure(1, 3, panel=(5.0, 3.8))
-    ax, ar, ap = axes[0]
+    peers = t.label.isin(["flashinfer_mtp", "flashinfer_bf16"]).any()
+    fig, axes = new_figure(1, 3 if peers else 2, panel=(5.0, 4.6))
+    ax, ar, ap = (list(axes[0]) + [None])[:3]
     Bs = sorted(t.B.unique())
     ours = t[(t.label == "ours") & (t.state_dtype == "float32")]
     for T in sorted(ours["T"].unique()):
@@ -349,8 +351,8 @@ def plot_serving_tokens(times: pd.DataFrame):
     _logx(ax, Bs)
     ax.set_yscale("log")
     ax.set_ylabel("time per call (µs)")
-    ax.set_title("ours, fp32 state: time vs B per T (dashed: +intermediate states)", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("ours, fp32 state: time vs B per T\n(dashed: +intermediate states)", fontsize=9)
+    _legend_below(ax)
     vals = []
     Ts = sorted(t["T"].unique())
     for (label, dtype, inter), g in t.groupby(["label", "state_dtype", "intermediate"], sort=False):
@@ -370,7 +372,12 @@ def plot_serving_tokens(times: pd.DataFrame):
     ar.set_ylabel("time(T tokens, one call) / time(T=1)")
     ar.set_title("what the extra tokens cost (state read once)", fontsize=9)
     if vals:
-        ar.legend(fontsize=6)
+        _legend_below(ar)
+    fig.suptitle(f"GDN decode: T tokens per sequence in one call — {_title(t)}"
+                 + ("" if peers else "\n(no FlashInfer multi-token timings in this run: "
+                    "no panel against them)"))
+    if ap is None:
+        return fig
     pvals = []
     for T in Ts:
         for dtype, peer in (("float32", "flashinfer_mtp"), ("bfloat16", "flashinfer_bf16")):
@@ -379,16 +386,16 @@ def plot_serving_tokens(times: pd.DataFrame):
                                    "intermediate": False},
                                   f"{peer} / ours, T={T}")
     _logx(ap, Bs)
-    if pvals:
-        _ratio_axis(ap, pvals)
-        ap.legend(fontsize=6)
-    else:
-        ap.text(0.5, 0.5, "no FlashInfer multi-token timings in this run", ha="center",
-                va="center", transform=ap.transAxes, fontsize=8)
+    _ratio_axis(ap, pvals)
+    _legend_below(ap)
     ap.set_ylabel("FlashInfer time / our time (>1: ours faster)")
     ap.set_title("vs FlashInfer's multi-token kernels", fontsize=9)
-    fig.suptitle(f"GDN decode: T tokens per sequence in one call — {_title(t)}")
     return fig
+
+
+def _legend_below(ax) -> None:
+    """The panel's legend under its x axis: a dozen entries covered the curves inside."""
+    ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
 
 
 def plot_serving_state_dtype(times: pd.DataFrame):
@@ -448,7 +455,7 @@ def run_drift(run: Run) -> pd.DataFrame:
     for dname in unique_in_order(DTYPES.get(str(d), str(d)) for d in p["state_dtype"]):
         dtype = _dtype(dname)
         state = base["state"].to(dtype, copy=True)  # the same start, rounded once for bf16
-        for t in range(N):
+        for t in progress(range(N), f"drift: {dname} state, steps vs the f32 reference", "step"):
             step = {n: (x[:, t:t + 1].contiguous() if n in ("q", "k", "v", "a", "b") else x)
                     for n, x in base.items() if n != "state"}
             out, _ = gdn_decode(**step, state=state, inplace=True)
@@ -490,7 +497,7 @@ def plot_drift(drift: pd.DataFrame):
         ax.minorticks_off()
         ax.set_xlabel("consecutive decode steps (one token per call)")
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
+    figure_legend(fig, axes)   # outside: in a panel it covered the state's points
     ax = axes[0][1]
     ax.axhline(1e-2, color="k", lw=0.8, ls=":")
     ax.text(0.02, 1e-2, "contest atol 1e-2", transform=ax.get_yaxis_transform(), fontsize=7,
@@ -558,7 +565,7 @@ def serving_markdown(times: pd.DataFrame, gate: pd.DataFrame, drift: pd.DataFram
         if method == "cupti_cold" and len(st[st.label == "flashinfer_bf16"]):
             items.append("FlashInfer's bf16-state call is two launches with its host path "
                          "between them, and a cupti_cold span includes that gap: its GPU work "
-                         "is far less than the span (docs/notes.md, decode serving on the "
+                         "is far less than the span (docs/notes/decode.md, decode serving on the "
                          "H100); compare it with graph replay")
         if items:
             lines.append(f"**Serving ({method}):**\n" + "\n".join(f"- {i}" for i in items))

@@ -35,7 +35,7 @@ import pandas as pd
 from kernels.bench.gate import short_reason
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_x, new_figure,
-                     start_run, unique_in_order)
+                     progress, start_run, unique_in_order)
 
 STEM = "03_ncu_instruction_counts"
 INST = "smsp__inst_executed.sum"
@@ -48,7 +48,10 @@ REPO = Path(__file__).resolve().parents[2]
 PARAMS = COMMON_PARAMS + (
     Param("B", "int", 64, "decode batch size profiled"),
     Param("impls", "list", ["fla", "flashinfer", "ours"],
-          "targets: fla, flashinfer, ours (our chosen config)"),
+          "targets: fla, flashinfer, ours (our chosen config), solution:<path> (a flashinfer-bench "
+          "solution, profiled in ncu's own process; docs/solutions.md)"),
+    Param("solutions", "list", [],
+          "more solution paths (the make variable SOLUTIONS); those with a decode definition are profiled"),
     Param("ours_config", "str", "auto", "our config: a name like BV32-w4-s1-t1, or auto for config_for(B)"),
     Param("bv_sweep", "list", [8, 16, 32, 64, 128], "BV values of our sweep (one V-tile per program)"),
     Param("bv_sweep_num_warps", "int", 4, "num_warps of every BV sweep config"),
@@ -86,10 +89,26 @@ def sweep_config_name(bv: int, num_warps: int) -> str:
 def targets(params: dict) -> List[dict]:
     """The profiled targets: ``label, impl, config`` and the ``target`` dict
     for :func:`kernels.bench.ncu.run_ncu`."""
+    from kernels.contest.loader import SOLUTION_PREFIX, SolutionError, read_solution
+
     B = params["B"]
     out = []
-    for impl in params["impls"]:
-        if impl == "ours":
+    sols = [e for e in params["impls"] if e.startswith(SOLUTION_PREFIX)]
+    sols += [SOLUTION_PREFIX + e for e in params.get("solutions") or []]
+    for impl in [e for e in params["impls"] if not e.startswith(SOLUTION_PREFIX)] + sols:
+        if impl.startswith(SOLUTION_PREFIX):
+            try:
+                src = read_solution(impl)
+            except SolutionError as e:
+                print(f"ncu target {impl}: {e}")
+                continue
+            if src.op != "decode":
+                print(f"ncu target {impl}: a {src.op} solution; this notebook profiles decode")
+                continue
+            path = SOLUTION_PREFIX + str(Path(impl[len(SOLUTION_PREFIX):]).resolve())
+            out.append(dict(label=src.name, impl="solution", config="default",
+                            target=dict(impl=path, op="decode", B=B, seed=params["seed"])))
+        elif impl == "ours":
             cfg = params["ours_config"]
             if cfg in ("auto", "", None):
                 from kernels.decode import config_for
@@ -164,8 +183,8 @@ def run_profiles(run: Run) -> pd.DataFrame:
     raw_dir = run.path("raw")
     raw_dir.mkdir(exist_ok=True)
     frames = []
-    for t in targets(p):
-        out_csv = raw_dir / f"ncu_{t['label']}.csv"
+    for t in progress(targets(p), "Nsight Compute: counters per target", "target"):
+        out_csv = raw_dir / f"ncu_{re.sub(r'[^A-Za-z0-9_.+-]', '_', t['label'])}.csv"
         try:
             raw = run_ncu(t["target"], metrics=list(p["metrics"]), out_csv=out_csv)
         except Exception as e:
@@ -451,7 +470,7 @@ def plot_metric_bars(totals: pd.DataFrame, metrics: Sequence[str], gpu: str = ""
         ax.set_title(m, fontsize=8)
         ax.set_ylabel(_UNITS.get(m, "value"), fontsize=8)
     B = int(t.B.iloc[0]) if len(t) else 0
-    fig.suptitle(f"Decode metrics per implementation, B={B} — {_where(totals, gpu)}"
+    fig.suptitle(f"Decode metrics per implementation, B={B}\n{_where(totals, gpu)}"
                  f"{_source_note(totals)}")
     return fig
 

@@ -20,7 +20,13 @@ peers:
 3. Figures: :func:`plot_gantt_shape`, :func:`plot_waterfall`
    (:func:`waterfall_table`), :func:`plot_time_vs_T`, :func:`plot_busy_idle`,
    and on any device :func:`plot_gate_errors`.
-4. :func:`conclusion_markdown` from the tables.
+4. :func:`run_crossover` — short calls: ours token-recurrent (variant ``recurrent``), ours
+   chunked (``fused`` with ``recurrent_max_T=0``), ours as dispatched (``fused``) and
+   FLA's fused recurrent kernel over ``crossover_lengths`` at one sequence and a mixed
+   batch, each point gated first (``recurrent_times.csv``); :func:`crossover_table` (the
+   measured crossover, ``recurrent_crossover.csv``: what
+   :data:`kernels.prefill.config.RECURRENT_MAX_T` is set from) and :func:`plot_crossover`.
+5. :func:`conclusion_markdown` from the tables.
 
 Shapes are specs of :func:`kernels.spec.parse_shape`; the ``lens`` column holds their
 compact form (:func:`kernels.spec.lens_label`).
@@ -36,14 +42,16 @@ import pandas as pd
 
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import time_each
-from kernels.spec import parse_shape
+from kernels.spec import lens_label, parse_shape
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
-                     new_figure, start_run, unique_in_order)
+                     new_figure, progress, start_run, unique_in_order)
 
 STEM = "02_prefill_launch_overhead"
-DEFAULT_VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
-PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer")
+#: The steps of the waterfall, in order; the token-recurrent variant joins the table after them.
+WATERFALL_VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
+DEFAULT_VARIANTS = WATERFALL_VARIANTS + ("recurrent",)
+PEERS = ("fla", "fla_recurrent", "fla_flashqla", "flashqla", "flashinfer")
 SEED_IDLE_FRAC = 0.93   # seed: 93 % of prefill wall time GPU idle (T=6; GPU not stated)
 SEED_LAUNCHES = 51      # seed: kernel launches per forward pass
 SEED_GAP_VS_FI = 8.3    # seed, B200 CUPTI: fla-chunk 1536 µs vs fi-baseline 185 µs
@@ -52,9 +60,14 @@ PARAMS = COMMON_PARAMS + (
     Param("shapes", "list",
           ["T6", "T64", "100+28", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"],
           "prefill shapes: names of kernels.spec.PREFILL_SHAPES, '100+28', '4x1024' or lists of lengths"),
-    Param("impls", "list", ["ours", "fla", "fla_flashqla", "flashqla", "flashinfer"],
-          "implementations: ours, fla (triton), fla_flashqla (FLA's FlashQLA backend), flashqla, "
-          "flashinfer (the FlashQLA ones run in kernels.peers_worker, GDN_QLA_SITE)"),
+    Param("impls", "list", ["ours", "fla", "fla_recurrent", "fla_flashqla", "flashqla",
+                            "flashinfer"],
+          "implementations: ours, fla (triton), fla_recurrent (FLA's fused recurrent kernel), "
+          "fla_flashqla (FLA's FlashQLA backend), flashqla, flashinfer (the FlashQLA ones run "
+          "in kernels.peers_worker, GDN_QLA_SITE), "
+          "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, docs/solutions.md)"),
+    Param("solutions", "list", [],
+          "more solution paths (the make variable SOLUTIONS); those with a prefill definition are added"),
     Param("variants", "list", list(DEFAULT_VARIANTS), "our pipeline variants (kernels.prefill.VARIANTS)"),
     Param("methods", "list", ["cupti_cold", "graph"], "timing methods (cupti_cold span, graph replay)"),
     Param("repetitions", "int", 50, "timed calls per point"),
@@ -66,7 +79,21 @@ PARAMS = COMMON_PARAMS + (
     Param("num_q_heads", "int", 4, "HQ query/key heads (HK equals it)"),
     Param("num_v_heads", "int", 8, "HV value heads"),
     Param("head_dim", "int", 128, "head size D (K and V equal it)"),
+    Param("crossover_lengths", "list", [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128],
+          "total tokens T of the recurrent-vs-chunked section (one sequence, and the mixed batch)"),
+    Param("crossover_batch", "int", 4,
+          "sequences of the mixed batch: T split by halves (T/2, T/4, ..., the rest last)"),
+    Param("crossover_peers", "list", ["fla_recurrent"], "peers timed beside ours in that section"),
+    Param("crossover_method", "str", "cupti_cold", "timing method of that section"),
 )
+
+CROSSOVER_COLUMNS = ["series", "lens", "T", "N", "longest", "label", "impl", "variant",
+                     "status", "max_abs_err", "method", "median_us", "p20_us", "p80_us", "n",
+                     "gpu"]
+#: Our three rows of the crossover section: (label, variant, options of make_prefill_impl).
+CROSSOVER_OURS = (("ours-recurrent", "recurrent", {}),
+                  ("ours-chunked", "fused", {"recurrent_max_T": 0}),
+                  ("ours-fused", "fused", {}))
 
 TIMES_COLUMNS = ["impl", "variant", "lens", "T", "N", "method", "median_us", "launches",
                  "p20_us", "p80_us", "n", "busy_us", "span_us", "idle_frac", "largest_gap_us",
@@ -105,10 +132,13 @@ def _inputs(run: Run, label: str, lens):
 
 def resolve_impls(run: Run) -> Dict[str, Tuple[str, str, object]]:
     """``label → (impl, variant, callable or Unavailable)`` in plotting order."""
+    from kernels.contest.remote import describe, is_solution, remote_solutions, solution_entries
+
     p = run.params
-    unknown = [n for n in p["impls"] if n != "ours" and n not in PEERS]
+    unknown = [n for n in p["impls"] if n != "ours" and n not in PEERS and not is_solution(n)]
     if unknown:
-        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}")
+        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}, "
+                         "solution:<path>")
     out = {}
     if "ours" in p["impls"]:
         from kernels.prefill import VARIANTS, make_prefill_impl
@@ -133,6 +163,11 @@ def resolve_impls(run: Run) -> Dict[str, Tuple[str, str, object]]:
             found.update(remote_prefill_impls(remote))
         for name in peers:
             out[prefill_label(name)] = (name, "default", found[name])
+    explicit, added = solution_entries(p)
+    if explicit or added:
+        sols = remote_solutions(explicit, added, op="prefill", taken=out)
+        run.extra_provenance["solutions"] = describe(sols)
+        out.update({label: ("solution", "default", fn) for label, fn in sols.items()})
     return out
 
 
@@ -163,7 +198,8 @@ def run_gate(run: Run) -> pd.DataFrame:
     impls = resolve_impls(run)
     run.state["impls"] = impls
     rows = []
-    for lab, lens in run.state["shapes"]:
+    for lab, lens in progress(run.state["shapes"], f"gate: {len(impls)} implementations per shape",
+                              "shape"):
         inputs, ref = _inputs(run, lab, lens)
         for label, (impl, variant, fn) in impls.items():
             base = dict(label=label, impl=impl, variant=variant, lens=lab, T=sum(lens),
@@ -253,7 +289,8 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     gantt_label = parse_shape(p["gantt_shape"])[0] if p["gantt_shape"] else None
     impls = run.state["impls"]
     rows = []
-    for lab, lens in run.state["shapes"]:
+    for lab, lens in progress(run.state["shapes"], f"timelines + timing ({', '.join(methods)}) "
+                              f"of {len(impls)} implementations per shape", "shape"):
         inputs, _ = _inputs(run, lab, lens)
         for label, (impl, variant, fn) in impls.items():
             g = gate[(gate.label == label) & (gate.lens == lab)]
@@ -301,15 +338,12 @@ def _measure_remote(run, fn, label, impl, variant, lab, lens, inputs, methods, g
     from kernels.bench.timeline import Timeline
 
     p = run.params
-    trace = str(run.path(f"trace_{lab}_{impl}.json")) if lab == gantt_label else None
-    try:
-        res = fn.run(lab, inputs, run.state["refs"][lab], device=run.device, methods=methods,
-                     rep=p["repetitions"], warmup=p["warmup"], timeline=True, trace=trace)
-    except Exception as e:
-        run.skip(f"{label} lens={lab}", short_reason(e))
-        return []
-    if res["gate"].get("status") != PASS:
-        run.skip(f"{label} lens={lab}", f"gate {res['gate'].get('status')} in the timing run")
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", label)
+    trace = str(run.path(f"trace_{lab}_{safe}.json")) if lab == gantt_label else None
+    res = run.worker_result(fn, lab, inputs, run.state["refs"][lab], f"{label} lens={lab}",
+                            methods=methods, rep=p["repetitions"], warmup=p["warmup"],
+                            timeline=True, trace=trace)
+    if not res:
         return []
     if res.get("timeline_error"):
         run.skip(f"timeline {label} lens={lab}", res["timeline_error"])
@@ -334,7 +368,7 @@ def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
 
 
 def waterfall_table(times: pd.DataFrame, lens: str, method: str = "cupti_cold",
-                    order: Sequence[str] = DEFAULT_VARIANTS) -> pd.DataFrame:
+                    order: Sequence[str] = WATERFALL_VARIANTS) -> pd.DataFrame:
     """What each step of our pipeline saved at one shape.
 
     Rows in ``order`` (variants not measured are left out): ``median_us`` of
@@ -500,6 +534,176 @@ def plot_gantt_shape(run: Run):
     return fig
 
 
+# --------------------------------------------------------------------------- recurrent or chunked
+
+
+def mixed_lens(T: int, n: int) -> List[int]:
+    """``T`` tokens over ``n`` sequences by halves: ``T//2, T//4, ...``, the rest last
+    (``mixed_lens(6, 4) == [3, 1, 0, 2]``; empty sequences allowed)."""
+    lens = [int(T) >> (i + 1) for i in range(n - 1)]
+    return lens + [int(T) - sum(lens)]
+
+
+def crossover_points(params: dict) -> List[Tuple[str, str, List[int]]]:
+    """``(series, lens label, lens)`` of the recurrent-vs-chunked section: one sequence of
+    every ``crossover_lengths`` entry, then (``crossover_batch > 1``) the mixed batch of the
+    same totals."""
+    Ts, n = params["crossover_lengths"], params["crossover_batch"]
+    if not Ts or any(not isinstance(T, int) or T < 1 for T in Ts):
+        raise ValueError(f"crossover_lengths must be ints >= 1, got {Ts}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"crossover_batch must be an int >= 1, got {n}")
+    out = [("B=1", lens_label([T]), [T]) for T in Ts]
+    if n > 1:
+        out += [(f"mixed N={n}", lens_label(mixed_lens(T, n)), mixed_lens(T, n)) for T in Ts]
+    return out
+
+
+def _crossover_impls(run: Run):
+    """``[(label, impl, variant, callable or Unavailable)]``: ours recurrent, chunked and
+    as dispatched (:data:`CROSSOVER_OURS`), then ``crossover_peers`` (local peers only)."""
+    from kernels.peers import WORKER_PEERS, prefill_impls, prefill_label
+    from kernels.prefill import PrefillConfig, make_prefill_impl
+
+    names = run.params["crossover_peers"]
+    bad = [n for n in names if n not in PEERS or n in WORKER_PEERS]
+    if bad:
+        raise ValueError(f"crossover_peers: {bad} not supported (peers of this process: "
+                         f"{', '.join(n for n in PEERS if n not in WORKER_PEERS)})")
+    out = [(lab, "ours", v, make_prefill_impl(v, **({"config": PrefillConfig(**o)} if o else {})))
+           for lab, v, o in CROSSOVER_OURS]
+    found = prefill_impls(tuple(names)) if names else {}
+    return out + [(prefill_label(n), n, "default", found[n]) for n in names]
+
+
+def run_crossover(run: Run) -> pd.DataFrame:
+    """Ours token-recurrent, ours chunked, ours as dispatched and ``crossover_peers`` at every
+    point of :func:`crossover_points`: each gated against the float32 reference on the
+    point's inputs, then (passing, and ``crossover_method`` available here) timed.
+
+    Writes ``recurrent_gate.csv`` (every point) and ``recurrent_times.csv`` (the timed ones,
+    only when there are any); returns the frame of every row (timings NaN where untimed)."""
+    p = run.params
+    points = crossover_points(p)
+    impls = _crossover_impls(run)
+    method = p["crossover_method"]
+    timed = bool(run.usable_methods([method]))
+    rows = []
+    for series, lab, lens in progress(points, f"recurrent vs chunked: gate + timing ({method}) "
+                                      f"of {len(impls)} implementations per point", "point"):
+        inputs, ref = _inputs(run, lab, lens)
+        for label, impl, variant, fn in impls:
+            row = dict(series=series, lens=lab, T=sum(lens), N=len(lens), longest=max(lens),
+                       label=label, impl=impl, variant=variant, method=method, gpu=run.gpu)
+            if not fn:
+                rows.append(dict(row, status=UNAVAILABLE))
+                continue
+            g = gate_call(fn, inputs, ref, run.device)
+            row.update(status=g["status"], max_abs_err=g["max_abs_err"])
+            if g["status"] != PASS:
+                print(f"GATE {g['status'].upper()}: {label} lens={lab}: {g['reason']}")
+            elif timed:
+                timings = time_each(lambda f=fn: f(**inputs), [method], rep=p["repetitions"],
+                                    warmup=p["warmup"])
+                for t in run.timed_rows(timings, f"{label} lens={lab}", {}):
+                    row.update(t)   # one method: one row, or none (skipped: timing raised)
+            rows.append(row)
+    df = pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)
+    for label, g in df[df.status == UNAVAILABLE].groupby("label", sort=False):
+        run.skip(f"{label} (recurrent-vs-chunked section)",
+                 str(next(f.reason for lb, _, _, f in impls if lb == label)))
+    run.write_csv(df.drop(columns=["method", "median_us", "p20_us", "p80_us", "n"]),
+                  "recurrent_gate")
+    if df.median_us.notna().any():
+        run.write_csv(df[df.median_us.notna()], "recurrent_times")
+    return df
+
+
+def crossover_table(times: pd.DataFrame) -> pd.DataFrame:
+    """Per series and method: ``crossover_T``, the largest measured ``T`` up to which
+    ``ours-recurrent`` is faster than ``ours-chunked`` at every measured ``T`` (NaN: slower
+    already at the first), ``first_chunked_T`` the next measured ``T`` (NaN: recurrent
+    faster everywhere), both times at each, and ``rule_max_T``, the shipped
+    :data:`kernels.prefill.config.RECURRENT_MAX_T`."""
+    from kernels.prefill.config import RECURRENT_MAX_T
+
+    cols = ["series", "method", "crossover_T", "recurrent_us", "chunked_us", "first_chunked_T",
+            "recurrent_us_next", "chunked_us_next", "rule_max_T", "gpu"]
+    t = times[times.median_us.notna()] if "median_us" in times else times.iloc[:0]
+    rows = []
+    for (series, method), g in t.groupby(["series", "method"], sort=False):
+        rec = g[g.label == "ours-recurrent"].set_index("T").median_us
+        chk = g[g.label == "ours-chunked"].set_index("T").median_us
+        Ts = sorted(set(rec.index) & set(chk.index))
+        if not Ts:
+            continue
+        win = loss = None
+        for T in Ts:
+            if rec[T] < chk[T]:
+                win = T
+            else:
+                loss = T
+                break
+        nan = float("nan")
+        rows.append(dict(series=series, method=method,
+                         crossover_T=nan if win is None else win,
+                         recurrent_us=nan if win is None else float(rec[win]),
+                         chunked_us=nan if win is None else float(chk[win]),
+                         first_chunked_T=nan if loss is None else loss,
+                         recurrent_us_next=nan if loss is None else float(rec[loss]),
+                         chunked_us_next=nan if loss is None else float(chk[loss]),
+                         rule_max_T=RECURRENT_MAX_T, gpu=str(g.gpu.iloc[0])))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def crossovers(run: Run, times: pd.DataFrame) -> pd.DataFrame:
+    """:func:`crossover_table` of the section's timings, written as
+    ``recurrent_crossover.csv`` when anything was timed."""
+    table = crossover_table(times)
+    if len(table):
+        run.write_csv(table, "recurrent_crossover")
+    else:
+        run.skip("recurrent_crossover.csv", "no timings of ours-recurrent and ours-chunked")
+    return table
+
+
+def plot_crossover(times: pd.DataFrame, table: Optional[pd.DataFrame] = None):
+    """Time per call vs total tokens, one panel per series (one sequence, the mixed batch),
+    one line per implementation; the shipped rule's limit dashed, the measured crossover
+    ringed."""
+    if times is None or "median_us" not in times or not times.median_us.notna().any():
+        return None
+    from kernels.prefill.config import RECURRENT_MAX_T
+
+    t = times[times.median_us.notna()]
+    series = unique_in_order(t.series)
+    labels = unique_in_order(t.label)
+    fig, axes = new_figure(1, len(series), panel=(5.4, 3.8))
+    for ax, ser in zip(axes.flat, series):
+        s = t[t.series == ser]
+        for i, lab in enumerate(labels):
+            g = s[s.label == lab].sort_values("T")
+            if len(g):
+                ax.plot(g["T"], g.median_us, marker="o", ms=3, color=f"C{i % 10}", label=lab,
+                        ls="--" if lab == "ours-fused" else "-")
+        ax.axvline(RECURRENT_MAX_T, color="k", ls=":", lw=0.8,
+                   label=f"RECURRENT_MAX_T = {RECURRENT_MAX_T}")
+        if table is not None and len(table):
+            r = table[table.series == ser]
+            if len(r) and np.isfinite(r.crossover_T.iloc[0]):
+                ax.scatter([r.crossover_T.iloc[0]], [r.recurrent_us.iloc[0]], s=90,
+                           facecolors="none", edgecolors="k", label="measured crossover")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("total tokens T (log2)")
+        ax.set_ylabel("time per call (µs)")
+        ax.set_title(ser, fontsize=9)
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=7, loc="outside right center")
+    fig.suptitle(f"Short prefill: token-recurrent vs chunked — {t.gpu.iloc[0]} — "
+                 f"{t.method.iloc[0]}")
+    return fig
+
+
 # --------------------------------------------------------------------------- 4. conclusion
 
 
@@ -507,15 +711,58 @@ def _pct(x) -> str:
     return "n/a" if x is None or not np.isfinite(x) else f"{x:.0%}"
 
 
+def _crossover_lines(dfs) -> List[str]:
+    """The recurrent-vs-chunked paragraph: the measured crossover per series against the
+    shipped rule, and ours as dispatched against the section's peers at each series' first
+    point above ``T = 4`` (T = 6 with the default lengths)."""
+    table, times = dfs.get("crossover"), dfs.get("crossover_times")
+    if table is None or not len(table):
+        return []
+    from kernels.prefill.config import RECURRENT_MAX_T
+
+    parts = []
+    for r in table.itertuples():
+        if np.isfinite(r.crossover_T):
+            txt = (f"{r.series}: recurrent faster up to T={int(r.crossover_T)} "
+                   f"({fmt_us(r.recurrent_us)} vs chunked {fmt_us(r.chunked_us)})")
+        else:
+            txt = f"{r.series}: chunked faster from the first point"
+        if np.isfinite(r.first_chunked_T):
+            txt += (f", chunked from T={int(r.first_chunked_T)} ({fmt_us(r.chunked_us_next)} vs "
+                    f"{fmt_us(r.recurrent_us_next)})")
+        parts.append(txt)
+    wins = table.crossover_T.dropna()
+    lines = [f"**Recurrent or chunked** ({table.method.iloc[0]}): " + "; ".join(parts) + ". "
+             f"The shipped rule sends calls of up to RECURRENT_MAX_T = {RECURRENT_MAX_T} "
+             "tokens to the token-recurrent kernel"
+             + (f"; these measurements support up to {int(wins.min())} (the smallest crossover "
+                "over the series)." if len(wins) == len(table) else ".")]
+    if times is not None and "median_us" in times:
+        t = times[times.median_us.notna()]
+        for ser in unique_in_order(t.series):
+            s = t[(t.series == ser) & (t["T"] > 4)]
+            if s.empty:
+                continue
+            s = s[s["T"] == s["T"].min()].set_index("label").median_us
+            if "ours-fused" in s and len(s) > 1:
+                others = [f"{lab} {fmt_us(us)}" for lab, us in s.items() if lab != "ours-fused"]
+                lines.append(f"{ser}, T={int(t[(t.series == ser) & (t['T'] > 4)]['T'].min())}: "
+                             f"ours-fused {fmt_us(s['ours-fused'])}; " + ", ".join(others) + ".")
+    return lines
+
+
 def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     """The notebook's conclusion from ``dfs``: ``gate`` and ``times``
     (``prefill_times``; may be empty), optional ``gantt_lens`` / ``waterfall``
-    (a list of :func:`waterfall_table` frames) — computed, never typed."""
+    (a list of :func:`waterfall_table` frames) and ``crossover`` / ``crossover_times``
+    (:func:`crossover_table`, :func:`run_crossover`) — computed, never typed."""
     gate = dfs.get("gate")
     times = dfs.get("times")
     times = times if times is not None else pd.DataFrame(columns=TIMES_COLUMNS)
+    cross = dfs.get("crossover")
     gpu = (str(times.gpu.iloc[0]) if len(times) else
-           str(gate.gpu.iloc[0]) if gate is not None and len(gate) else "")
+           str(gate.gpu.iloc[0]) if gate is not None and len(gate) else
+           str(cross.gpu.iloc[0]) if cross is not None and len(cross) else "")
     lines = [f"### Conclusion — {gpu}"]
     if gate is not None and len(gate):
         ran = gate[gate.status != UNAVAILABLE]
@@ -534,7 +781,7 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     if times.empty:
         lines.append("**No timelines or timings** in this run (they need a CUDA GPU); the "
                      "launch-overhead questions stay open until the GPU profile runs.")
-        return "\n\n".join(lines)
+        return "\n\n".join(lines + _crossover_lines(dfs))
     method = "cupti_cold" if "cupti_cold" in set(times.method) else times.method.iloc[0]
     lens0 = dfs.get("gantt_lens") or times.sort_values("T").lens.iloc[0]
     ov = overhead_table(times, lens0, method)
@@ -574,4 +821,4 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         b = big.loc[big.median_us.idxmin()]
         lines.append(f"**Longest shape** (lens={b.lens}, T={int(b['T'])}): fastest is {b.label} "
                      f"at {fmt_us(b.median_us)} ({method}).")
-    return "\n\n".join(lines)
+    return "\n\n".join(lines + _crossover_lines(dfs))

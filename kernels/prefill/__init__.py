@@ -9,12 +9,13 @@ One module per stage, each readable and testable alone:
 - :mod:`.state_walk`        stage 3: inter-chunk state recurrence + the outputs inline
 - :mod:`.state_walk_t`      the same walk on ``S^T`` (short walks, the long CP path)
 - :mod:`.context_parallel`  segment summaries + combine for long sequences with few heads
+- :mod:`.recurrent`         the token-recurrent kernel of short calls (one launch)
 - :mod:`.pipeline`          the variants as compositions of the stages
 - :mod:`.graph`             the ``graph`` variant (CUDA graph per shape bucket)
-- :mod:`.config`            :class:`PrefillConfig` (7 levers) and the launch rules
+- :mod:`.config`            :class:`PrefillConfig` (8 levers) and the launch rules
 
 Public API: :func:`gdn_prefill`, :data:`VARIANTS`, :func:`make_prefill_impl`,
-:func:`launch_count_hint`.
+:func:`launch_count_hint`, :func:`.config.recurrent_rule`.
 """
 from __future__ import annotations
 
@@ -28,14 +29,15 @@ from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig
 from .context_parallel import cp_long
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .guard import describe_status
+from .config import recurrent_rule
 from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
-                       prefill_no_sync, prefill_unfused)
+                       prefill_no_sync, prefill_recurrent, prefill_unfused)
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
            "plan_fused", "graph_cache_info", "clear_graph_cache", "PrefillConfig",
-           "DEFAULT_CONFIG", "ACCURATE_CONFIG", "describe_status"]
+           "DEFAULT_CONFIG", "ACCURATE_CONFIG", "describe_status", "recurrent_rule"]
 
-VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
+VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused", "recurrent")
 
 _IMPLS = {
     "unfused": prefill_unfused,
@@ -43,6 +45,7 @@ _IMPLS = {
     "no_sync": prefill_no_sync,
     "graph": prefill_graph,
     "fused": prefill_fused,
+    "recurrent": prefill_recurrent,
 }
 _CP_VARIANTS = ("fused", "graph")
 
@@ -80,7 +83,10 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         cu_seqlens: `[N+1]` int64 or int32, ``0 = cu[0] <= ... <= cu[N] = T``;
             empty sequences allowed.
         scale: output scale; None or 0 means ``1/sqrt(D)``.
-        variant: one of :data:`VARIANTS` (see :mod:`.pipeline` for what each launches).
+        variant: one of :data:`VARIANTS` (see :mod:`.pipeline` for what each launches);
+            ``fused`` and ``graph`` take the token-recurrent kernel (:mod:`.recurrent`)
+            for calls of up to ``config.recurrent_max_T`` tokens, ``recurrent`` at any
+            length.
         output: optional preallocated `[T, HV, D]` bf16 output.
         output_state: optional preallocated `[N, HV, D, D]` f32 final state.
         check_values: check the values of ``cu_seqlens`` on the host (a device-to-host
@@ -171,7 +177,9 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
     fused walk uses context parallelism for this ``T``/``N``; needs both) and ``note``.
     """
     _impl(variant)
-    if variant in _CP_VARIANTS and T is not None and N is not None:
+    rec = (variant in _CP_VARIANTS and T is not None
+           and recurrent_rule(T, cp, DEFAULT_CONFIG))
+    if variant in _CP_VARIANTS and T is not None and N is not None and not rec:
         if variant == "graph":
             from .graph import bucket_of
             T, N = bucket_of(T, N)
@@ -181,8 +189,9 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         _, seg = plan_fused(T, N, HV, D, dev, cp)
         use_cp = bool(seg)
     else:
-        use_cp = None
-    fused_key = (("fused+cp_long" if cp_long(T, N) else "fused+cp") if use_cp else
+        use_cp = False if rec else None
+    fused_key = ("fused+recurrent" if rec else
+                 ("fused+cp_long" if cp_long(T, N) else "fused+cp") if use_cp else
                  "fused+single" if use_cp is False and T <= DEFAULT_CONFIG.single_launch_max_T
                  else "fused")
     if variant == "graph":
@@ -206,6 +215,10 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         "fused+cp_long": "intra (+gates, cumsum); long CP: transposed segment summaries, "
                          "combine, transposed walk from the entering states (+ guard)",
         "fused+single": "one kernel: intra (+gates, cumsum) with walker programs (+ guard)",
+        "fused+recurrent": "one kernel: the token-recurrent kernel (gates, state walked token "
+                           "by token, outputs, guard) for T <= recurrent_max_T",
+        "recurrent": "one kernel: the token-recurrent kernel (gates, state walked token by "
+                     "token, outputs, guard)",
     }
     out["note"] = notes[key]
     return out

@@ -1,23 +1,25 @@
 """The prefill's levers and launch rules: explicit, no autotuning.
 
-Every default was measured on an H200 or H100 (graph replay, the contest shapes; the
-step tables in ``docs/notes.md``, rows in ``results/*/dev_checks/``). The ``fused``
+Every default was measured on an H200 or H100 (graph replay, the contest shapes): the
+numbers are in docs/notes/prefill.md ("Numbers behind the rules"). The ``fused``
 variant's path with the defaults (the compositions before it launch the same kernels):
 
 * the intra-chunk kernel (gates + cumsum + ``A`` + solve) stores ``Tb = Tm diag(beta)``
   and ``scale * Aqk`` (``[T, HV, 64]`` bf16 each; the ``"tm"`` intermediates), the walk
-  forms ``v_new`` and the outputs from ``k``, ``v``, ``q`` itself (H200: intra -40...-45 %,
-  graph 57x64 90.0 -> 70.8 us, T=8192 189.9 -> 166.7 against ``w``, ``u``, ``P``, ``ob``);
+  forms ``v_new`` and the outputs from ``k``, ``v``, ``q`` itself (less traffic than
+  handing it ``w``, ``u``, ``P``, ``ob``);
 * the ``"batched"`` solve with a 128-register cap (:func:`intra_maxnreg_rule`), 4 warps;
 * walks: bf16 products, tile width by :func:`walk_tile_rule`, warps and stages by
   :func:`walk_launch_rule`, the transposed walk by :func:`walk_transposed_rule`;
-* calls of up to ``single_launch_max_T`` tokens: one launch (walker programs);
+* calls of up to ``recurrent_max_T`` tokens: the token-recurrent kernel
+  (:mod:`.recurrent`, :func:`recurrent_rule`); up to ``single_launch_max_T``: one launch
+  (walker programs);
 * programmatic dependent launch of the walks (:mod:`.pdl`), triggered at the start of
-  the earlier kernel's programs (-0.5...-3 us);
+  the earlier kernel's programs;
 * context parallelism from 64 chunks per sequence (:mod:`.context_parallel`), phase C
   chaining the segment transitions itself (3 launches).
 
-The levers other experiments used are gone; ``docs/notes.md`` ("Prune (issue 22)")
+The levers other experiments used are gone; ``docs/notes/prefill.md`` ("Prune (issue 22)")
 lists each with what it taught and the commit that still has it.
 """
 from __future__ import annotations
@@ -28,17 +30,26 @@ from typing import Optional
 __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "walk_tile_rule",
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS",
-           "WALK_3_STAGE_SMEM", "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV"]
+           "WALK_3_STAGE_SMEM", "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV",
+           "RECURRENT_MAX_T", "recurrent_rule"]
 
-#: ``num_warps`` of the intra-chunk kernel (H200: 8 warps were slower).
+#: ``num_warps`` of the intra-chunk kernel (8 were slower).
 INTRA_WARPS = 4
-#: CP phase A: warps and stages (3 stages: T=8192 phase A 56 -> 46 us on an H200; ~115 KB
-#: of shared memory at D = 128); phase B: warps.
+#: CP phase A: warps and stages (the third stage paid; ~115 KB of shared memory at D = 128);
+#: phase B: warps.
 SUMMARY_WARPS, SUMMARY_STAGES = 4, 3
-#: State columns per walker program of the one-launch path. 16 and 32 computed wrong results
-#: on an H100 with triton 3.6 (probe 48) while passing on the interpreter, so the walkers
-#: run only where the head size is at least 64 off the interpreter.
+#: State columns per walker program of the one-launch path: narrower walkers miscompiled on
+#: triton 3.6 (right on the interpreter), so walkers run only where the head size is >= 64.
 WALKER_BV = 64
+
+
+#: Calls of up to this many tokens (all sequences together) take the token-recurrent kernel
+#: (:mod:`.recurrent`) instead of the chunked path: the crossover of the two, measured in
+#: notebook 02 ("Recurrent or chunked", ``recurrent_crossover.csv``). The total bounds the
+#: longest sequence, which sets the recurrent kernel's serial steps, without a sync. Set
+#: conservatively until that measurement: one 6-token sequence took the chunked path 10.9 us
+#: on an H200 against 4.46 us for a token-by-token kernel (issue 33).
+RECURRENT_MAX_T = 16
 
 
 def _pow2(x) -> bool:
@@ -54,20 +65,24 @@ class PrefillConfig:
         storage: ``"compact"`` (bf16 ``Tb`` / ``Aqk``, like FLA's intermediates) or
             ``"precise"`` (fp32): compact halves the bytes at ~4e-3 state error on
             long-memory heads.
-        solve: the intra-chunk solve, ``"batched"`` (16 x 16 block formulas in registers;
-            H200 intra 57x64 27.7 -> 13.5 us, T=8192 49.2 -> 22.5) or ``"blocks"`` (the
-            blocks through a scratch, fp32 ``ieee`` products: the accurate preset's).
-        precision: products with the state and the inline outputs: ``"bf16"`` (one tensor-core pass, like FLA; walk -12...-25 %, output
-            rel-L2 ~3.3e-3 vs 3.2e-3 on the contest inputs) or ``"bf16x2"`` (~fp32).
-        cp_chain_precision: products ``M_s @ S`` of phase C's chain: ``"bf16"`` (H200 T=8192
-            207.5 -> 189.5 us graph against tf32x3, same errors to the 4th digit),
-            ``"bf16x2"`` or ``"tf32x3"`` (~fp32).
+        solve: the intra-chunk solve, ``"batched"`` (16 x 16 block formulas in registers,
+            the faster) or ``"blocks"`` (the blocks through a scratch, fp32 ``ieee``
+            products: the accurate preset's).
+        precision: products with the state and the inline outputs: ``"bf16"`` (one
+            tensor-core pass, like FLA; faster at the peers' error) or ``"bf16x2"`` (~fp32).
+        cp_chain_precision: products ``M_s @ S`` of phase C's chain: ``"bf16"`` (faster, same
+            errors to the 4th digit), ``"bf16x2"`` or ``"tf32x3"`` (~fp32).
         pdl: launch the walks with programmatic dependent launch (:mod:`.pdl`; Hopper and
-            newer, ignored elsewhere): -0.5...-3 us per call on an H200.
+            newer, ignored elsewhere).
         single_launch_max_T: calls of up to this many tokens (no CP, head size >= 64) are
             one launch: walker programs in the intra-chunk grid walk each sequence as its
-            chunk programs flag their chunks. H100 (probe 48), eager span T=6 33.8 -> 10.8
-            us, T=64 28.8 -> 11.6; T=512 was slower (19.7 -> 31.4 graph), hence 128. 0: never.
+            chunk programs flag their chunks (no host gap on the eager path; at T=512 one
+            launch was slower, hence 128). 0: never.
+        recurrent_max_T: calls of up to this many tokens without forced CP take the
+            token-recurrent kernel (:func:`recurrent_rule`); default
+            :data:`RECURRENT_MAX_T`. 0: never (notebook 02's chunked rows).
+
+    Measured numbers: docs/notes/prefill.md, "Numbers behind the rules".
     """
 
     walk_BV: Optional[int] = None
@@ -77,6 +92,7 @@ class PrefillConfig:
     cp_chain_precision: str = "bf16"
     pdl: bool = True
     single_launch_max_T: int = 128
+    recurrent_max_T: int = RECURRENT_MAX_T
 
     def __post_init__(self):
         if self.walk_BV is not None and (not _pow2(self.walk_BV) or self.walk_BV < 16):
@@ -89,9 +105,10 @@ class PrefillConfig:
                                  f"got {getattr(self, f)!r}")
         if not isinstance(self.pdl, bool):
             raise ValueError(f"pdl must be a bool, got {self.pdl!r}")
-        if not isinstance(self.single_launch_max_T, int) or self.single_launch_max_T < 0:
-            raise ValueError(f"single_launch_max_T must be an int >= 0, "
-                             f"got {self.single_launch_max_T!r}")
+        for f in ("single_launch_max_T", "recurrent_max_T"):
+            x = getattr(self, f)
+            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+                raise ValueError(f"{f} must be an int >= 0, got {x!r}")
 
     @property
     def name(self) -> str:
@@ -112,12 +129,17 @@ DEFAULT_CONFIG = PrefillConfig()
 #: and tf32x3 chain products. The default (bf16 intermediates and products, like FLA and
 #: FlashInfer) meets the contest tolerance on the contest inputs; on correlated keys with
 #: beta ~ 1 and long memory (:mod:`kernels.stress_inputs`) it does not, and neither do FLA
-#: or FlashInfer, while this config does (H200, probes 28-29: all 8 hard cases at rel-L2
-#: ~4e-4, ``results/nvidia-h200/dev_checks/prefill_solve_stress_513e7b0_tm.csv``). Its
-#: graph time there: 57x64 104 us, T=8192 419 (the default of that time: 90 / 209; the
-#: fp32 ``Tb`` takes three bf16 products per ``Tb @``).
+#: or FlashInfer, while this config does, at about twice the time (docs/notes/prefill.md,
+#: "Numbers behind the rules").
 ACCURATE_CONFIG = PrefillConfig(storage="precise", solve="blocks", precision="bf16x2",
                                 cp_chain_precision="tf32x3")
+
+
+def recurrent_rule(T: int, cp, config: PrefillConfig) -> bool:
+    """Whether a ``fused`` / ``graph`` call of ``T`` tokens takes the token-recurrent kernel:
+    ``T <= config.recurrent_max_T`` unless context parallelism is forced (``cp`` True or
+    an int)."""
+    return not cp and T <= config.recurrent_max_T
 
 
 def intra_maxnreg_rule(solve: str, single: bool = False) -> Optional[int]:
@@ -125,10 +147,9 @@ def intra_maxnreg_rule(solve: str, single: bool = False) -> Optional[int]:
     (the compiler's choice; also for the one-launch path, ``single``, whose walker
     programs need more).
 
-    That kernel needs ~150-200 registers uncapped (three programs of 4 warps per SM); at 128
-    it spills nothing and four fit. Measured on an H200 (probe 33, docs/notes.md): intra
-    57x64 18.3 -> 15.4 us, 16x256 17.5 -> 15.0, T=8192 27.5 -> 26.2; 112 and 96 spill and
-    are slower.
+    Uncapped it takes three programs of 4 warps per SM; at 128 it spills nothing, four fit
+    and it is faster (112 and 96 spill). Numbers: docs/notes/prefill.md, "Numbers behind the
+    rules".
     """
     return 128 if (solve == "batched" and not single) else None
 
@@ -136,9 +157,9 @@ def intra_maxnreg_rule(solve: str, single: bool = False) -> Optional[int]:
 def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
     """State tile width of the walk when ``walk_BV`` is None: 32 with CP; otherwise 64 when
     that launches ``>= 1.5 * n_sm`` programs, 32 when that launches ``>= 0.9 * n_sm``, else
-    16; capped at ``V``. Measured on an H200 (probes 25-27, docs/notes.md): T=8192 (CP)
-    phase C 91 -> 82 us at 32 vs 64; 4x1024 55 us at 32 vs 64 at 16 or 64; 57x64 and 16x256
-    best at 64 (70.6 / 54.3 vs 72.4 / 56.9 at 32), T=2048 and T <= 512 at 16.
+    16; capped at ``V``: wide tiles re-read ``k``, ``q``, ``Tb``, ``Aqk`` less, narrow ones
+    fill the GPU when the launch has few programs. Numbers: docs/notes/prefill.md, "Numbers
+    behind the rules".
     """
     if cp:
         return min(32, V)
@@ -148,10 +169,9 @@ def walk_tile_rule(units: int, HV: int, V: int, n_sm: int, cp: bool) -> int:
     return min(16, V)
 
 
-#: Shared memory per block (bytes) that a 3-stage walk may need at D = 128: the chained
-#: CP walk (phase C) at width 32 took 155,648 B (triton 3.6, sm_120), ~158 KB on sm_90
-#: (``python -m kernels.arch_check``). Below it (sm_86, sm_89, sm_120: 99 KB per block) the
-#: walks take 2 stages (at most 90,112 B there).
+#: Shared memory per block (bytes) that a 3-stage walk may need at D = 128 (the chained CP
+#: walk, ``python -m kernels.arch_check``); on devices with less per block (sm_86, sm_89,
+#: sm_120) the walks take 2 stages.
 WALK_3_STAGE_SMEM = 160 * 1024
 
 
@@ -162,11 +182,9 @@ def walk_stages_rule(BV: int, programs: int, n_sm: int,
     3 (loads two chunks ahead) unless the third stage's buffers would cost programs
     per SM that the launch needs: at ``BV <= 32`` two stages fit two programs per SM
     (~106 KB shared memory each at D = 128), three only one (~158 KB); at ``BV = 64``
-    one fits either way. So 3 when ``BV >= 64`` or ``programs <= n_sm``, else 2.
-    Measured on an H200 (docs/notes.md, probe 10): T=2048 walk 49.0 -> 39.5 us, T=8192
-    phase C 85.9 -> 77.7, 16x256 35.5 -> 33.7; 4x1024 (256 programs at BV=16) 43 -> 60
-    with 3, hence the rule. (``num_stages=1`` crashed the walks with an illegal memory
-    access on triton 3.6.) ``smem_per_block``: the device's limit
+    one fits either way. So 3 when ``BV >= 64`` or ``programs <= n_sm``, else 2 (numbers:
+    docs/notes/prefill.md, "Numbers behind the rules"; ``num_stages=1`` crashed the walks on
+    triton 3.6). ``smem_per_block``: the device's limit
     (:func:`.context_parallel.smem_per_block`); below :data:`WALK_3_STAGE_SMEM` always 2
     (compiled, not measured: ``kernels.arch_check``).
     """
@@ -187,15 +205,12 @@ def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool, precise: bo
     average) at tile width 64: 4 warps, two programs per SM (255 registers). With compact
     storage the chunk loop is pipelined over 2 stages with ``q`` left out of the pipeline
     (:func:`walk_pipe_skip_rule`; 99 KB of shared memory); otherwise it is unpipelined (~57 KB) -- pipelining every load takes 131 KB,
-    one program per SM. Measured on an H200: probe 14 (57x64 walk 54.9 -> 46.0 us,
-    16x256 33.3 -> 28.7 unpipelined against 3 stages), probe 43 (graph 57x64 55.7 / 55.5
-    -> 54.4 / 54.1 us, 16x256 38.2 / 38.2 -> 38.0 / 37.8 with the 2-stage loop without
-    ``q``; every load pipelined: 62.7 / 42.7). Otherwise :func:`walk_warps_rule`,
-    :func:`walk_stages_rule` and the launch's stages for the loop. (An unpipelined loop at
-    width 16 or 32 hit an illegal memory access on triton 3.6, H200.) ``precise``: the
-    ``"precise"`` storage -- at most 2 stages: with 3 the CP walk at width 64 asked for
-    265 KB of shared memory (H200: 227 KB per block). ``smem_per_block``: the device's
-    limit, passed to :func:`walk_stages_rule`.
+    one program per SM. Otherwise :func:`walk_warps_rule`,
+    :func:`walk_stages_rule` and the launch's stages for the loop (unpipelined loops at
+    width 16 or 32 crashed on triton 3.6). ``precise``: the
+    ``"precise"`` storage -- at most 2 stages (3 exceed the shared memory per block).
+    ``smem_per_block``: the device's limit, passed to :func:`walk_stages_rule`. Numbers:
+    docs/notes/prefill.md, "Numbers behind the rules".
     """
     if short and BV >= 64:
         return 4, 2, (1 if precise else 2)
@@ -206,11 +221,10 @@ def walk_launch_rule(BV: int, programs: int, n_sm: int, short: bool, precise: bo
 def walk_transposed_rule(BV: int, short: bool, precise: bool = False) -> bool:
     """Whether the walk holds ``S^T`` (:mod:`.state_walk_t`): for the short compact-storage
     walks (no CP, at most :data:`SHORT_WALK_CHUNKS` chunks per sequence on average) that
-    :func:`walk_tile_rule` gives width 64, i.e. many programs of one to four chunks.
-    Measured on an H200 (probe 45, graph us, untransposed -> transposed at width 128 / 8
-    warps): 16x256 38.2 -> 35.2, 57x64 54.7 -> 52.4. The long, narrow walks are slower
-    transposed (4x1024 41.7 -> 57.9 at best, T=2048 50.2 -> 79.5, T=512 19.8 -> 21.3,
-    100+28 12.3 -> 13.8), so they keep the untransposed walk."""
+    :func:`walk_tile_rule` gives width 64, i.e. many programs of one to four chunks, where
+    holding ``S^T`` keeps computed operands in registers; the long, narrow walks are slower
+    transposed and keep the untransposed walk (numbers: docs/notes/prefill.md, "Numbers behind
+    the rules")."""
     return short and BV >= 64 and not precise
 
 
@@ -218,8 +232,8 @@ def walk_pipe_skip_rule(BV: int, short: bool, precise: bool = False) -> str:
     """The load of the walk kept out of its chunk loop's pipeline: ``"q"`` for the
     short compact-storage walks at width 64 that :func:`walk_launch_rule` pipelines over 2 stages
     (so two programs fit per SM), else ``""`` (the longer walks run one program per SM or
-    narrow tiles, where an exposed load costs: H200, 4x1024 30.3 -> 44.8 us, T=2048
-    41.6 -> 64.7 with ``q`` unpipelined)."""
+    narrow tiles, where an exposed load costs: docs/notes/prefill.md, "Numbers behind the
+    rules")."""
     return "q" if short and BV >= 64 and not precise else ""
 
 

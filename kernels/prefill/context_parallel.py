@@ -24,11 +24,11 @@ serial pass and gives phase C ``16 * N * HV`` programs of 128 state columns. Pha
 only what the gates have not made negligible: the intra-chunk kernel stores a bound on each
 chunk's transition norm, ``M`` is dropped where the segment's bound is below ``exp(-20)`` and
 ``X`` starts at the last chunk whose bound to the segment's end still reaches it
-(:func:`.state_walk_t.state_walk_t_kernel`, ``TRUNC``; H100, 131,072 tokens: phase A 557 ->
-75 us). The chained form re-chains every earlier segment in every phase-C program (quadratic in the segment
-count: 22.8 ms at 1,048,576 tokens on an H200 against 10.5 ms for the long path), and its
+(:func:`.state_walk_t.state_walk_t_kernel`, ``TRUNC``). The chained form re-chains every
+earlier segment in every phase-C program (quadratic in the segment count), and its
 32-column tiles load each chunk's ``k``, ``q``, ``Tb``, ``Aqk`` four times per head: the
-  long path paid from 16,384 tokens on (docs/notes.md, prefill v10), not at 8,192.
+long path paid from 16,384 tokens on, not at 8,192 (numbers: docs/notes/long_context.md,
+"Numbers behind the rules").
 
 Segments are numbered with the slot rule of :mod:`.chunk_index` with
 ``BLOCK = SEG_CHUNKS * 64`` (no host sync). Cost: phase A walks ``K + V``
@@ -40,11 +40,9 @@ The rule (:func:`cp_segment_chunks`, host metadata only, so no sync): use
 CP when the walk would have fewer programs than the GPU has SMs
 (``N * HV * V/BV < n_sm``; 32 < 132 for one contest sequence at ``BV = 32``)
 and the average sequence has at least ``CP_MIN_AVG_CHUNKS`` chunks
-(``ceil(T/64) / N >= 64``, i.e. 4096 tokens; ``PrefillConfig.cp_min_avg_chunks``;
-at T = 2048 the walk without CP measured faster on an H200);
+(``ceil(T/64) / N >= 64``, i.e. 4096 tokens; shorter walks were faster without CP);
 then ``SEG_CHUNKS`` is the power of two nearest ``sqrt(2 * avg_chunks)``,
-clamped to ``[2, 64]`` (16 at T = 8192, N = 1: 8 segments; measured on an H200,
-16 beat 8 and 4, docs/notes.md). Individual
+clamped to ``[2, 64]`` (16 at T = 8192, N = 1: 8 segments, the fastest there). Individual
 lengths are unknown without a sync, so a batch of one long and many short
 sequences is judged by its average; CP is correct for any lengths.
 """
@@ -105,16 +103,15 @@ CP_LONG_SEGMENTS = 16
 def cp_long(T: int, N: int) -> bool:
     """Whether a context-parallel call takes the long path (transposed walks and a combine
     kernel, :func:`.pipeline._cp_long`): from :data:`CP_LONG_MIN_CHUNKS` chunks per sequence
-    on average. Measured on an H200 (graph us, chained CP -> long path): T=8192 113 -> 138
-    (hence the threshold), 16384 261 -> 221, 131072 1869 -> 1368."""
+    on average (below it the chained CP is faster; numbers: docs/notes/long_context.md,
+    "Numbers behind the rules")."""
     return -(-int(T) // 64) / max(int(N), 1) >= CP_LONG_MIN_CHUNKS
 
 
 def cp_long_segment_chunks(T: int, N: int) -> int:
     """Chunks per segment of the long path: the power of two nearest ``avg_chunks / 16``
-    (:data:`CP_LONG_SEGMENTS` segments per sequence), at least 2. Measured on an H200
-    (graph us): T=16384 seg 8 / 16 / 32: 266 / 221 / 259; 65536 seg 32 / 64 / 128: 759 /
-    713 / 928; 131072 seg 64 / 128: 1413 / 1368; 1048576 seg 512 / 1024: 10505 / 10476."""
+    (:data:`CP_LONG_SEGMENTS` segments per sequence, the fastest split at every length
+    measured), at least 2."""
     avg = -(-int(T) // 64) / max(int(N), 1)
     return int(max(2 ** round(math.log2(max(avg / CP_LONG_SEGMENTS, 1))), 2))
 
@@ -182,9 +179,9 @@ def segment_combine_t_fwd(summary: torch.Tensor, s0: torch.Tensor, negligible: t
                           BV: int = 16, num_warps: int = 8, defer: bool = False):
     """Launch :func:`segment_combine_t_kernel` (grid ``(N, HV, V // BV)``); fills ``s0``
     (`[S, HV, V, K]`) from ``summary`` (`[S, HV, K + V, K]`) and phase A's ``negligible``
-    flags (`[S, HV]` int32). bf16 products (the walks
-    round the state to bf16 for every product anyway) and ``BV = 16``: measured on an H200
-    at T=131072, 31 segments, 130 us with tf32x3 at ``BV = 32`` -> 61 us."""
+    flags (`[S, HV]` int32). bf16 products (the walks round the state to bf16 for every
+    product anyway) and ``BV = 16``: half the time of tf32x3 at ``BV = 32``
+    (docs/notes/long_context.md, "Numbers behind the rules")."""
     _, H, KV, K = summary.shape
     V = KV - K
     N = cu_seqlens.numel() - 1

@@ -2,8 +2,12 @@
 
 Bucket rule (the cache key)::
 
-    (device, T_pad, N_pad, HQ, HV, D, state given, cu_seqlens dtype, scale, cp, config)
+    (device, T_pad, N_pad, HQ, HV, D, state given, cu_seqlens dtype, scale, cp, config,
+     recurrent)
     T_pad = max(64, next power of two >= T)       N_pad = next power of two >= N
+
+``recurrent``: :func:`.config.recurrent_rule` of the call's own ``T`` (a bucket holds
+either the token-recurrent kernel or the chunked path, never both).
 
 A call copies its inputs into the bucket's static buffers with **one** pack
 kernel, replays the graph (one launch; inside it the 2 or 4 kernels of
@@ -48,7 +52,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .chunk_index import cu_status  # noqa: E402
-from .config import DEFAULT_CONFIG  # noqa: E402
+from .config import DEFAULT_CONFIG, recurrent_rule  # noqa: E402
 from .pipeline import _begin, _config, fused_launches, plan_fused, workspace_bytes  # noqa: E402
 
 __all__ = ["prefill_graph", "bucket_of", "graph_cache_info", "clear_graph_cache",
@@ -121,12 +125,12 @@ class _Bucket:
     """Static buffers (+ the captured graph on CUDA) of one bucket."""
 
     def __init__(self, key, q, k, v, state, A_log, dt_bias, cu_seqlens, T_pad, N_pad, scale,
-                 cp, config):
+                 cp, config, recurrent):
         dev = q.device
         HQ, D = q.shape[1], q.shape[2]
         HV = v.shape[1]
         self.key, self.T_pad, self.N_pad = key, T_pad, N_pad
-        self.scale, self.cp, self.config = scale, cp, config
+        self.scale, self.cp, self.config, self.recurrent = scale, cp, config, recurrent
         self.q = torch.empty(T_pad, HQ, D, dtype=q.dtype, device=dev)
         self.k = torch.empty_like(self.q)
         self.v = torch.empty(T_pad, HV, D, dtype=v.dtype, device=dev)
@@ -141,9 +145,10 @@ class _Bucket:
         self.o = torch.empty(T_pad, HV, D, dtype=torch.bfloat16, device=dev)
         self.ht = torch.empty(N_pad, HV, D, D, dtype=torch.float32, device=dev)
         self.graph = None
-        _, seg = plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
+        _, seg = (0, 0) if recurrent else plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
         cfg = config or DEFAULT_CONFIG
-        ws = workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage, cfg.solve)   # the graph's pool
+        ws = 0 if recurrent else workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage,
+                                                 cfg.solve)   # the graph's pool
         static = sum(t.numel() * t.element_size() for t in self._tensors())
         self.nbytes = static + ws
         self.seg_chunks = seg
@@ -171,7 +176,7 @@ class _Bucket:
         ``cu_seqlens`` is guarded by :meth:`unload` on the caller's tensors."""
         fused_launches(self.q, self.k, self.v, self.state, self.A_log, self.a, self.dt_bias,
                        self.b, self.cu, self.scale, self.o, self.ht, shape, self.cp,
-                       _config(self.config, shape.head_dim))
+                       _config(self.config, shape.head_dim), recurrent=self.recurrent)
 
     def capture(self, shape):
         stream = torch.cuda.Stream(device=self.q.device)
@@ -206,12 +211,13 @@ def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     T, N = q.shape[0], cu_seqlens.numel() - 1
     T_pad, N_pad = bucket_of(T, N)
     on_cuda = q.device.type == "cuda"
+    recurrent = recurrent_rule(T, cp, _config(config, shape.head_dim))
     key = (str(q.device), T_pad, N_pad, shape.num_q_heads, shape.num_v_heads, shape.head_dim,
-           state is not None, cu_seqlens.dtype, scale_r, cp, config)
+           state is not None, cu_seqlens.dtype, scale_r, cp, config, recurrent)
     bucket = _CACHE.get(key)
     if bucket is None:
         bucket = _Bucket(key, q, k, v, state, A_log, dt_bias, cu_seqlens, T_pad, N_pad,
-                         scale_r, cp, config)
+                         scale_r, cp, config, recurrent)
         _CACHE[key] = bucket
         while len(_CACHE) > MAX_BUCKETS:
             _CACHE.popitem(last=False)
@@ -238,8 +244,8 @@ def graph_cache_info():
     for key, bk in _CACHE.items():
         out.append(dict(device=key[0], T_pad=bk.T_pad, N_pad=bk.N_pad, HQ=key[3], HV=key[4],
                         D=key[5], state=key[6], cu_dtype=str(key[7]), scale=key[8],
-                        seg_chunks=bk.seg_chunks, captured=bk.graph is not None,
-                        bytes=bk.nbytes))
+                        seg_chunks=bk.seg_chunks, recurrent=bk.recurrent,
+                        captured=bk.graph is not None, bytes=bk.nbytes))
     return out
 
 

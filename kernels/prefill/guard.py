@@ -14,7 +14,9 @@ results (:func:`guard_outputs`), so no consumer or correctness gate can take the
   ``cu_seqlens`` (``N + 1`` entries) before walking; no extra launch. On the one-launch
   path the chunk programs read it too and release no chunk to the walkers if it is
   invalid (no flag is left set);
-* ``graph``: inside the unpack kernel that copies the outputs out.
+* ``graph``: inside the unpack kernel that copies the outputs out;
+* ``recurrent`` (and ``fused`` / ``graph`` calls that take the token-recurrent kernel):
+  inside that one kernel, each program reading ``cu_seqlens`` before it walks.
 
 Why a call was rejected is readable without a sync: pass ``status=`` (a `[1]` int32
 tensor on the inputs' device) and the guard writes the :data:`.chunk_index.CU_START` /
@@ -34,13 +36,15 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from ..decode.kernel import SLOT_REPEATED  # noqa: E402
 from .chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START, cu_status  # noqa: E402
 from .pdl import grid_wait  # noqa: E402
 
 __all__ = ["guard_outputs", "walk_guard", "check_status_tensor", "describe_status"]
 
 _WORDS = ((CU_START, "cu_seqlens[0] != 0"), (CU_END, "cu_seqlens[-1] != T"),
-          (CU_DECREASING, "cu_seqlens decreases"), (CU_RANGE, "a cu_seqlens entry is outside [0, T]"))
+          (CU_DECREASING, "cu_seqlens decreases"), (CU_RANGE, "a cu_seqlens entry is outside [0, T]"),
+          (SLOT_REPEATED, "a pool slot is named by two or more sequences (decode)"))
 
 
 def describe_status(status) -> str:

@@ -62,19 +62,19 @@ __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "BC", "solve_bands", "SOLVE"
 
 #: Sub-block size of the solve.
 BC = 16
-#: Default solve (H200, intra-chunk kernel against ``"blocks"``: 57x64 27.7 -> 13.5 us,
-#: T=8192 49.2 -> 22.5; docs/notes.md "Prefill v8").
+#: Default solve: about twice as fast as ``"blocks"`` (docs/notes/prefill.md, "Numbers behind
+#: the rules").
 SOLVE = "batched"
 SOLVES = ("batched", "blocks")
 #: Precision of the diagonal inverses by solve. ``"batched"``: Neumann on 8 x 8 blocks,
-#: whose powers stay within 35 x the entries, so bf16 hi + lo products suffice (H200: 57x64
-#: 15.7 -> 13.5 us against tf32x3 16 x 16 Neumann products, same hard-input errors; probe
-#: 36). ``"blocks"``: fp32 FMA products. One-pass tf32 / bf16 Neumann products reached
-#: errors of 1e14 on correlated keys (:mod:`kernels.stress_inputs`).
+#: whose powers stay within 35 x the entries, so bf16 hi + lo products suffice (faster than
+#: tf32x3 16 x 16 Neumann products at the same hard-input errors). ``"blocks"``: fp32 FMA
+#: products. One-pass tf32 / bf16 Neumann products reached errors of 1e14 on correlated keys
+#: (:mod:`kernels.stress_inputs`). Numbers: docs/notes/prefill.md, "Numbers behind the rules".
 SOLVE_PRECISION = {"batched": "bf16x2", "blocks": "ieee"}
 #: Precision of the off-diagonal block products: their operands are bounded by the inverse
-#: itself, so one tf32 pass does (H200, hard inputs: max abs error 0.037 vs 0.031 with
-#: tf32x3; FLA 0.032, FlashInfer 0.035 on the same case).
+#: itself, so one tf32 pass does (hard-input errors close to tf32x3's and the peers';
+#: docs/notes/prefill.md, "Numbers behind the rules").
 OFFDIAG_PRECISION = {"batched": "tf32", "blocks": "ieee"}
 #: dtype of ``Tb`` and ``scale * Aqk`` by ``PrefillConfig.storage``: "compact" bf16 (like
 #: FLA's intermediates, half the bytes), "precise" fp32 (the accurate preset's).
@@ -350,9 +350,9 @@ def intra_chunk_kernel(
         # log of a bound on the norm of the chunk's state transition, the product of
         # exp(g_t) (I - beta_t k_t k_t^T) over its tokens: each factor's norm is at most
         # exp(g_t) max(1, beta_t |k_t|^2 - 1) (rows past the end add 0). beta_t |k_t|^2 is
-        # the diagonal of A before the mask: 100 us less at 131,072 tokens on an H100 than
-        # reducing k itself, which sm_100 needs (triton 3.7's tensor-memory layout pass
-        # fails on a reduction of the product there)
+        # the diagonal of A before the mask: faster than reducing k itself, which sm_100
+        # needs (triton 3.7's tensor-memory layout pass fails on a reduction of the product
+        # there); docs/notes/long_context.md, "Numbers behind the rules"
         if LB_DIAG:
             b_bkn = tl.sum(tl.where(o_r[:, None] == o_r[None, :], b_A, 0.0), axis=1)
         else:

@@ -6,7 +6,7 @@ once every program of the earlier kernel has called
 ``griddepcontrol.launch_dependents`` (or exited). Each of its programs then
 calls ``griddepcontrol.wait`` before it reads anything the earlier kernel
 writes; the wait returns when that kernel has completed and its memory is
-visible. What this buys (measured in ``docs/notes.md``): the launch latency
+visible. What this buys (measured in ``docs/notes/prefill.md``): the launch latency
 between the two kernels, and whatever the later kernel does before its wait
 (index arithmetic, the initial-state load of the walk) overlaps the earlier
 kernel's last programs.
@@ -14,7 +14,7 @@ kernel's last programs.
 Rules the kernels follow (so ordering stays transitive across three kernels):
 
 * the intra-chunk kernel and CP phase A trigger at the start of each program
-  (after the last store measured no better: docs/notes.md);
+  (after the last store measured no better: docs/notes/prefill.md);
 * every program of a PDL-launched kernel waits before it exits, also on its
   early-return paths, so that kernel's completion implies the completion of the
   kernel before it (phase C reads what the intra-chunk kernel wrote two launches

@@ -29,6 +29,11 @@ variant         stages                                                       GPU
                 as the chunk programs flag their chunks, and (2) is not
                 launched
 ``graph``       ``fused`` captured in a CUDA graph per shape bucket          see :mod:`.graph`
+``recurrent``   the token-recurrent kernel (:mod:`.recurrent`): gates, the   1 kernel
+                state walked token by token in registers, outputs and
+                the guard in one launch; ``fused`` and ``graph`` take it
+                for calls of up to ``recurrent_max_T`` tokens
+                (:func:`.config.recurrent_rule`)
 ==============  ===========================================================  =====================
 
 Validation (:func:`kernels.spec.validate_prefill_inputs`) runs before
@@ -54,17 +59,18 @@ from ..spec import resolve_scale, validate_prefill_inputs
 from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STAGES,
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
-                     walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
+                     recurrent_rule, walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
                                segment_combine_t_fwd, sm_count, smem_per_block)
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
+from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
-           "fused_launches",
+           "prefill_recurrent", "fused_launches",
            "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
@@ -78,6 +84,8 @@ LAUNCHES = {
     "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
     "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
     "fused+cp_long": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
+    "fused+recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
+    "recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
 }
 
 
@@ -163,7 +171,7 @@ def _config(config, D) -> PrefillConfig:
         config = DEFAULT_CONFIG
     if not isinstance(config, PrefillConfig):
         raise TypeError(f"config must be a PrefillConfig or None, got {type(config).__name__}")
-    return _fitted(config, D)   # (cached: a dataclass replace costs ~10 us per call)
+    return _fitted(config, D)   # (cached: a dataclass replace per call costs host time)
 
 
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
@@ -314,17 +322,40 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
                                           scale, output, output_state, check_values, status)
     cfg = _config(config, shape.head_dim)
     fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
-                   shape, cp, cfg, guard=not checked, status=status)
+                   shape, cp, cfg, guard=not checked, status=status,
+                   recurrent=recurrent_rule(q.shape[0], cp, cfg))
+    if checked and status is not None:
+        status.zero_()
+    return o, ht
+
+
+def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
+                      output=None, output_state=None, check_values=None, config=None,
+                      status=None):
+    """The token-recurrent kernel (:mod:`.recurrent`) at any length: one launch, unchecked
+    ``cu_seqlens`` guarded on the device. ``config`` is checked but has no lever here (the
+    kernel works in f32 throughout)."""
+    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                          scale, output, output_state, check_values, status)
+    _config(config, shape.head_dim)
+    recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
+                  guard=not checked, status=status)
     if checked and status is not None:
         status.zero_()
     return o, ht
 
 
 def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, shape,
-                   cp, cfg, guard=False, status=None) -> None:
+                   cp, cfg, guard=False, status=None, recurrent=False) -> None:
     """The ``fused`` variant's kernels on validated inputs and allocated outputs. ``guard``:
     the kernel that writes the outputs checks ``cu_seqlens`` on the device (:mod:`.guard`;
-    ``status`` gets its bits; :mod:`.graph` guards in its unpack kernel instead)."""
+    ``status`` gets its bits; :mod:`.graph` guards in its unpack kernel instead).
+    ``recurrent``: the token-recurrent kernel alone (the caller applies
+    :func:`.config.recurrent_rule` to the call's real length)."""
+    if recurrent:
+        recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
+                      guard=guard, status=status)
+        return None
     T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
     N = cu_seqlens.numel() - 1
     BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
@@ -394,9 +425,8 @@ def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cf
     phase B (:func:`.context_parallel.segment_combine_t_fwd`: the serial pass over the
     segments, bf16 products) and phase C (outputs from each segment's entering state,
     ``BV = 128`` with 8 warps: both warpgroups share one load of ``k``, ``q``, ``Tb``,
-    ``Aqk``): 4 launches. Measured on an H200 (graph us, against the chained CP at
-    ``ddae264``): T=16384 261 -> 221, 32768 444 -> 385, 65536 823 -> 713, 131072 1869 ->
-    1368, 1048576 22799 -> 10476 (docs/notes.md, long context). Phase A skips what the
+    ``Aqk``): 4 launches, about linear in length (numbers against the chained CP:
+    docs/notes/long_context.md, "Numbers behind the rules"). Phase A skips what the
     decay makes negligible (``lb``, the chunks' log transition bounds from the intra-chunk
     kernel; ``TRUNC`` in :func:`.state_walk_t.state_walk_t_kernel`) and phase B the
     reads of a negligible ``M``."""

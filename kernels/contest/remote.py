@@ -1,0 +1,202 @@
+"""Third-party solutions in worker processes of their own, gated and timed like our rows.
+
+A solution is code we did not write: it may abort, fault (an illegal address poisons its
+CUDA context), hang, or change process-wide torch settings at import. The notebooks
+therefore load each one (:func:`kernels.contest.loader.load_solution`, unscoped: the
+process is the solution's) in its own worker, reusing the peer worker's process and
+protocol (:class:`kernels.peers_worker.PeerWorker`; this module is the worker's
+``--peers-module``, whose ``prefill_impls`` hook, named by that protocol, serves solutions
+of either op)::
+
+    sols = remote_solutions(["solution:a.json"], ["dir/"], op="decode")  # label -> ...
+    res = sols["a"].run("64", inputs, reference, device="cuda", methods=["graph"], rep=50)
+    res["gate"]      # kernels.bench.gate.gate_call's row, computed in the worker
+
+A worker that dies (abort, segfault) or answers nothing within :data:`SOLUTION_TIMEOUT_S`
+raises :class:`kernels.peers_worker.WorkerError` naming the solution and the signal; the
+notebooks report that as the solution's gate outcome and go on. After a gate ``error`` the
+worker is stopped so that the next shape starts a fresh process (a CUDA fault leaves the
+old one unusable); the build cache makes that restart cheap. The solution's worker starts
+without ``GDN_QLA_SITE`` (tilelang's site): it sees this process's packages.
+"""
+from __future__ import annotations
+
+import atexit
+import signal
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional
+
+from ..peers_worker import PeerWorker, RemotePeer, WorkerError
+from .loader import SOLUTION_PREFIX, SolutionError, read_solution
+
+__all__ = ["SOLUTION_TIMEOUT_S", "SolutionWorker", "RemoteSolution", "remote_solutions",
+           "solution_entries", "is_solution", "describe", "prefill_impls"]
+
+#: Seconds a solution's worker may take to answer one request (a CUDA build at load, one
+#: gate, or one timing run) before it is killed and the request reported as a hang.
+SOLUTION_TIMEOUT_S = 600.0
+_MODULE = "kernels.contest.remote"
+
+
+def is_solution(entry: str) -> bool:
+    """Whether an ``impls`` entry names a solution (``solution:<path>``)."""
+    return isinstance(entry, str) and entry.startswith(SOLUTION_PREFIX)
+
+
+def solution_entries(params: dict) -> tuple:
+    """``(explicit, added)``: the ``solution:`` entries of ``params["impls"]`` and the
+    paths of ``params["solutions"]`` (what ``make run SOLUTIONS=...`` passes)."""
+    explicit = [e for e in params.get("impls", []) if is_solution(e)]
+    return explicit, list(params.get("solutions") or [])
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+class SolutionWorker(PeerWorker):
+    """A :class:`PeerWorker` serving one solution; its errors name the solution and,
+    when the process was killed, the signal."""
+
+    def __init__(self, label: str, timeout_s: float = SOLUTION_TIMEOUT_S):
+        super().__init__(_MODULE, site="", timeout_s=timeout_s)
+        self.label = label
+
+    def request(self, msg: dict) -> dict:
+        try:
+            return super().request(msg)
+        except WorkerError as e:
+            code = None if self.proc is None else self.proc.poll()
+            how = ""
+            if code is not None and code < 0:
+                try:
+                    how = f"killed by {signal.Signals(-code).name}: "
+                except ValueError:
+                    how = f"killed by signal {-code}: "
+            raise WorkerError(f"solution {self.label}: {how}{e}") from None
+
+
+class RemoteSolution(RemotePeer):
+    """A solution in its :class:`SolutionWorker`: ``label`` (its name), ``language``,
+    ``definition``, ``graph_capturable``, ``origin``; :meth:`run` as
+    :meth:`RemotePeer.run`."""
+
+    def __init__(self, worker, key: str, src, version: str = ""):
+        super().__init__(worker, key, True, version=version)
+        self.label, self.language, self.definition = src.name, src.language, src.definition
+        self.graph_capturable, self.origin = src.graph_capturable, src.origin
+
+    def __repr__(self) -> str:
+        return f"RemoteSolution({self.label!r}, {self.language}, {self.origin})"
+
+    def info(self) -> dict:
+        """Provenance: what was loaded and how it was built."""
+        return dict(label=self.label, origin=self.origin, language=self.language,
+                    definition=self.definition, graph_capturable=self.graph_capturable,
+                    build=self.version)
+
+    def run(self, key, inputs, reference, *, device, methods=(), rep=10, warmup=2,
+            timeline=False, trace=None) -> dict:
+        methods = list(methods)
+        dropped = [m for m in methods if m == "graph" and not self.graph_capturable]
+        res = super().run(key, inputs, reference, device=device,
+                          methods=[m for m in methods if m not in dropped], rep=rep,
+                          warmup=warmup, timeline=timeline, trace=trace)
+        if res["gate"].get("status") == "error":
+            self.worker.close(kill=True)   # the next call starts a fresh process
+        res["timings"] += [dict(method=m, error="not graph-capturable: its CUDA sources "
+                                "launch on the default stream") for m in dropped]
+        return res
+
+
+def _unique(label: str, taken: set) -> str:
+    out, i = label, 2
+    if out in taken:
+        out = f"{label} [solution]"
+    while out in taken:
+        out, i = f"{label} [solution {i}]", i + 1
+    taken.add(out)
+    return out
+
+
+def remote_solutions(explicit: Iterable[str], added: Iterable[str] = (), *, op: str,
+                     taken: Iterable[str] = (), timeout_s: float = SOLUTION_TIMEOUT_S
+                     ) -> Dict[str, object]:
+    """``label -> RemoteSolution or kernels.peers.Unavailable``, one worker each (loaded,
+    CUDA built, before this returns).
+
+    ``explicit``: ``solution:<path>`` entries of a notebook's ``impls`` (one of the other
+    op is unavailable, with the reason). ``added``: paths from the ``solutions`` parameter,
+    kept only when their definition is ``op``'s (the runner passes them to every notebook).
+    Labels are the solutions' names, made unique against ``taken`` (the other rows).
+    """
+    from ..peers import Unavailable
+
+    taken = set(taken)
+    out: Dict[str, object] = {}
+    todo = [(e, True) for e in explicit] + [(e, False) for e in added]
+    for entry, must in todo:
+        path = entry[len(SOLUTION_PREFIX):] if is_solution(entry) else entry
+        try:
+            src = read_solution(path, op if must else None)
+        except (SolutionError, ValueError) as e:
+            out[_unique(Path(path).name or path, taken)] = Unavailable(path, str(e))
+            continue
+        if src.op != op:
+            print(f"solution {src.name} ({src.origin}): a {src.op} solution, not used by "
+                  f"this {op} notebook")
+            continue
+        label = _unique(src.name, taken)
+        key = f"{op}|{Path(path).resolve()}"
+        worker = SolutionWorker(label, timeout_s)
+        atexit.register(worker.close)
+        try:
+            st = worker.status([key])[key]
+        except WorkerError as e:
+            worker.close(kill=True)
+            out[label] = Unavailable(label, str(e))
+            continue
+        if not st.get("available"):
+            worker.close()
+            out[label] = Unavailable(label, st.get("reason", "the worker could not load it"))
+            continue
+        out[label] = RemoteSolution(worker, key, src, version=st.get("version", ""))
+    return out
+
+
+# --------------------------------------------------------------------------- worker side
+
+_LOADED: Dict[str, object] = {}
+
+
+def prefill_impls(names: Iterable[str]) -> Dict[str, object]:
+    """The peer worker's hook: ``{"<op>|<path>": SolutionImpl or Unavailable}``, loaded
+    unscoped (this process is the solution's)."""
+    from ..peers import Unavailable
+    from .loader import load_solution
+
+    out = {}
+    for name in names:
+        op, path = name.split("|", 1)
+        try:
+            out[name] = _LOADED[name] = load_solution(path, op, scoped=False)
+        except Exception as e:  # reported as the solution's reason
+            out[name] = Unavailable(name, f"{type(e).__name__}: {e}")
+    return out
+
+
+def _version(name: str) -> str:
+    """What the worker's status reports as the 'version': language and build."""
+    fn = _LOADED.get(name)
+    if fn is None:
+        return ""
+    how = fn.language + (f"/{fn.binding}" if fn.binding else "")
+    if fn.build_s is not None:
+        how += (f", built in {fn.build_s:.1f} s" if not fn.cached
+                else f", cached build (checked in {fn.build_s:.2f} s)")
+    return how + (", destination-passing" if fn.dps else ", value-returning")
+
+
+def describe(sols: Dict[str, object]) -> List[dict]:
+    """Provenance rows of :func:`remote_solutions`' result (unavailable ones with reason)."""
+    return [s.info() if hasattr(s, "info") else dict(label=k, available=False, reason=s.reason)
+            for k, s in sols.items()]

@@ -1,0 +1,111 @@
+"""The documentation names only things that exist.
+
+Every repository path and every ``make`` target that README.md and docs/*.md name, and
+every link of docs/notes/*.md, must exist in this checkout: a path as a file or folder
+(a path with a placeholder such as ``<gpu-slug>``, ``*`` or ``{a,b}``: its folder before
+the placeholder; a path git ignores: a run's output, e.g. ``results/smoke/``), a link's
+``#anchor`` as a heading of the page it points to, a target as a rule of the Makefile.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+NOTES = sorted((ROOT / "docs" / "notes").glob("*.md"))
+
+# A repository path: starts at a top-level folder or file of this repository, not inside
+# another path (``/root/...``, ``$OUT/...``, ``git show <sha>:scripts/...``, ``fla/ops/...``).
+_TOP = r"(?:kernels|docs|scripts|tests|notebooks|results|\.ci)/[\w./<>*{},-]*|Makefile|pyproject\.toml|environment\.yml"
+_PATH = re.compile(r"(?<![\w./:$~-])(" + _TOP + r")")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
+_MAKE = re.compile(r"\bmake\s+([a-z][\w-]*)")
+
+
+def _ignored(rel: str) -> bool:
+    """Whether git ignores ``rel`` (as a file or as a folder: it need not exist)."""
+    return any(subprocess.run(["git", "check-ignore", "-q", "--no-index", p], cwd=ROOT).returncode == 0
+               for p in (rel, rel.rstrip("/") + "/"))
+
+
+def _exists(rel: str) -> bool:
+    rel = rel.rstrip(".,").split("#")[0]
+    cut = re.search(r"[<*{]|\.\.\.", rel)
+    if cut:                                  # a pattern: its folder must exist
+        rel = rel[:cut.start()].rsplit("/", 1)[0] if "/" in rel[:cut.start()] else ""
+    return (ROOT / rel).exists() or _ignored(rel)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes."""
+    s = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return s.replace(" ", "-")
+
+
+def _anchors(page: Path) -> set:
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", page.read_text(), re.M)}
+
+
+def _links(page: Path):
+    prose = _CODE.sub("", page.read_text())  # `kernel[grid](...)` is code, not a link
+    for target in _LINK.findall(prose):
+        if re.match(r"[a-z]+:", target):     # http:, https:, mailto:
+            continue
+        yield target
+
+
+def _check_link(page: Path, target: str):
+    path, _, anchor = target.partition("#")
+    dest = (page.parent / path).resolve() if path else page
+    if not dest.exists():
+        return f"{page.name}: link to {target}: no such file"
+    if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+        return f"{page.name}: link to {target}: no heading with that anchor"
+    return None
+
+
+def _makefile_targets() -> set:
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([a-z][\w-]*):", text, re.M))
+
+
+def _ids(pages):
+    return [pytest.param(p, id=str(p.relative_to(ROOT))) for p in pages]
+
+
+@pytest.mark.parametrize("page", _ids(PAGES))
+def test_every_named_path_exists(page):
+    text = page.read_text()
+    missing = sorted({p for p in _PATH.findall(text) if not _exists(p)})
+    assert not missing, f"{page.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", _ids(PAGES + NOTES))
+def test_every_link_resolves(page):
+    bad = [e for e in (_check_link(page, t) for t in _links(page)) if e]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("page", _ids(PAGES))
+def test_every_make_target_exists(page):
+    targets = _makefile_targets()
+    named = {t for code in _CODE.findall(page.read_text()) for t in _MAKE.findall(code)}
+    assert not named - targets, (f"{page.relative_to(ROOT)} names make targets the Makefile "
+                                 f"lacks: {sorted(named - targets)} (has {sorted(targets)})")
+
+
+def test_the_checks_catch_what_they_should(tmp_path):
+    """The matchers find a made-up path, a broken link and anchor, and a made-up target."""
+    assert _PATH.findall("see `kernels/nope.py` and /root/kernels/x") == ["kernels/nope.py"]
+    assert not _exists("kernels/nope.py") and _exists("kernels/decode_configs/<gpu-slug>.json")
+    assert _exists("results/smoke/cpu-interpreter/")          # git-ignored run output
+    page = tmp_path / "p.md"
+    page.write_text("# A heading\n[x](nope.md) [y](#a-heading) [z](#missing)\n")
+    errors = [_check_link(page, t) for t in _links(page)]
+    assert errors[0] and errors[1] is None and errors[2]
+    assert "bootstrap" in _makefile_targets() and "nope" not in _makefile_targets()

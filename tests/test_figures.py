@@ -1,0 +1,136 @@
+"""Every figure a notebook draws from its CSVs (:data:`kernels.experiments.redraw.FIGURES`)
+is one a reviewer can paste: a title, labelled axes (times in the suite's one unit, µs),
+no empty panel, no legend over data, at most 1,400 px wide inline (100 px per inch).
+
+Drawn here from the committed GPU results (every figure has data there); the smoke run
+of ``test_notebooks_smoke.py`` audits the same figures on smoke data.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels.experiments.redraw import FIGURES, draw
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_FOLDERS = sorted(p for p in (ROOT / "results").glob("nvidia-*") if p.is_dir())
+AUDITED = ROOT / "results" / "nvidia-h200"   # its CSVs draw every figure of FIGURES
+MAX_INLINE_PX = 1400
+
+
+def _numeric(labels) -> bool:
+    txt = [t.get_text() for t in labels if t.get_text()]
+    return all(re.fullmatch(r"[\d.,\s−\-+e$^{}\\mathdefault×⁰¹²³⁴⁵⁶⁷⁸⁹]*", t) for t in txt)
+
+
+def audit_figure(fig, name: str) -> list:
+    """What makes ``fig`` hard to read or paste; empty when nothing."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.lines import Line2D
+
+    FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    problems = []
+    width = fig.get_tightbbox(renderer).width * 100
+    if width > MAX_INLINE_PX:
+        problems.append(f"{width:.0f} px wide inline (> {MAX_INLINE_PX})")
+    sup = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    axes = [ax for ax in fig.axes if ax.axison and ax.get_visible()
+            and not hasattr(ax, "_colorbar")]   # a colour bar is labelled by its panel's title
+    if not sup and not all(ax.get_title() for ax in axes):
+        problems.append("no title")
+    for i, ax in enumerate(axes):
+        where = f"panel {i} ({ax.get_title() or 'untitled'})"
+        n_data = (sum(int(np.isfinite(np.asarray(ln.get_ydata(), float)).sum())
+                      for ln in ax.lines if ln.get_transform() == ax.transData)  # not axhline
+                  + len(ax.patches)
+                  + sum(len(c.get_offsets()) if hasattr(c, "get_offsets") else 1
+                        for c in ax.collections) + len(ax.images))
+        if not n_data:
+            problems.append(f"{where}: empty")
+        ylab = ax.get_ylabel()
+        shared = [o for o in ax.get_shared_y_axes().get_siblings(ax) if o is not ax]
+        if not ylab and not any(o.get_ylabel() for o in shared):
+            problems.append(f"{where}: no y label")
+        if not ax.get_xlabel() and _numeric(ax.get_xticklabels()):
+            problems.append(f"{where}: no x label on a numeric axis")
+        for lab in (ylab, ax.get_xlabel()):
+            if re.search(r"\bms\b", lab):
+                problems.append(f"{where}: {lab!r} in ms (the suite's time unit is µs)")
+            if re.search(r"\btime per call\b|\btime \(", lab) and "/" not in lab \
+                    and "µs" not in lab:   # a ratio of times has no unit
+                problems.append(f"{where}: {lab!r} names a time without its unit (µs)")
+        leg = ax.get_legend()
+        if leg is not None:
+            box = leg.get_window_extent(renderer)
+            for ln in ax.lines:
+                if not isinstance(ln, Line2D) or ln.get_label().startswith("_"):
+                    continue
+                xy = np.column_stack([np.asarray(ln.get_xdata(), float),
+                                      np.asarray(ln.get_ydata(), float)])
+                xy = xy[np.isfinite(xy).all(axis=1)]
+                if len(xy) < 2:
+                    continue   # axhline-like references are drawn under the legend on purpose
+                pts = ax.transData.transform(xy)
+                inside = ((pts[:, 0] > box.x0) & (pts[:, 0] < box.x1)
+                          & (pts[:, 1] > box.y0) & (pts[:, 1] < box.y1))
+                if inside.any():
+                    problems.append(f"{where}: the legend covers points of {ln.get_label()!r}")
+    return problems
+
+
+CASES = [pytest.param(AUDITED / stem, id=stem) for stem in FIGURES if (AUDITED / stem).is_dir()]
+
+
+@pytest.mark.parametrize("folder", CASES)
+def test_committed_figures_read_well(folder):
+    figs = draw(folder)
+    assert figs, f"no figure drawn from {folder}"
+    problems = {name: p for name, fig in figs.items() if (p := audit_figure(fig, name))}
+    assert not problems, f"{folder}: " + "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
+
+
+def test_audit_catches_what_the_issue_found():
+    """The audit itself: an untitled empty panel, a time in ms, a legend over data, too wide."""
+    from kernels.experiments.common import new_figure
+
+    fig, axes = new_figure(1, 2, panel=(5.0, 3.0))
+    axes[0][0].plot(np.arange(10), np.arange(10), label="a line")
+    axes[0][0].legend(loc="center")
+    axes[0][0].set_xlabel("x (tokens)")
+    axes[0][0].set_ylabel("time per call (ms)")
+    axes[0][1].text(0.5, 0.5, "nothing")
+    p = " | ".join(audit_figure(fig, "t"))
+    assert "no title" in p and "panel 1 (untitled): empty" in p and "in ms" in p
+    assert "legend covers" in p
+    from matplotlib.figure import Figure
+
+    wide = Figure(figsize=(20, 3))
+    ax = wide.subplots()
+    ax.plot([1, 2], [1, 2])
+    ax.set_xlabel("x (tokens)")
+    ax.set_ylabel("y (µs)")
+    wide.suptitle("wide")
+    assert any("px wide" in q for q in audit_figure(wide, "w"))
+
+
+def test_redraw_command_writes_the_figures(tmp_path, capsys):
+    """``python -m kernels.experiments.redraw`` over a copy of a committed notebook folder."""
+    import shutil
+
+    from kernels.experiments import redraw
+
+    if not GPU_FOLDERS:
+        pytest.skip("no committed GPU results")
+    src = GPU_FOLDERS[0] / "04_prefill_scaling"
+    dst = tmp_path / GPU_FOLDERS[0].name / "04_prefill_scaling"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.png"))
+    assert redraw.main([str(dst.parent)]) == 0
+    out = capsys.readouterr().out
+    assert f"redrew {dst / 'time_vs_T.png'}" in out and (dst / "time_vs_T.png").stat().st_size > 10_000
+    assert redraw.main([str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
