@@ -485,7 +485,7 @@ def prefill_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict
 
 
 def _version(name: str) -> str:
-    from .bench.provenance import package_version
+    from .packages import package_version
 
     if name.startswith("flashinfer"):
         return package_version("flashinfer")

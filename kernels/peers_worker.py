@@ -16,17 +16,17 @@ Parent side::
 
     peers = remote_prefill_impls(["flashqla", "fla_flashqla"])   # RemotePeer or Unavailable
     res = peers["flashqla"].run("8192", inputs, reference, methods=["graph"], rep=50, warmup=5)
-    res["gate"]        # the row of kernels.experiments.common.gate_call, computed in the worker
+    res["gate"]        # the row of kernels.bench.gate.gate_call, computed in the worker
     res["timings"]     # [{method, median_us, p20_us, p80_us, n} or {method, error}]
     res["timeline"]    # kernels.bench.timeline summary of one call (CUDA), or None
 
 The parent hands the inputs and the float32 reference over as a ``torch.save`` file (CPU
 tensors; written once per shape, :meth:`PeerWorker.put`); the worker moves them to the
-device, gates the peer with :func:`kernels.experiments.common.gate_call` (the contest rule
+device, gates the peer with :func:`kernels.bench.gate.gate_call` (the contest rule
 against that reference), and only if it passes records a timeline
 (:func:`kernels.bench.timeline.record_timeline`) and times it with
-:func:`kernels.experiments.common.time_call` (:mod:`kernels.bench.timing`): the same
-instruments as the parent's rows, which land in the same tables.
+:func:`kernels.bench.timing.time_each`: the same instruments as the parent's rows, which
+land in the same tables.
 
 Protocol: one JSON request per line on the worker's stdin, one JSON response per line on
 its stdout (the worker moves everything else its libraries print to stderr). Requests:
@@ -305,7 +305,7 @@ def _serve(peers_module: str, out) -> None:
                 answer({"ok": True})
                 return
             if op == "status":
-                from .bench.provenance import package_version
+                from .packages import package_version
 
                 peers = {}
                 for n in req["names"]:
@@ -342,7 +342,8 @@ def _run(req: dict, fn, loaded: dict) -> dict:
 def _gate_and_time(req: dict, fn, loaded: dict) -> dict:
     import torch
 
-    from .experiments.common import PASS, UNAVAILABLE, gate_call, short_reason, time_call
+    from .bench.gate import PASS, UNAVAILABLE, gate_call, short_reason
+    from .bench.timing import time_each
 
     if not fn:
         return dict(gate=dict(status=UNAVAILABLE, ok=False, reason=fn.reason), timings=[],
@@ -374,13 +375,8 @@ def _gate_and_time(req: dict, fn, loaded: dict) -> dict:
                 tl.export_chrome_trace(req["trace"])
         except Exception as e:
             res["timeline_error"] = short_reason(e)
-    for method in req.get("methods") or []:
-        try:
-            t = time_call(call, method, rep=req["rep"], warmup=req["warmup"])
-            res["timings"].append(dict(method=t.method, median_us=t.median_us, p20_us=t.p20_us,
-                                       p80_us=t.p80_us, n=t.n))
-        except Exception as e:
-            res["timings"].append(dict(method=method, error=short_reason(e)))
+    res["timings"] = time_each(call, req.get("methods") or [], rep=req["rep"],
+                               warmup=req["warmup"])
     return res
 
 

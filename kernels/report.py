@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 import pandas as pd
 
-__all__ = ["decode_targets", "prefill_targets", "scaling_targets", "render", "main"]
+__all__ = ["decode_targets", "prefill_targets", "TARGET_RATIO", "ratio_table", "scaling_targets",
+           "render", "main"]
 
 PEERS = ("fla", "flashinfer")
 #: Prefill peer columns and the labels each may carry in notebook 02's CSV (older runs
@@ -85,12 +86,37 @@ SCALING_COLUMNS = {"flashqla": "FlashQLA", "fla (flashqla backend)": "FLA (Flash
                    "fla (triton)": "FLA (triton)", "flashinfer": "FlashInfer"}
 
 
+#: Notebook 04's target: ours <= 0.9 x the fastest peer.
+TARGET_RATIO = 0.9
+
+
+def ratio_table(times: pd.DataFrame, method: Optional[str] = None) -> pd.DataFrame:
+    """Per shape (with ``method``, default the first timed): each implementation's
+    median, the fastest peer, ``ours / fastest peer`` and whether it meets the 0.9 target."""
+    t = times[times.kernel.fillna("") == ""] if "kernel" in times else times
+    if t.empty:
+        return pd.DataFrame()
+    method = method or t.method.iloc[0]
+    t = t[t.method == method]
+    wide = t.pivot_table(index=["lens", "T", "N"], columns="impl", values="median_us",
+                         sort=False)
+    peers = [c for c in wide.columns if c != "ours"]
+    out = wide.reset_index()
+    if peers:
+        best = wide[peers].min(axis=1)
+        out["fastest peer"] = wide[peers].idxmin(axis=1).to_numpy()
+        out["fastest peer us"] = best.to_numpy()
+        if "ours" in wide:
+            out["ours / fastest peer"] = (wide["ours"] / best).to_numpy()
+            out["target met"] = out["ours / fastest peer"] <= TARGET_RATIO
+    out.insert(3, "method", method)
+    return out
+
+
 def scaling_targets(folder: Path) -> pd.DataFrame:
     """Notebook 04, per shape (``graph`` µs): the peers, ours, ours / fastest peer, target
-    (0.9 x the fastest peer), met; in order of total tokens (the notebook's
-    :func:`kernels.experiments.prefill_scaling.ratio_table`)."""
-    from .experiments.prefill_scaling import TARGET_RATIO, ratio_table
-
+    (0.9 x the fastest peer), met; in order of total tokens (from :func:`ratio_table`, the
+    notebook's table)."""
     d = pd.read_csv(folder / "04_prefill_scaling" / "prefill_scaling.csv", dtype={"lens": str})
     r = ratio_table(d, "graph")
     out = pd.DataFrame({"lens": r.lens, "T": r["T"].astype(int)})

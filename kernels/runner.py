@@ -264,7 +264,7 @@ def _parse_overrides(items: Sequence[str]) -> dict:
 
 def _has_gpu() -> bool:
     try:
-        from kernels.bench.device import has_gpu
+        from kernels.device import has_gpu
     except ImportError:
         try:
             import torch
@@ -275,9 +275,9 @@ def _has_gpu() -> bool:
 
 
 def current_gpu_slug() -> str:
-    """The slug the notebooks' ResultWriter uses: ``kernels.bench.device.gpu_slug()``."""
+    """The slug the notebooks' ResultWriter uses: ``kernels.device.gpu_slug()``."""
     try:
-        from kernels.bench.device import gpu_slug
+        from kernels.device import gpu_slug
     except ImportError:  # the instruments are not installed: same rule, here
         if not _has_gpu():
             return "cpu-interpreter"

@@ -1,5 +1,8 @@
 """The contest's GDN shapes, seeded realistic inputs, and input validation.
 
+Prefill shapes are named by :func:`parse_shape` specs (``"T6"``, ``"100+28"``,
+``"4x1024"``), and results by their compact :func:`lens_label`.
+
 Shapes (Qwen3-Next at tensor-parallel 4): ``HQ = HK = 4`` query/key heads,
 ``HV = 8`` value heads, head size ``D = K = V = 128``. Value head ``h`` reads
 q/k head ``h // (HV // HQ)`` (grouped value attention, GVA).
@@ -27,8 +30,9 @@ It never mutates its inputs and launches nothing on the device.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -37,6 +41,8 @@ __all__ = [
     "CONTEST",
     "DECODE_BATCH_SIZES",
     "PREFILL_SHAPES",
+    "lens_label",
+    "parse_shape",
     "resolve_scale",
     "make_decode_inputs",
     "make_prefill_inputs",
@@ -85,6 +91,39 @@ PREFILL_SHAPES = {
     "T6": [6], "T64": [64], "100+28": [100, 28], "T512": [512], "T2048": [2048],
     "T8192": [8192], "4x1024": [1024] * 4, "16x256": [256] * 16, "57x64": [64] * 57,
 }
+
+
+def lens_label(lens: Sequence[int]) -> str:
+    """Compact name of a list of lengths: ``[6]``→``"6"``, ``[1024]*4``→``"4x1024"``,
+    ``[100, 28]``→``"100+28"``."""
+    lens = [int(n) for n in lens]
+    if len(lens) > 1 and len(set(lens)) == 1:
+        return f"{len(lens)}x{lens[0]}"
+    return "+".join(str(n) for n in lens)
+
+
+def parse_shape(spec) -> Tuple[str, List[int]]:
+    """``(lens_label, lens)`` of a prefill shape spec: a name of :data:`PREFILL_SHAPES`
+    (``"T6"``), a compact string (``"100+28"``, ``"4x1024"``), an int or a list of lengths."""
+    if isinstance(spec, (list, tuple)):
+        lens = [int(n) for n in spec]
+    elif isinstance(spec, int):
+        lens = [spec]
+    elif spec in PREFILL_SHAPES:
+        lens = list(PREFILL_SHAPES[spec])
+    else:
+        s = str(spec).strip().lstrip("T")
+        if re.fullmatch(r"\d+x\d+", s):
+            n, l = s.split("x")
+            lens = [int(l)] * int(n)
+        elif re.fullmatch(r"\d+(\+\d+)*", s):
+            lens = [int(x) for x in s.split("+")]
+        else:
+            raise ValueError(f"not a prefill shape: {spec!r} (a name of PREFILL_SHAPES, "
+                             f"'100+28', '4x1024' or a list of lengths)")
+    if not lens or any(n < 0 for n in lens):
+        raise ValueError(f"prefill shape {spec!r}: lengths must be >= 0, got {lens}")
+    return lens_label(lens), lens
 
 
 def resolve_scale(scale: Optional[float], head_dim: int) -> float:

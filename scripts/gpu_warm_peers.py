@@ -47,10 +47,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from kernels.experiments.prefill_overhead import parse_shape
     from kernels.peers_worker import remote_prefill_impls
     from kernels.reference import prefill_reference_chunked
-    from kernels.spec import make_prefill_inputs
+    from kernels.spec import make_prefill_inputs, parse_shape
 
     if not torch.cuda.is_available():
         print("gpu_warm_peers: needs a CUDA GPU", file=sys.stderr)

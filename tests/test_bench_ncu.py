@@ -111,7 +111,7 @@ def test_command_line():
     assert line.startswith("ncu --csv --page raw ")
     assert "--nvtx --nvtx-include gdnbench_measured/" in line
     assert "--metrics " + ",".join(DEFAULT_METRICS) in line
-    assert line.endswith("py -m kernels.bench.ncu_target --impl ours --op decode "
+    assert line.endswith("py -m kernels.ncu_target --impl ours --op decode "
                          "--range gdnbench_measured --B 64 --config BV8-w1-s1-t1")
     with pytest.raises(ValueError, match="impl"):
         ncu_command({"B": 1})

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from kernels.bench.provenance import collect_provenance, git_info, package_version
+from kernels.bench.provenance import collect_provenance, git_info
+from kernels.packages import package_version
 
 FIELDS = ("gpu", "gpu_slug", "sm_count", "l2_bytes", "driver", "cuda", "torch", "triton", "fla",
           "flashinfer", "python", "git_sha", "git_dirty", "params", "timestamp", "hostname")

@@ -3,7 +3,8 @@ ncu target builds its callables from the contract's implementations."""
 import pytest
 import torch
 
-from kernels.bench import ncu_target, record_fixtures
+from kernels import ncu_target
+from kernels.bench import record_fixtures
 
 NO_GPU = not torch.cuda.is_available()
 

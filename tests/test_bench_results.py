@@ -78,6 +78,6 @@ def test_bad_notebook_names(tmp_path, bad):
 
 
 def test_default_slug_is_this_host(tmp_path):
-    from kernels.bench.device import gpu_slug
+    from kernels.device import gpu_slug
 
     assert ResultWriter(NB, root=tmp_path).parent == tmp_path / gpu_slug()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kernels.bench.timing import (ALL_METHODS, FLUSH_RANGE, ITER_RANGE, METHODS,
-                                  MethodUnavailable, Timing, iteration_spans, split_iterations,
-                                  time_fn)
+                                  MethodUnavailable, Timing, iteration_spans, method_available,
+                                  split_iterations, time_each, time_fn)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SESSIONS = sorted(FIXTURES.glob("cupti_session*.json"))
@@ -99,6 +99,22 @@ def test_cpu_wall_times_anything():
     t = time_fn(lambda: sum(range(100)), "cpu_wall", rep=7, warmup=1)
     assert isinstance(t, Timing) and t.method == "cpu_wall" and t.n == 7
     assert 0 < t.p20_us <= t.median_us <= t.p80_us
+
+
+def test_method_available_names_the_reason():
+    assert method_available("cpu_wall", "cpu") == (True, "")
+    assert method_available("graph", "cuda:0") == (True, "")
+    ok, why = method_available("graph", "cpu")
+    assert not ok and "needs a CUDA GPU" in why
+    ok, why = method_available("wallclock", "cuda")
+    assert not ok and "unknown timing method 'wallclock'" in why
+
+
+def test_time_each_reports_a_failing_method_as_a_row():
+    good, bad = time_each(lambda: None, ["cpu_wall", "wallclock"], rep=3, warmup=0)
+    assert good["method"] == "cpu_wall" and good["n"] == 3 and "error" not in good
+    assert good["p20_us"] <= good["median_us"] <= good["p80_us"]
+    assert bad["method"] == "wallclock" and bad["error"].startswith("ValueError: unknown timing")
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU error; this host has a GPU")

@@ -35,21 +35,21 @@ NO_FIB = "flashinfer-bench is not importable (GPU-host wheels in .whl: scripts/c
 
 def test_closure_follows_function_level_imports():
     mods = bundle.module_closure(["kernels.decode"])
-    # decode/table.py imports ..bench.device inside a function; bench/__init__ comes with it
+    # decode/table.py imports ..device inside a function
     assert {"kernels.decode.ops", "kernels.decode.kernel", "kernels.decode.table",
-            "kernels.spec", "kernels.interpret", "kernels.bench",
-            "kernels.bench.device", "kernels"} <= set(mods)
-    assert not any(m.startswith("kernels.prefill") or m == "kernels.reference" for m in mods)
+            "kernels.spec", "kernels.interpret", "kernels.device", "kernels"} <= set(mods)
+    assert not any(m.startswith(("kernels.prefill", "kernels.bench")) or m == "kernels.reference"
+                   for m in mods)
 
 
 def test_absolute_imports_are_rewritten_relative():
     src = ("import os\nfrom kernels.spec import resolve_scale\n"
-           "def f():\n    from kernels.bench.device import gpu_slug as g\n"
-           "    import kernels.bench.device as dev\n    return g, dev\n")
+           "def f():\n    from kernels.bench.timing import time_fn as g\n"
+           "    import kernels.bench.timing as tm\n    return g, tm\n")
     out = bundle._rewrite_absolute(src, "kernels.decode.ops")
     assert "from ..spec import resolve_scale" in out
-    assert "    from ..bench.device import gpu_slug as g" in out
-    assert "    from ..bench import device as dev" in out
+    assert "    from ..bench.timing import time_fn as g" in out
+    assert "    from ..bench import timing as tm" in out
     assert "kernels" not in out
     ast.parse(out)
     with pytest.raises(ValueError, match="import kernels"):
@@ -528,7 +528,7 @@ def test_notebook_cupti_cold_reads_committed_results():
 def test_evaluate_decode_on_gpu(tmp_path):
     """The contest's flashinfer-bench end to end on decode: ours, the baseline and our
     packed JSON under another name, read from a path (CUPTI spans, scores)."""
-    from kernels.bench.device import gpu_slug
+    from kernels.device import gpu_slug
     from kernels.contest.evaluate import evaluate
 
     mine = write_solution(dict(solution("decode"), name="ours-from-path", author="path"),

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from kernels.bench.device import gpu_slug
+from kernels.device import gpu_slug
 from kernels.checks import check_outputs
 from kernels.decode import (DEFAULT_TABLE, FLA_LIKE, DecodeConfig, config_for, config_grid,
                             gdn_decode, load_config_table, write_config_table)

@@ -180,22 +180,6 @@ def test_decode_figures(tmp_path):
 # --------------------------------------------------------------------------- prefill
 
 
-@pytest.mark.parametrize("lens, label", [
-    ([6], "6"), ([1024] * 4, "4x1024"), ([100, 28], "100+28"), ([64] * 57, "57x64"),
-])
-def test_lens_label_roundtrip(lens, label):
-    assert px.lens_label(lens) == label
-    assert px.parse_shape(label) == (label, lens)
-
-
-def test_parse_shape_names_and_errors():
-    assert px.parse_shape("T6") == ("6", [6])
-    assert px.parse_shape("4x1024") == ("4x1024", [1024] * 4)
-    assert px.parse_shape([3, 5]) == ("3+5", [3, 5])
-    with pytest.raises(ValueError, match="not a prefill shape"):
-        px.parse_shape("nonsense")
-
-
 def _prefill_times(method="cupti_cold"):
     steps = dict(unfused=1000.0, fused_gates=700.0, no_sync=500.0, graph=200.0, fused=150.0)
     launches = dict(unfused=51, fused_gates=44, no_sync=44, graph=1, fused=6)
@@ -581,7 +565,7 @@ def test_every_notebook_resolves_auto_as_make_run_would(path, has_gpu, profile, 
     resolves ``"auto"`` through the shared collector: its module's ``STEM`` is the
     notebook's, the device's profile values (its dict for that stem included) fill the
     defaults, and results go to the repository's results folder."""
-    import kernels.bench.device as device
+    import kernels.device as device
     from kernels.runner import REPO_ROOT, load_profile
 
     monkeypatch.setattr(device, "has_gpu", lambda: has_gpu)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from kernels.bench import timing
+from kernels.bench.timing import Timing
 from kernels.experiments import common
 from kernels.experiments import decode_crossover as dx
 from kernels.experiments import prefill_overhead as px
@@ -23,12 +25,12 @@ FIXTURE_TRACE = ROOT / "tests" / "fixtures" / "synthetic_trace_prefill.json"
 
 
 def _fake_time(calls):
-    def time_call(fn, method, *, rep, warmup):
+    def time_fn(fn, method, *, rep, warmup):
         fn()
         calls.append(method)
         us = 10.0 + len(calls)
-        return common.SimpleTiming(method, us, us * 0.9, us * 1.1, rep)
-    return time_call
+        return Timing(method, us, us * 0.9, us * 1.1, rep)
+    return time_fn
 
 
 def _params(mod, **over):
@@ -57,8 +59,8 @@ def test_decode_flow_with_fake_gpu_methods(tmp_path, monkeypatch):
     monkeypatch.setattr(dx, "resolve_impls", lambda run: {
         "flashinfer": fi_copy, "flashinfer_inplace": fi_inplace, "torch": broken})
     calls = []
-    monkeypatch.setattr(dx, "time_call", _fake_time(calls))
-    monkeypatch.setattr(dx, "method_available",
+    monkeypatch.setattr(timing, "time_fn", _fake_time(calls))
+    monkeypatch.setattr(common, "method_available",
                         lambda m, d: (True, "") if m in ("cupti_cold", "graph") else (False, "no"))
     params = _params(dx, output_root=str(tmp_path), num_q_heads=1, num_v_heads=2, head_dim=16,
                      batch_sizes=[1, 2], impls=["ours-fla-like", "flashinfer", "torch"],
@@ -95,8 +97,8 @@ def test_prefill_flow_with_fake_timelines(tmp_path, monkeypatch):
     monkeypatch.setattr(px, "_timelines_available", lambda run: (True, ""))
     monkeypatch.setattr(tl_mod, "record_timeline", lambda fn, warmup=3: (fn(), fake_tl)[1])
     calls = []
-    monkeypatch.setattr(px, "time_call", _fake_time(calls))
-    monkeypatch.setattr(px, "method_available", lambda m, d: (True, ""))
+    monkeypatch.setattr(timing, "time_fn", _fake_time(calls))
+    monkeypatch.setattr(common, "method_available", lambda m, d: (True, ""))
     params = _params(px, output_root=str(tmp_path), num_q_heads=1, num_v_heads=2, head_dim=16,
                      shapes=["T6", [3, 2]], impls=["ours"], variants=["unfused", "fused"],
                      methods=["cupti_cold", "graph"], gantt_shape="T6",
@@ -132,8 +134,8 @@ def test_prefill_crossover_flow_with_fake_timing(tmp_path, monkeypatch):
     recurrent kernel, which runs under the interpreter), passing points timed, the CSVs,
     the crossover table and the figure."""
     calls = []
-    monkeypatch.setattr(px, "time_call", _fake_time(calls))
-    monkeypatch.setattr(px, "method_available", lambda m, d: (True, ""))
+    monkeypatch.setattr(timing, "time_fn", _fake_time(calls))
+    monkeypatch.setattr(common, "method_available", lambda m, d: (True, ""))
     params = _params(px, output_root=str(tmp_path), num_q_heads=1, num_v_heads=2, head_dim=16,
                      crossover_lengths=[1, 3], crossover_batch=2, repetitions=2, warmup=0)
     run = px.start(params)

@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from kernels.experiments import prefill_scaling as xs
+from kernels.report import ratio_table
 
 
 def _times():
@@ -22,7 +23,7 @@ def _times():
 
 
 def test_ratio_table_uses_the_fastest_peer_and_ignores_kernel_rows():
-    r = xs.ratio_table(_times()).set_index("lens")
+    r = ratio_table(_times()).set_index("lens")
     assert r.loc["131072", "fastest peer"] == "flashqla"
     assert r.loc["131072", "ours / fastest peer"] == pytest.approx(1400 / 700)
     assert not r.loc["131072", "target met"]

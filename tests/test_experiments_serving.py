@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kernels.experiments import common
+from kernels.bench import timing
+from kernels.bench.timing import Timing
 from kernels.experiments import decode_crossover as dx
 from kernels.experiments import decode_serving as sv
 
@@ -187,9 +188,9 @@ def test_serving_flow_with_fake_peers(tmp_path, monkeypatch):
     def fake_time(fn, method, *, rep, warmup):
         fn()
         calls.append(method)
-        return common.SimpleTiming(method, 10.0, 9.0, 11.0, rep)
+        return Timing(method, 10.0, 9.0, 11.0, rep)
 
-    monkeypatch.setattr(sv, "time_call", fake_time)
+    monkeypatch.setattr(timing, "time_fn", fake_time)
     monkeypatch.setattr(sv, "method_available", lambda m, d: (True, ""))
     params = _params(output_root=str(tmp_path), num_q_heads=1, num_v_heads=2, head_dim=16,
                      batch_sizes=[1, 2], impls=["ours-adaptive", "flashinfer"],

@@ -377,7 +377,7 @@ def test_decode_notebook_gates_and_times_solutions(tmp_path):
 
 
 def test_ncu_target_and_notebook03_targets_take_solutions():
-    from kernels.bench.ncu_target import build_call
+    from kernels.ncu_target import build_call
     from kernels.experiments import ncu_counts as nx
 
     out, state = build_call(f"solution:{PY}", "decode", B=2, device="cpu")()

@@ -18,8 +18,9 @@ import torch
 from kernels import spec
 from kernels.reference import decode_reference, prefill_reference
 from kernels.spec import (CONTEST, DECODE_BATCH_SIZES, PREFILL_SHAPES, GDNShape,
-                          decode_state_bytes, make_decode_inputs, make_prefill_inputs,
-                          resolve_scale, validate_decode_inputs, validate_prefill_inputs)
+                          decode_state_bytes, lens_label, make_decode_inputs, make_prefill_inputs,
+                          parse_shape, resolve_scale, validate_decode_inputs,
+                          validate_prefill_inputs)
 
 SMALL = GDNShape(2, 4, 16)  # GVA group 2, cheap
 
@@ -292,3 +293,19 @@ def test_contest_constants():
     assert decode_state_bytes(1) == 2 * 8 * 128 * 128 * 4
     assert decode_state_bytes(64) == 64 * decode_state_bytes(1)
     assert set(spec.__all__) <= set(dir(spec))
+
+
+@pytest.mark.parametrize("lens, label", [
+    ([6], "6"), ([1024] * 4, "4x1024"), ([100, 28], "100+28"), ([64] * 57, "57x64"),
+])
+def test_lens_label_roundtrip(lens, label):
+    assert lens_label(lens) == label
+    assert parse_shape(label) == (label, lens)
+
+
+def test_parse_shape_names_and_errors():
+    assert parse_shape("T6") == ("6", [6])
+    assert parse_shape("4x1024") == ("4x1024", [1024] * 4)
+    assert parse_shape([3, 5]) == ("3+5", [3, 5])
+    with pytest.raises(ValueError, match="not a prefill shape"):
+        parse_shape("nonsense")

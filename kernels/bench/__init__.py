@@ -1,10 +1,12 @@
 """The instruments: what measures the kernels (import the submodules).
 
-- :mod:`.device`      ``gpu_slug``, ``has_gpu``, ``resolve_device``
-- :mod:`.timing`      ``time_fn`` with ``cupti_cold`` / ``graph`` / ``event``
+- :mod:`.gate`        ``gate_call`` (one call against the reference), the row statuses
+  ``PASS`` / ``FAIL`` / ``ERROR`` / ``UNAVAILABLE``, ``short_reason``
+- :mod:`.timing`      ``time_fn`` with ``cupti_cold`` / ``graph`` / ``event``; ``time_each``
+  (a row per method), ``method_available``
 - :mod:`.timeline`    ``record_timeline``, ``Timeline``, ``plot_gantt``
 - :mod:`.ncu`         ``run_ncu``, ``parse_ncu_csv``, ``ncu_available``
-  (:mod:`.ncu_target` is the process ncu profiles)
+  (:mod:`kernels.ncu_target` is the process ncu profiles)
 - :mod:`.roofline`    ``copy_bandwidth``, ``tensor_rate``, ``decode_bytes``, ``prefill_bytes``,
   ``prefill_kernel_model``, ``floor_us``
 - :mod:`.anatomy`     ``kernel_times``, ``kernel_roles`` (per-kernel times of a prefill call)

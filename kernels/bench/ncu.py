@@ -4,10 +4,10 @@
 
     ncu --csv --page raw --print-units base --nvtx --nvtx-include gdnbench_measured/ \\
         --metrics <DEFAULT_METRICS> --target-processes all \\
-        <python> -m kernels.bench.ncu_target --impl ours --op decode --B 64 --config ...
+        <python> -m kernels.ncu_target --impl ours --op decode --B 64 --config ...
 
 in a subprocess (only the kernels of the one call inside the NVTX range are
-profiled; see :mod:`kernels.bench.ncu_target`) and returns
+profiled; see :mod:`kernels.ncu_target`) and returns
 :func:`parse_ncu_csv` of its output: one row per (launch, metric) with columns
 ``launch, kernel, metric, value, unit``.
 
@@ -42,10 +42,13 @@ from typing import Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
-from .ncu_target import EXIT_UNAVAILABLE, NVTX_RANGE
+__all__ = ["NVTX_RANGE", "EXIT_UNAVAILABLE", "DEFAULT_METRICS", "NCU_COLUMNS", "ncu_available",
+           "ncu_command", "run_ncu", "parse_ncu_csv", "find_ncu"]
 
-__all__ = ["DEFAULT_METRICS", "NCU_COLUMNS", "ncu_available", "ncu_command", "run_ncu",
-           "parse_ncu_csv", "find_ncu"]
+#: The NVTX range around the one profiled call of :mod:`kernels.ncu_target`.
+NVTX_RANGE = "gdnbench_measured"
+#: :mod:`kernels.ncu_target`'s exit status when the implementation is unavailable.
+EXIT_UNAVAILABLE = 3
 
 DEFAULT_METRICS = (
     "gpu__time_duration.sum",            # kernel duration (ns)
@@ -116,7 +119,7 @@ def ncu_command(target: dict, metrics: Sequence[str] = DEFAULT_METRICS, *, ncu: 
            "--nvtx", "--nvtx-include", f"{rng}/"] + what[2:] + (
            ["-k", f"regex:{kernel}", "-c", "1"] if kernel else []) + [
            "--target-processes", "all",
-           python or sys.executable, "-m", "kernels.bench.ncu_target",
+           python or sys.executable, "-m", "kernels.ncu_target",
            "--impl", str(target["impl"]), "--op", str(target.get("op", "decode")),
            "--range", rng]
     if "B" in target:

@@ -14,8 +14,6 @@ installed is ``"absent"``; outside a git checkout the git fields are
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.metadata as md
-import importlib.util
 import math
 import platform
 import socket
@@ -24,35 +22,12 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from .device import gpu_slug
+from ..device import gpu_slug
+from ..packages import DISTRIBUTIONS, package_version
 
-__all__ = ["collect_provenance", "package_version", "git_info", "driver_version"]
+__all__ = ["collect_provenance", "git_info", "driver_version"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-#: module name -> distribution names to try, in order.
-_PACKAGES = {
-    "torch": ("torch",),
-    "triton": ("triton", "pytorch-triton"),
-    "fla": ("fla-core", "flash-linear-attention"),
-    "flashinfer": ("flashinfer-python", "flashinfer"),
-}
-
-
-def package_version(module: str, dists=None) -> str:
-    """Installed version of ``module`` (via its distribution's metadata), else
-    ``"present (version unknown)"`` when importable, else ``"absent"``."""
-    for d in dists or _PACKAGES.get(module, (module,)):
-        try:
-            return md.version(d)
-        except md.PackageNotFoundError:
-            continue
-        except Exception:  # pragma: no cover - broken metadata
-            continue
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    return "present (version unknown)" if found else "absent"
 
 
 def _run(cmd, cwd=None, timeout=10) -> Optional[str]:
@@ -136,7 +111,7 @@ def collect_provenance(params: Optional[dict] = None) -> dict:
                    l2_bytes="unknown", compute_capability="unknown", driver="unknown",
                    cuda="unknown")
     rec = dict(gpu)
-    rec.update({m: package_version(m) for m in _PACKAGES})
+    rec.update({m: package_version(m) for m in DISTRIBUTIONS})
     rec["python"] = platform.python_version()
     rec.update(git_info())
     rec["params"] = _jsonable(dict(params or {}))

@@ -2,7 +2,7 @@
 
     python -m kernels.bench.record_fixtures tests/fixtures
 
-writes into OUTDIR (``<slug>`` = :func:`kernels.bench.device.gpu_slug`):
+writes into OUTDIR (``<slug>`` = :func:`kernels.device.gpu_slug`):
 
 * ``torch_trace_2kernels_<slug>.json`` - torch.profiler's Chrome trace of one call
   that launches two kernels (a torch elementwise kernel through the runtime API,
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("record_fixtures needs a CUDA GPU; torch sees none", file=sys.stderr)
         return 2
-    from .device import gpu_slug
+    from ..device import gpu_slug
     from .ncu import ncu_available, run_ncu
     from .timeline import Timeline, record_trace
     from .timing import METHODS, MethodUnavailable, iteration_spans, record_cupti_session, time_fn

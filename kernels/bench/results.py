@@ -33,7 +33,7 @@ from typing import Dict, Optional, Union
 
 import pandas as pd
 
-from .device import gpu_slug, slugify
+from ..device import gpu_slug, slugify
 
 __all__ = ["ResultWriter", "load_results", "load_provenance", "sweep_leftovers"]
 
@@ -90,7 +90,7 @@ class ResultWriter:
     Args:
         notebook: the notebook's stem, e.g. ``"01_decode_crossover"``.
         root: results root (``results``).
-        gpu: device name or slug; None -> :func:`kernels.bench.device.gpu_slug` of this host.
+        gpu: device name or slug; None -> :func:`kernels.device.gpu_slug` of this host.
         keep_failed: on failure keep the temporary folder as ``failed-<notebook>``.
     Attributes:
         dir: the temporary folder to write into (set by ``open``/``__enter__``).

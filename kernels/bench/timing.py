@@ -85,9 +85,11 @@ import numpy as np
 import pandas as pd
 
 from .chrome_trace import annotations, api_calls, gpu_activities, load_events
+from .gate import short_reason
 
 __all__ = [
-    "METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable", "time_fn",
+    "METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable", "method_available",
+    "time_fn", "time_each",
     "flush_buffer", "split_iterations", "iteration_spans", "record_cupti_session",
     "ITER_RANGE", "FLUSH_RANGE",
 ]
@@ -361,6 +363,17 @@ def _time_cpu_wall(fn, rep):
 # --------------------------------------------------------------------------- entry point
 
 
+def method_available(method: str, device: str) -> Tuple[bool, str]:
+    """Whether ``method`` can time work on ``device``; the reason when not."""
+    if method == CPU_WALL:
+        return True, ""
+    if method in METHODS:
+        if not str(device).startswith("cuda"):
+            return False, f"method {method!r} needs a CUDA GPU (device is {device})"
+        return True, ""
+    return False, f"unknown timing method {method!r} (known: {', '.join(ALL_METHODS)})"
+
+
 def time_fn(fn: Callable[[], object], method: str, *, rep: int = 100, warmup: int = 10,
             flush_l2: bool = True) -> Timing:
     """Time ``fn()`` with ``method`` (one of ``METHODS`` or ``"cpu_wall"``).
@@ -397,3 +410,16 @@ def time_fn(fn: Callable[[], object], method: str, *, rep: int = 100, warmup: in
     if method == "event":
         return _time_event(fn, rep, flush_l2)
     return _time_cupti_cold(fn, rep, flush_l2)
+
+
+def time_each(fn: Callable[[], object], methods: Sequence[str], *, rep: int,
+              warmup: int) -> List[dict]:
+    """``fn`` timed with each of ``methods``: a row each, :meth:`Timing.as_dict`, or
+    ``{method, error}`` where timing raised (reported, not fatal)."""
+    rows = []
+    for method in methods:
+        try:
+            rows.append(time_fn(fn, method, rep=rep, warmup=warmup).as_dict())
+        except Exception as e:
+            rows.append(dict(method=method, error=short_reason(e)))
+    return rows

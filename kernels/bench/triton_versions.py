@@ -167,7 +167,7 @@ def compare(path: Path) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from kernels.bench.device import gpu_slug
+    from kernels.device import gpu_slug
 
     ap = argparse.ArgumentParser(prog="python -m kernels.bench.triton_versions",
                                  description=__doc__.split("\n\n")[0])

@@ -188,8 +188,7 @@ def notebook_cupti_cold(results_dir: Path) -> Dict[tuple, float]:
                     out[(sol, str(int(r.B)))] = float(r.median_us)
     pre = results_dir / "02_prefill_launch_overhead" / "prefill_times.csv"
     if pre.is_file():
-        from ..experiments.prefill_overhead import lens_label
-        from ..spec import PREFILL_SHAPES
+        from ..spec import PREFILL_SHAPES, lens_label
 
         key_of = {lens_label(lens): key for key, lens in PREFILL_SHAPES.items()}
         p = pd.read_csv(pre, dtype={"lens": str})
@@ -333,7 +332,7 @@ def check_environment() -> str:
     except ImportError as e:
         raise RuntimeError(f"flashinfer-bench is not importable ({e}); on the GPU host carry "
                            ".whl/ and the FlashInfer bundle (docs/contest.md)") from e
-    from ..bench.provenance import package_version
+    from ..packages import package_version
 
     fib_version = package_version("flashinfer_bench", dists=("flashinfer-bench",))
     if f"+g{FIB_COMMIT[:8]}" not in fib_version:
@@ -359,7 +358,7 @@ def evaluate(ops: Sequence[str] = OPS, *, solutions: Sequence[str] = (),
         if sol["definition"] not in evaluated:
             print(f"contest: {path} ({sol['definition']}) left out: its op is not in {list(ops)}")
     fib_version = check_environment()
-    from ..bench.provenance import package_version
+    from ..packages import package_version
 
     log = logging.getLogger("flashinfer_bench")     # its per-solution progress lines
     if not log.handlers:
@@ -377,9 +376,9 @@ def _evaluate_op(op: str, extra: Sequence[dict], results_root: Path, info: dict)
     from flashinfer_bench import Benchmark, BenchmarkConfig, TraceSet
     from flashinfer_bench.data import Definition, Solution
 
-    from ..bench.device import gpu_slug
     from ..bench.provenance import collect_provenance
     from ..bench.results import ResultWriter
+    from ..device import gpu_slug
 
     slug = gpu_slug()
     info = dict(info, op=op, params=contest_params(op))

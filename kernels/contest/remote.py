@@ -10,7 +10,7 @@ of either op)::
 
     sols = remote_solutions(["solution:a.json"], ["dir/"], op="decode")  # label -> ...
     res = sols["a"].run("64", inputs, reference, device="cuda", methods=["graph"], rep=50)
-    res["gate"]      # kernels.experiments.common.gate_call's row, computed in the worker
+    res["gate"]      # kernels.bench.gate.gate_call's row, computed in the worker
 
 A worker that dies (abort, segfault) or answers nothing within :data:`SOLUTION_TIMEOUT_S`
 raises :class:`kernels.peers_worker.WorkerError` naming the solution and the signal; the

@@ -143,7 +143,7 @@ def _current_slug(device=None) -> Optional[str]:
         else torch.cuda.current_device()
     slug = _device_slugs.get(idx)
     if slug is None:
-        from ..bench.device import gpu_slug
+        from ..device import gpu_slug
 
         slug = _device_slugs[idx] = gpu_slug(torch.cuda.get_device_name(idx))
     return slug

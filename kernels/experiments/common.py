@@ -1,5 +1,4 @@
-"""What the three experiments share: parameters, the run's result folder, the
-correctness gate of one call, timing dispatch, and figure helpers.
+"""What the experiments share: parameters, the run's result folder, and figure helpers.
 
 A notebook does::
 
@@ -12,32 +11,26 @@ notebook cells: ``start`` enters it, ``finish`` exits it, so a notebook that
 fails half-way leaves the last good results in place (the half-written
 temporary folder is what the writer leaves behind on failure).
 
-Timing methods: the GPU methods of :mod:`kernels.bench.timing`
-(``cupti_cold``, ``graph``, ``event``) and ``cpu_wall`` — host
-``time.perf_counter`` around each call (with a device synchronise on CUDA).
-``cpu_wall`` exists so the smoke profile exercises the CSV/plot plumbing on
-the CPU interpreter; its numbers say nothing about kernel performance and
-every title and CSV row that carries them names the method.
+The instruments a run uses (the gate, timing methods) are in :mod:`kernels.bench`.
 """
 from __future__ import annotations
 
 import json
 import math
-import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from kernels.bench.gate import PASS, short_reason
+from kernels.bench.timing import method_available
+
 __all__ = [
     "Param", "COMMON_PARAMS", "render_param", "collect_params", "resolve_auto",
-    "GPU_METHODS", "CPU_WALL", "method_available", "time_call", "SimpleTiming",
     "Run", "start_run",
-    "PASS", "FAIL", "ERROR", "UNAVAILABLE", "gate_call",
-    "new_figure", "fmt_us", "fmt_x", "short_reason", "gpu_name_of", "unique_in_order",
+    "new_figure", "fmt_us", "fmt_x", "gpu_name_of", "unique_in_order",
     "progress", "figure_legend", "MAX_FIGURE_WIDTH_IN",
 ]
 
@@ -127,7 +120,7 @@ def resolve_auto(values: dict, params: Sequence[Param], stem: str,
     if has_gpu is None:
         dev = str(out.get("device", "auto")).strip().lower()
         if dev == "auto":
-            from kernels.bench.device import has_gpu as _has_gpu
+            from kernels.device import has_gpu as _has_gpu
 
             has_gpu = _has_gpu()
         else:
@@ -161,71 +154,7 @@ def resolve_auto(values: dict, params: Sequence[Param], stem: str,
     return out
 
 
-# --------------------------------------------------------------------------- timing
-
-GPU_METHODS = ("cupti_cold", "graph", "event")
-CPU_WALL = "cpu_wall"
-
-
-@dataclass
-class SimpleTiming:
-    """Same fields as :class:`kernels.bench.timing.Timing`."""
-
-    method: str
-    median_us: float
-    p20_us: float
-    p80_us: float
-    n: int
-
-
-def method_available(method: str, device: str) -> Tuple[bool, str]:
-    """Whether ``method`` can time work on ``device``; the reason when not."""
-    if method == CPU_WALL:
-        return True, ""
-    if method in GPU_METHODS:
-        if not str(device).startswith("cuda"):
-            return False, f"method {method!r} needs a CUDA GPU (device is {device})"
-        return True, ""
-    return False, f"unknown timing method {method!r} (known: {', '.join(GPU_METHODS + (CPU_WALL,))})"
-
-
-def _cpu_wall(fn: Callable[[], Any], rep: int, warmup: int) -> SimpleTiming:
-    import torch
-
-    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
-    for _ in range(max(0, warmup)):
-        fn()
-    sync()
-    xs = []
-    for _ in range(max(1, rep)):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        xs.append((time.perf_counter() - t0) * 1e6)
-    q = np.quantile(np.asarray(xs), [0.2, 0.5, 0.8])
-    return SimpleTiming(CPU_WALL, float(q[1]), float(q[0]), float(q[2]), len(xs))
-
-
-def time_call(fn: Callable[[], Any], method: str, *, rep: int, warmup: int):
-    """Time ``fn`` (no arguments) with ``method`` via :func:`kernels.bench.timing.time_fn`
-    (which also knows ``cpu_wall``; measured here if the instrument is missing)."""
-    try:
-        from kernels.bench.timing import time_fn
-    except ImportError:
-        if method == CPU_WALL:
-            return _cpu_wall(fn, rep, warmup)
-        raise
-    return time_fn(fn, method, rep=rep, warmup=warmup)
-
-
 # --------------------------------------------------------------------------- the run
-
-
-def _sync(device):
-    import torch
-
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def gpu_name_of(device: str) -> str:
@@ -321,6 +250,44 @@ class Run:
         print(f"SKIPPED {what}: {reason}")
         self.skipped.append({"what": what, "reason": reason})
 
+    def usable_methods(self, methods: Sequence[str]) -> List[str]:
+        """The timing ``methods`` that can run on this device; each other one is skipped."""
+        usable = []
+        for m in methods:
+            ok, why = method_available(m, self.device)
+            if ok:
+                usable.append(m)
+            else:
+                self.skip(f"timing with {m}", why)
+        return usable
+
+    def timed_rows(self, timings: Iterable[dict], what: str, base: dict) -> List[dict]:
+        """``base`` with each timing of :func:`kernels.bench.timing.time_each` (here or in
+        the peer worker); a method that raised is skipped as ``"<what> <method>"``."""
+        rows = []
+        for t in timings:
+            if "error" in t:
+                self.skip(f"{what} {t['method']}", t["error"])
+            else:
+                rows.append(dict(base, **t))
+        return rows
+
+    def worker_result(self, fn, key: str, inputs: dict, reference, what: str,
+                      **kw) -> Optional[dict]:
+        """``fn.run(...)`` of an implementation in a worker process (a peer or a solution,
+        gated again there on the same inputs); ``None``, with ``what`` skipped, when the
+        worker fails or that gate does not pass."""
+        try:
+            res = fn.run(key, inputs, reference, device=self.device, **kw)
+        except Exception as e:
+            self.skip(what, short_reason(e))
+            return None
+        if res["gate"].get("status") != PASS:
+            self.skip(what, f"gate {res['gate'].get('status')} in the timing run: "
+                      f"{res['gate'].get('reason', '')}")
+            return None
+        return res
+
     def finish(self) -> Path:
         """Write provenance (+ skipped.csv) and move the folder into place."""
         if self.finished is not None:
@@ -363,7 +330,7 @@ def _jsonable(obj):
 def start_run(stem: str, params: dict) -> Run:
     """Resolve the device, open the result folder and print where results go."""
     import torch  # noqa: F401  (resolve_device may need it)
-    from kernels.bench.device import resolve_device
+    from kernels.device import resolve_device
     from kernels.bench.results import ResultWriter
 
     device = str(resolve_device(params.get("device", "auto")))
@@ -377,50 +344,6 @@ def start_run(stem: str, params: dict) -> Run:
     final = getattr(w, "final_dir", None)
     print(f"writing into {run.dir}; run.finish() moves it to {final or 'its place'}")
     return run
-
-
-# --------------------------------------------------------------------------- the gate
-
-PASS, FAIL, ERROR, UNAVAILABLE = "pass", "fail", "error", "unavailable"
-
-
-def short_reason(e: BaseException, limit: int = 300) -> str:
-    msg = f"{type(e).__name__}: {e}".strip().replace("\n", " ")
-    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
-
-
-def gate_call(fn: Callable, inputs: dict, reference, device: str) -> dict:
-    """Run ``fn(**inputs)`` once and check it against ``reference`` (out, state).
-
-    Returns a dict: ``status`` (pass/fail/error), ``ok``, the error numbers of
-    :func:`kernels.checks.check_outputs`, ``input_untouched`` (whether the
-    input ``state`` survived; it is restored when it did not) and ``reason``.
-    """
-    import torch
-    from kernels.checks import check_outputs
-
-    state = inputs.get("state")
-    before = state.clone() if isinstance(state, torch.Tensor) else None
-    row = dict(status=ERROR, ok=False, max_abs_err=float("nan"), rel_l2_err=float("nan"),
-               n_bad=-1, n_total=-1, input_untouched=None, reason="")
-    try:
-        out = fn(**inputs)
-        _sync(device)
-        res = check_outputs(tuple(out), tuple(reference))
-        row.update(res.as_dict())
-        row["status"] = PASS if res.ok else FAIL
-    except Exception as e:  # an implementation that raises is reported, not fatal
-        row["reason"] = short_reason(e)
-        row["traceback"] = traceback.format_exc(limit=4)
-    if before is not None:
-        untouched = bool(torch.equal(state, before))
-        row["input_untouched"] = untouched
-        if not untouched:
-            state.copy_(before)
-            if row["status"] == PASS:
-                row["reason"] = "outputs correct, but the input state was modified (restored)"
-    row.pop("traceback", None)
-    return row
 
 
 # --------------------------------------------------------------------------- figures & text

@@ -39,10 +39,11 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from .common import (CPU_WALL, COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
-                     collect_params as _collect, figure_legend, fmt_us, fmt_x, gate_call,
-                     method_available, new_figure, progress, short_reason, start_run, time_call,
-                     unique_in_order)
+from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
+from kernels.bench.timing import CPU_WALL, method_available, time_each
+
+from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
+                     fmt_us, fmt_x, new_figure, progress, start_run, unique_in_order)
 
 from . import decode_serving as _serving
 from .decode_serving import (drift_table, plot_drift, plot_serving_pooled,  # noqa: F401
@@ -309,16 +310,11 @@ def run_sweep(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
             if cfg.name not in good:
                 continue
             fn = _ours(cfg)
-            try:
-                t = time_call(lambda: fn(**inputs), method, rep=p["sweep_repetitions"],
-                              warmup=p["warmup"])
-            except Exception as e:
-                run.skip(f"sweep {cfg.name} B={B}", short_reason(e))
-                continue
-            rows.append(dict(B=B, config=cfg.name, BV=cfg.BV, num_warps=cfg.num_warps,
-                             num_stages=cfg.num_stages, V_TILES=cfg.V_TILES, method=t.method,
-                             median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, n=t.n,
-                             gpu=run.gpu))
+            timings = time_each(lambda: fn(**inputs), [method], rep=p["sweep_repetitions"],
+                                warmup=p["warmup"])
+            rows += run.timed_rows(timings, f"sweep {cfg.name} B={B}", dict(
+                B=B, config=cfg.name, BV=cfg.BV, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, V_TILES=cfg.V_TILES, gpu=run.gpu))
     sweep = pd.DataFrame(rows, columns=cols)
     run.write_csv(sweep, "sweep")
     return sweep
@@ -342,7 +338,7 @@ def write_dispatch_table(run: Run, best: pd.DataFrame) -> dict:
     """Write the best config per B as a dispatch table into the result folder
     and, with ``write_dispatch_table``, into ``kernels/decode_configs/``.
     Prints both paths; returns ``{B: DecodeConfig}`` (empty without a sweep)."""
-    from kernels.bench.device import gpu_slug
+    from kernels.device import gpu_slug
     from kernels.decode import DecodeConfig, write_config_table
 
     if best.empty:
@@ -461,13 +457,7 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     p = run.params
     shape = run.state["shape"]
     peers = run.state.get("peers", {})
-    methods = []
-    for m in p["methods"]:
-        ok, why = method_available(m, run.device)
-        if ok:
-            methods.append(m)
-        else:
-            run.skip(f"timing with {m}", why)
+    methods = run.usable_methods(p["methods"])
     bw = _copy_bw(run) if methods else float("nan")
     rows = []
     for method in methods:
@@ -497,18 +487,13 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                     if g.empty or g.status.iloc[0] != UNAVAILABLE:
                         run.skip(f"{label} {cname} B={B} {method}", why)
                     continue
-                try:
-                    t = time_call(lambda: fn(**call_inputs), method, rep=p["repetitions"],
-                                  warmup=p["warmup"])
-                except Exception as e:
-                    run.skip(f"{label} B={B} {method}", short_reason(e))
-                    continue
-                rows.append(dict(impl=impl_of(label), config=cname, B=B, method=t.method,
-                                 median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
-                                 floor_us=fl, n=t.n, frac_of_copy_bw=fl / t.median_us,
-                                 gpu=run.gpu, label=label))
+                timings = time_each(lambda: fn(**call_inputs), [method], rep=p["repetitions"],
+                                    warmup=p["warmup"])
+                rows += run.timed_rows(timings, f"{label} B={B}", dict(
+                    impl=impl_of(label), config=cname, B=B, floor_us=fl, gpu=run.gpu, label=label))
             rows += _time_solutions(run, gate, method, B, inputs, ref, fl)
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
+    times["frac_of_copy_bw"] = times.floor_us / times.median_us
     if len(times):
         run.write_csv(times, "decode_times")
     else:
@@ -527,24 +512,11 @@ def _time_solutions(run: Run, gate: pd.DataFrame, method: str, B: int, inputs, r
             if not g.empty and g.status.iloc[0] != UNAVAILABLE:
                 run.skip(f"{label} B={B} {method}", f"gate {g.status.iloc[0]}")
             continue
-        try:
-            res = fn.run(f"B{B}", inputs, ref, device=run.device, methods=[method],
-                         rep=p["repetitions"], warmup=p["warmup"])
-        except Exception as e:
-            run.skip(f"{label} B={B} {method}", short_reason(e))
-            continue
-        if res["gate"].get("status") != PASS:
-            run.skip(f"{label} B={B} {method}", f"gate {res['gate'].get('status')} in the "
-                     f"timing run: {res['gate'].get('reason', '')}")
-            continue
-        for t in res["timings"]:
-            if "error" in t:
-                run.skip(f"{label} B={B} {t['method']}", t["error"])
-                continue
-            rows.append(dict(impl="solution", config="default", B=B, method=t["method"],
-                             median_us=t["median_us"], p20_us=t["p20_us"], p80_us=t["p80_us"],
-                             floor_us=fl, n=t["n"], frac_of_copy_bw=fl / t["median_us"],
-                             gpu=run.gpu, label=label))
+        res = run.worker_result(fn, f"B{B}", inputs, ref, f"{label} B={B} {method}",
+                                methods=[method], rep=p["repetitions"], warmup=p["warmup"])
+        if res:
+            rows += run.timed_rows(res["timings"], f"{label} B={B}", dict(
+                impl="solution", config="default", B=B, floor_us=fl, gpu=run.gpu, label=label))
     return rows
 
 

@@ -36,9 +36,10 @@ from typing import Dict, List
 import numpy as np
 import pandas as pd
 
-from .common import (CPU_WALL, PASS, UNAVAILABLE, Run, gate_call, method_available,
-                     figure_legend, new_figure, progress, short_reason, time_call,
-                     unique_in_order)
+from kernels.bench.gate import PASS, UNAVAILABLE, gate_call
+from kernels.bench.timing import CPU_WALL, method_available, time_each
+
+from .common import Run, figure_legend, new_figure, progress, unique_in_order
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 # label -> kernels.peers name (None: ours)
@@ -201,23 +202,18 @@ def run_serving(run: Run, copy_bw: float) -> Dict[str, pd.DataFrame]:
                 continue
             if not ok:
                 continue
-            try:
-                t = time_call(lambda: fn(**own), method, rep=p["repetitions"], warmup=p["warmup"])
-            except Exception as e:
-                run.skip(f"serving {case.name} B={B} {method}", short_reason(e))
-                continue
             fl = case_floor_us(case, B, shape, copy_bw)
-            for section, c in sections:
-                if c == case:
-                    time_rows.append(dict(
-                        section=section, label=case.label, impl=base["impl"],
-                        layout=case.layout, T=case.T, state_dtype=case.state_dtype,
-                        intermediate=case.intermediate, B=B, config=cname, method=t.method,
-                        median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, floor_us=fl,
-                        frac_of_copy_bw=fl / t.median_us, n=t.n, gpu=run.gpu))
+            timings = time_each(lambda: fn(**own), [method], rep=p["repetitions"],
+                                warmup=p["warmup"])
+            for t in run.timed_rows(timings, f"serving {case.name} B={B}", dict(
+                    label=case.label, impl=base["impl"], layout=case.layout, T=case.T,
+                    state_dtype=case.state_dtype, intermediate=case.intermediate, B=B,
+                    config=cname, floor_us=fl, gpu=run.gpu)):
+                time_rows += [dict(t, section=section) for section, c in sections if c == case]
     run.state.pop("serving_inputs", None)
     gate = pd.DataFrame(gate_rows)
     times = pd.DataFrame(time_rows, columns=SERVING_COLUMNS)
+    times["frac_of_copy_bw"] = times.floor_us / times.median_us
     for label, g in gate[gate.status == UNAVAILABLE].groupby("label") if len(gate) else []:
         run.skip(f"serving {label} (all B)", str(g.reason.iloc[0]))
     run.write_csv(gate, "serving_gate")

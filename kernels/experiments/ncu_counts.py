@@ -32,8 +32,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from kernels.bench.gate import short_reason
+
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_x, new_figure,
-                     progress, short_reason, start_run, unique_in_order)
+                     progress, start_run, unique_in_order)
 
 STEM = "03_ncu_instruction_counts"
 INST = "smsp__inst_executed.sum"

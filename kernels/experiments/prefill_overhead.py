@@ -28,9 +28,8 @@ peers:
    :data:`kernels.prefill.config.RECURRENT_MAX_T` is set from) and :func:`plot_crossover`.
 5. :func:`conclusion_markdown` from the tables.
 
-Shapes are names of :data:`kernels.spec.PREFILL_SHAPES` (``"T6"``,
-``"4x1024"``), compact strings (``"100+28"``, ``"3x5"``) or lists of lengths.
-The ``lens`` column holds the compact form (:func:`lens_label`).
+Shapes are specs of :func:`kernels.spec.parse_shape`; the ``lens`` column holds their
+compact form (:func:`kernels.spec.lens_label`).
 """
 from __future__ import annotations
 
@@ -41,9 +40,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from .common import (COMMON_PARAMS, ERROR, FAIL, PASS, UNAVAILABLE, Param, Run,
-                     collect_params as _collect, fmt_us, fmt_x, gate_call, method_available,
-                     new_figure, progress, short_reason, start_run, time_call, unique_in_order)
+from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
+from kernels.bench.timing import time_each
+from kernels.spec import lens_label, parse_shape
+
+from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
+                     new_figure, progress, start_run, unique_in_order)
 
 STEM = "02_prefill_launch_overhead"
 #: The steps of the waterfall, in order; the token-recurrent variant joins the table after them.
@@ -101,43 +103,6 @@ TIMES_COLUMNS = ["impl", "variant", "lens", "T", "N", "method", "median_us", "la
 def collect_params(namespace: dict) -> dict:
     """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
     return _collect(namespace, PARAMS, STEM)
-
-
-# --------------------------------------------------------------------------- shapes
-
-
-def lens_label(lens: Sequence[int]) -> str:
-    """Compact name of a list of lengths: ``[6]``→``"6"``, ``[1024]*4``→``"4x1024"``,
-    ``[100, 28]``→``"100+28"``."""
-    lens = [int(n) for n in lens]
-    if len(lens) > 1 and len(set(lens)) == 1:
-        return f"{len(lens)}x{lens[0]}"
-    return "+".join(str(n) for n in lens)
-
-
-def parse_shape(spec) -> Tuple[str, List[int]]:
-    """``(lens_label, lens)`` of a shape spec (see the module docstring)."""
-    from kernels.spec import PREFILL_SHAPES
-
-    if isinstance(spec, (list, tuple)):
-        lens = [int(n) for n in spec]
-    elif isinstance(spec, int):
-        lens = [spec]
-    elif spec in PREFILL_SHAPES:
-        lens = list(PREFILL_SHAPES[spec])
-    else:
-        s = str(spec).strip().lstrip("T")
-        if re.fullmatch(r"\d+x\d+", s):
-            n, l = s.split("x")
-            lens = [int(l)] * int(n)
-        elif re.fullmatch(r"\d+(\+\d+)*", s):
-            lens = [int(x) for x in s.split("+")]
-        else:
-            raise ValueError(f"not a prefill shape: {spec!r} (a name of PREFILL_SHAPES, "
-                             f"'100+28', '4x1024' or a list of lengths)")
-    if not lens or any(n < 0 for n in lens):
-        raise ValueError(f"prefill shape {spec!r}: lengths must be >= 0, got {lens}")
-    return lens_label(lens), lens
 
 
 def start(params: dict) -> Run:
@@ -320,13 +285,7 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=TIMES_COLUMNS)
     from kernels.bench.timeline import record_timeline
 
-    methods = []
-    for m in p["methods"]:
-        good, reason = method_available(m, run.device)
-        if good:
-            methods.append(m)
-        else:
-            run.skip(f"timing with {m}", reason)
+    methods = run.usable_methods(p["methods"])
     gantt_label = parse_shape(p["gantt_shape"])[0] if p["gantt_shape"] else None
     impls = run.state["impls"]
     rows = []
@@ -354,15 +313,9 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                     tl.export_chrome_trace(path)
             except Exception as e:
                 run.skip(f"timeline {label} lens={lab}", short_reason(e))
-            base = _base_row(run, impl, variant, lab, lens, label, summ)
-            for method in methods:
-                try:
-                    t = time_call(call, method, rep=p["repetitions"], warmup=p["warmup"])
-                except Exception as e:
-                    run.skip(f"{label} lens={lab} {method}", short_reason(e))
-                    continue
-                rows.append(dict(base, method=t.method, median_us=t.median_us, p20_us=t.p20_us,
-                                 p80_us=t.p80_us, n=t.n))
+            timings = time_each(call, methods, rep=p["repetitions"], warmup=p["warmup"])
+            rows += run.timed_rows(timings, f"{label} lens={lab}",
+                                   _base_row(run, impl, variant, lab, lens, label, summ))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     if len(times):
         run.write_csv(times, "prefill_times")
@@ -387,27 +340,17 @@ def _measure_remote(run, fn, label, impl, variant, lab, lens, inputs, methods, g
     p = run.params
     safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", label)
     trace = str(run.path(f"trace_{lab}_{safe}.json")) if lab == gantt_label else None
-    try:
-        res = fn.run(lab, inputs, run.state["refs"][lab], device=run.device, methods=methods,
-                     rep=p["repetitions"], warmup=p["warmup"], timeline=True, trace=trace)
-    except Exception as e:
-        run.skip(f"{label} lens={lab}", short_reason(e))
-        return []
-    if res["gate"].get("status") != PASS:
-        run.skip(f"{label} lens={lab}", f"gate {res['gate'].get('status')} in the timing run")
+    res = run.worker_result(fn, lab, inputs, run.state["refs"][lab], f"{label} lens={lab}",
+                            methods=methods, rep=p["repetitions"], warmup=p["warmup"],
+                            timeline=True, trace=trace)
+    if not res:
         return []
     if res.get("timeline_error"):
         run.skip(f"timeline {label} lens={lab}", res["timeline_error"])
     if trace and res.get("timeline"):
         run.state["timelines"][label] = Timeline.from_chrome_trace(trace)
-    base = _base_row(run, impl, variant, lab, lens, label, res.get("timeline") or {})
-    rows = []
-    for t in res["timings"]:
-        if "error" in t:
-            run.skip(f"{label} lens={lab} {t['method']}", t["error"])
-        else:
-            rows.append(dict(base, **t))
-    return rows
+    return run.timed_rows(res["timings"], f"{label} lens={lab}",
+                          _base_row(run, impl, variant, lab, lens, label, res.get("timeline") or {}))
 
 
 def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
@@ -644,11 +587,10 @@ def run_crossover(run: Run) -> pd.DataFrame:
     points = crossover_points(p)
     impls = _crossover_impls(run)
     method = p["crossover_method"]
-    timed, why = method_available(method, run.device)
-    if not timed:
-        run.skip(f"recurrent-vs-chunked timings ({method})", why)
+    timed = bool(run.usable_methods([method]))
     rows = []
-    for series, lab, lens in points:
+    for series, lab, lens in progress(points, f"recurrent vs chunked: gate + timing ({method}) "
+                                      f"of {len(impls)} implementations per point", "point"):
         inputs, ref = _inputs(run, lab, lens)
         for label, impl, variant, fn in impls:
             row = dict(series=series, lens=lab, T=sum(lens), N=len(lens), longest=max(lens),
@@ -661,12 +603,10 @@ def run_crossover(run: Run) -> pd.DataFrame:
             if g["status"] != PASS:
                 print(f"GATE {g['status'].upper()}: {label} lens={lab}: {g['reason']}")
             elif timed:
-                try:
-                    t = time_call(lambda f=fn: f(**inputs), method, rep=p["repetitions"],
-                                  warmup=p["warmup"])
-                    row.update(median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, n=t.n)
-                except Exception as e:
-                    run.skip(f"{label} lens={lab} {method}", short_reason(e))
+                timings = time_each(lambda f=fn: f(**inputs), [method], rep=p["repetitions"],
+                                    warmup=p["warmup"])
+                for t in run.timed_rows(timings, f"{label} lens={lab}", {}):
+                    row.update(t)   # one method: one row, or none (skipped: timing raised)
             rows.append(row)
     df = pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)
     for label, g in df[df.status == UNAVAILABLE].groupby("label", sort=False):

@@ -39,14 +39,17 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 
-from .common import (COMMON_PARAMS, PASS, UNAVAILABLE, Param, Run, collect_params as _collect,
-                     fmt_us, fmt_x, gate_call, method_available, new_figure, progress,
-                     short_reason, start_run, time_call, unique_in_order)
-from .prefill_overhead import gate_summary, parse_shape, plot_gate_errors  # noqa: F401
+from kernels.bench.gate import PASS, UNAVAILABLE, gate_call, short_reason
+from kernels.bench.timing import method_available, time_each, time_fn
+from kernels.report import TARGET_RATIO, ratio_table
+from kernels.spec import parse_shape
+
+from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
+                     new_figure, progress, start_run, unique_in_order)
+from .prefill_overhead import gate_summary, plot_gate_errors  # noqa: F401
 
 STEM = "04_prefill_scaling"
 PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer")
-TARGET_RATIO = 0.9
 #: Issue 18's growth target: from 131,072 tokens on, ours grows no faster than the token
 #: count, with 5 % slack (<= 8.4x for 8x).
 GROWTH_FROM_T = 131072
@@ -201,9 +204,8 @@ def _gate_one(run: Run, fn, label: str, inputs, ref, method: Optional[str] = Non
     else:
         g, timings = gate_call(fn, inputs, ref, run.device), []
         if method is not None and g["status"] == PASS:
-            t = time_call(lambda: fn(**inputs), method, rep=p["repetitions"], warmup=p["warmup"])
-            timings = [dict(method=t.method, median_us=t.median_us, p20_us=t.p20_us,
-                            p80_us=t.p80_us)]
+            timings = time_each(lambda: fn(**inputs), [method], rep=p["repetitions"],
+                                warmup=p["warmup"])
     return g if method is None else (g, timings)
 
 
@@ -259,13 +261,7 @@ def run_times(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     """Every passing implementation × shape × method (``prefill_scaling.csv``, written
     again with the per-kernel rows by :func:`run_anatomy`)."""
     p = run.params
-    methods = []
-    for m in p["methods"]:
-        ok, why = method_available(m, run.device)
-        if ok:
-            methods.append(m)
-        else:
-            run.skip(f"timing with {m}", why)
+    methods = run.usable_methods(p["methods"])
     rows = []
     for lab, lens in progress(run.state["shapes"], f"timing ({', '.join(methods)}) of "
                               f"{len(run.state['impls'])} implementations per shape", "shape"):
@@ -276,62 +272,23 @@ def run_times(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 if not g.empty and g.status.iloc[0] != UNAVAILABLE:
                     run.skip(f"{label_of(name)} lens={lab}", f"gate {g.status.iloc[0]}")
                 continue
-            base = dict(impl=label_of(name), lens=lab, T=sum(lens), N=len(lens), kernel="",
-                        role="", gpu=run.gpu)
             if getattr(fn, "remote", False):
-                try:
-                    res = fn.run(lab, inputs, ref, device=run.device, methods=methods,
-                                 rep=p["repetitions"], warmup=p["warmup"])
-                except Exception as e:
-                    run.skip(f"{label_of(name)} lens={lab}", short_reason(e))
+                res = run.worker_result(fn, lab, inputs, ref, f"{label_of(name)} lens={lab}",
+                                        methods=methods, rep=p["repetitions"], warmup=p["warmup"])
+                if not res:
                     continue
-                if res["gate"].get("status") != PASS:
-                    run.skip(f"{label_of(name)} lens={lab}", f"gate {res['gate'].get('status')} "
-                             f"in the timing run: {res['gate'].get('reason', '')}")
-                    continue
-                for t in res["timings"]:
-                    if "error" in t:
-                        run.skip(f"{label_of(name)} lens={lab} {t['method']}", t["error"])
-                    else:
-                        rows.append(dict(base, **t))
-                continue
-            call = (lambda f=fn: f(**inputs))
-            for m in methods:
-                try:
-                    t = time_call(call, m, rep=p["repetitions"], warmup=p["warmup"])
-                except Exception as e:
-                    run.skip(f"{label_of(name)} lens={lab} {m}", short_reason(e))
-                    continue
-                rows.append(dict(base, method=t.method, median_us=t.median_us, p20_us=t.p20_us,
-                                 p80_us=t.p80_us, n=t.n))
+                timings = res["timings"]
+            else:
+                timings = time_each(lambda f=fn: f(**inputs), methods, rep=p["repetitions"],
+                                    warmup=p["warmup"])
+            rows += run.timed_rows(timings, f"{label_of(name)} lens={lab}", dict(
+                impl=label_of(name), lens=lab, T=sum(lens), N=len(lens), kernel="", role="",
+                gpu=run.gpu))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     run.state["times"] = times
     if len(times):
         run.write_csv(times, "prefill_scaling")
     return times
-
-
-def ratio_table(times: pd.DataFrame, method: Optional[str] = None) -> pd.DataFrame:
-    """Per shape (with ``method``, default the first timed): each implementation's
-    median, the fastest peer, ``ours / fastest peer`` and whether it meets the 0.9 target."""
-    t = times[times.kernel.fillna("") == ""] if "kernel" in times else times
-    if t.empty:
-        return pd.DataFrame()
-    method = method or t.method.iloc[0]
-    t = t[t.method == method]
-    wide = t.pivot_table(index=["lens", "T", "N"], columns="impl", values="median_us",
-                         sort=False)
-    peers = [c for c in wide.columns if c != "ours"]
-    out = wide.reset_index()
-    if peers:
-        best = wide[peers].min(axis=1)
-        out["fastest peer"] = wide[peers].idxmin(axis=1).to_numpy()
-        out["fastest peer us"] = best.to_numpy()
-        if "ours" in wide:
-            out["ours / fastest peer"] = (wide["ours"] / best).to_numpy()
-            out["target met"] = out["ours / fastest peer"] <= TARGET_RATIO
-    out.insert(3, "method", method)
-    return out
 
 
 # --------------------------------------------------------------------------- 3. anatomy
@@ -374,7 +331,7 @@ def run_split_costs(run: Run) -> pd.DataFrame:
                        median_us=float("nan"), p20_us=float("nan"), p80_us=float("nan"),
                        gpu=run.gpu)
             if g["status"] == PASS and method is not None:
-                t = time_call(fn, method, rep=p["repetitions"], warmup=p["warmup"])
+                t = time_fn(fn, method, rep=p["repetitions"], warmup=p["warmup"])
                 row.update(median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us)
             elif g["status"] != PASS:
                 print(f"SPLIT GATE {g['status'].upper()}: {lab} seg_chunks={seg}: {g['reason']}")

@@ -48,7 +48,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 __all__ = ["BT", "num_slots", "prepare_chunk_indices", "locate_block", "chunk_of_program",
-           "slot_of", "bound_total", "bound_suffix_start", "segment_bounds", "seq_bounds", "cu_status", "CU_START", "CU_END", "CU_DECREASING",
+           "slot_of", "bound_total", "bound_suffix_start", "unit_bounds", "seq_bounds", "cu_status", "CU_START", "CU_END", "CU_DECREASING",
            "CU_RANGE"]
 
 #: Bits of :func:`cu_status` (and of the status tensor a call fills, see :mod:`.guard`).
@@ -148,18 +148,23 @@ def locate_block(i_p, cu_seqlens, N, T, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def segment_bounds(i_u, cu_seqlens, N, T, SEG_T: tl.constexpr, SUMMARY: tl.constexpr):
-    """Context-parallel segment slot ``i_u`` (:func:`locate_block` with ``BLOCK = SEG_T``):
-    ``(i_n, i_s, bos, eos, ubos, ueos, skip)`` -- the sequence, the segment, the bounds, the segment's token
-    range and whether the slot has nothing to do: a gap slot (segment 0 of an empty sequence
-    is real: it hands the initial state through) or, with ``SUMMARY``, a sequence's last
-    segment (it needs no transition)."""
-    i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, T, SEG_T)
-    ubos = bos + i_s * SEG_T
-    ueos = tl.minimum(ubos + SEG_T, eos)
-    skip = (i_s > 0) & (ubos >= eos)
-    if SUMMARY:
-        skip = skip | (ueos >= eos)
+def unit_bounds(i_u, cu_seqlens, N, T, SEG_T: tl.constexpr, SUMMARY: tl.constexpr):
+    """Walk unit ``i_u``: ``(i_n, i_s, bos, eos, ubos, ueos, skip)`` -- the sequence, the
+    segment, the sequence's bounds, the unit's token range and whether the unit has nothing
+    to do. ``SEG_T == 0``: sequence ``i_u`` whole (never skipped). Else context-parallel
+    segment slot ``i_u`` (:func:`locate_block` with ``BLOCK = SEG_T``), skipped when a gap
+    slot (segment 0 of an empty sequence is real: it hands the initial state through) or,
+    with ``SUMMARY``, a sequence's last segment (it needs no transition)."""
+    if SEG_T == 0:
+        bos, eos = seq_bounds(cu_seqlens, i_u, T)
+        i_n, i_s, ubos, ueos, skip = i_u, 0, bos, eos, False
+    else:
+        i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, T, SEG_T)
+        ubos = bos + i_s * SEG_T
+        ueos = tl.minimum(ubos + SEG_T, eos)
+        skip = (i_s > 0) & (ubos >= eos)
+        if SUMMARY:
+            skip = skip | (ueos >= eos)
     return i_n, i_s, bos, eos, ubos, ueos, skip
 
 

@@ -37,10 +37,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ..decode.kernel import SLOT_REPEATED  # noqa: E402
-from .chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START  # noqa: E402
+from .chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START, cu_status  # noqa: E402
 from .pdl import grid_wait  # noqa: E402
 
-__all__ = ["guard_outputs", "check_status_tensor", "describe_status"]
+__all__ = ["guard_outputs", "walk_guard", "check_status_tensor", "describe_status"]
 
 _WORDS = ((CU_START, "cu_seqlens[0] != 0"), (CU_END, "cu_seqlens[-1] != T"),
           (CU_DECREASING, "cu_seqlens decreases"), (CU_RANGE, "a cu_seqlens entry is outside [0, T]"),
@@ -91,3 +91,18 @@ def guard_outputs(st, o, ht, status, T, N, i_p, n_p, H: tl.constexpr, V: tl.cons
             o_i = i0 + tl.arange(0, 1024)
             tl.store(ht + o_i, tl.full([1024], float("nan"), tl.float32), mask=o_i < n_ht)
     return st
+
+
+@triton.jit
+def walk_guard(cu_seqlens, o, ht, status, T, N, i_u, i_h, i_v, H: tl.constexpr,
+               V: tl.constexpr, K: tl.constexpr, GUARD: tl.constexpr, HAS_STATUS: tl.constexpr,
+               PDL_WAIT: tl.constexpr):
+    """With ``GUARD``, :func:`guard_outputs` for program ``(i_u, i_h, i_v)`` of a state walk's
+    grid (units, value heads, state tiles): whether it wrote NaN (its caller returns then)."""
+    stop = False
+    if GUARD:
+        n_u = tl.num_programs(0)
+        stop = guard_outputs(cu_status(cu_seqlens, N, T, 128), o, ht, status, T, N,
+                             i_u + n_u * (i_h + H * i_v), n_u * H * tl.num_programs(2), H, V, K,
+                             HAS_STATUS, PDL_WAIT) != 0
+    return stop

@@ -35,10 +35,9 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from .chunk_index import (BT, bound_suffix_start, bound_total, cu_status,  # noqa: E402
-                          segment_bounds, seq_bounds, slot_of)
+from .chunk_index import BT, bound_suffix_start, bound_total, slot_of, unit_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
-from .guard import guard_outputs  # noqa: E402
+from .guard import walk_guard  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
 
@@ -98,25 +97,15 @@ def state_walk_t_kernel(
     at the last chunk ``j`` whose bounds summed from the segment's end reach ``LOG_EPS``
     (whatever entered before ``j`` is negligible), else from the segment's start."""
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if GUARD:
-        n_u = tl.num_programs(0)
-        if guard_outputs(cu_status(cu_seqlens, N, T, 128), o, ht, status, T, N,
-                         i_u + n_u * (i_h + H * i_v), n_u * H * tl.num_programs(2), H, V, K,
-                         HAS_STATUS, PDL_WAIT) != 0:
-            return
+    if walk_guard(cu_seqlens, o, ht, status, T, N, i_u, i_h, i_v, H, V, K, GUARD, HAS_STATUS,
+                  PDL_WAIT):
+        return
+    i_n, i_s, bos, eos, ubos, ueos, skip = unit_bounds(i_u, cu_seqlens, N, T, SEG_T, SUMMARY)
+    if skip:
+        grid_wait(PDL_WAIT)
+        return
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
-    if SEG_T == 0:
-        i_n = i_u
-        bos, eos = seq_bounds(cu_seqlens, i_n, T)
-        ubos = bos
-        ueos = eos
-    else:
-        i_n, i_s, bos, eos, ubos, ueos, skip = segment_bounds(i_u, cu_seqlens, N, T, SEG_T,
-                                                              SUMMARY)
-        if skip:
-            grid_wait(PDL_WAIT)
-            return
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)       # rows of S^T (of [M^T ; X^T] with SUMMARY)
     o_bt = tl.arange(0, BT)

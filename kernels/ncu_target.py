@@ -1,8 +1,8 @@
 """The process Nsight Compute profiles: one measured call inside an NVTX range.
 
-    python -m kernels.bench.ncu_target --impl ours --config BV8-w1-s1-t1 --B 64
-    python -m kernels.bench.ncu_target --impl fla --B 64
-    python -m kernels.bench.ncu_target --impl flashinfer --op prefill --lens 512,512
+    python -m kernels.ncu_target --impl ours --config BV8-w1-s1-t1 --B 64
+    python -m kernels.ncu_target --impl fla --B 64
+    python -m kernels.ncu_target --impl flashinfer --op prefill --lens 512,512
 
 Builds seeded contest inputs on CUDA (:func:`kernels.spec.make_decode_inputs`
 or ``make_prefill_inputs``), runs the implementation ``--warmup`` times
@@ -17,6 +17,9 @@ or the prefill pipeline with ``--variant``), and every peer name of
 ``torch``), and ``solution:<path>`` (a flashinfer-bench solution loaded by
 :func:`kernels.contest.load_solution`, unscoped: this process is its own). Prints nothing on stdout (ncu writes its CSV there); exit status 3
 when the implementation is unavailable, with the reason on stderr.
+
+A program above the instruments (it composes ours, the peers and the solutions), which
+:func:`kernels.bench.ncu.run_ncu` runs under ncu by its module name.
 """
 from __future__ import annotations
 
@@ -24,10 +27,9 @@ import argparse
 import sys
 from typing import Callable, Optional
 
-__all__ = ["NVTX_RANGE", "build_call", "nvtx_range", "main"]
+from .bench.ncu import EXIT_UNAVAILABLE, NVTX_RANGE
 
-NVTX_RANGE = "gdnbench_measured"
-EXIT_UNAVAILABLE = 3
+__all__ = ["build_call", "nvtx_range", "main"]
 
 
 class nvtx_range:
@@ -94,7 +96,7 @@ def build_call(impl: str, op: str = "decode", *, B: int = 64, lens=(512,), confi
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels.bench.ncu_target", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m kernels.ncu_target", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--impl", required=True, help="ours | fla | flashinfer | flashinfer_inplace | torch")
     p.add_argument("--op", default="decode", choices=("decode", "prefill"))

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kernels.bench.device import CPU_SLUG, gpu_slug, has_gpu, resolve_device
+from kernels.device import CPU_SLUG, gpu_slug, has_gpu, resolve_device
 
 
 @pytest.mark.parametrize("name, slug", [
