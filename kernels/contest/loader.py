@@ -677,7 +677,6 @@ def _build_tvm_ffi(src: SolutionSource, key: str):
 
 
 def _build_torch(src: SolutionSource, key: str):
-    import torch  # noqa: F401
     from torch.utils import cpp_extension
 
     major, minor = _gpu_arch()

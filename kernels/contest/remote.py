@@ -24,7 +24,7 @@ from __future__ import annotations
 import atexit
 import signal
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List
 
 from ..peers_worker import PeerWorker, RemotePeer, WorkerError
 from .loader import SOLUTION_PREFIX, SolutionError, read_solution

@@ -46,9 +46,8 @@ WALKER_BV = 64
 #: Calls of up to this many tokens (all sequences together) take the token-recurrent kernel
 #: (:mod:`.recurrent`) instead of the chunked path: the crossover of the two, measured in
 #: notebook 02 ("Recurrent or chunked", ``recurrent_crossover.csv``). The total bounds the
-#: longest sequence, which sets the recurrent kernel's serial steps, without a sync. Set
-#: conservatively until that measurement: one 6-token sequence took the chunked path 10.9 us
-#: on an H200 against 4.46 us for a token-by-token kernel (issue 33).
+#: longest sequence, which sets the recurrent kernel's serial steps, without a sync. The
+#: smallest crossover of that section on the H200 (docs/notes/recurrent_prefill.md).
 RECURRENT_MAX_T = 16
 
 
