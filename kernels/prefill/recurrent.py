@@ -30,7 +30,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ..decode.kernel import token_gates, update_tile  # noqa: E402
+from ..decode.kernel import qk_dot, token_gates, update_tile  # noqa: E402
 from ..decode.config import DecodeConfig  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
 from .chunk_index import cu_status, seq_bounds  # noqa: E402
@@ -43,9 +43,14 @@ __all__ = ["recurrent_prefill_kernel", "recurrent_fwd", "recurrent_tile", "RECUR
 RECURRENT_TILE = DecodeConfig.from_name("BV8-w8-s1-t1")
 
 
+#: Tokens whose inputs one program loads together, before it walks them: the walk waits
+#: for memory once per block, not once per token (docs/notes/recurrent_prefill.md).
+TOKEN_BLOCK = tl.constexpr(8)
+
+
 @triton.jit
-def _token_inputs(q, k, v, a, b, t, eos, i_hq, i_hv, o_qk, o_v, HQ: tl.constexpr,
-                  HV: tl.constexpr, D: tl.constexpr):
+def _token_loads(q, k, v, a, b, t, eos, i_hq, i_hv, o_qk, o_v, HQ: tl.constexpr,
+                 HV: tl.constexpr, D: tl.constexpr):
     """Token ``t``'s ``q``, ``k`` (``[NC, BK]``), ``v`` (this program's ``[BV]``), ``a``,
     ``b`` as stored (bf16); zeros past ``eos`` (nothing read there)."""
     m = t < eos
@@ -54,6 +59,16 @@ def _token_inputs(q, k, v, a, b, t, eos, i_hq, i_hv, o_qk, o_v, HQ: tl.constexpr
     return (tl.load(q + p_qk, mask=m, other=0.0), tl.load(k + p_qk, mask=m, other=0.0),
             tl.load(v + p_g * D + o_v, mask=m, other=0.0), tl.load(a + p_g, mask=m, other=0.0),
             tl.load(b + p_g, mask=m, other=0.0))
+
+
+@triton.jit
+def _token_step(b_h, b_q, b_k, b_v, b_decay, b_beta, scale):
+    """The state's step for one token from its loaded inputs and gates:
+    ``(new rows, o [BV])``."""
+    b_k = b_k.to(tl.float32)[:, None, :]
+    b_qs = (b_q.to(tl.float32) * scale)[:, None, :]
+    return update_tile(b_h, b_k, b_qs, b_v.to(tl.float32), b_decay, b_beta,
+                       qk_dot(b_k, b_qs))
 
 
 @triton.jit(do_not_specialize=["T", "N"])
@@ -88,11 +103,7 @@ def recurrent_prefill_kernel(
     i_v, i_nh = i_p % NV, i_p // NV
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_hq = i_hv // (HV // HQ)
-    if GUARD:
-        if guard_outputs(cu_status(cu_seqlens, N, T, 128), o, ht, status, T, N, i_p,
-                         tl.num_programs(0), HV, D, D, HAS_STATUS, False) != 0:
-            return
-    bos, eos = seq_bounds(cu_seqlens, i_n, T)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T)    # in bounds for any cu_seqlens
 
     # rows [i_v * BV, (i_v + 1) * BV) of S^T held as [NC, BV, BK] (the decode kernel's layout)
     o_c = tl.arange(0, NC)
@@ -107,23 +118,72 @@ def recurrent_prefill_kernel(
     b_A = -tl.exp(tl.load(A_log + i_hv))
     b_dt = tl.load(dt_bias + i_hv)
     o_qk = o_c[:, None] * BK + o_kc[None, :]                        # [NC, BK]
+    if GUARD:   # after the state's load was issued (in bounds whatever cu_seqlens holds)
+        if guard_outputs(cu_status(cu_seqlens, N, T, 128), o, ht, status, T, N, i_p,
+                         tl.num_programs(0), HV, D, D, HAS_STATUS, False) != 0:
+            return
 
-    # tokens t and t + 1 are in registers (or in flight) when step t starts; t + 2 is
-    # loaded before it: two steps (~1 us) cover a DRAM miss
-    b_q, b_k, b_v, b_a, b_b = _token_inputs(q, k, v, a, b, bos, eos, i_hq, i_hv, o_qk, o_v,
-                                            HQ, HV, D)
-    n_q, n_k, n_v, n_a, n_b = _token_inputs(q, k, v, a, b, bos + 1, eos, i_hq, i_hv, o_qk,
-                                            o_v, HQ, HV, D)
-    for t in range(bos, eos):
-        f_q, f_k, f_v, f_a, f_b = _token_inputs(q, k, v, a, b, t + 2, eos, i_hq, i_hv, o_qk,
-                                                o_v, HQ, HV, D)
-        b_decay, b_beta = token_gates(b_a, b_b, b_A, b_dt)
-        b_h, b_o = update_tile(b_h, b_k.to(tl.float32)[:, None, :],
-                               (b_q.to(tl.float32) * scale)[:, None, :], b_v.to(tl.float32),
-                               b_decay, b_beta)
-        tl.store(o + (t * HV + i_hv) * D + o_v, b_o.to(o.dtype.element_ty))
-        b_q, b_k, b_v, b_a, b_b = n_q, n_k, n_v, n_a, n_b
-        n_q, n_k, n_v, n_a, n_b = f_q, f_k, f_v, f_a, f_b
+    # a block of TOKEN_BLOCK tokens: every load and everything that does not depend on the
+    # state first (one wait for memory), then the state's serial steps, then one store of
+    # the block's outputs
+    o_tb = tl.arange(0, TOKEN_BLOCK)
+    for t0 in range(bos, eos, TOKEN_BLOCK):
+        q0, k0, v0, a0, b0 = _token_loads(q, k, v, a, b, t0, eos, i_hq, i_hv, o_qk, o_v,
+                                          HQ, HV, D)
+        q1, k1, v1, a1, b1 = _token_loads(q, k, v, a, b, t0 + 1, eos, i_hq, i_hv, o_qk, o_v,
+                                          HQ, HV, D)
+        q2, k2, v2, a2, b2 = _token_loads(q, k, v, a, b, t0 + 2, eos, i_hq, i_hv, o_qk, o_v,
+                                          HQ, HV, D)
+        q3, k3, v3, a3, b3 = _token_loads(q, k, v, a, b, t0 + 3, eos, i_hq, i_hv, o_qk, o_v,
+                                          HQ, HV, D)
+        q4, k4, v4, a4, b4 = _token_loads(q, k, v, a, b, t0 + 4, eos, i_hq, i_hv, o_qk, o_v,
+                                          HQ, HV, D)
+        q5, k5, v5, a5, b5 = _token_loads(q, k, v, a, b, t0 + 5, eos, i_hq, i_hv, o_qk, o_v,
+                                          HQ, HV, D)
+        q6, k6, v6, a6, b6 = _token_loads(q, k, v, a, b, t0 + 6, eos, i_hq, i_hv, o_qk, o_v,
+                                          HQ, HV, D)
+        q7, k7, v7, a7, b7 = _token_loads(q, k, v, a, b, t0 + 7, eos, i_hq, i_hv, o_qk, o_v,
+                                          HQ, HV, D)
+        # the gates of every token of the block, off the state's serial path
+        a0, b0 = token_gates(a0, b0, b_A, b_dt)
+        a1, b1 = token_gates(a1, b1, b_A, b_dt)
+        a2, b2 = token_gates(a2, b2, b_A, b_dt)
+        a3, b3 = token_gates(a3, b3, b_A, b_dt)
+        a4, b4 = token_gates(a4, b4, b_A, b_dt)
+        a5, b5 = token_gates(a5, b5, b_A, b_dt)
+        a6, b6 = token_gates(a6, b6, b_A, b_dt)
+        a7, b7 = token_gates(a7, b7, b_A, b_dt)
+        # token t0 is always in the sequence; the others past eos keep zeros (not stored)
+        b_h, o0 = _token_step(b_h, q0, k0, v0, a0, b0, scale)
+        o1 = tl.zeros_like(o0)
+        o2 = tl.zeros_like(o0)
+        o3 = tl.zeros_like(o0)
+        o4 = tl.zeros_like(o0)
+        o5 = tl.zeros_like(o0)
+        o6 = tl.zeros_like(o0)
+        o7 = tl.zeros_like(o0)
+        if t0 + 1 < eos:
+            b_h, o1 = _token_step(b_h, q1, k1, v1, a1, b1, scale)
+        if t0 + 2 < eos:
+            b_h, o2 = _token_step(b_h, q2, k2, v2, a2, b2, scale)
+        if t0 + 3 < eos:
+            b_h, o3 = _token_step(b_h, q3, k3, v3, a3, b3, scale)
+        if t0 + 4 < eos:
+            b_h, o4 = _token_step(b_h, q4, k4, v4, a4, b4, scale)
+        if t0 + 5 < eos:
+            b_h, o5 = _token_step(b_h, q5, k5, v5, a5, b5, scale)
+        if t0 + 6 < eos:
+            b_h, o6 = _token_step(b_h, q6, k6, v6, a6, b6, scale)
+        if t0 + 7 < eos:
+            b_h, o7 = _token_step(b_h, q7, k7, v7, a7, b7, scale)
+        # the block's outputs [BV, TOKEN_BLOCK], stored once
+        c = o_tb[None, :]
+        b_ob = tl.where(c == 0, o0[:, None], tl.where(c == 1, o1[:, None], tl.where(
+            c == 2, o2[:, None], tl.where(c == 3, o3[:, None], tl.where(
+                c == 4, o4[:, None], tl.where(c == 5, o5[:, None], tl.where(
+                    c == 6, o6[:, None], o7[:, None])))))))
+        p_o = ((t0 + o_tb)[None, :] * HV + i_hv) * D + o_v[:, None]
+        tl.store(o + p_o, b_ob.to(o.dtype.element_ty), mask=(t0 + c < eos))
     tl.store(ht + p_h, b_h)
 
 
