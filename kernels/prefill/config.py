@@ -48,7 +48,7 @@ WALKER_BV = 64
 #: notebook 02 ("Recurrent or chunked", ``recurrent_crossover.csv``). The total bounds the
 #: longest sequence, which sets the recurrent kernel's serial steps, without a sync. The
 #: smallest crossover of that section on the H200 (docs/notes/recurrent_prefill.md).
-RECURRENT_MAX_T = 16
+RECURRENT_MAX_T = 24
 
 
 def _pow2(x) -> bool:
