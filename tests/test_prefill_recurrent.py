@@ -81,7 +81,7 @@ def test_recurrent_matches_reference(shape, lens, cu_dtype, with_state):
 @pytest.mark.parametrize("lens, options, takes", [
     pytest.param([6], {}, True, id="T6"),
     pytest.param([5, 0, 11], {}, True, id="T16-mixed"),
-    pytest.param([17], {}, False, id="T17"),
+    pytest.param([25], {}, False, id="T25"),
     pytest.param([6], dict(config=PrefillConfig(recurrent_max_T=0)), False, id="T6-off"),
     pytest.param([6], dict(cp=True), False, id="T6-cp-forced"),
     pytest.param([20], dict(config=PrefillConfig(recurrent_max_T=32)), True, id="T20-max32"),
@@ -90,7 +90,7 @@ def test_fused_dispatch(lens, options, takes):
     """``fused`` takes the token-recurrent kernel alone (no intra-chunk kernel) for calls of
     up to ``recurrent_max_T`` tokens without forced CP, the chunked path otherwise."""
     x, ref = case(S16, lens)
-    assert RECURRENT_MAX_T == DEFAULT_CONFIG.recurrent_max_T == 16
+    assert RECURRENT_MAX_T == DEFAULT_CONFIG.recurrent_max_T == 24
     cfg = options.get("config", DEFAULT_CONFIG)
     assert recurrent_rule(sum(lens), options.get("cp"), cfg) is takes
     with mock.patch.object(pipeline, "recurrent_fwd", wraps=pipeline.recurrent_fwd) as rec, \

@@ -17,8 +17,8 @@ import torch
 
 from kernels.checks import check_outputs
 from kernels.contest.loader import SolutionError, load_solution, read_solution, torch_settings
-from kernels.reference import decode_reference
-from kernels.spec import make_decode_inputs
+from kernels.reference import decode_reference, prefill_reference
+from kernels.spec import make_decode_inputs, make_prefill_inputs
 
 FIX = Path(__file__).parent / "fixtures" / "solutions"
 PY = FIX / "py_decode"
@@ -82,6 +82,16 @@ def test_json_returning_and_signature_detection(tmp_path, decode_case, entry, dp
     fn = load_solution(f"solution:{_json(tmp_path, entry=entry, dps=dps)}", op="decode")
     assert fn.name == "fixture-json" and fn.dps is want
     _passes(fn, *decode_case)
+
+
+def test_prefill_folder_reads_as_value_returning_without_its_library():
+    """The FLA prefill fixture imports ``fla`` only when called: it loads anywhere, and its
+    spec (``destination_passing_style = false``) decides the style."""
+    src = read_solution(FIX / "fla_prefill")
+    assert (src.name, src.op, src.language, src.dps) == ("fixture-fla-prefill", "prefill",
+                                                         "python", False)
+    fn = load_solution(FIX / "fla_prefill", op="prefill")
+    assert fn.definition == "gdn_prefill_qk4_v8_d128_k_last" and fn.dps is False
 
 
 def test_module_function(decode_case):
@@ -320,6 +330,18 @@ def test_gpu_cuda_fixtures_build_and_pass(folder, binding, dps):
     again = load_solution(FIX / folder)
     assert again.cached is True
     _passes(again, x, ref)
+
+
+@pytest.mark.gpu
+def test_gpu_fla_prefill_fixture_returns_and_passes():
+    """The python prefill fixture (FLA's chunked kernel, value-returning) on a varlen
+    batch: read from its folder as value-returning, inputs untouched, contest rule met."""
+    pytest.importorskip("fla")
+    x = make_prefill_inputs([100, 28], seed=2, device="cuda")
+    ref = prefill_reference(**x)
+    fn = load_solution(FIX / "fla_prefill")
+    assert (fn.op, fn.language, fn.dps) == ("prefill", "python", False)
+    _passes(fn, x, ref)
 
 
 @pytest.mark.gpu

@@ -44,7 +44,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-__all__ = ["gdn_decode_kernel", "update_tile", "qk_dot", "token_gates", "SLOT_REPEATED"]
+__all__ = ["gdn_decode_kernel", "update_tile", "token_gates", "SLOT_REPEATED"]
 
 #: Status bit of a pooled call in which two sequences name one live slot (after the
 #: prefill's ``cu_seqlens`` bits 1...8, :mod:`kernels.prefill.guard`, which words it too).
@@ -52,25 +52,18 @@ SLOT_REPEATED = 16
 
 
 @triton.jit
-def qk_dot(b_k, b_qs):
-    """``<k, q*scale>`` of one token (``[NC, 1, BK]`` each): ``[1]``, no state in it."""
-    return tl.sum(tl.sum(b_k * b_qs, axis=0), axis=1)
-
-
-@triton.jit
-def update_tile(b_h, b_k, b_qs, b_v, b_decay, b_beta, b_kq):
+def update_tile(b_h, b_k, b_qs, b_v, b_decay, b_beta):
     """Update one ``[NC, BV, BK]`` tile of state rows; return ``(new tile, o [BV])``.
 
-    ``b_k``, ``b_qs`` are ``[NC, 1, BK]``; ``b_v`` is ``[BV]``; ``b_kq`` is
-    :func:`qk_dot` of the token (computed by the caller, off the state's path); the rest
-    are scalars. (Also the token step of the recurrent prefill,
-    :mod:`kernels.prefill.recurrent`.)
+    ``b_k``, ``b_qs`` are ``[NC, 1, BK]``; ``b_v`` is ``[BV]``; the rest are scalars.
+    (Also the token step of the recurrent prefill, :mod:`kernels.prefill.recurrent`.)
     """
     # sum over chunks (in-thread) first, then over the chunk width (shuffles). Both row
     # reductions read the old row, so they run side by side: <row', q> = decay <row, q> +
     # u <k, q> leaves one reduction, not two in a row, on the path of each token
     b_hk = tl.sum(tl.sum(b_h * b_k, axis=0), axis=1)     # <row, k>        [BV]
     b_hq = tl.sum(tl.sum(b_h * b_qs, axis=0), axis=1)    # <row, q*scale>  [BV]
+    b_kq = tl.sum(tl.sum(b_k * b_qs, axis=0), axis=1)    # <k, q*scale>    [1] (no state)
     b_u = b_beta * (b_v - b_decay * b_hk)                # residual        [BV]
     b_o = b_decay * b_hq + b_u * b_kq                    # <row', q*scale> [BV]
     # expand as [BV] -> [BV, 1] -> [1, BV, 1]: the layout the reductions produced
@@ -207,8 +200,8 @@ def gdn_decode_kernel(
             b_decay, b_beta = token_gates(tl.load(a + i_bt * HV + i_hv),
                                           tl.load(b + i_bt * HV + i_hv), b_A, b_dt)
             b_v = tl.load(v + (i_bt * HV + i_hv) * D + o_v).to(tl.float32)
-            b_k3, b_qs3 = b_k[:, None, :], b_qs[:, None, :]
-            b_h, b_o = update_tile(b_h, b_k3, b_qs3, b_v, b_decay, b_beta, qk_dot(b_k3, b_qs3))
+            b_h, b_o = update_tile(b_h, b_k[:, None, :], b_qs[:, None, :], b_v, b_decay,
+                                   b_beta)
             if POOLED:  # padding: zeros out (whatever its inputs hold); a repeated slot: NaN
                 b_o = tl.where(rep, float("nan"), tl.where(valid, b_o, 0.0))
             tl.store(o + (i_bt * HV + i_hv) * D + o_v, b_o.to(o.dtype.element_ty))

@@ -47,7 +47,8 @@ WALKER_BV = 64
 #: (:mod:`.recurrent`) instead of the chunked path: the crossover of the two, measured in
 #: notebook 02 ("Recurrent or chunked", ``recurrent_crossover.csv``). The total bounds the
 #: longest sequence, which sets the recurrent kernel's serial steps, without a sync. The
-#: smallest crossover of that section on the H200 (docs/notes/recurrent_prefill.md).
+#: smallest crossover of that section on the H200 (B=1: 24; a mixed batch of 4: 32), with
+#: the kernel's 8-token blocks (docs/notes/recurrent_prefill.md).
 RECURRENT_MAX_T = 24
 
 

@@ -30,7 +30,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ..decode.kernel import qk_dot, token_gates, update_tile  # noqa: E402
+from ..decode.kernel import token_gates, update_tile  # noqa: E402
 from ..decode.config import DecodeConfig  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
 from .chunk_index import cu_status, seq_bounds  # noqa: E402
@@ -67,8 +67,7 @@ def _token_step(b_h, b_q, b_k, b_v, b_decay, b_beta, scale):
     ``(new rows, o [BV])``."""
     b_k = b_k.to(tl.float32)[:, None, :]
     b_qs = (b_q.to(tl.float32) * scale)[:, None, :]
-    return update_tile(b_h, b_k, b_qs, b_v.to(tl.float32), b_decay, b_beta,
-                       qk_dot(b_k, b_qs))
+    return update_tile(b_h, b_k, b_qs, b_v.to(tl.float32), b_decay, b_beta)
 
 
 @triton.jit(do_not_specialize=["T", "N"])
