@@ -29,7 +29,11 @@ provenance folder ``<output_root>/<gpu-slug>/<stem>/``. On failure the
 runner names the notebook and the failing cell, keeps the executed notebook
 as ``<output_root>/<gpu-slug>/failed-<stem>.ipynb`` (the last good results
 stay untouched), goes on with the next notebook unless ``--fail-fast``, and
-exits non-zero.
+exits non-zero. Interrupted (Ctrl-C, or SIGTERM as ``timeout`` and schedulers
+send) the runner keeps what the notebook had executed so far the same way
+(papermill saves it at every cell's start and end: the finished cells' outputs
+and their ``papermill.duration``), says where, and exits 130 (Ctrl-C) or 143
+(SIGTERM). Only SIGKILL leaves nothing but the temporary folders.
 
 The kernel (Jupyter ``python3``, run in the notebook's folder, talking to papermill
 over local Unix sockets rather than TCP) inherits:
@@ -48,6 +52,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -363,6 +368,13 @@ def run_notebook(path: Path, params: dict, out_dir: Path, *, progress_bar: bool 
                 str(path), str(executed), parameters=params, kernel_name=KERNEL_NAME,
                 progress_bar=progress_bar, log_output=log_output,
                 cwd=str(cwd or path.parent), config=Config(_KERNEL_CONFIG))
+        except (KeyboardInterrupt, SystemExit):
+            # interrupted: keep what ran (papermill saved it cell by cell), then stop
+            if executed.exists():
+                shutil.move(str(executed), str(failed))
+                print(f"INTERRUPTED {stem} after {time.perf_counter() - t0:.0f} s; the "
+                      f"cells run so far are kept at {failed}", file=sys.stderr, flush=True)
+            raise
         except Exception as exc:  # noqa: BLE001 - report any failure, keep going
             message = _describe_failure(stem, exc)
             kept = None
@@ -457,6 +469,12 @@ def _list(profile, root, plans) -> None:
     print("\n* = set by the profile, the runner or -p; the rest are the notebook's defaults")
 
 
+def _exit_on_sigterm(signum, frame):
+    """SIGTERM as an exception in the main thread, so that the run unwinds (the partly
+    executed notebook kept, the lock released) instead of dying where it stands."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -472,9 +490,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except RunnerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:
         return _run_all(args, profile, root, plans)
+    except KeyboardInterrupt:
+        return 130
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         lock.release()
 
 

@@ -115,6 +115,40 @@ def test_sigkill_mid_notebook_keeps_last_good_and_next_run_cleans(toy):
     assert (d / "01_kill" / "value.txt").read_text() == "3"
 
 
+def test_sigterm_mid_notebook_keeps_the_cells_run_so_far(toy):
+    """SIGTERM (what ``timeout`` sends) mid-notebook: the runner exits 143 naming the kept
+    notebook, ``failed-<stem>.ipynb`` holds the cells that ran (with papermill's
+    durations), the last good results stay, the lock is released."""
+    d = toy["out"] / toy["slug"]
+    assert runner.main(_argv(toy, "-p", "n=1")) == 0
+    pid_file = toy["out"] / "kernel.pid"
+    pid_file.unlink()
+    proc = _spawn(toy, "-p", "n=2", "-p", "sleep_s=600")
+    try:
+        _wait_for(pid_file, proc)
+        time.sleep(1.0)                      # the work cell is running (and saved as such)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    kept = d / "failed-01_kill.ipynb"
+    assert "INTERRUPTED 01_kill" in err and str(kept) in err
+    nb = nbformat.read(str(kept), as_version=4)
+    params = nb.cells[0]
+    assert params.metadata["papermill"]["status"] == "completed"
+    assert params.metadata["papermill"]["duration"] is not None
+    assert (d / "01_kill" / "value.txt").read_text() == "1"       # last good in place
+    assert runner.main(_argv(toy, "-p", "n=3")) == 0                  # lock released
+    assert (d / "01_kill" / "value.txt").read_text() == "3" and not kept.exists()
+
+
 def test_sweep_restores_results_caught_between_the_renames(tmp_path):
     d = tmp_path / "cpu"
     (d / ".old-02_x-123").mkdir(parents=True)             # killed after final -> old
