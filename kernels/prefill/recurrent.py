@@ -44,7 +44,8 @@ RECURRENT_TILE = DecodeConfig.from_name("BV8-w8-s1-t1")
 
 
 #: Tokens whose inputs one program loads together, before it walks them: the walk waits
-#: for memory once per block, not once per token (docs/notes/recurrent_prefill.md).
+#: for memory once per block, not once per token (docs/notes/recurrent_prefill.md). The
+#: kernel's block is written out for 8 tokens: changing this means rewriting that loop.
 TOKEN_BLOCK = tl.constexpr(8)
 
 
@@ -124,7 +125,8 @@ def recurrent_prefill_kernel(
 
     # a block of TOKEN_BLOCK tokens: every load and everything that does not depend on the
     # state first (one wait for memory), then the state's serial steps, then one store of
-    # the block's outputs
+    # the block's outputs. Written out token by token: Triton holds no list of tensors, and
+    # every load must come before the first step (a loop would put them back in between)
     o_tb = tl.arange(0, TOKEN_BLOCK)
     for t0 in range(bos, eos, TOKEN_BLOCK):
         q0, k0, v0, a0, b0 = _token_loads(q, k, v, a, b, t0, eos, i_hq, i_hv, o_qk, o_v,
@@ -144,16 +146,16 @@ def recurrent_prefill_kernel(
         q7, k7, v7, a7, b7 = _token_loads(q, k, v, a, b, t0 + 7, eos, i_hq, i_hv, o_qk, o_v,
                                           HQ, HV, D)
         # the gates of every token of the block, off the state's serial path
-        a0, b0 = token_gates(a0, b0, b_A, b_dt)
-        a1, b1 = token_gates(a1, b1, b_A, b_dt)
-        a2, b2 = token_gates(a2, b2, b_A, b_dt)
-        a3, b3 = token_gates(a3, b3, b_A, b_dt)
-        a4, b4 = token_gates(a4, b4, b_A, b_dt)
-        a5, b5 = token_gates(a5, b5, b_A, b_dt)
-        a6, b6 = token_gates(a6, b6, b_A, b_dt)
-        a7, b7 = token_gates(a7, b7, b_A, b_dt)
+        d0, e0 = token_gates(a0, b0, b_A, b_dt)   # decay, beta
+        d1, e1 = token_gates(a1, b1, b_A, b_dt)   # decay, beta
+        d2, e2 = token_gates(a2, b2, b_A, b_dt)   # decay, beta
+        d3, e3 = token_gates(a3, b3, b_A, b_dt)   # decay, beta
+        d4, e4 = token_gates(a4, b4, b_A, b_dt)   # decay, beta
+        d5, e5 = token_gates(a5, b5, b_A, b_dt)   # decay, beta
+        d6, e6 = token_gates(a6, b6, b_A, b_dt)   # decay, beta
+        d7, e7 = token_gates(a7, b7, b_A, b_dt)   # decay, beta
         # token t0 is always in the sequence; the others past eos keep zeros (not stored)
-        b_h, o0 = _token_step(b_h, q0, k0, v0, a0, b0, scale)
+        b_h, o0 = _token_step(b_h, q0, k0, v0, d0, e0, scale)
         o1 = tl.zeros_like(o0)
         o2 = tl.zeros_like(o0)
         o3 = tl.zeros_like(o0)
@@ -162,19 +164,19 @@ def recurrent_prefill_kernel(
         o6 = tl.zeros_like(o0)
         o7 = tl.zeros_like(o0)
         if t0 + 1 < eos:
-            b_h, o1 = _token_step(b_h, q1, k1, v1, a1, b1, scale)
+            b_h, o1 = _token_step(b_h, q1, k1, v1, d1, e1, scale)
         if t0 + 2 < eos:
-            b_h, o2 = _token_step(b_h, q2, k2, v2, a2, b2, scale)
+            b_h, o2 = _token_step(b_h, q2, k2, v2, d2, e2, scale)
         if t0 + 3 < eos:
-            b_h, o3 = _token_step(b_h, q3, k3, v3, a3, b3, scale)
+            b_h, o3 = _token_step(b_h, q3, k3, v3, d3, e3, scale)
         if t0 + 4 < eos:
-            b_h, o4 = _token_step(b_h, q4, k4, v4, a4, b4, scale)
+            b_h, o4 = _token_step(b_h, q4, k4, v4, d4, e4, scale)
         if t0 + 5 < eos:
-            b_h, o5 = _token_step(b_h, q5, k5, v5, a5, b5, scale)
+            b_h, o5 = _token_step(b_h, q5, k5, v5, d5, e5, scale)
         if t0 + 6 < eos:
-            b_h, o6 = _token_step(b_h, q6, k6, v6, a6, b6, scale)
+            b_h, o6 = _token_step(b_h, q6, k6, v6, d6, e6, scale)
         if t0 + 7 < eos:
-            b_h, o7 = _token_step(b_h, q7, k7, v7, a7, b7, scale)
+            b_h, o7 = _token_step(b_h, q7, k7, v7, d7, e7, scale)
         # the block's outputs [BV, TOKEN_BLOCK], stored once
         c = o_tb[None, :]
         b_ob = tl.where(c == 0, o0[:, None], tl.where(c == 1, o1[:, None], tl.where(
