@@ -491,7 +491,12 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                                     warmup=p["warmup"])
                 rows += run.timed_rows(timings, f"{label} B={B}", dict(
                     impl=impl_of(label), config=cname, B=B, floor_us=fl, gpu=run.gpu, label=label))
-            rows += _time_solutions(run, gate, method, B, inputs, ref, fl)
+    if methods and run.state.get("solutions"):
+        for B in progress(p["batch_sizes"], f"timing: {len(run.state['solutions'])} "
+                          f"solutions per B ({', '.join(methods)}), in their workers", "B"):
+            inputs, ref = _inputs(run, B)
+            rows += _time_solutions(run, gate, methods, B, inputs, ref,
+                                    floor_us(B, shape, bw))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     times["frac_of_copy_bw"] = times.floor_us / times.median_us
     if len(times):
@@ -501,19 +506,22 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     return times
 
 
-def _time_solutions(run: Run, gate: pd.DataFrame, method: str, B: int, inputs, ref,
+def _time_solutions(run: Run, gate: pd.DataFrame, methods: List[str], B: int, inputs, ref,
                     fl: float) -> List[dict]:
-    """Rows of the solutions that passed the gate at ``B``, timed with ``method`` in their
-    workers (gated again there on the same inputs)."""
+    """Rows of the solutions that passed the gate at ``B``, timed with every one of
+    ``methods`` in one request to each worker (gated again there on the same inputs): one
+    copy of the inputs to the worker per B, not one per method, since a B = 512 state is
+    268 MB each way."""
     p, rows = run.params, []
     for label, fn in run.state.get("solutions", {}).items():
         g = gate[(gate.label == label) & (gate.B == B)]
         if g.empty or g.status.iloc[0] != PASS:
             if not g.empty and g.status.iloc[0] != UNAVAILABLE:
-                run.skip(f"{label} B={B} {method}", f"gate {g.status.iloc[0]}")
+                run.skip(f"{label} B={B}", f"gate {g.status.iloc[0]}")
             continue
-        res = run.worker_result(fn, f"B{B}", inputs, ref, f"{label} B={B} {method}",
-                                methods=[method], rep=p["repetitions"], warmup=p["warmup"])
+        res = run.worker_result(fn, f"B{B}", inputs, ref, f"{label} B={B}",
+                                methods=list(methods), rep=p["repetitions"],
+                                warmup=p["warmup"])
         if res:
             rows += run.timed_rows(res["timings"], f"{label} B={B}", dict(
                 impl="solution", config="default", B=B, floor_us=fl, gpu=run.gpu, label=label))
