@@ -14,9 +14,10 @@ ours <= 0.9 x the fastest peer at every length. Every number is read from
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import pandas as pd
 
@@ -79,6 +80,50 @@ def prefill_targets(folder: Path) -> pd.DataFrame:
             "span / graph": fused_span / fused_graph,
         })
     return pd.DataFrame(rows)
+
+
+def solution_times(folder: Path) -> pd.DataFrame:
+    """Solutions loaded from paths (``make run SOLUTIONS=...``) next to ours, per notebook
+    and shape: µs, ``cupti_cold`` (notebook 01: ``ours-adaptive``; notebook 02:
+    ``ours-fused``, the default dispatch the packed solution carries). Empty without any."""
+    parts = []
+    for nb, csv, key, ours in (("01 decode", "01_decode_crossover/decode_times.csv", "B",
+                                "ours-adaptive"),
+                               ("02 prefill", "02_prefill_launch_overhead/prefill_times.csv",
+                                "lens", "ours-fused")):
+        f = folder / csv
+        if not f.exists():
+            continue
+        d = pd.read_csv(f)
+        d = d[d.method == "cupti_cold"]
+        sols = list(dict.fromkeys(d[d.impl == "solution"].label))
+        if not sols:
+            continue
+        t = d[d.label.isin([ours] + sols)].pivot_table(index=key, columns="label",
+                                                       values="median_us", sort=False)
+        t = t[[ours] + sols].rename(columns={ours: f"ours ({ours})"})
+        t.insert(0, "shape", [f"{key}={x}" if key == "B" else str(x) for x in t.index])
+        t.insert(0, "notebook", nb)
+        parts.append(t.reset_index(drop=True))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def contest_table(folder: Path, op: str) -> Tuple[pd.DataFrame, dict]:
+    """``contest_<op>/``: flashinfer-bench's latency (µs) per workload and solution, the
+    score row last; and ``run.json`` (commit, versions). Empty frame without a run."""
+    d = folder / f"contest_{op}"
+    if not (d / "comparison.csv").exists():
+        return pd.DataFrame(), {}
+    c = pd.read_csv(d / "comparison.csv", dtype={"workload": str})
+    t = c.pivot_table(index="workload", columns="solution", values="fib_us", sort=False)
+    failed = c[c.status != "PASSED"]
+    for _, r in failed.iterrows():      # a failed workload shows its status, not a time
+        t.loc[r.workload, r.solution] = float("nan")
+    t = t.map(lambda x: ("failed" if x != x else f"{x:.2f}" if x < 10 else f"{x:.1f}"))
+    sc = pd.read_csv(d / "scores.csv").set_index("solution").score
+    t.loc["score"] = [f"**{sc[s]:.2f}**" if s in sc.index else "baseline" for s in t.columns]
+    run = json.loads((d / "run.json").read_text()) if (d / "run.json").exists() else {}
+    return t.reset_index(), run
 
 
 #: Notebook 04's implementation labels and the results tables' column names.
@@ -221,6 +266,24 @@ def render(root: Path, gpus: List[str]) -> str:
                       "(warm L2), median", "", _md(sc), "",
                       f"Target (0.9 × fastest peer) met at {int(sc.met.sum())} of {len(sc)} "
                       "shapes." + untimed_note(folder), ""]
+        sol = solution_times(folder)
+        if not sol.empty:
+            parts += [f"#### Solutions loaded from paths, {gpu} — µs, `cupti_cold`", "",
+                      _md(sol), "",
+                      "Each solution ran in a worker process of its own, gated there against "
+                      "the reference on the notebook's inputs; `ours` is timed in the "
+                      "notebook's process ([solutions.md](solutions.md)).", ""]
+        for op in ("decode", "prefill"):
+            ct, run = contest_table(folder, op)
+            if ct.empty:
+                continue
+            parts += [f"#### Contest evaluation, {op}, {gpu} — µs, flashinfer-bench "
+                      f"{run.get('params', {}).get('version', '')} (CUPTI span, cold L2)", "",
+                      _md(ct), "",
+                      f"`make contest-eval` at `{str(run.get('git_sha', '?'))[:7]}`: "
+                      "latency per workload (mean over trials of the median), score = mean "
+                      "over workloads of baseline / solution latency "
+                      "([contest.md](contest.md)).", ""]
         if (folder / "triton_versions.csv").exists():
             tv = triton_versions_table(folder)
             parts += [f"#### Triton versions, {gpu} — `python -m kernels.bench.triton_versions`",

@@ -115,3 +115,41 @@ def test_committed_results_page_matches_the_committed_csvs():
     block = page[page.index(BEGIN) + len(BEGIN):page.index(END)].strip()
     expected = render(root / "results", ["nvidia-h200", "nvidia-h100-80gb-hbm3"]).strip()
     assert block == expected, "docs/results.md is stale: run python -m kernels.report --update"
+
+
+def test_solution_and_contest_tables_from_csvs(tmp_path):
+    """The generated solution and contest tables carry the CSVs' numbers: each solution's
+    column next to ours, a failed workload shown as failed, the score row from scores.csv."""
+    import json
+
+    import pandas as pd
+
+    from kernels.report import contest_table, solution_times
+
+    nb = tmp_path / "01_decode_crossover"
+    nb.mkdir()
+    pd.DataFrame([
+        dict(impl="ours", B=1, method="cupti_cold", median_us=2.0, label="ours-adaptive"),
+        dict(impl="solution", B=1, method="cupti_cold", median_us=3.5, label="sol-a"),
+        dict(impl="solution", B=1, method="graph", median_us=9.0, label="sol-a"),
+    ]).to_csv(nb / "decode_times.csv", index=False)
+    sol = solution_times(tmp_path)
+    assert list(sol.columns) == ["notebook", "shape", "ours (ours-adaptive)", "sol-a"]
+    assert sol.iloc[0]["sol-a"] == 3.5 and sol.iloc[0]["shape"] == "B=1"
+
+    c = tmp_path / "contest_decode"
+    c.mkdir()
+    pd.DataFrame([
+        dict(workload="1", solution="base", status="PASSED", fib_us=4.0),
+        dict(workload="1", solution="mine", status="PASSED", fib_us=2.0),
+        dict(workload="4", solution="base", status="PASSED", fib_us=8.0),
+        dict(workload="4", solution="mine", status="INCORRECT_NUMERICAL", fib_us=1.0),
+    ]).to_csv(c / "comparison.csv", index=False)
+    pd.DataFrame([dict(solution="mine", score=0.0)]).to_csv(c / "scores.csv", index=False)
+    (c / "run.json").write_text(json.dumps({"git_sha": "abcdef0123"}))
+    t, run = contest_table(tmp_path, "decode")
+    t = t.set_index("workload")
+    assert t.loc["1", "mine"] == "2.00" and t.loc["4", "mine"] == "failed"
+    assert t.loc["score", "mine"] == "**0.00**" and t.loc["score", "base"] == "baseline"
+    assert run["git_sha"] == "abcdef0123"
+    assert contest_table(tmp_path, "prefill")[0].empty
