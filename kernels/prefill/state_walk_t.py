@@ -113,11 +113,10 @@ def state_walk_t_kernel(
     p_state = (i_n * H + i_h).to(tl.int64) * (V * K)
     if SUMMARY:
         b_St = tl.where(o_v[:, None] == o_k[None, :], 1.0, 0.0)   # [I ; 0]
-        c_v = tl.maximum(o_v - K, 0)                                # columns of v (X rows)
+        o_vt = o_bt[None, :] * (H * V) + (o_v - K)[:, None]        # [BV, BT]: v^T (X rows)
         m_v = i_v * BV >= K                                         # the X rows see values
     else:
-        c_v = o_v
-        o_vt = o_bt[None, :] * (H * V) + o_v[:, None]              # [BV, BT]: o^T
+        o_vt = o_bt[None, :] * (H * V) + o_v[:, None]              # [BV, BT]: v^T, o^T
         m_v = i_v >= 0
         if FROM_S0:
             grid_wait(PDL_WAIT)
@@ -148,14 +147,7 @@ def state_walk_t_kernel(
         b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
         b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
         b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-        # v^T unmasked from in-bounds rows (past the end: the last row again), zeroed where
-        # masked after the load: so the loop's pipeline stages it through shared memory like
-        # the other tiles. Loaded masked, it went to registers and its latency was paid in
-        # every step (Nsight Compute: ~20 % of phase C's stall samples; docs/notes/
-        # long_context.md, "Where the walks wait")
-        r_t = tl.minimum(o_bt, ueos - t0 - 1)
-        b_vt = tl.load(v + (t0 * H + i_h) * V + r_t[None, :] * (H * V) + c_v[:, None])
-        b_vt = tl.where(m_t[None, :] & m_v, b_vt, 0.0)
+        b_vt = tl.load(v + (t0 * H + i_h) * V + o_vt, mask=m_t[None, :] & m_v, other=0.0)
         # rhs^T = v^T - (k S)^T exp(gc): rows past the end are 0 (k, v masked)
         b_rt = b_vt.to(tl.float32) - mm(b_St, tl.trans(b_k), DOT_PREC) * tl.exp(b_gc)[None, :]
         b_tb = tl.load(tb + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
