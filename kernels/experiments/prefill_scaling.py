@@ -89,7 +89,7 @@ PARAMS = COMMON_PARAMS + (
           "shapes whose context-parallel split is varied (what each split costs)"),
     Param("split_segments", "list", [4, 8, 16, 32, 64],
           "segments per sequence tried at each split shape (the rule's choice is added)"),
-    Param("gate_shapes", "list", ["131072"],
+    Param("gate_shapes", "list", ["32768", "131072"],
           "shapes timed with long-memory gates beside the generator's (gate dependence)"),
     Param("gate_sets", "list", ["generator", "one long-memory head", "every head long memory"],
           "gate sets of the gate-dependence section (kernels.experiments.prefill_scaling.with_gates)"),
