@@ -4,7 +4,7 @@
 #   .gpuheavy/part-0{0..3}   FlashInfer + CuTe DSL + tvm-ffi + cuda-python, with SHA256SUMS
 # Usage: scripts/split_gpu_bundle.sh [BUNDLE_DIR=~/.cache/gpu-bundle]
 #        scripts/split_gpu_bundle.sh qla [QLA_BUNDLE_DIR=~/.cache/qla-bundle]
-#   qla: .gpuqla/part-0{0..3} (~20 MiB each: one part and the tracked tree, ~39 MB, fit a
+#   qla: .gpuqla/part-0{0..5} (~13 MiB each: one part and the tracked tree, ~40 MB, fit a
 #   call's 64 MiB) + SHA256SUMS of qla-wheels.tar, from
 #   ../shared/gpu-host/build-qla-bundle.sh (FlashQLA, tilelang: their own site on the host,
 #   kernels/peers_worker.py; scripts/gpu_host.sh gpu_qla_part / gpu_qla_unpack)
@@ -14,7 +14,7 @@ if [ "${1:-}" = qla ]; then
   src=${2:-$HOME/.cache/qla-bundle}
   [ -s "$src/SHA256SUMS" ] || bash ../shared/gpu-host/build-qla-bundle.sh "$src"
   mkdir -p .gpuqla && rm -f .gpuqla/part-*
-  tmp=$(mktemp); cat "$src"/part-* > "$tmp"; split -n 4 -d "$tmp" .gpuqla/part-; rm -f "$tmp"
+  tmp=$(mktemp); cat "$src"/part-* > "$tmp"; split -n 6 -d "$tmp" .gpuqla/part-; rm -f "$tmp"
   cp "$src/SHA256SUMS" .gpuqla/SHA256SUMS
   ls -l .gpuqla
   exit 0
