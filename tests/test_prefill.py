@@ -457,6 +457,31 @@ def test_cp_truncation(A, k_scale, expect_skip, long):
         assert_ok(out, ref)
 
 
+@pytest.mark.parametrize("A, fine", [
+    pytest.param(1e-4, True, id="long-memory"),    # every segment's M walked: fine split
+    pytest.param(8.0, False, id="strong-decay"),   # M negligible everywhere: the rule's
+])
+def test_cp_long_split_on_device(A, fine):
+    """The long path with the split chosen on the device (the rule's segments of
+    ``cp_split`` size, forced here at 2 chunks): the split kernel halves the segments of
+    the sequences where some head's M is walked in full and keeps them where the decay makes
+    every M negligible; either way the outputs match the reference."""
+    x, ref = _decay_case(S16, [300, 5, 200], A)
+    D = x["v"].shape[2]
+    with mock.patch.object(pipeline, "cp_long", lambda T, N: True), \
+            mock.patch.object(pipeline, "plan_fused", lambda *a, **k: (D, 2)), \
+            mock.patch.object(pipeline, "cp_split", lambda seg: True), \
+            mock.patch.object(pipeline, "segment_split_fwd",
+                              wraps=pipeline.segment_split_fwd) as spy:
+        out = gdn_prefill(**x, variant="fused", config=ACCURATE_CONFIG if fine else None)
+    assert spy.call_count == 1
+    mult = spy.call_args[0][2].tolist()
+    # seq 0 (300 tokens: 5 one-chunk slots) and seq 2 (200: 4) have segments before their
+    # last; seq 1 (5 tokens) has none, so nothing of it is walked in full
+    assert mult == ([1, 2, 1] if fine else [2, 2, 2])
+    assert_ok(out, ref)
+
+
 # --------------------------------------------------------------------------- graph variant
 
 def test_graph_bucket_reuse_and_padding():

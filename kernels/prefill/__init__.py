@@ -26,7 +26,7 @@ import torch
 
 from .chunk_index import BT
 from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig
-from .context_parallel import cp_long
+from .context_parallel import cp_long, cp_split
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .guard import describe_status
 from .config import recurrent_rule
@@ -188,10 +188,12 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
             dev = torch.device("cpu")   # the rule then assumes 132 SMs
         _, seg = plan_fused(T, N, HV, D, dev, cp)
         use_cp = bool(seg)
+        split = cp is None and cp_long(T, N) and cp_split(seg)
     else:
-        use_cp = False if rec else None
+        use_cp, split = (False if rec else None), False
     fused_key = ("fused+recurrent" if rec else
-                 ("fused+cp_long" if cp_long(T, N) else "fused+cp") if use_cp else
+                 ("fused+cp_long_split" if split else "fused+cp_long" if cp_long(T, N)
+                  else "fused+cp") if use_cp else
                  "fused+single" if use_cp is False and T <= DEFAULT_CONFIG.single_launch_max_T
                  else "fused")
     if variant == "graph":
@@ -214,6 +216,9 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
                     "summaries, then the walk chaining them (+ guard)",
         "fused+cp_long": "intra (+gates, cumsum); long CP: transposed segment summaries, "
                          "combine, transposed walk from the entering states (+ guard)",
+        "fused+cp_long_split": "intra (+gates, cumsum); the split chosen on the device from "
+                               "the gates; long CP: transposed segment summaries, combine, "
+                               "transposed walk from the entering states (+ guard)",
         "fused+single": "one kernel: intra (+gates, cumsum) with walker programs (+ guard)",
         "fused+recurrent": "one kernel: the token-recurrent kernel (gates, state walked token "
                            "by token, outputs, guard) for T <= recurrent_max_T",

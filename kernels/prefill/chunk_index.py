@@ -148,21 +148,30 @@ def locate_block(i_p, cu_seqlens, N, T, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def unit_bounds(i_u, cu_seqlens, N, T, SEG_T: tl.constexpr, SUMMARY: tl.constexpr):
+def unit_bounds(i_u, cu_seqlens, N, T, SEG_T: tl.constexpr, SUMMARY: tl.constexpr,
+                seg_mult, SPLIT: tl.constexpr):
     """Walk unit ``i_u``: ``(i_n, i_s, bos, eos, ubos, ueos, skip)`` -- the sequence, the
     segment, the sequence's bounds, the unit's token range and whether the unit has nothing
     to do. ``SEG_T == 0``: sequence ``i_u`` whole (never skipped). Else context-parallel
     segment slot ``i_u`` (:func:`locate_block` with ``BLOCK = SEG_T``), skipped when a gap
     slot (segment 0 of an empty sequence is real: it hands the initial state through) or,
-    with ``SUMMARY``, a sequence's last segment (it needs no transition)."""
+    with ``SUMMARY``, a sequence's last segment (it needs no transition). With ``SPLIT``
+    a unit spans ``m = seg_mult[i_n]`` slots of ``SEG_T`` tokens (1 or 2, chosen on the
+    device: :func:`.context_parallel.segment_split_kernel`) and the slots between units
+    skip."""
     if SEG_T == 0:
         bos, eos = seq_bounds(cu_seqlens, i_u, T)
         i_n, i_s, ubos, ueos, skip = i_u, 0, bos, eos, False
     else:
         i_n, i_s, bos, eos = locate_block(i_u, cu_seqlens, N, T, SEG_T)
         ubos = bos + i_s * SEG_T
-        ueos = tl.minimum(ubos + SEG_T, eos)
-        skip = (i_s > 0) & (ubos >= eos)
+        if SPLIT:
+            m = tl.load(seg_mult + i_n)
+            ueos = tl.minimum(ubos + SEG_T * m, eos)
+            skip = ((i_s > 0) & (ubos >= eos)) | (i_s % m != 0)
+        else:
+            ueos = tl.minimum(ubos + SEG_T, eos)
+            skip = (i_s > 0) & (ubos >= eos)
         if SUMMARY:
             skip = skip | (ueos >= eos)
     return i_n, i_s, bos, eos, ubos, ueos, skip

@@ -67,7 +67,8 @@ from ..launch import FastLaunch  # noqa: E402
 
 __all__ = ["smem_per_block", "CP_MIN_AVG_CHUNKS", "CP_LONG_MIN_CHUNKS", "CP_LONG_SEGMENTS", "cp_long",
            "cp_long_segment_chunks", "segment_combine_t_kernel", "segment_combine_t_fwd",
-           "cp_segment_chunks", "sm_count"]
+           "cp_segment_chunks", "sm_count", "CP_SPLIT_MIN_CHUNKS", "cp_split",
+           "segment_split_kernel", "segment_split_fwd"]
 
 #: Average chunks per sequence from which CP is considered.
 CP_MIN_AVG_CHUNKS = 64
@@ -133,6 +134,7 @@ def segment_combine_t_kernel(
     summ,           # [S, H, K + V, K] f32 segment transitions [M^T ; X^T] (phase A)
     s0,             # [S, H, V, K] f32 out: state entering each segment slot, k-last
     negl,           # [S, H] int32: 1 where phase A found the segment's M negligible
+    seg_mult,       # [N] int32: slots per segment of each sequence (SPLIT) or None
     cu_seqlens,     # [N+1] int32/int64
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
@@ -140,9 +142,10 @@ def segment_combine_t_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BV: tl.constexpr,
-    SEG_T: tl.constexpr,        # tokens per segment
+    SEG_T: tl.constexpr,        # tokens per segment slot
     USE_H0: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    SPLIT: tl.constexpr = False,  # a segment spans seg_mult[n] slots
 ):
     """Phase B for the transposed walks: one program per ``(sequence, head, BV state rows)``
     runs ``S_start(s+1)^T = S_start(s)^T M_s^T + X_s^T`` over the sequence's segments and
@@ -151,7 +154,11 @@ def segment_combine_t_kernel(
     next segment's while this one's product runs."""
     i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     bos, eos = seq_bounds(cu_seqlens, i_n, T)
-    n_seg = tl.maximum(tl.cdiv(eos - bos, SEG_T), 1)
+    if SPLIT:
+        m = tl.load(seg_mult + i_n)
+    else:
+        m = 1
+    n_seg = tl.maximum(tl.cdiv(eos - bos, SEG_T * m), 1)
     slot0 = bos // SEG_T + i_n
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -162,7 +169,7 @@ def segment_combine_t_kernel(
     else:
         b_St = tl.zeros([BV, K], dtype=tl.float32)
     for i_s in tl.range(0, n_seg - 1, num_stages=2):
-        slot = slot0 + i_s
+        slot = slot0 + i_s * m
         p_m = summ + (slot * H + i_h) * ((K + V) * K)
         full = tl.load(negl + slot * H + i_h) == 0
         # M^T [K, K], zeros (not read) where negligible
@@ -170,28 +177,104 @@ def segment_combine_t_kernel(
         b_xt = tl.load(p_m + K * K + o_vk)                 # X^T rows [BV, K]
         tl.store(s0 + (slot * H + i_h) * (V * K) + o_vk, b_St)
         b_St = mm(b_St, b_mt, DOT_PREC) + b_xt
-    tl.store(s0 + ((slot0 + n_seg - 1) * H + i_h) * (V * K) + o_vk, b_St)
+    tl.store(s0 + ((slot0 + (n_seg - 1) * m) * H + i_h) * (V * K) + o_vk, b_St)
 
 
 def segment_combine_t_fwd(summary: torch.Tensor, s0: torch.Tensor, negligible: torch.Tensor,
                           cu_seqlens: torch.Tensor,
                           initial_state: Optional[torch.Tensor], *, seg_t: int, T: int,
-                          BV: int = 16, num_warps: int = 8, defer: bool = False):
+                          BV: int = 16, num_warps: int = 8, seg_mult=None,
+                          defer: bool = False):
     """Launch :func:`segment_combine_t_kernel` (grid ``(N, HV, V // BV)``); fills ``s0``
     (`[S, HV, V, K]`) from ``summary`` (`[S, HV, K + V, K]`) and phase A's ``negligible``
     flags (`[S, HV]` int32). bf16 products (the walks round the state to bf16 for every
     product anyway) and ``BV = 16``: half the time of tf32x3 at ``BV = 32``
-    (docs/notes/long_context.md, "Numbers behind the rules")."""
+    (docs/notes/long_context.md, "Numbers behind the rules"). ``seg_mult``: `[N]` int32,
+    slots of ``seg_t`` tokens per segment of each sequence (:func:`segment_split_fwd`)."""
     _, H, KV, K = summary.shape
     V = KV - K
     N = cu_seqlens.numel() - 1
     go = _COMBINE_T_LAUNCH.bind((N, H, V // BV), (
-        initial_state, summary, s0, negligible, cu_seqlens, T, N), dict(
+        initial_state, summary, s0, negligible, seg_mult, cu_seqlens, T, N), dict(
         H=H, K=K, V=V, BV=BV, SEG_T=seg_t, USE_H0=initial_state is not None,
-        DOT_PREC="bf16", num_warps=num_warps))
+        DOT_PREC="bf16", SPLIT=seg_mult is not None, num_warps=num_warps))
     if defer:
         return go
     go()
 
 
 _COMBINE_T_LAUNCH = FastLaunch(segment_combine_t_kernel)
+
+#: Chunks per (coarse) segment of the long path from which the split is chosen on the device
+#: (:func:`segment_split_kernel`): below it the walks are short and 32 segments do not pay.
+CP_SPLIT_MIN_CHUNKS = 64
+
+
+def cp_split(seg_chunks: int) -> bool:
+    """Whether the long path with ``seg_chunks`` chunks per segment (the rule's,
+    :func:`cp_long_segment_chunks`) lets the device halve its segments per sequence
+    (:func:`segment_split_kernel`); numbers: docs/notes/long_context.md, "Seventeenth
+    session"."""
+    return int(seg_chunks) >= CP_SPLIT_MIN_CHUNKS
+
+
+@triton.jit(do_not_specialize=["T", "N"])
+def segment_split_kernel(
+    lb,             # [chunk slots, H] f32 log transition bound per chunk (intra-chunk kernel)
+    cu_seqlens,     # [N+1] int32/int64
+    seg_mult,       # [N] int32 out: 1 (fine segments) or 2 (twice as long)
+    T,              # total tokens (not specialised)
+    N,              # sequences (not specialised)
+    H: tl.constexpr,            # value heads
+    HP: tl.constexpr,           # H rounded up to a power of two
+    SEG_C: tl.constexpr,        # chunks per fine segment
+    BLK: tl.constexpr,          # chunks per load (a multiple of SEG_C)
+    BUDGET: tl.constexpr,       # walks that fit one wave (the SMs)
+    LOG_EPS: tl.constexpr = -20.0,
+):
+    """One program per sequence: counts its (fine segment, head) pairs, the sequence's last
+    segment excepted, whose chunks' log bounds sum above ``LOG_EPS``: the segments whose
+    ``M`` phase A walks in full. Fine segments (``seg_mult = 1``) when there are some and
+    twice their number (the ``M`` and ``X`` walks) fits one wave of ``BUDGET``, else
+    segments of two fine slots (``seg_mult = 2``, the host rule's). With one or two
+    long-memory heads the fine split halves phase A's walks; with none they are short
+    anyway, with many they do not fit one wave and the coarse split's shorter phase B
+    wins."""
+    i_n = tl.program_id(0)
+    bos, eos = seq_bounds(cu_seqlens, i_n, T)
+    n_c = tl.cdiv(eos - bos, 64)
+    n_f = tl.cdiv(n_c, SEG_C)
+    p_lb = lb + (bos // 64 + i_n) * H
+    o_j = tl.arange(0, BLK)
+    o_h = tl.arange(0, HP)
+    NS: tl.constexpr = BLK // SEG_C
+    o_s = tl.arange(0, NS)
+    n_slow = tl.zeros([], dtype=tl.int32)
+    for j0 in range(0, n_c, BLK):
+        b_lb = tl.load(p_lb + (j0 + o_j)[:, None] * H + o_h[None, :],
+                       mask=((j0 + o_j) < n_c)[:, None] & (o_h < H)[None, :], other=0.0)
+        b_seg = tl.sum(tl.reshape(b_lb, (NS, SEG_C, HP)), axis=1)            # [NS, HP]
+        i_f = j0 // SEG_C + o_s                                               # fine segment
+        slow = (b_seg > LOG_EPS) & (i_f < n_f - 1)[:, None] & (o_h < H)[None, :]
+        n_slow += tl.sum(tl.sum(slow.to(tl.int32), axis=1), axis=0)
+    fine = (n_slow > 0) & (2 * n_slow <= BUDGET)
+    tl.store(seg_mult + i_n, tl.where(fine, 1, 2).to(tl.int32))
+
+
+def segment_split_fwd(log_bound: torch.Tensor, cu_seqlens: torch.Tensor,
+                      seg_mult: torch.Tensor, *, seg_chunks: int, T: int, n_sm: int,
+                      defer: bool = False):
+    """Launch :func:`segment_split_kernel` (one program per sequence): fills ``seg_mult``
+    (`[N]` int32) from the intra-chunk kernel's ``log_bound`` (`[T // 64 + N, HV]` f32);
+    ``seg_chunks``: chunks per fine segment (a power of two)."""
+    H = log_bound.shape[1]
+    N = cu_seqlens.numel() - 1
+    go = _SPLIT_LAUNCH.bind((N,), (log_bound, cu_seqlens, seg_mult, T, N), dict(
+        H=H, HP=triton.next_power_of_2(H), SEG_C=int(seg_chunks),
+        BLK=max(int(seg_chunks), 256), BUDGET=int(n_sm), num_warps=4))
+    if defer:
+        return go
+    go()
+
+
+_SPLIT_LAUNCH = FastLaunch(segment_split_kernel)

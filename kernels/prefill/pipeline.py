@@ -60,8 +60,9 @@ from .chunk_index import BT, num_slots, prepare_chunk_indices
 from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STAGES,
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
                      recurrent_rule, walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
-from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks,
-                               segment_combine_t_fwd, sm_count, smem_per_block)
+from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks, cp_split,
+                               segment_combine_t_fwd, segment_split_fwd, sm_count,
+                               smem_per_block)
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
@@ -84,6 +85,7 @@ LAUNCHES = {
     "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
     "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
     "fused+cp_long": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
+    "fused+cp_long_split": dict(kernels=5, triton=5, torch_ops=0, copies=0, syncs=0),
     "fused+recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
     "recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
 }
@@ -231,15 +233,20 @@ def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
     ``[T, HV, 64]`` f32 scratch of the ``"blocks"`` solve; with CP (``seg_chunks``) the
     segment summaries ``[S, HV, D, 2D]`` f32 and, on the long path (:func:`.context_parallel.cp_long`),
     the entering states ``[S, HV, D, D]``, the chunks' log bounds ``[T // 64 + N, HV]`` f32
-    and the segments' flags ``[S, HV]`` int32."""
+    and the segments' flags ``[S, HV]`` int32; where the device chooses the split
+    (:func:`.context_parallel.cp_split`), ``S`` counts half-segment slots and ``[N]`` int32
+    more."""
     per_tok = 2 * BT * (4 if storage == "precise" else 2)             # Tb, Aqk
     ws = T * HV * (per_tok + 4 + (BT * 4 if solve == "blocks" else 0))
     if seg_chunks:
-        S = num_slots(T, N, seg_chunks * BT)
+        split = cp_long(T, N) and cp_split(seg_chunks)
+        S = num_slots(T, N, seg_chunks * BT // (2 if split else 1))
         ws += S * HV * D * 2 * D * 4                  # summaries [M | X]
         ws += (num_slots(T, N) + S) * HV * 4          # chunk bounds, negligible flags
         if cp_long(T, N):
             ws += S * HV * D * D * 4                  # entering states
+        if split:
+            ws += N * 4                               # segments per sequence (split)
     return ws
 
 
@@ -390,7 +397,7 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
     seg_t = seg * BT
     if cp_long(T, N):
         return _cp_long(q, k, v, Tb, Aqk, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cfg,
-                        go_intra, guard, status)
+                        go_intra, guard, status, split=cp is None and cp_split(seg))
     summary = torch.empty(num_slots(T, N, seg_t), HV, D, 2 * D, dtype=torch.float32,
                           device=q.device)
     negl = torch.empty(num_slots(T, N, seg_t), HV, dtype=torch.int32, device=q.device)
@@ -418,7 +425,7 @@ def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
 
 
 def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cfg, go_intra,
-             guard, status):
+             guard, status, split=False):
     """Context parallelism of long sequences with the transposed walks (:mod:`.state_walk_t`,
     :func:`.context_parallel.cp_long_segment_chunks`): phase A (each segment's
     ``[M^T ; X^T]``: two programs of ``K`` rows per segment and head, 3 pipeline stages),
@@ -429,9 +436,17 @@ def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cf
     docs/notes/long_context.md, "Numbers behind the rules"). Phase A skips what the
     decay makes negligible (``lb``, the chunks' log transition bounds from the intra-chunk
     kernel; ``TRUNC`` in :func:`.state_walk_t.state_walk_t_kernel`) and phase B the
-    reads of a negligible ``M``."""
+    reads of a negligible ``M``. ``split`` (the rule's segments from
+    :data:`.context_parallel.CP_SPLIT_MIN_CHUNKS` chunks): a fifth launch before phase A
+    chooses per sequence, from ``lb``, between these segments and halves of them
+    (:func:`.context_parallel.segment_split_kernel`: halves where one or two heads
+    remember across segments), and the three phases work on half-segment slots."""
     T, HV, D = q.shape[0], v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
+    seg_mult = None
+    if split:
+        seg_t //= 2
+        seg_mult = torch.empty(N, dtype=torch.int32, device=q.device)
     S = num_slots(T, N, seg_t)
     summ = torch.empty(S, HV, 2 * D, D, dtype=torch.float32, device=q.device)
     s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
@@ -441,12 +456,18 @@ def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cf
               num_warps=8 if bv >= 128 else 4, out_precision=cfg.precision,
               seg_t=seg_t, defer=True)
     go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, summary=summ, pdl=cfg.pdl,
-                            num_stages=3, loop_stages=3, log_bound=lb, negligible=negl, **kw)
+                            num_stages=3, loop_stages=3, log_bound=lb, negligible=negl,
+                            seg_mult=seg_mult, **kw)
     go_b = segment_combine_t_fwd(summ, s0, negl, cu_seqlens, state, seg_t=seg_t, T=T,
-                                 BV=min(16, D), defer=True)
+                                 BV=min(16, D), seg_mult=seg_mult, defer=True)
     go_c = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=o, final_state=ht,
-                            num_stages=2, loop_stages=2, guard=guard, status=status, **kw)
+                            num_stages=2, loop_stages=2, guard=guard, status=status,
+                            seg_mult=seg_mult, **kw)
+    go_split = (segment_split_fwd(lb, cu_seqlens, seg_mult, seg_chunks=seg_t // BT, T=T,
+                                  n_sm=sm_count(q.device), defer=True) if split else None)
     go_intra()
+    if go_split is not None:
+        go_split()
     go_a()
     go_b()
     go_c()

@@ -167,7 +167,8 @@ def state_walk_kernel(
         return
     HQ: tl.constexpr = H // G
     i_hk = i_h // G
-    i_n, i_s, bos, eos, ubos, ueos, skip = unit_bounds(i_u, cu_seqlens, N, T, SEG_T, SUMMARY)
+    i_n, i_s, bos, eos, ubos, ueos, skip = unit_bounds(i_u, cu_seqlens, N, T, SEG_T, SUMMARY,
+                                                        None, False)
     if skip:
         grid_wait(PDL_WAIT)
         return

@@ -61,6 +61,7 @@ def state_walk_t_kernel(
     status,         # [1] int32 out: the guard's status bits (GUARD and HAS_STATUS) or None
     lb,             # [chunk slots, H] f32 log transition bound per chunk (TRUNC) or None
     negl,           # [S, H] int32 out: 1 where the segment's M is negligible (TRUNC) or None
+    seg_mult,       # [N] int32: slots per unit of each sequence (SPLIT) or None
     scale,          # output scale
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
@@ -82,6 +83,7 @@ def state_walk_t_kernel(
     HAS_STATUS: tl.constexpr = False,   # GUARD: store the status bits into status
     TRUNC: tl.constexpr = False,        # SUMMARY: skip what the decay makes negligible
     LOG_EPS: tl.constexpr = -20.0,      # TRUNC: negligible below exp(LOG_EPS)
+    SPLIT: tl.constexpr = False,        # units of seg_mult[n] slots (set on the device)
 ):
     """One program per ``(sequence or segment slot, value head, BV state columns)``: walks
     its chunks from ``h0`` / ``s0`` (or zeros) and writes every output row and the final
@@ -100,7 +102,10 @@ def state_walk_t_kernel(
     if walk_guard(cu_seqlens, o, ht, status, T, N, i_u, i_h, i_v, H, V, K, GUARD, HAS_STATUS,
                   PDL_WAIT):
         return
-    i_n, i_s, bos, eos, ubos, ueos, skip = unit_bounds(i_u, cu_seqlens, N, T, SEG_T, SUMMARY)
+    if SPLIT:   # seg_mult comes from the previous kernel
+        grid_wait(PDL_WAIT)
+    i_n, i_s, bos, eos, ubos, ueos, skip = unit_bounds(i_u, cu_seqlens, N, T, SEG_T, SUMMARY,
+                                                        seg_mult, SPLIT)
     if skip:
         grid_wait(PDL_WAIT)
         return
@@ -175,7 +180,7 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
                      num_stages: int = 2, loop_stages=None, dot_precision: str = "bf16",
                      out_precision: str = "bf16", pdl: bool = False, seg_t: int = 0,
                      summary=None, s0=None, guard: bool = False, status=None,
-                     log_bound=None, negligible=None, defer: bool = False):
+                     log_bound=None, negligible=None, seg_mult=None, defer: bool = False):
     """Launch :func:`state_walk_t_kernel` once.
 
     Args:
@@ -194,6 +199,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
             outputs), or
         s0: `[S, HV, V, K]` f32 entering state per slot (phase C: outputs; each sequence's
             last segment writes ``final_state``).
+        seg_mult: `[N]` int32, with ``seg_t``: each sequence's units span that many slots
+            of ``seg_t`` tokens (:func:`.context_parallel.segment_split_fwd`).
         log_bound, negligible: with ``summary``, skip what the decay makes negligible
             (``TRUNC`` in :func:`state_walk_t_kernel`): `[T // 64 + N, HV]` f32 from
             :func:`.intra_chunk.intra_chunk_fwd` and `[S, HV]` int32, written.
@@ -218,12 +225,12 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
     pdl_opts = launch_options(pdl, k.device)
     go = _WALK_T_LAUNCH.bind((units, H, rows // BV), (
         q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output, final_state,
-        status, log_bound, negligible, float(scale), T, N), dict(
+        status, log_bound, negligible, seg_mult, float(scale), T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, USE_H0=initial_state is not None,
         DOT_PREC=dot_precision, OUT_PREC=out_precision, SEG_T=int(seg_t),
         SUMMARY=summary is not None, FROM_S0=s0 is not None, LOOP_STAGES=loop_stages,
         PDL_WAIT=bool(pdl_opts), GUARD=guard, HAS_STATUS=guard and status is not None,
-        TRUNC=log_bound is not None,
+        TRUNC=log_bound is not None, SPLIT=seg_mult is not None,
         **pdl_opts, num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go
