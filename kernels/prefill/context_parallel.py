@@ -271,7 +271,7 @@ def segment_split_fwd(log_bound: torch.Tensor, cu_seqlens: torch.Tensor,
     N = cu_seqlens.numel() - 1
     go = _SPLIT_LAUNCH.bind((N,), (log_bound, cu_seqlens, seg_mult, T, N), dict(
         H=H, HP=triton.next_power_of_2(H), SEG_C=int(seg_chunks),
-        BLK=max(int(seg_chunks), 256), BUDGET=int(n_sm), num_warps=4))
+        BLK=max(int(seg_chunks), 2048), BUDGET=int(n_sm), num_warps=8))
     if defer:
         return go
     go()
