@@ -615,7 +615,10 @@ def test_launch_count_hint():
     assert launch_count_hint("fused", T=8192, N=1, device="cpu")["cp"] is True
     assert launch_count_hint("fused", T=8192, N=1, device="cpu")["kernels"] == 3  # CP
     assert launch_count_hint("fused", T=512, N=1, device="cpu")["kernels"] == 2   # intra, walk
-    assert launch_count_hint("fused", T=65536, N=1, device="cpu")["kernels"] == 4  # long CP
+    assert launch_count_hint("fused", T=16384, N=1, device="cpu")["kernels"] == 4  # long CP
+    # from 64 chunks per segment the split kernel chooses the segments on the device
+    assert launch_count_hint("fused", T=65536, N=1, device="cpu")["kernels"] == 5
+    assert launch_count_hint("fused", T=65536, N=1, device="cpu", cp=64)["kernels"] == 4
     short = launch_count_hint("fused", T=6, N=1, device="cpu")   # the token-recurrent kernel
     assert short["kernels"] == 1 and short["cp"] is False and "recurrent" in short["note"]
     assert launch_count_hint("recurrent", T=4096, N=1)["kernels"] == 1
