@@ -304,7 +304,7 @@ def run_split_costs(run: Run) -> pd.DataFrame:
     float32 reference and timed with the first available method of ``methods``
     (``split_costs.csv``)."""
     from kernels.prefill import gdn_prefill, plan_fused
-    from kernels.prefill.context_parallel import cp_long, cp_split
+    from kernels.prefill.context_parallel import cp_long
 
     p, sh = run.params, run.state["shape"]
     method = _first_method(run)
