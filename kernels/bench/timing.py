@@ -1,72 +1,67 @@
-"""Time a zero-argument callable on the GPU three ways, side by side.
+"""Time a zero-argument callable on the GPU four ways, side by side.
 
 ``time_fn(fn, method, rep=100, warmup=10, flush_l2=True) -> Timing`` returns
-the median and the 20th/80th percentiles (µs) over ``rep`` measured calls.
+the median and the 20th/80th percentiles (µs) over ``rep`` samples.
 ``fn`` runs ``warmup`` times first (Triton compilation, autotuning, FlashInfer's
 first-call JIT); none of that is in the numbers.
 
+Three methods measure **GPU time** and one measures **host time**; none mixes the two
+except where the call itself makes the GPU wait for the host (the gaps between a call's
+launches under ``cupti_cold``, which is what the contest measures).
+
 Methods (``METHODS``)
 ---------------------
-``cupti_cold`` - the contest's. Per iteration, outside the measured window:
-    write a buffer of ``max(2 x L2, 256 MiB)`` (evicting ``fn``'s data from L2)
-    and synchronise the device. Then one call of ``fn`` runs inside a
-    ``record_function`` range under ``torch.profiler`` (kineto, i.e. CUPTI
-    activity records). The sample is the span from the *start of the first GPU
-    activity* (kernel, memcpy or memset) that call enqueued to the *end of the
-    last one*. All iterations are profiled in one session; GPU activities are
-    assigned to iterations through their CUPTI correlation ids (the launching
-    API call lies inside the iteration's range), with a time window as the
-    fallback for activities whose launch the trace does not show. Median over
-    iterations.
+``cupti_cold`` - the contest's: GPU span of one call on a cold L2, launched from an idle
+    host. Per iteration, outside the measured window: write a buffer of
+    ``max(2 x L2, 256 MiB)`` (evicting ``fn``'s data from L2) and synchronise the device.
+    Then one call of ``fn`` runs inside a ``record_function`` range under
+    ``torch.profiler`` (kineto, i.e. CUPTI activity records). The sample is the span from
+    the *start of the first GPU activity* (kernel, memcpy or memset) that call enqueued to
+    the *end of the last one*. The host work before the first launch is not in it; every
+    gap *between* the call's GPU activities is (a host that needs 30 µs to launch the
+    second kernel leaves the GPU idle for them: that is the launch overhead notebook 02
+    studies). All iterations are profiled in one session; GPU activities are assigned to
+    iterations through their CUPTI correlation ids (the launching API call lies inside
+    the iteration's range), with a time window as the fallback for activities whose
+    launch the trace does not show.
 
-``event`` - ``triton.testing.do_bench``-style. Per iteration: the L2 flush
-    (the same buffer write) is enqueued, then a CUDA event, ``fn()``, a second
-    event, with no host synchronisation between iterations. The sample is the
-    GPU-side time between the two events on the current stream.
+``graph`` - GPU time per call on a *warm* L2 with the launch cost amortised: as a
+    serving engine replays a captured step. ``fn`` is captured ``k`` times back to back
+    into one CUDA graph (after warm-up on a side stream), ``k`` chosen so that one replay
+    holds at least ``GRAPH_TARGET_US`` of GPU work or ``k = GRAPH_MAX_CALLS``
+    (:func:`graph_calls`, from a measured first replay). Each sample is one replay
+    between two events, started behind a ``GRAPH_HEAD_START_US`` spin kernel (the host
+    has launched the replay before the stream reaches the start event), divided by
+    ``k``. No flush (``flush_l2`` is ignored). A call that mutates its inputs (a decode
+    state updated in place) is replayed on the state it left: the same kernels, the same
+    bytes. A callable that cannot be captured (it synchronises with the host -
+    ``.item()``, ``.tolist()``, ``torch.cuda.synchronize()`` - or allocates pinned
+    memory, ...) raises :class:`MethodUnavailable`, which the caller reports instead of
+    a number. Before this method captured ``k`` calls, one short call per replay
+    measured the host's graph-launch cost (5-9 µs on the H200's host) instead of the
+    kernel: ``docs/notes/instruments.md``.
 
-``graph`` - ``fn`` is captured once into a CUDA graph (after warm-up on a side
-    stream); each sample brackets ``GRAPH_REPLAYS_PER_SAMPLE`` back-to-back
-    replays with events and divides by their count. L2 is *warm* (no flush:
-    ``flush_l2`` is ignored), as when a serving engine replays one graph per
-    step. Per-call µs of GPU work with the host launch cost removed. A callable that cannot be captured (it
-    synchronises with the host - ``.item()``, ``.tolist()``, ``torch.cuda.
-    synchronize()`` - or allocates pinned memory, ...) raises
-    :class:`MethodUnavailable`, which the caller reports instead of a number.
+``event`` - GPU time of one call on a *cold* L2, launch path hidden. Per iteration: the
+    L2 flush (the same buffer write), a spin kernel (:mod:`kernels.bench.spin`) of twice
+    the call's host time plus ``EVENT_HEAD_START_US``, a CUDA event, ``fn()``, a second
+    event; no host synchronisation between iterations. While the spin runs the host
+    enqueues the whole call, so the stream runs the call's kernels back to back: the
+    sample is their GPU time (queue latency between graph-less launches included, host
+    gaps excluded). A host synchronisation inside ``fn`` defeats the head start: the
+    host time after it is then in the sample.
 
-What ``cupti_cold`` and ``event`` see differently
--------------------------------------------------
-For a single kernel both measure essentially the kernel's duration on a cold
-L2 (``event`` adds the event-record overhead, well under a µs; the GPU test
-checks agreement within 10%). For a call that enqueues several kernels:
+``host`` - host µs per eager call: the launch path (Python, argument checks, allocation,
+    binding, the driver's launch) that a serving engine pays per call when it does not
+    replay a graph. Each sample is ``HOST_CALLS_PER_SAMPLE`` calls back to back on the
+    host clock with no synchronisation inside (the GPU runs behind; the queue does not
+    fill at these counts), divided by that count; the device is synchronised between
+    samples, outside the window. A call that synchronises inside pays its GPU time here
+    too (that is host time it costs). Not a GPU time: compare it with
+    :func:`bare_launch_fn`, one launch of an empty Triton kernel, the floor of any
+    Triton call on that host.
 
-* ``cupti_cold`` starts its clock when the first kernel *starts executing*, so
-  the host work before the first launch (Python, argument checks, allocation,
-  gate computation on the CPU) and the first launch's own latency are not
-  counted. Every gap *between* GPU activities counts: if the host needs
-  30 µs to launch the next kernel while the GPU is idle, those 30 µs are in
-  the span. The host is synchronised before each call, so the GPU is idle and
-  nothing is queued ahead - the span shows the full host-bound gaps. (Kineto's
-  per-operator instrumentation and CUPTI's API callbacks make each launch a
-  little slower than without the profiler, so gaps are slightly inflated, as
-  they are in the contest's CUPTI harness.) Work after the last GPU activity
-  (a host-side copy of results, Python return) is not counted either.
-* ``event`` starts its clock when the *stream* reaches the first event, i.e.
-  as soon as the preceding flush finishes on the GPU - and it stops when the
-  stream reaches the second event, after the last GPU work of ``fn``. Host
-  time matters only where the stream runs dry: because iterations are not
-  synchronised, the host usually enqueues ``fn``'s first launches while the
-  ~100 µs flush still runs, so launch latency is *hidden* up to the flush's
-  duration; once the queue drains, the stream waits for each further launch
-  and that wait counts. A host synchronisation inside ``fn`` drains the queue
-  and exposes all host time after it. The time between the first event and
-  the first kernel's start (queue latency) counts in ``event`` but not in
-  ``cupti_cold``.
-* ``graph`` removes per-kernel host launch cost entirely; what remains is GPU
-  execution plus the device-side gaps between graph nodes.
-
-So for multi-kernel calls, expect ``graph <= event <= cupti_cold`` in the
-host-bound regime; the differences are the launch overhead that the
-prefill notebook studies.
+So for one call: ``graph`` <= ``event`` (warm vs cold L2) <= ``cupti_cold`` (plus the
+host-bound gaps between launches); ``host`` is the other axis, what the CPU pays.
 
 ``cpu_wall`` (not in ``METHODS``) is host ``time.perf_counter`` around each
 call with a device synchronise: for CPU smoke runs only, it says nothing about
@@ -75,6 +70,7 @@ kernel performance.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import tempfile
 import time
@@ -88,13 +84,16 @@ from .chrome_trace import annotations, api_calls, gpu_activities, load_events
 from .gate import short_reason
 
 __all__ = [
-    "METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable", "method_available",
-    "time_fn", "time_each",
+    "METHODS", "GPU_METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable",
+    "method_available", "time_fn", "time_each", "graph_calls", "host_samples", "bare_launch_fn",
+    "GRAPH_TARGET_US", "GRAPH_MAX_CALLS", "HOST_CALLS_PER_SAMPLE",
     "flush_buffer", "split_iterations", "iteration_spans", "record_cupti_session",
     "ITER_RANGE", "FLUSH_RANGE",
 ]
 
-METHODS = ("cupti_cold", "graph", "event")
+METHODS = ("cupti_cold", "graph", "event", "host")
+#: the methods whose numbers are GPU time (``host`` is host time).
+GPU_METHODS = ("cupti_cold", "graph", "event")
 CPU_WALL = "cpu_wall"
 ALL_METHODS = METHODS + (CPU_WALL,)
 
@@ -269,13 +268,35 @@ def _time_cupti_cold(fn, rep, flush_l2):
     return _summarize("cupti_cold", spans)
 
 
-# --------------------------------------------------------------------------- event / graph
+# --------------------------------------------------------------------------- event / graph / host
+
+#: ``event``: the spin before each timed call lasts twice the call's host time plus this.
+EVENT_HEAD_START_US = 20.0
+#: ``graph``: GPU work one replay should hold, and the most calls captured into one graph.
+GRAPH_TARGET_US = 200.0
+GRAPH_MAX_CALLS = 100
+#: ``graph``: the spin before each replay (covers the host's graph launch, 5-9 µs seen).
+GRAPH_HEAD_START_US = 50.0
+#: ``host``: eager calls per sample.
+HOST_CALLS_PER_SAMPLE = 10
 
 
-def _event_loop(step: Callable[[], None], rep: int, flush_l2: bool) -> List[float]:
-    """Time ``rep`` calls of ``step`` between CUDA events, flush before each."""
+def _host_estimate_us(fn, calls: int = 5) -> float:
+    """Host µs of one call (fastest of ``calls``, no synchronisation): sizes the spin."""
+    best = float("inf")
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, (time.perf_counter() - t0) * 1e6)
+    return best
+
+
+def _time_event(fn, rep, flush_l2):
     import torch
 
+    from .spin import spin
+
+    head_us = 2.0 * _host_estimate_us(fn) + EVENT_HEAD_START_US
     buf = flush_buffer() if flush_l2 else None
     start = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     end = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
@@ -283,19 +304,17 @@ def _event_loop(step: Callable[[], None], rep: int, flush_l2: bool) -> List[floa
     for i in range(rep):
         if buf is not None:
             buf.zero_()
+        spin(head_us)
         start[i].record()
-        step()
+        fn()
         end[i].record()
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e3 for s, e in zip(start, end)]
+    return _summarize("event", [s.elapsed_time(e) * 1e3 for s, e in zip(start, end)])
 
 
-def _time_event(fn, rep, flush_l2):
-    return _summarize("event", _event_loop(fn, rep, flush_l2))
-
-
-def _capture(fn, warmup: int):
-    """Capture one call of ``fn`` into a CUDA graph (warm-up on a side stream first)."""
+def _capture(fn, warmup: int, calls: int = 1):
+    """Capture ``calls`` back-to-back calls of ``fn`` into one CUDA graph (warm-up on a
+    side stream first)."""
     import torch
 
     side = torch.cuda.Stream()
@@ -308,7 +327,8 @@ def _capture(fn, warmup: int):
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            fn()
+            for _ in range(calls):
+                fn()
     except Exception as e:  # capture refused: a host sync, a non-capturable op, ...
         try:
             torch.cuda.synchronize()
@@ -321,29 +341,94 @@ def _capture(fn, warmup: int):
     return graph
 
 
-GRAPH_REPLAYS_PER_SAMPLE = 8
+def graph_calls(per_call_us: float, target_us: float = GRAPH_TARGET_US,
+                max_calls: int = GRAPH_MAX_CALLS) -> int:
+    """Calls to capture into one graph so that a replay holds ``target_us`` of GPU work,
+    given ``per_call_us`` (measured on a graph of fewer calls: an over-estimate while the
+    host's launch cost dominates, which the next round corrects); 1 to ``max_calls``."""
+    if not per_call_us > 0 or not math.isfinite(per_call_us):
+        return max_calls
+    return int(max(1, min(max_calls, math.ceil(target_us / per_call_us))))
 
 
-def _time_graph(fn, rep, warmup, flush_l2):
-    """Warm-L2 replay throughput: each sample is ``GRAPH_REPLAYS_PER_SAMPLE``
-    back-to-back replays between two events, divided by their count. No flush
-    (``flush_l2`` is ignored): this is the serving setting, where the state of
-    the previous step is often still in L2 and launches are pipelined."""
+def _replay_samples(graph, n: int) -> List[float]:
+    """µs per replay, ``n`` samples, each one replay behind a head-start spin."""
     import torch
 
-    graph = _capture(fn, warmup)
-    graph.replay()  # first replay uploads the graph
+    from .spin import spin
+
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     torch.cuda.synchronize()
-    k = GRAPH_REPLAYS_PER_SAMPLE
+    for i in range(n):
+        spin(GRAPH_HEAD_START_US)
+        start[i].record()
+        graph.replay()
+        end[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1e3 for s, e in zip(start, end)]
 
-    def replays():
-        for _ in range(k):
-            graph.replay()
 
+def _time_graph(fn, rep, warmup):
+    """``graph``: grow the captured call count until one replay holds ``GRAPH_TARGET_US``
+    (at most three captures), then ``rep`` replays, each divided by the count."""
+    k = 1
+    graph = _capture(fn, warmup, k)
+    graph.replay()  # the first replay uploads the graph
+    for _ in range(3):
+        per_replay = float(np.median(_replay_samples(graph, 3)))
+        nk = graph_calls(per_replay / k)
+        if per_replay >= GRAPH_TARGET_US or nk <= k:
+            break
+        del graph
+        k = nk
+        graph = _capture(fn, 0, k)
+        graph.replay()
     try:
-        return _summarize("graph", [t / k for t in _event_loop(replays, rep, False)])
+        t = _summarize("graph", [x / k for x in _replay_samples(graph, rep)])
+        return t
     finally:
         del graph
+
+
+def host_samples(fn, rep: int, calls: int = HOST_CALLS_PER_SAMPLE, *,
+                 clock=time.perf_counter, sync=lambda: None) -> List[float]:
+    """``rep`` samples of host µs per call: ``calls`` back-to-back calls of ``fn`` on
+    ``clock`` (seconds) divided by ``calls``; ``sync()`` between samples, outside the
+    window."""
+    out = []
+    for _ in range(rep):
+        sync()
+        t0 = clock()
+        for _ in range(calls):
+            fn()
+        out.append((clock() - t0) * 1e6 / calls)
+    sync()
+    return out
+
+
+def _time_host(fn, rep):
+    import torch
+
+    return _summarize("host", host_samples(fn, rep, sync=torch.cuda.synchronize))
+
+
+@functools.lru_cache(maxsize=1)
+def _empty_kernel():
+    import triton
+
+    @triton.jit
+    def gdn_empty_kernel():
+        pass
+
+    return gdn_empty_kernel
+
+
+def bare_launch_fn():
+    """A callable that launches an empty Triton kernel (one program, no arguments) with
+    ``kernel[grid]()``: ``host`` of it is the host's floor for any Triton call."""
+    k = _empty_kernel()
+    return lambda: k[(1,)]()
 
 
 def _time_cpu_wall(fn, rep):
@@ -367,7 +452,8 @@ def method_available(method: str, device: str) -> Tuple[bool, str]:
     """Whether ``method`` can time work on ``device``; the reason when not."""
     if method == CPU_WALL:
         return True, ""
-    if method in METHODS:
+    if method in METHODS:   # host too: on the CPU the interpreter runs the kernels inside
+        #                     the call, so its host time is cpu_wall
         if not str(device).startswith("cuda"):
             return False, f"method {method!r} needs a CUDA GPU (device is {device})"
         return True, ""
@@ -380,9 +466,10 @@ def time_fn(fn: Callable[[], object], method: str, *, rep: int = 100, warmup: in
 
     Args:
         fn: zero-argument callable; its return value is ignored.
-        method: ``"cupti_cold"``, ``"graph"``, ``"event"`` (see the module
+        method: ``"cupti_cold"``, ``"graph"``, ``"event"``, ``"host"`` (see the module
             docstring) or ``"cpu_wall"`` (host clock; CPU smoke runs only).
-        rep: measured calls. warmup: untimed calls before them.
+        rep: samples (``host``: of ``HOST_CALLS_PER_SAMPLE`` calls each; ``graph``: of
+            one replay). warmup: untimed calls before them.
         flush_l2: evict L2 before each measured call (outside the window).
     Returns:
         :class:`Timing` with ``median_us, p20_us, p80_us, n``.
@@ -403,12 +490,14 @@ def time_fn(fn: Callable[[], object], method: str, *, rep: int = 100, warmup: in
     if not torch.cuda.is_available():
         raise MethodUnavailable(method, "needs a CUDA GPU (torch sees none)")
     if method == "graph":  # warm-up happens on the capture stream
-        return _time_graph(fn, rep, warmup, flush_l2)
+        return _time_graph(fn, rep, warmup)
     for _ in range(max(0, warmup)):
         fn()
     torch.cuda.synchronize()
     if method == "event":
         return _time_event(fn, rep, flush_l2)
+    if method == "host":
+        return _time_host(fn, rep)
     return _time_cupti_cold(fn, rep, flush_l2)
 
 
