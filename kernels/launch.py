@@ -51,11 +51,15 @@ def fast_launch_enabled() -> bool:
             and os.environ.get("GDN_FAST_LAUNCH", "1") != "0")
 
 
+def _tensor_key(t, addr: int):
+    return (t.dtype, addr % 16 == 0)
+
+
 def _arg_key(x):
     if x is None:
         return None
     if isinstance(x, torch.Tensor):
-        return (x.dtype, x.data_ptr() % 16 == 0, x.is_cuda)
+        return _tensor_key(x, x.data_ptr())
     if isinstance(x, bool):
         return ("b", x)
     if isinstance(x, int):
@@ -63,6 +67,11 @@ def _arg_key(x):
     if isinstance(x, float):
         return "f"
     return (type(x).__name__, x)   # anything else: exact (a miss at worst)
+
+
+def _current_stream() -> int:
+    """The current CUDA stream's handle (what Triton's own launcher asks torch for)."""
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
 
 
 class FastLaunch:
@@ -95,21 +104,21 @@ class FastLaunch:
         (compiling on the call)."""
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return lambda: self.fn[grid](*args, **kwargs)
-        key = self._key(args, kwargs)
-        ck = self._compiled.get(key)
-        if ck is None:
+        key, addrs = self._key_addrs(args, kwargs)
+        entry = self._compiled.get(key)
+        if entry is None:
             return lambda: self.launch(grid, args, kwargs)
+        ck, tail = entry
         # tensors as raw addresses: Triton's C launcher takes an int as is, where a tensor
         # costs a ``data_ptr()`` call and a ``cuPointerGetAttribute`` driver query each
         # (the tensors stay referenced by ``args`` until the launch)
-        ordered = [a.data_ptr() if isinstance(a, torch.Tensor) else a
-                   for a in self._ordered(args, kwargs)]
+        ordered = addrs + tail
         try:
             runner = ck[tuple(grid) + (1,) * (3 - len(grid))]
         except (TypeError, AttributeError) as e:
             self._disable(e)
             return lambda: self.fn[grid](*args, **kwargs)
-        stream = torch.cuda.current_stream().cuda_stream
+        stream = _current_stream()
 
         def go():
             try:
@@ -120,9 +129,19 @@ class FastLaunch:
         return go
 
     @staticmethod
-    def _key(args, kwargs):
-        return (torch.cuda.current_device(), tuple(_arg_key(a) for a in args),
-                tuple(kwargs.items()))
+    def _key_addrs(args, kwargs):
+        """The launch key, and ``args`` with every tensor replaced by its address (one
+        pass: each address is read once)."""
+        keys, addrs = [], []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                p = a.data_ptr()
+                keys.append(_tensor_key(a, p))
+                addrs.append(p)
+            else:
+                keys.append(_arg_key(a))
+                addrs.append(a)
+        return (torch.cuda.current_device(), tuple(keys), tuple(kwargs.items())), addrs
 
     def _ordered(self, args, kwargs):
         ordered = list(args)
@@ -147,14 +166,15 @@ class FastLaunch:
     def launch(self, grid, args, kwargs):
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return self.fn[grid](*args, **kwargs)
-        key = self._key(args, kwargs)
-        ck = self._compiled.get(key)
-        if ck is None:
+        key, addrs = self._key_addrs(args, kwargs)
+        entry = self._compiled.get(key)
+        if entry is None:
             ck = self.fn[grid](*args, **kwargs)
-            self._compiled[key] = ck
+            self._compiled[key] = (ck, self._ordered((), kwargs))
             return ck
+        ck, tail = entry
         try:
-            ck[tuple(grid) + (1,) * (3 - len(grid))](*self._ordered(args, kwargs))
+            ck[tuple(grid) + (1,) * (3 - len(grid))](*addrs, *tail, stream=_current_stream())
         except (TypeError, AttributeError) as e:
             self._disable(e)
             return self.fn[grid](*args, **kwargs)

@@ -29,6 +29,7 @@ It never mutates its inputs and launches nothing on the device.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -274,6 +275,100 @@ def _check_scale(scale):
         raise ValueError(f"scale must be finite and >= 0 (0 means 1/sqrt(D)), got {scale}")
 
 
+# The checks below, one argument at a time, name what is wrong. A valid call pays them as one
+# flat expression instead (``_decode_ok`` / ``_prefill_ok``: the same conditions, no call per
+# argument); only a call that fails it runs the named checks, which then raise.
+_T, _BF, _F32 = torch.Tensor, torch.bfloat16, torch.float32
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _shape_of(hq: int, hv: int, d: int) -> GDNShape:
+    return GDNShape(hq, hv, d)
+
+
+def _heads_ok(hq, hv, d) -> bool:
+    return hq >= 1 and hv >= 1 and hv % hq == 0 and d >= 16 and not d & (d - 1)
+
+
+def _scale_ok(scale) -> bool:
+    return scale is None or (type(scale) in (int, float) and math.isfinite(scale) and scale >= 0)
+
+
+def _decode_ok(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices):
+    """Every metadata condition of :func:`validate_decode_inputs` (not the slot values):
+    the shape when all hold, else None."""
+    if not (type(q) is _T and type(k) is _T and type(v) is _T and type(state) is _T
+            and type(A_log) is _T and type(a) is _T and type(dt_bias) is _T and type(b) is _T):
+        return None
+    qs, vs, ss = q.shape, v.shape, state.shape
+    if len(qs) != 4 or len(vs) != 4 or len(ss) != 4:
+        return None
+    B, T, hq, d = qs
+    hv = vs[2]
+    if T < 1 or not _heads_ok(hq, hv, d):
+        return None
+    if not (q.dtype is _BF and k.dtype is _BF and v.dtype is _BF and a.dtype is _BF
+            and b.dtype is _BF and A_log.dtype is _F32 and dt_bias.dtype is _F32
+            and (state.dtype is _F32 or state.dtype is _BF)):
+        return None
+    if not (k.shape == qs and vs == (B, T, hv, d) and a.shape == (B, T, hv)
+            and b.shape == (B, T, hv) and A_log.shape == (hv,) and dt_bias.shape == (hv,)):
+        return None
+    dev = q.device
+    if state_indices is None:
+        if ss != (B, hv, d, d):
+            return None
+    elif not (type(state_indices) is _T and ss[0] >= 1 and ss[1:] == (hv, d, d)
+              and state_indices.dtype in _INDEX_DTYPES and state_indices.shape == (B,)
+              and state_indices.device == dev and state_indices.is_contiguous()):
+        return None
+    if not (k.device == dev and v.device == dev and state.device == dev and a.device == dev
+            and b.device == dev and A_log.device == dev and dt_bias.device == dev):
+        return None
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+            and state.is_contiguous() and a.is_contiguous() and b.is_contiguous()
+            and A_log.is_contiguous() and dt_bias.is_contiguous() and _scale_ok(scale)):
+        return None
+    return _shape_of(hq, hv, d)
+
+
+def _prefill_ok(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale):
+    """Every metadata condition of :func:`validate_prefill_inputs` (not the values of
+    ``cu_seqlens``): the shape when all hold, else None."""
+    if not (type(q) is _T and type(k) is _T and type(v) is _T and type(A_log) is _T
+            and type(a) is _T and type(dt_bias) is _T and type(b) is _T
+            and type(cu_seqlens) is _T and (state is None or type(state) is _T)):
+        return None
+    qs, vs, cs = q.shape, v.shape, cu_seqlens.shape
+    if len(qs) != 3 or len(vs) != 3 or len(cs) != 1 or cs[0] < 2:
+        return None
+    T, hq, d = qs
+    hv = vs[1]
+    if not _heads_ok(hq, hv, d):
+        return None
+    if not (q.dtype is _BF and k.dtype is _BF and v.dtype is _BF and a.dtype is _BF
+            and b.dtype is _BF and A_log.dtype is _F32 and dt_bias.dtype is _F32
+            and cu_seqlens.dtype in _INDEX_DTYPES):
+        return None
+    if not (k.shape == qs and vs == (T, hv, d) and a.shape == (T, hv) and b.shape == (T, hv)
+            and A_log.shape == (hv,) and dt_bias.shape == (hv,)):
+        return None
+    dev = q.device
+    if not (k.device == dev and v.device == dev and a.device == dev and b.device == dev
+            and A_log.device == dev and dt_bias.device == dev and cu_seqlens.device == dev):
+        return None
+    if state is not None and not (state.dtype is _F32 and state.device == dev
+                                  and state.shape == (cs[0] - 1, hv, d, d)
+                                  and state.is_contiguous()):
+        return None
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+            and a.is_contiguous() and b.is_contiguous() and A_log.is_contiguous()
+            and dt_bias.is_contiguous() and cu_seqlens.is_contiguous() and _scale_ok(scale)):
+        return None
+    return _shape_of(hq, hv, d)
+
+
 def validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale=None,
                            state_indices=None, *, check_values: bool = True) -> GDNShape:
     """Check decode inputs against the contract; return their :class:`GDNShape`.
@@ -287,6 +382,10 @@ def validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale=None,
     Raises ``TypeError``/``ValueError`` naming the argument. Reads only metadata
     (and the slot values when ``check_values``).
     """
+    if not check_values:
+        shape = _decode_ok(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices)
+        if shape is not None:
+            return shape
     bf = torch.bfloat16
     _tensor("q", q, bf, 4)
     dev = q.device
@@ -363,6 +462,10 @@ def validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sc
     0, non-decreasing, ends at T); on a GPU tensor that costs one device-to-host
     copy, so fast paths may pass False and rely on the metadata checks alone.
     """
+    if not check_values:
+        shape = _prefill_ok(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale)
+        if shape is not None:
+            return shape
     bf = torch.bfloat16
     _tensor("q", q, bf, 3)
     dev = q.device

@@ -101,11 +101,10 @@ class _Jit:
 def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
     """After the first (compiling) launch of a key, ``bind`` returns a launch with the
     constexprs in order, defaults filled, tensors as addresses and the stream fixed."""
-    from types import SimpleNamespace
     from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=99))
+    monkeypatch.setattr(launch, "_current_stream", lambda: 99)
     fn = _Jit()
     fl = FastLaunch(fn)
     x = torch.zeros(16)
@@ -121,11 +120,10 @@ def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
 def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
     """A ``TypeError`` from the compiled kernel's runner (Triton's internal API moved)
     turns direct launches off, with a warning, and launches through ``kernel[grid]``."""
-    from types import SimpleNamespace
     from kernels import launch
     monkeypatch.setattr(launch, "_DISABLED_REASON", None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=1))
+    monkeypatch.setattr(launch, "_current_stream", lambda: 1)
     monkeypatch.setenv("GDN_FAST_LAUNCH", "1")
     monkeypatch.setattr(launch.interpret, "INTERPRET", False)
 

@@ -8,6 +8,7 @@ are also reached through the references, which must reject the same inputs.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import numpy as np
@@ -112,13 +113,16 @@ BAD_DECODE = [
 ]
 
 
-@pytest.mark.parametrize("entry", ["validate", "reference"])
+@pytest.mark.parametrize("entry", ["validate", "unchecked", "reference"])
 @pytest.mark.parametrize("mutate,exc,arg", BAD_DECODE)
 def test_decode_rejects_bad_input(mutate, exc, arg, entry):
+    """``unchecked``: without the value checks (the GPU's default) validation takes the
+    one-expression check first; a bad input must fail it and get the same named error."""
     inputs = make_decode_inputs(2, SMALL, seed=1)
     mutate(inputs)
     before = _snapshot(inputs)
-    fn = validate_decode_inputs if entry == "validate" else decode_reference
+    fn = {"validate": validate_decode_inputs, "reference": decode_reference,
+          "unchecked": functools.partial(validate_decode_inputs, check_values=False)}[entry]
     with pytest.raises(exc, match=rf"^{arg}\b"):
         fn(**inputs)
     _assert_unchanged(inputs, before)
@@ -173,16 +177,29 @@ BAD_PREFILL = [
 ]
 
 
-@pytest.mark.parametrize("entry", ["validate", "reference"])
+@pytest.mark.parametrize("entry", ["validate", "unchecked", "reference"])
 @pytest.mark.parametrize("mutate,exc,arg", BAD_PREFILL)
 def test_prefill_rejects_bad_input(mutate, exc, arg, entry):
     inputs = make_prefill_inputs([3, 4], SMALL, seed=2)
     mutate(inputs)
     before = _snapshot(inputs)
+    if entry == "unchecked":
+        ok = spec._prefill_ok(**{n: inputs[n] for n in _PREFILL_ARGS})
+        try:
+            validate_prefill_inputs(**inputs, check_values=False)
+        except exc as e:   # a metadata fault: the one-expression check must have failed
+            assert ok is None and str(e).startswith(arg)
+        else:              # a value of cu_seqlens: left to the device-side guard
+            assert arg == "cu_seqlens" and ok is not None
+        _assert_unchanged(inputs, before)
+        return
     fn = validate_prefill_inputs if entry == "validate" else prefill_reference
     with pytest.raises(exc, match=rf"^{arg}\b"):
         fn(**inputs)
     _assert_unchanged(inputs, before)
+
+
+_PREFILL_ARGS = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "cu_seqlens", "scale")
 
 
 def test_prefill_value_checks_can_be_skipped():
@@ -309,3 +326,17 @@ def test_parse_shape_names_and_errors():
     assert parse_shape([3, 5]) == ("3+5", [3, 5])
     with pytest.raises(ValueError, match="not a prefill shape"):
         parse_shape("nonsense")
+
+
+def test_valid_inputs_take_the_one_expression_check():
+    """Valid calls (dense and pooled decode, prefill with and without a state) pass the
+    flat check, so the GPU's unchecked path never runs the argument-by-argument one."""
+    d = make_decode_inputs(3, SMALL)
+    args = {n: d[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "scale")}
+    assert spec._decode_ok(**args, state_indices=None) == SMALL
+    pool = make_decode_inputs(3, SMALL, pool_size=5)
+    args = {n: pool[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "scale")}
+    assert spec._decode_ok(**args, state_indices=pool["state_indices"]) == SMALL
+    for with_state in (True, False):
+        p = make_prefill_inputs([3, 0, 4], SMALL, with_state=with_state)
+        assert spec._prefill_ok(**{n: p[n] for n in _PREFILL_ARGS}) == SMALL

@@ -43,12 +43,14 @@ Methods (``METHODS``)
 
 ``event`` - GPU time of one call on a *cold* L2, launch path hidden. Per iteration: the
     L2 flush (the same buffer write), a spin kernel (:mod:`kernels.bench.spin`) of twice
-    the call's host time plus ``EVENT_HEAD_START_US``, a CUDA event, ``fn()``, a second
-    event; no host synchronisation between iterations. While the spin runs the host
-    enqueues the whole call, so the stream runs the call's kernels back to back: the
-    sample is their GPU time (queue latency between graph-less launches included, host
-    gaps excluded). A host synchronisation inside ``fn`` defeats the head start: the
-    host time after it is then in the sample.
+    the call's host time plus ``EVENT_HEAD_START_US``, then a window ``start event,
+    EVENT_INNER_US spin, fn(), end event``; interleaved, a baseline window without
+    ``fn()``. The sample is the window minus the baselines' median: the time ``fn`` adds
+    to the stream. While the head-start spin runs the host enqueues the whole call, so
+    the stream runs the call's kernels back to back (host gaps excluded), and the
+    difference removes the events' own latency (a fixed ~3 µs on the H200 otherwise). No
+    host synchronisation between iterations. A host synchronisation inside ``fn``
+    defeats the head start: the host time after it is then in the sample.
 
 ``host`` - host µs per eager call: the launch path (Python, argument checks, allocation,
     binding, the driver's launch) that a serving engine pays per call when it does not
@@ -270,8 +272,10 @@ def _time_cupti_cold(fn, rep, flush_l2):
 
 # --------------------------------------------------------------------------- event / graph / host
 
-#: ``event``: the spin before each timed call lasts twice the call's host time plus this.
+#: ``event``: the spin before each timed call lasts twice the call's host time plus this;
+#: the spin inside each window (and its baseline) lasts EVENT_INNER_US.
 EVENT_HEAD_START_US = 20.0
+EVENT_INNER_US = 5.0
 #: ``graph``: GPU work one replay should hold, and the most calls captured into one graph.
 GRAPH_TARGET_US = 200.0
 GRAPH_MAX_CALLS = 100
@@ -292,24 +296,36 @@ def _host_estimate_us(fn, calls: int = 5) -> float:
 
 
 def _time_event(fn, rep, flush_l2):
+    """``event``: per iteration (flush, head-start spin) a timed window ``start event,
+    EVENT_INNER_US spin, fn(), end event``, and interleaved with it a baseline window
+    without ``fn()``; each sample is a window minus the baselines' median. The inner spin
+    keeps ``fn``'s first launch queued behind a running kernel, and the difference removes
+    the events' own latency, which is the same in both windows."""
     import torch
 
     from .spin import spin
 
     head_us = 2.0 * _host_estimate_us(fn) + EVENT_HEAD_START_US
     buf = flush_buffer() if flush_l2 else None
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
-    end = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    timed = [(ev(), ev()) for _ in range(rep)]
+    base = [(ev(), ev()) for _ in range(rep)]
     torch.cuda.synchronize()
-    for i in range(rep):
+    for (s, e), (bs, be) in zip(timed, base):
         if buf is not None:
             buf.zero_()
         spin(head_us)
-        start[i].record()
+        s.record()
+        spin(EVENT_INNER_US)
         fn()
-        end[i].record()
+        e.record()
+        spin(EVENT_HEAD_START_US)
+        bs.record()
+        spin(EVENT_INNER_US)
+        be.record()
     torch.cuda.synchronize()
-    return _summarize("event", [s.elapsed_time(e) * 1e3 for s, e in zip(start, end)])
+    b = float(np.median([x.elapsed_time(y) * 1e3 for x, y in base]))
+    return _summarize("event", [s.elapsed_time(e) * 1e3 - b for s, e in timed])
 
 
 def _capture(fn, warmup: int, calls: int = 1):

@@ -39,7 +39,7 @@ def _check_buffer(name, x, dtype, shape, q) -> None:
 
 def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
     if config is None:
-        return config_for_device(batch, device).fit(head_dim)
+        return config_for_device(batch, device, head_dim)
     if isinstance(config, str):
         config = DecodeConfig.from_name(config)
     elif not isinstance(config, DecodeConfig):
@@ -89,7 +89,8 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
         _check_buffer("status", status, torch.int32, (1,), q)
     cfg = _resolve_config(config, B, D, q.device)
 
-    o = output if output is not None else q.new_empty((B, T, HV, D))
+    # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)
+    o = output if output is not None else torch.empty_like(v)
     ht = state if inplace else (output_state if output_state is not None
                                 else torch.empty_like(state))
     hi = (state.new_empty((B, T, HV, D, D)) if intermediate_states else ht)

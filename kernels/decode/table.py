@@ -53,6 +53,7 @@ PathLike = Union[str, Path]
 # "Decode's host path")
 _cache: Dict[tuple, Optional[Dict[int, DecodeConfig]]] = {}
 _device_slugs: Dict[int, str] = {}
+_picked: Dict[tuple, DecodeConfig] = {}   # config_for_device's answers
 
 
 def table_path(gpu_slug: str, path: Optional[PathLike] = None) -> Path:
@@ -67,6 +68,7 @@ def table_path(gpu_slug: str, path: Optional[PathLike] = None) -> Path:
 def clear_config_cache() -> None:
     """Forget loaded tables (they are re-read on next use)."""
     _cache.clear()
+    _picked.clear()
 
 
 def load_config_table(gpu_slug: str, path: Optional[PathLike] = None
@@ -122,7 +124,7 @@ def write_config_table(table: Mapping[int, Union[DecodeConfig, str]], gpu_slug: 
     tmp = p.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     tmp.replace(p)
-    _cache.clear()   # any key may name this file (a folder or the file itself)
+    clear_config_cache()   # any key may name this file (a folder or the file itself)
     return p
 
 
@@ -163,8 +165,15 @@ def config_for(batch: int, gpu_slug: Optional[str] = None,
     return _pick(table or DEFAULT_TABLE, batch)
 
 
-def config_for_device(batch: int, device) -> DecodeConfig:
-    """:func:`config_for` on the GPU holding ``device`` (the default table off-GPU)."""
-    slug = _current_slug(device)
-    table = load_config_table(slug) if slug else None
-    return _pick(table or DEFAULT_TABLE, batch)
+def config_for_device(batch: int, device, head_dim: Optional[int] = None) -> DecodeConfig:
+    """:func:`config_for` on the GPU holding ``device`` (the default table off-GPU),
+    fitted to ``head_dim`` when given; remembered per argument until the tables change
+    (every eager decode call asks)."""
+    key = (batch, device, head_dim)
+    cfg = _picked.get(key)
+    if cfg is None:
+        slug = _current_slug(device)
+        table = load_config_table(slug) if slug else None
+        cfg = _pick(table or DEFAULT_TABLE, batch)
+        cfg = _picked[key] = cfg if head_dim is None else cfg.fit(head_dim)
+    return cfg

@@ -261,6 +261,22 @@ class Run:
                 self.skip(f"timing with {m}", why)
         return usable
 
+    def host_floor_us(self) -> float:
+        """Host µs of one launch of an empty Triton kernel on this machine (the ``host``
+        method on :func:`kernels.bench.timing.bare_launch_fn`, once per run, in the
+        provenance): the floor of any Triton call's host time. NaN where it cannot run."""
+        if "host_floor_us" not in self.state:
+            from kernels.bench.timing import bare_launch_fn, time_fn
+
+            try:
+                us = time_fn(bare_launch_fn(), "host", rep=50, warmup=10).median_us
+                print(f"host floor: one bare Triton launch takes {us:.1f} µs of host time")
+            except Exception as e:
+                self.skip("host floor (bare Triton launch)", short_reason(e))
+                us = float("nan")
+            self.state["host_floor_us"] = self.extra_provenance["bare_launch_host_us"] = us
+        return self.state["host_floor_us"]
+
     def timed_rows(self, timings: Iterable[dict], what: str, base: dict) -> List[dict]:
         """``base`` with each timing of :func:`kernels.bench.timing.time_each` (here or in
         the peer worker); a method that raised is skipped as ``"<what> <method>"``."""

@@ -73,8 +73,9 @@ PARAMS = COMMON_PARAMS + (
           "worker of its own; docs/solutions.md)"),
     Param("solutions", "list", [],
           "more solution paths (the make variable SOLUTIONS); those with a decode definition are added"),
-    Param("methods", "list", ["cupti_cold", "graph", "event"],
-          "timing methods (cupti_cold, graph, event; cpu_wall is interpreter plumbing only)"),
+    Param("methods", "list", ["cupti_cold", "graph", "event", "host"],
+          "timing methods (GPU time: cupti_cold, graph, event; host: host µs per eager call; "
+          "cpu_wall is interpreter plumbing only)"),
     Param("sweep_BV", "list", [8, 16, 32, 64, 128], "config sweep: BV values"),
     Param("sweep_num_warps", "list", [1, 2, 4, 8], "config sweep: num_warps values"),
     Param("sweep_num_stages", "list", [1], "config sweep: num_stages values"),
@@ -437,6 +438,12 @@ def floor_us(B: int, shape, bw: float) -> float:
         return decode_state_bytes(B, shape) / bw * 1e6
 
 
+def method_floor_us(run: Run, method: str, B: int, shape, bw: float) -> float:
+    """The ``floor_us`` of a row: the copy-bandwidth floor of the state's bytes for the GPU
+    methods, one bare Triton launch for ``host`` (:meth:`Run.host_floor_us`)."""
+    return run.host_floor_us() if method == "host" else floor_us(B, shape, bw)
+
+
 def _label_config(run: Run, label: str, B: int):
     from kernels.decode import FLA_LIKE, DecodeConfig, config_for
 
@@ -464,7 +471,7 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         for B in progress(p["batch_sizes"], f"timing: {len(p['impls'])} implementations per B "
                           f"({method})", "B"):
             inputs, ref = _inputs(run, B)
-            fl = floor_us(B, shape, bw)
+            fl = method_floor_us(run, method, B, shape, bw)
             for label in p["impls"]:
                 if label.startswith("solution:"):
                     continue
@@ -496,9 +503,9 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                           f"solutions per B ({', '.join(methods)}), in their workers", "B"):
             inputs, ref = _inputs(run, B)
             rows += _time_solutions(run, gate, methods, B, inputs, ref,
-                                    floor_us(B, shape, bw))
+                                    {m: method_floor_us(run, m, B, shape, bw) for m in methods})
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
-    times["frac_of_copy_bw"] = times.floor_us / times.median_us
+    times["frac_of_copy_bw"] = (times.floor_us / times.median_us).where(times.method != "host")
     if len(times):
         run.write_csv(times, "decode_times")
     else:
@@ -507,7 +514,7 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
 
 
 def _time_solutions(run: Run, gate: pd.DataFrame, methods: List[str], B: int, inputs, ref,
-                    fl: float) -> List[dict]:
+                    fl: Dict[str, float]) -> List[dict]:
     """Rows of the solutions that passed the gate at ``B``, timed with every one of
     ``methods`` in one request to each worker (gated again there on the same inputs): one
     copy of the inputs to the worker per B, not one per method, since a B = 512 state is
@@ -523,8 +530,9 @@ def _time_solutions(run: Run, gate: pd.DataFrame, methods: List[str], B: int, in
                                 methods=list(methods), rep=p["repetitions"],
                                 warmup=p["warmup"])
         if res:
-            rows += run.timed_rows(res["timings"], f"{label} B={B}", dict(
-                impl="solution", config="default", B=B, floor_us=fl, gpu=run.gpu, label=label))
+            rows += [dict(r, floor_us=fl.get(r["method"], float("nan")))
+                     for r in run.timed_rows(res["timings"], f"{label} B={B}", dict(
+                         impl="solution", config="default", B=B, gpu=run.gpu, label=label))]
     return rows
 
 
@@ -534,6 +542,18 @@ def times_table(times: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     out = times.pivot_table(index=["method", "B"], columns="label", values="median_us", sort=False)
     return out[unique_in_order(times.label)]
+
+
+def host_table(times: pd.DataFrame) -> pd.DataFrame:
+    """``host`` rows: per implementation the median host µs per call over B, the bare
+    launch floor and the ratio, lowest first."""
+    h = times[times.method == "host"] if len(times) else times
+    if h is None or h.empty:
+        return pd.DataFrame(columns=["label", "median_us", "floor_us", "x_floor"])
+    out = h.groupby("label", sort=False).agg(median_us=("median_us", "median"),
+                                             floor_us=("floor_us", "first")).reset_index()
+    out["x_floor"] = out.median_us / out.floor_us
+    return out.sort_values("median_us").reset_index(drop=True)
 
 
 def run_serving(run: Run) -> Dict[str, pd.DataFrame]:
@@ -629,10 +649,31 @@ def _gpu_of(times: pd.DataFrame) -> str:
     return str(times.gpu.iloc[0]) if "gpu" in times and len(times) else ""
 
 
-def _logx(ax, Bs):
+def _logx(ax, Bs, min_gap: float = 0.9):
+    """Log2 x with a tick at every B, labelled where it is at least ``min_gap`` octaves
+    from the last labelled one (32, 48, 64 would overlap)."""
     ax.set_xscale("log", base=2)
-    ax.set_xticks(list(Bs), [str(int(b)) for b in Bs])
+    labels, last = [], None
+    for b in Bs:
+        keep = last is None or math.log2(b) - math.log2(last) >= min_gap
+        labels.append(str(int(b)) if keep else "")
+        last = b if keep else last
+    ax.set_xticks(list(Bs), labels)
     ax.minorticks_off()
+
+
+#: what each method's panel shows (titles of the per-method figures)
+METHOD_MEANING = {
+    "cupti_cold": "GPU span, cold L2, idle host (contest)",
+    "graph": "GPU time, warm L2, graph replay",
+    "event": "GPU time, cold L2, launch hidden",
+    "host": "HOST time per eager call",
+    "cpu_wall": "interpreter wall time",
+}
+
+
+def method_title(method: str) -> str:
+    return f"{method}: {METHOD_MEANING.get(method, '')}".rstrip(": ")
 
 
 def plot_time_vs_B(times: pd.DataFrame):
@@ -641,22 +682,26 @@ def plot_time_vs_B(times: pd.DataFrame):
     if times is None or times.empty:
         return None
     methods = unique_in_order(times.method)
-    fig, axes = new_figure(1, max(1, len(methods)), panel=(5.2, 3.8))
+    ncols = 2 if len(methods) == 4 else max(1, len(methods))
+    fig, axes = new_figure(math.ceil(len(methods) / ncols), ncols, panel=(5.2, 3.4))
     gpu = _gpu_of(times)
+    color = {lab: f"C{k % 10}" for k, lab in enumerate(unique_in_order(times.label))}
     for ax, method in zip(axes.flat, methods):
         t = times[times.method == method]
         for label in unique_in_order(t.label):
             s = t[t.label == label].sort_values("B")
-            line, = ax.plot(s.B, s.median_us, marker="o", ms=3, label=label)
-            ax.fill_between(s.B, s.p20_us, s.p80_us, color=line.get_color(), alpha=0.2)
+            ax.plot(s.B, s.median_us, marker="o", ms=3, label=label, color=color[label])
+            ax.fill_between(s.B, s.p20_us, s.p80_us, color=color[label], alpha=0.2)
         fl = t.drop_duplicates("B").sort_values("B")
         if fl.floor_us.notna().any():
-            ax.plot(fl.B, fl.floor_us, "k--", lw=1, label="copy-bandwidth floor")
+            ax.plot(fl.B, fl.floor_us, "k--" if method != "host" else "k:", lw=1,
+                    label="copy-bandwidth floor" if method != "host"
+                    else "one bare Triton launch (host floor)")
         _logx(ax, sorted(t.B.unique()))
         ax.set_xlabel("batch size B")
-        ax.set_ylabel("time per call (µs), median, p20–p80")
+        ax.set_ylabel("µs per call, median, p20–p80")
         _auto_logy(ax, t.median_us)
-        ax.set_title(f"method: {method}", fontsize=9)
+        ax.set_title(method_title(method), fontsize=9)
     figure_legend(fig, axes)   # outside: it covered the dashed floor at small B
     fig.suptitle(f"GDN decode: time vs batch size — {gpu}{_cpu_notes(methods)}")
     return fig
@@ -698,7 +743,7 @@ def plot_speedup(times: pd.DataFrame, baselines: Sequence[str]):
         t = times[times.method == method]
         for j, baseline in enumerate(baselines):
             ax = axes[i][j]
-            ax.set_title(f"vs {baseline} — {gpu}, method: {method}", fontsize=9)
+            ax.set_title(f"vs {baseline} — {method_title(method)}", fontsize=9)
             sp = speedups(t, baseline)
             left_out = [l for l in unique_in_order(sp.label) if impl_of(l) == "torch"]
             sp = sp[~sp.label.isin(left_out)]
@@ -732,7 +777,9 @@ def plot_bw_fraction(times: pd.DataFrame):
     """Achieved fraction of device copy bandwidth (state bytes / time) vs B."""
     if times is None or times.empty:
         return None
-    methods = unique_in_order(times.method)
+    methods = [m for m in unique_in_order(times.method) if m != "host"]   # not a GPU time
+    if not methods:
+        return None
     fig, axes = new_figure(1, max(1, len(methods)), panel=(5.2, 3.6))
     gpu = _gpu_of(times)
     for ax, method in zip(axes.flat, methods):
@@ -877,6 +924,13 @@ def _crossover_conclusion(dfs: Dict[str, pd.DataFrame]) -> str:
     lines.append(f"**Seed check** (B200, CUPTI: FLA-style recurrent kernel overtaken by "
                  f"FlashInfer at B≈{SEED_CROSSOVER_B}); here on {gpu} with {method}:\n"
                  + "\n".join(seed))
+    host = host_table(times)
+    if len(host):
+        floor = float(host.floor_us.iloc[0])
+        parts = [f"{r.label} {r.median_us:.0f} µs ({r.x_floor:.1f}× the floor)"
+                 for r in host.itertuples()]
+        lines.append(f"**Host time per eager call** (`host`, median over B; one bare Triton "
+                     f"launch takes {floor:.1f} µs here): " + "; ".join(parts) + ".")
     if best is not None and len(best):
         parts = [f"B={int(r.B)}: {r.config}" + (f" ({r.gain_vs_fla_like:.2f}× vs BV8-w1)"
                                                  if np.isfinite(r.gain_vs_fla_like) else "")

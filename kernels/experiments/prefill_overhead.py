@@ -69,7 +69,9 @@ PARAMS = COMMON_PARAMS + (
     Param("solutions", "list", [],
           "more solution paths (the make variable SOLUTIONS); those with a prefill definition are added"),
     Param("variants", "list", list(DEFAULT_VARIANTS), "our pipeline variants (kernels.prefill.VARIANTS)"),
-    Param("methods", "list", ["cupti_cold", "graph"], "timing methods (cupti_cold span, graph replay)"),
+    Param("methods", "list", ["cupti_cold", "graph", "host"],
+          "timing methods (GPU time: cupti_cold span, graph replay, event; host: host µs per "
+          "eager call, against one bare Triton launch)"),
     Param("repetitions", "int", 50, "timed calls per point"),
     Param("warmup", "int", 5, "untimed calls before timing"),
     Param("seed", "int", 0, "seed of the inputs"),
@@ -97,7 +99,7 @@ CROSSOVER_OURS = (("ours-recurrent", "recurrent", {}),
 
 TIMES_COLUMNS = ["impl", "variant", "lens", "T", "N", "method", "median_us", "launches",
                  "p20_us", "p80_us", "n", "busy_us", "span_us", "idle_frac", "largest_gap_us",
-                 "gpu", "label"]
+                 "gpu", "label", "floor_us"]
 
 
 def collect_params(namespace: dict) -> dict:
@@ -317,6 +319,8 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
             rows += run.timed_rows(timings, f"{label} lens={lab}",
                                    _base_row(run, impl, variant, lab, lens, label, summ))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
+    if "host" in methods:   # the host rows' floor: one bare Triton launch on this machine
+        times["floor_us"] = np.where(times.method == "host", run.host_floor_us(), np.nan)
     if len(times):
         run.write_csv(times, "prefill_times")
     else:
@@ -351,6 +355,18 @@ def _measure_remote(run, fn, label, impl, variant, lab, lens, inputs, methods, g
         run.state["timelines"][label] = Timeline.from_chrome_trace(trace)
     return run.timed_rows(res["timings"], f"{label} lens={lab}",
                           _base_row(run, impl, variant, lab, lens, label, res.get("timeline") or {}))
+
+
+def host_table(times: pd.DataFrame) -> pd.DataFrame:
+    """``host`` rows: per implementation the median host µs per call over the shapes, the
+    bare-launch floor and the ratio, lowest first."""
+    h = times[times.method == "host"] if len(times) and "floor_us" in times else times.iloc[0:0]
+    if h.empty:
+        return pd.DataFrame(columns=["label", "median_us", "floor_us", "x_floor"])
+    out = h.groupby("label", sort=False).agg(median_us=("median_us", "median"),
+                                             floor_us=("floor_us", "first")).reset_index()
+    out["x_floor"] = out.median_us / out.floor_us
+    return out.sort_values("median_us").reset_index(drop=True)
 
 
 def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
@@ -470,11 +486,16 @@ def plot_time_vs_T(times: pd.DataFrame):
             for r in s[s.N > 1].itertuples():
                 ax.scatter([r.T], [r.median_us], marker=markers.get(r.lens, "x"),
                            color=colors[label], s=22)
+        if method == "host" and "floor_us" in t and t.floor_us.notna().any():
+            ax.axhline(float(t.floor_us.dropna().iloc[0]), color="k", ls=":", lw=1)
+            ax.text(0.02, 0.02, "dotted: one bare Triton launch", transform=ax.transAxes,
+                    fontsize=7)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("total tokens T (log)")
-        ax.set_ylabel("time per call (µs, log)")
-        ax.set_title(f"{method} — {gpu}", fontsize=9)
+        ax.set_ylabel("µs per call (log)")
+        ax.set_title(f"{method}: {'HOST time per eager call' if method == 'host' else 'GPU time'}"
+                     f" — {gpu}", fontsize=9)
     handles = [Line2D([], [], color=colors[lab], marker="o", ms=3, label=lab) for lab in labels]
     handles += [Line2D([], [], color="k", marker=markers[b], ls="", label=b) for b in batches]
     fig.legend(handles=handles, fontsize=7, loc="outside right center")
@@ -815,6 +836,14 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         lines.append(f"**Steps at lens={w.lens.iloc[0]}** ({w.method.iloc[0]}): "
                      + "; ".join(steps) + f" → {w.variant.iloc[-1]} is {fmt_x(total)} "
                      f"faster than {w.variant.iloc[0]}.")
+    h = host_table(times)
+    if len(h):
+        floor = float(h.floor_us.iloc[0])
+        parts = [f"{r.label} {fmt_us(r.median_us)} ({r.x_floor:.1f}×)" for r in h.itertuples()]
+        lines.append(f"**Host time per eager call** (`host`, median over shapes, lowest first; "
+                     f"× one bare Triton launch, {fmt_us(floor)} here): " + "; ".join(parts)
+                     + ". While a call's host time exceeds its GPU time, the GPU idles between "
+                     "its launches unless a graph replays it.")
     t = times[times.method == method]
     big = t[t["T"] == t["T"].max()]
     if len(big):

@@ -121,10 +121,11 @@ def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, outp
         check_out_tensor("output", output, (T, HV, D), torch.bfloat16, q.device)
     if output_state is not None:
         check_out_tensor("output_state", output_state, (N, HV, D, D), torch.float32, q.device)
-    o = output if output is not None else torch.empty(T, HV, D, dtype=torch.bfloat16,
-                                                      device=q.device)
-    ht = output_state if output_state is not None else torch.empty(
-        N, HV, D, D, dtype=torch.float32, device=q.device)
+    # empty_like where a validated input has the shape: the cheapest allocation on the host
+    o = output if output is not None else torch.empty_like(v)
+    ht = output_state if output_state is not None else (
+        torch.empty_like(state) if state is not None
+        else torch.empty(N, HV, D, D, dtype=torch.float32, device=q.device))
     return shape, resolve_scale(scale, D), o, ht, bool(check_values)
 
 

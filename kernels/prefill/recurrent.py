@@ -23,6 +23,8 @@ launch). CUDA-graph capturable: no host sync, no allocation but the outputs.
 """
 from __future__ import annotations
 
+import functools
+
 from .. import interpret
 
 interpret.install()
@@ -194,6 +196,11 @@ _LAUNCH = FastLaunch(recurrent_prefill_kernel)
 def recurrent_tile(N: int, D: int, device):
     """``(BV, BK, num_warps)`` of the recurrent kernel: :data:`RECURRENT_TILE` fitted to
     ``D`` (``N`` and ``device`` do not change it)."""
+    return _tile_of(D)
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_of(D: int):
     cfg = RECURRENT_TILE.fit(D)
     return cfg.BV, cfg.block_k(D), cfg.num_warps
 

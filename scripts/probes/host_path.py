@@ -3,7 +3,7 @@
 Prints and writes ``host_path_<sha>.json``: per case (a spin kernel of known duration,
 decode B = 1, 8, 64, prefill [6], [64], 57x64, [8192]) the ``graph`` method as shipped before
 (one call per graph, 8 replays per sample: ``graph_1call``), ``graph`` now, one graph of 200
-calls (``graph_200``), ``cupti_cold``, ``event`` and ``host``; the host time of a bare Triton
+calls behind a 300 µs spin (``graph_200``), ``cupti_cold``, ``event`` and ``host``; the host time of a bare Triton
 launch; with ``--profile``, cProfile's top entries of 1,000 eager calls per case.
 
     python scripts/probes/host_path.py --out DIR [--profile]
@@ -34,6 +34,8 @@ def graph_fixed(fn, calls, replays_per_sample, rep=30):
     xs = []
     for _ in range(rep):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if replays_per_sample == 1:
+            spin(300)      # the host launches the replay before the stream reaches s
         s.record()
         for _ in range(replays_per_sample):
             g.replay()
