@@ -63,10 +63,15 @@ def _arg_key(x):
     if isinstance(x, bool):
         return ("b", x)
     if isinstance(x, int):
-        return ("i", 1 if x == 1 else (16 if x % 16 == 0 else 0))
+        return ("i", _int_class(x))
     if isinstance(x, float):
         return "f"
     return (type(x).__name__, x)   # anything else: exact (a miss at worst)
+
+
+def _int_class(x: int) -> int:
+    """What Triton specialises an int argument on: 1, divisible by 16, or neither."""
+    return 1 if x == 1 else (16 if x % 16 == 0 else 0)
 
 
 def _current_stream() -> int:
@@ -90,6 +95,8 @@ class FastLaunch:
         self._consts = [(p.name, p.default if p.has_default else None, p.has_default)
                         for p in params[self._n_plain:]]
         self._compiled = {}
+        self._keyed = {}    # (caller key, int classes) -> (compiled kernel, constexpr tail, tensor positions)
+        self._int_pos = {}  # caller key -> positions of the int arguments
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
@@ -162,6 +169,46 @@ class FastLaunch:
         _DISABLED_REASON = f"{type(e).__name__}: {e}"
         warnings.warn(f"direct Triton launches disabled ({_DISABLED_REASON}); "
                       "using kernel[grid](...)", RuntimeWarning, stacklevel=4)
+
+    def launch_keyed(self, key, grid, args, make_kwargs):
+        """:meth:`launch` for a call site that names its own ``key``: a hashable that the
+        caller guarantees fixes everything Triton specialises on in ``args`` and the
+        keyword arguments except the tensors' addresses and the ints' values (their dtypes,
+        which arguments are None, the constexprs and launch options). Here only the
+        addresses are read (their 16-byte alignment checked) and the ints classed, so a
+        repeat costs a fraction of the generic key; ``make_kwargs()`` builds the keyword
+        arguments, called only on a miss (first use, a misaligned tensor, a new int class),
+        which takes :meth:`launch`."""
+        if not fast_launch_enabled() or len(args) != self._n_plain:
+            return self.fn[grid](*args, **make_kwargs())
+        ipos = self._int_pos.get(key)
+        if ipos is not None:
+            entry = self._keyed.get((key, tuple(_int_class(args[i]) for i in ipos)))
+            if entry is not None:
+                ck, tail, tpos = entry
+                addrs, m = list(args), 0
+                for i in tpos:
+                    p = args[i].data_ptr()
+                    addrs[i] = p
+                    m |= p
+                if not m & 15:
+                    try:
+                        ck[tuple(grid) + (1,) * (3 - len(grid))](*addrs, *tail,
+                                                                 stream=_current_stream())
+                    except (TypeError, AttributeError) as e:
+                        self._disable(e)
+                        return self.fn[grid](*args, **make_kwargs())
+                    return ck
+        kwargs = make_kwargs()
+        ck = self.launch(grid, args, kwargs)
+        tpos = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        if fast_launch_enabled() and ck is not None and all(
+                args[i].data_ptr() % 16 == 0 for i in tpos):
+            ipos = self._int_pos[key] = tuple(
+                i for i, a in enumerate(args) if isinstance(a, int) and not isinstance(a, bool))
+            self._keyed[(key, tuple(_int_class(args[i]) for i in ipos))] = (
+                ck, self._ordered((), kwargs), tpos)
+        return ck
 
     def launch(self, grid, args, kwargs):
         if not fast_launch_enabled() or len(args) != self._n_plain:

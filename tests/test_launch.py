@@ -143,3 +143,35 @@ def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
         go()
     assert fn.plain == 2                        # the failed direct launch went plain
     assert not launch.fast_launch_enabled()
+
+
+def test_keyed_launch_reads_only_addresses_and_int_classes(monkeypatch):
+    """``launch_keyed``: the first call of a key compiles through the plain path (building
+    the keyword arguments); a repeat launches the kept kernel with addresses, the constexpr
+    tail and no keyword arguments built; a misaligned tensor or a new int class takes the
+    generic path again (never the kernel specialised for another class)."""
+    from kernels import launch
+    monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_current_stream", lambda: 7)
+    fn = _Jit()
+    fl = FastLaunch(fn)
+    built = []
+
+    def kw():
+        built.append(1)
+        return dict(K=2)
+
+    x = torch.zeros(64)
+    fl.launch_keyed("site", (3,), (x, 32), kw)            # compiles
+    assert fn.plain == 1 and len(built) == 1
+    fl.launch_keyed("site", (3,), (x, 48), kw)            # same int class (div 16): direct
+    assert fn.plain == 1 and len(built) == 1
+    assert fn.compiled.launched == [((3, 1, 1), (x.data_ptr(), 48, 2, 7), 7)]
+    fl.launch_keyed("site", (3,), (x, 33), kw)            # another int class: generic path
+    assert len(built) == 2
+    fl.launch_keyed("site", (3,), (x[1:], 32), kw)        # misaligned address: generic path
+    assert len(built) == 3
+    n = len(fn.compiled.launched)
+    fl.launch_keyed("site", (3,), (x, 17), kw)            # the class seen at 33: now direct
+    assert len(built) == 3 and len(fn.compiled.launched) == n + 1

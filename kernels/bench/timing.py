@@ -45,7 +45,8 @@ Methods (``METHODS``)
     L2 flush (the same buffer write), a spin kernel (:mod:`kernels.bench.spin`) of twice
     the call's host time plus ``EVENT_HEAD_START_US``, then a window ``start event,
     EVENT_INNER_US spin, fn(), end event``; interleaved, a baseline window without
-    ``fn()``. The sample is the window minus the baselines' median: the time ``fn`` adds
+    ``fn()`` behind the same head start. The sample is the window minus the baselines'
+    median: the time ``fn`` adds
     to the stream. While the head-start spin runs the host enqueues the whole call, so
     the stream runs the call's kernels back to back (host gaps excluded), and the
     difference removes the events' own latency (a fixed ~3 µs on the H200 otherwise). No
@@ -319,7 +320,7 @@ def _time_event(fn, rep, flush_l2):
         spin(EVENT_INNER_US)
         fn()
         e.record()
-        spin(EVENT_HEAD_START_US)
+        spin(head_us)
         bs.record()
         spin(EVENT_INNER_US)
         be.record()

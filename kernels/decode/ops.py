@@ -95,14 +95,17 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
                                 else torch.empty_like(state))
     hi = (state.new_empty((B, T, HV, D, D)) if intermediate_states else ht)
     grid = (cfg.programs(B, HV, D),)
-    _DECODE_LAUNCH[grid](
+    # the call site's launch key: with validated inputs, what the kernel specialises on
+    # beyond addresses and int values (kernels.launch.FastLaunch.launch_keyed)
+    key = (T, HQ, HV, D, cfg, pooled, intermediate_states, status is None, state.dtype,
+           state_indices.dtype if pooled else None)
+    _DECODE_LAUNCH.launch_keyed(key, grid, (
         q, k, v, state, ht, hi, state_indices if pooled else q, A_log, a, dt_bias, b, o,
-        status, resolve_scale(scale, D), state.shape[0],
-        T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES, PREFETCH=cfg.PREFETCH,
-        EVICT="evict_first" if cfg.EVICT_FIRST else "", POOLED=pooled,
+        status, resolve_scale(scale, D), state.shape[0]), lambda: dict(
+        T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES,
+        PREFETCH=cfg.PREFETCH, EVICT="evict_first" if cfg.EVICT_FIRST else "", POOLED=pooled,
         INTERMEDIATE=intermediate_states, HAS_STATUS=status is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     return (o, ht, hi) if intermediate_states else (o, ht)
 
 

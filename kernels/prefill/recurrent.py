@@ -217,6 +217,9 @@ def recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht
     grid = (N * HV * (D // BV),)
     args = (q, k, v, state, ht, o, A_log, a, dt_bias, b, cu_seqlens, status, float(scale),
             T, N)
-    kw = dict(HQ=HQ, HV=HV, D=D, BV=BV, BK=BK, HAS_H0=state is not None, GUARD=guard,
-              HAS_STATUS=guard and status is not None, num_warps=warps, num_stages=1)
-    _LAUNCH[grid](*args, **kw)
+    has_status = guard and status is not None
+    # with validated inputs, what the kernel specialises on beyond addresses and int values
+    key = (HQ, HV, D, state is None, status is None, guard, cu_seqlens.dtype)
+    _LAUNCH.launch_keyed(key, grid, args, lambda: dict(
+        HQ=HQ, HV=HV, D=D, BV=BV, BK=BK, HAS_H0=state is not None, GUARD=guard,
+        HAS_STATUS=has_status, num_warps=warps, num_stages=1))
