@@ -183,17 +183,26 @@ def test_cupti_cold_and_event_agree_on_one_kernel(numel):
 @pytest.mark.gpu
 def test_methods_recover_a_spin_of_known_duration(record_property):
     """Calibration: a spin kernel of ``d`` µs (1, 3, 10, 100) lasts ``d + c0``, ``c0`` the
-    kernel's fixed launch-to-exit cost (CUPTI's span of a zero-length spin). Every GPU
-    method recovers that within 10 % + 0.5 µs; ``host`` reports the launch path (the same
-    for every ``d``, far below the 100 µs spin), not the spin."""
+    kernel's fixed launch-to-exit cost (CUPTI's span of a zero-length spin). ``cupti_cold``
+    and ``graph`` recover that within 10 % + 0.5 µs. ``event`` measures what the call adds
+    to a busy stream: that plus the dependency gap ``g`` before a kernel that follows
+    another on the same stream (CUPTI: start of the second of two back-to-back spins minus
+    the end of the first); it recovers ``d + c0 + g`` within 10 % + 0.5 µs. ``host``
+    reports the launch path (about the same for every ``d``, far below 100 µs), not the
+    spin."""
     from kernels.bench.spin import spin
+    from kernels.bench.timing import record_cupti_session
 
     c0 = time_fn(lambda: spin(0), "cupti_cold", rep=50, warmup=5).median_us
     assert 0 < c0 < 2.0
-    hosts, rows = [], []
+    pairs = split_iterations(record_cupti_session(lambda: (spin(5), spin(0)), 22))[2:]
+    g = float(np.median([float(p.sort_values("start_us").start_us.iloc[1]
+                               - p.sort_values("start_us").end_us.iloc[0]) for p in pairs]))
+    assert 0 <= g < 3.0
+    hosts, rows = [], [f"c0 {c0:.3f} us, stream dependency gap g {g:.3f} us"]
     for d in (1, 3, 10, 100):
-        want = d + c0
         for m in GPU_METHODS:
+            want = d + c0 + (g if m == "event" else 0.0)
             got = time_fn(lambda: spin(d), m, rep=50, warmup=5).median_us
             rows.append(f"{m} spin {d} us: {got:.3f} (known {want:.3f})")
             assert abs(got - want) <= 0.1 * want + 0.5, rows[-1]

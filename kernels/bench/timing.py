@@ -49,8 +49,11 @@ Methods (``METHODS``)
     median: the time ``fn`` adds
     to the stream. While the head-start spin runs the host enqueues the whole call, so
     the stream runs the call's kernels back to back (host gaps excluded), and the
-    difference removes the events' own latency (a fixed ~3 µs on the H200 otherwise). No
-    host synchronisation between iterations. A host synchronisation inside ``fn``
+    difference removes the events' own latency (a fixed ~3 µs on the H200 otherwise).
+    What remains beside the call's GPU time is the stream's dependency gap before its
+    first kernel (~1 µs on the H200: the calibration test measures it with CUPTI), which
+    ``cupti_cold`` leaves out and ``graph`` mostly hides. No host synchronisation between
+    iterations. A host synchronisation inside ``fn``
     defeats the head start: the host time after it is then in the sample.
 
 ``host`` - host µs per eager call: the launch path (Python, argument checks, allocation,
