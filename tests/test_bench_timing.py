@@ -186,8 +186,8 @@ def test_methods_recover_a_spin_of_known_duration(record_property):
     kernel's fixed launch-to-exit cost (CUPTI's span of a zero-length spin). ``cupti_cold``
     and ``graph`` recover that within 10 % + 0.5 µs. ``event`` measures what the call adds
     to a busy stream: that plus the dependency gap ``g`` before a kernel that follows
-    another on the same stream (CUPTI: start of the second of two back-to-back spins minus
-    the end of the first); it recovers ``d + c0 + g`` within 10 % + 0.5 µs. ``host``
+    another on the same stream (CUPTI: start of the second of two spins minus the end of
+    the first, the first long enough, 100 µs, for the second to be queued behind it); it recovers ``d + c0 + g`` within 10 % + 0.5 µs. ``host``
     reports the launch path (about the same for every ``d``, far below 100 µs), not the
     spin."""
     from kernels.bench.spin import spin
@@ -195,7 +195,7 @@ def test_methods_recover_a_spin_of_known_duration(record_property):
 
     c0 = time_fn(lambda: spin(0), "cupti_cold", rep=50, warmup=5).median_us
     assert 0 < c0 < 2.0
-    pairs = split_iterations(record_cupti_session(lambda: (spin(5), spin(0)), 22))[2:]
+    pairs = split_iterations(record_cupti_session(lambda: (spin(100), spin(0)), 22))[2:]
     g = float(np.median([float(p.sort_values("start_us").start_us.iloc[1]
                                - p.sort_values("start_us").end_us.iloc[0]) for p in pairs]))
     assert 0 <= g < 3.0
