@@ -187,9 +187,9 @@ def test_methods_recover_a_spin_of_known_duration(record_property):
     and ``graph`` recover that within 10 % + 0.5 µs. ``event`` measures what the call adds
     to a busy stream: that plus the dependency gap ``g`` before a kernel that follows
     another on the same stream (CUPTI: start of the second of two spins minus the end of
-    the first, the first long enough, 100 µs, for the second to be queued behind it); it recovers ``d + c0 + g`` within 10 % + 0.5 µs. ``host``
-    reports the launch path (about the same for every ``d``, far below 100 µs), not the
-    spin."""
+    the first, the first long enough, 100 µs, for the second to be queued behind it); it
+    recovers ``d + c0 + g`` within 10 % + 0.5 µs. ``host`` reports the launch path (about
+    the same for every ``d``, far below 100 µs), not the spin."""
     from kernels.bench.spin import spin
     from kernels.bench.timing import record_cupti_session
 
