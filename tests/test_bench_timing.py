@@ -171,13 +171,15 @@ def test_each_method_times_a_kernel(method):
 @pytest.mark.gpu
 @pytest.mark.parametrize("numel", [1 << 24, 1 << 26], ids=["128MiB-traffic", "512MiB-traffic"])
 def test_cupti_cold_and_event_agree_on_one_kernel(numel):
-    """Both measure one kernel on a cold L2 (``event`` without the events' own latency):
-    within 10 % + 0.5 µs."""
+    """Both measure one kernel on a cold L2; ``event`` adds the stream's dependency gap
+    before the kernel (~1.3 µs on the H200, measured by the calibration test below): at
+    least cupti_cold - 0.5 µs, at most 10 % + 3 µs above it (seen on an H200: 33.4 vs
+    35.5 µs, 127.4 vs 129.6 µs)."""
     x = torch.randn(numel, device="cuda")
     fn = lambda: torch.mul(x, 2.0)  # noqa: E731
     cupti = time_fn(fn, "cupti_cold", rep=50, warmup=5)
     event = time_fn(fn, "event", rep=50, warmup=5)
-    assert abs(cupti.median_us - event.median_us) <= 0.1 * cupti.median_us + 0.5
+    assert cupti.median_us - 0.5 <= event.median_us <= 1.1 * cupti.median_us + 3.0
 
 
 @pytest.mark.gpu
