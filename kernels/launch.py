@@ -40,6 +40,11 @@ interpret.install()
 
 import torch  # noqa: E402
 
+try:
+    from triton import knobs as _knobs  # noqa: E402
+except ImportError:   # pragma: no cover - tritons before knobs: the runner path below
+    _knobs = None
+
 __all__ = ["FastLaunch", "fast_launch_enabled"]
 
 _DISABLED_REASON = None
@@ -193,8 +198,16 @@ class FastLaunch:
                     m |= p
                 if not m & 15:
                     try:
-                        ck[tuple(grid) + (1,) * (3 - len(grid))](*addrs, *tail,
-                                                                 stream=_current_stream())
+                        g = tuple(grid) + (1,) * (3 - len(grid))
+                        rt = _knobs.runtime if _knobs is not None else None
+                        if (rt is not None and rt.launch_enter_hook is None
+                                and rt.launch_exit_hook is None):
+                            # the compiled kernel's runner without its wrapper: Triton's C
+                            # launcher, called as CompiledKernel.__getitem__'s runner does
+                            ck.run(g[0], g[1], g[2], _current_stream(), ck.function,
+                                   ck.packed_metadata, None, None, None, *addrs, *tail)
+                        else:   # a profiler's launch hooks: Triton's own runner calls them
+                            ck[g](*addrs, *tail, stream=_current_stream())
                     except (TypeError, AttributeError) as e:
                         self._disable(e)
                         return self.fn[grid](*args, **make_kwargs())

@@ -75,13 +75,22 @@ class _Param:
 
 
 class _Compiled:
-    """Stands in for Triton's compiled kernel: ``ck[grid](*args, stream=)``."""
+    """Stands in for Triton's compiled kernel: ``ck[grid](*args, stream=)`` and its C
+    launcher ``ck.run(gx, gy, gz, stream, function, packed_metadata, launch_metadata,
+    enter_hook, exit_hook, *args)``."""
+
+    function, packed_metadata = "function", "packed"
 
     def __init__(self):
         self.launched = []
 
     def __getitem__(self, grid):
         return lambda *args, stream=None: self.launched.append((grid, args, stream))
+
+    def run(self, gx, gy, gz, stream, function, packed, metadata, enter, exit_, *args):
+        assert (function, packed, metadata, enter, exit_) == ("function", "packed", None,
+                                                              None, None)
+        self.launched.append(((gx, gy, gz), args, stream))
 
 
 class _Jit:

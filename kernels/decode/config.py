@@ -73,6 +73,16 @@ class DecodeConfig:
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"DecodeConfig.num_stages must be an int >= 1, got {self.num_stages!r}")
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once (every eager decode call hashes its config into
+        its launch key)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.BV, self.num_warps, self.num_stages,
+                                               self.V_TILES, self.BK, self.PREFETCH,
+                                               self.EVICT_FIRST))
+        return h
+
     @property
     def name(self) -> str:
         """``"BV8-w1-s1-t1"`` plus ``-k<BK>`` / ``-pf`` / ``-ef`` where they differ
