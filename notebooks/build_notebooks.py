@@ -446,9 +446,9 @@ run.show(xp.plot_times(run, res["times"]), "time_vs_T")
 res["times"]"""),
     ("md", "## 3. Scaling efficiency"),
     ("code", """\
-scaling = xp.scaling_table(res["times"], run.params["world_size"])
+scaling = xp.scaling_table(run, res["times"])
 run.write_csv(scaling, "scaling")
-run.show(xp.plot_scaling(run, scaling, run.params["world_size"]), "scaling")
+run.show(xp.plot_scaling(run, scaling), "scaling")
 scaling"""),
     ("md", """\
 ## 4. The exchange against the link
@@ -456,7 +456,7 @@ All-gather bus bandwidth (nccl-tests' `busbw`) at the probe's sizes and at the e
 own; the exchange's measured time, the time the best probed bandwidth predicts for its
 bytes, and its share of ours on all ranks."""),
     ("code", """\
-exchange = xp.exchange_table(res["link"], res["times"], run.params["world_size"])
+exchange = xp.exchange_table(run, res["link"], res["times"])
 run.write_csv(exchange, "exchange")
 run.show(xp.plot_link(run, res["link"], exchange), "link")
 exchange"""),

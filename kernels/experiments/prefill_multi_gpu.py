@@ -112,8 +112,10 @@ def _link_description(n: int) -> dict:
 
 
 def start(params: dict) -> Run:
-    """Open the run: on CUDA the result folder is ``<W>x-<gpu-slug>`` and the provenance names
-    every GPU and the link; fewer GPUs than ``world_size`` is an error (nothing to measure)."""
+    """Open the run with ``W = world_size`` ranks, or as many as there are GPUs (the
+    multi-GPU rows are then skipped, with the reason: ``make run`` on a one-GPU host still
+    measures the one-GPU rows). On CUDA with ``W > 1`` the result folder is
+    ``<W>x-<gpu-slug>`` and the provenance names every GPU and the link."""
     import torch
 
     from kernels.device import gpu_slug
@@ -123,10 +125,13 @@ def start(params: dict) -> Run:
         raise ValueError(f"world_size must be >= 1, got {W}")
     cuda = str(params.get("device", "auto")).startswith("cuda") or (
         params.get("device", "auto") == "auto" and torch.cuda.is_available())
-    if cuda and torch.cuda.device_count() < W:
-        raise ValueError(f"world_size={W} needs {W} GPUs; torch sees "
-                         f"{torch.cuda.device_count()}")
-    run = start_run(STEM, params, slug=f"{W}x-{gpu_slug()}" if cuda and W > 1 else None)
+    have = torch.cuda.device_count() if cuda else W
+    run = start_run(STEM, params,
+                    slug=f"{min(W, have)}x-{gpu_slug()}" if cuda and min(W, have) > 1 else None)
+    if have < W:
+        run.skip(f"the {W}-GPU runs", f"world_size={W} needs {W} GPUs; torch sees {have}")
+        W = have
+    run.state["world"] = W
     if run.on_gpu:
         run.extra_provenance.update(_link_description(W))
         print(f"GPUs: {run.extra_provenance['gpus']}; link GPU0-GPU1: "
@@ -145,7 +150,7 @@ def run_ranks(run: Run) -> Dict[str, pd.DataFrame]:
     import torch.multiprocessing as mp
 
     p = run.params
-    W = int(p["world_size"])
+    W = run.state["world"]
     for k, v in NO_MULTICAST.items():
         os.environ[k] = v   # the ranks inherit this environment
     spec = {k: p[k] for k in ("lengths", "impls", "repetitions", "warmup", "seed", "with_state",
@@ -455,10 +460,12 @@ def _fla_cp(mine: dict, cu_seqlens, state):
 # --------------------------------------------------------------------------- tables
 
 
-def scaling_table(times: pd.DataFrame, world: int) -> pd.DataFrame:
-    """Per length: ours on one GPU, ours on ``world``, the speedup and scaling efficiency
-    (speedup / ``world``), FLA on one GPU and with cp_context, and ours against FLA's CP."""
-    if times.empty:
+def scaling_table(run: Run, times: pd.DataFrame) -> pd.DataFrame:
+    """Per length: ours on one GPU, ours on the run's ``W`` ranks, the speedup and scaling
+    efficiency (speedup / ``W``), FLA on one GPU and with cp_context, and ours against FLA's
+    CP."""
+    world = run.state["world"]
+    if times.empty or world < 2:
         return pd.DataFrame()
     t = times.pivot_table(index="T", columns=["impl", "gpus"], values="median_us")
 
@@ -475,9 +482,10 @@ def scaling_table(times: pd.DataFrame, world: int) -> pd.DataFrame:
     return out.reset_index()
 
 
-def exchange_table(link: pd.DataFrame, times: pd.DataFrame, world: int) -> pd.DataFrame:
+def exchange_table(run: Run, link: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
     """The exchange's all-gather: bytes, measured time, the time the probe's best bandwidth
-    predicts, and its share of ours on ``world`` GPUs at each length."""
+    predicts, and its share of ours on the run's ``W`` ranks at each length."""
+    world = run.state["world"]
     ex = link[link.what == "exchange"]
     probe = link[link.what == "probe"]
     if ex.empty:
@@ -500,7 +508,7 @@ def exchange_table(link: pd.DataFrame, times: pd.DataFrame, world: int) -> pd.Da
 
 
 def _title(run: Run, what: str) -> str:
-    W = int(run.params["world_size"])
+    W = run.state["world"]
     if run.on_gpu:
         gpus = run.extra_provenance.get("gpus") or [run.gpu]
         where = f"{W}× {gpus[0]}, link {run.extra_provenance.get('link', '?')}"
@@ -529,8 +537,10 @@ def plot_times(run: Run, times: pd.DataFrame):
     return fig
 
 
-def plot_scaling(run: Run, scaling: pd.DataFrame, world: int):
-    """Speedup of ours on ``world`` GPUs over one GPU, and of FLA's CP over FLA, vs tokens."""
+def plot_scaling(run: Run, scaling: pd.DataFrame):
+    """Speedup of ours on the run's ``W`` ranks over one GPU, and of FLA's CP over FLA, vs
+    tokens."""
+    world = run.state["world"]
     if scaling.empty or scaling["speedup"].isna().all():
         return None
     fig, axes = new_figure(1, 1, panel=(8.0, 3.8))
@@ -586,7 +596,7 @@ def plot_link(run: Run, link: pd.DataFrame, exchange: pd.DataFrame):
 
 def conclusion_markdown(run: Run, dfs: Dict[str, pd.DataFrame]) -> str:
     """The targets, each with its number from the tables (or why there is none)."""
-    W = int(run.params["world_size"])
+    W = run.state["world"]
     gate, times = dfs["gate"], dfs["times"]
     scaling, exchange = dfs["scaling"], dfs["exchange"]
     gpus = run.extra_provenance.get("gpus") or [run.gpu]

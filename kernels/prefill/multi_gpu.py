@@ -27,7 +27,7 @@ alternative, a scan over ranks (rank ``r`` waits for ``r - 1``'s end state, send
 chain beyond; notebook 05 measures the collective against the link's bandwidth.
 
 No host sync beyond the collective: which sequence a rank's first and last tokens belong to
-is found on the device (``searchsorted``). Final states: row ``n`` of the returned state is
+is found on the device (entries of ``cu_seqlens`` at or below them, counted). Final states: row ``n`` of the returned state is
 sequence ``n``'s on the rank that holds its last token (an empty sequence: the rank holding
 the token at its position, the last rank at ``T``), zero on the others, so a sum
 all-reduce over the group assembles all of them.
@@ -219,8 +219,7 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     h0 = state
     if world > 1:
         # the sequences holding this rank's first and last token (global == local index)
-        ends = torch.tensor([t0, t1 - 1], dtype=torch.int64, device=dev)
-        seqs = (torch.searchsorted(cu, ends, right=True) - 1).clamp_(0, N - 1)
+        seqs = (torch.stack([(cu <= t0).sum(), (cu <= t1 - 1).sum()]) - 1).clamp_(0, N - 1)
         starts = cu.index_select(0, seqs)
         n_first = seqs[:1]
         meta = torch.stack([seqs[1], (starts[1] >= t0).to(torch.int64)])
