@@ -442,13 +442,13 @@ res = xp.run_ranks(run)
 res["gate"]"""),
     ("md", "## 2. Time vs length"),
     ("code", """\
-run.show(xp.plot_times(run, res["times"]), "time_vs_T")
+run.show(xp.plot_times(res["times"], xp.where(xp.experiment_of(run))), "time_vs_T")
 res["times"]"""),
     ("md", "## 3. Scaling efficiency"),
     ("code", """\
 scaling = xp.scaling_table(run, res["times"])
 run.write_csv(scaling, "scaling")
-run.show(xp.plot_scaling(run, scaling), "scaling")
+run.show(xp.plot_scaling(scaling, xp.where(xp.experiment_of(run))), "scaling")
 scaling"""),
     ("md", """\
 ## 4. The exchange against the link
@@ -458,7 +458,7 @@ bytes, and its share of ours on all ranks."""),
     ("code", """\
 exchange = xp.exchange_table(run, res["link"], res["times"])
 run.write_csv(exchange, "exchange")
-run.show(xp.plot_link(run, res["link"], exchange), "link")
+run.show(xp.plot_link(res["link"], exchange, xp.where(xp.experiment_of(run))), "link")
 exchange"""),
     ("md", "## Conclusion"),
     ("code", """\

@@ -40,9 +40,11 @@ REQUIRED = {
     "04_prefill_scaling": ("prefill_scaling.csv",
                            ["impl", "lens", "T", "N", "method", "median_us", "p20_us",
                             "p80_us", "kernel", "role"]),
+    "05_prefill_multi_gpu": ("times.csv",
+                             ["impl", "gpus", "T", "method", "median_us", "p20_us", "p80_us"]),
 }
 IMPLS = {"ours", "fla", "flashinfer", "torch", "fla (triton)", "fla (flashqla backend)",
-         "flashqla", "fla_recurrent"}
+         "flashqla", "fla_recurrent", "ours (multi_gpu)", "fla cp_context"}
 SMOKE_BUDGET_S = 6 * 60
 
 
@@ -228,7 +230,7 @@ def test_multi_gpu_smoke_specifics(smoke):
         assert set(times.method) == {"cpu_wall"}
         assert (gate[~gate.impl.str.startswith("ours")].status == "unavailable").all()
     link = pd.read_csv(folder / "link.csv")
-    assert set(link.what) == {"probe", "exchange"} and (link.busbw_gbs > 0).all()
+    assert set(link.what) == {"probe", "exchange", "scan hop"} and (link.busbw_gbs > 0).all()
     assert len(pd.read_csv(folder / "exchange.csv")) == 1
     for png in ("time_vs_T", "scaling", "link"):
         assert (folder / f"{png}.png").exists(), png

@@ -2,7 +2,8 @@
 2 and 3 CPU processes (``torch.multiprocessing``) under the Triton interpreter, each holding
 a contiguous slice of the packed tokens, against the float32 reference of the whole call.
 
-Cheap by construction: one spawn per world size runs all of its cases, every rank holds at
+Cheap by construction: one spawn of three processes runs every case (the two-rank cases on a
+group of ranks 0 and 1, so ``group=`` is not the default group there), every rank holds at
 most four chunks, and the parent computes the references while the ranks run. The cases
 cover sequences that start, end, straddle or lie inside a rank (one spanning a whole rank,
 where its transition ``M`` crosses the link), boundaries inside and between chunks, empty
@@ -60,41 +61,55 @@ def _invalid(case) -> bool:
     return case[-1].startswith("invalid")
 
 
-def _worker(rank, world, init, out):
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    results = []
-    for case in CASES[world]:
-        shape, lens, bounds, with_state, slow, _ = case
-        x = _inputs(shape, lens, with_state, slow)
-        if _invalid(case):
-            x["cu_seqlens"] = torch.tensor([0, 70, 100])           # ends short of T
-        t0, t1 = bounds[rank], bounds[rank + 1]
-        mine = {n: (t[t0:t1] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
-        before = {n: t.clone() for n, t in mine.items() if isinstance(t, torch.Tensor)}
-        o, ht = prefill_multi_gpu(**mine, bounds=bounds, check_values=not _invalid(case),
-                                  config=ACCURATE_CONFIG if slow else None)
-        untouched = all(torch.equal(mine[n], t) for n, t in before.items())
-        dist.all_reduce(ht)                 # the final states, each from its sequence's rank
-        results.append((o, ht, untouched))
+def _worker(rank, init, out):
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=3)
+    groups = {2: dist.new_group([0, 1]), 3: dist.group.WORLD}
+    results = {}
+    for world, cases in CASES.items():
+        if rank >= world:
+            continue
+        for i, case in enumerate(cases):
+            shape, lens, bounds, with_state, slow, _ = case
+            x = _inputs(shape, lens, with_state, slow)
+            if _invalid(case):
+                x["cu_seqlens"] = torch.tensor([0, 70, 100])           # ends short of T
+            t0, t1 = bounds[rank], bounds[rank + 1]
+            mine = {n: (t[t0:t1] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+            before = {n: t.clone() for n, t in mine.items() if isinstance(t, torch.Tensor)}
+            o, ht = prefill_multi_gpu(**mine, bounds=bounds, group=groups[world],
+                                      check_values=not _invalid(case),
+                                      config=ACCURATE_CONFIG if slow else None)
+            untouched = all(torch.equal(mine[n], t) for n, t in before.items())
+            dist.all_reduce(ht, group=groups[world])   # each final state from its sequence's rank
+            results[world, i] = (o, ht, untouched)
     torch.save(results, f"{out}.{rank}")
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_ranks_match_reference(world, tmp_path):
-    ctx = mp.start_processes(_worker, args=(world, tmp_path / "init", tmp_path / "out"),
-                             nprocs=world, join=False, start_method="spawn")
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Every case's ``(output slice, summed final states, inputs untouched)`` per rank."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    ctx = mp.start_processes(_worker, args=(tmp / "init", tmp / "out"), nprocs=3, join=False,
+                             start_method="spawn")
     try:
-        refs = [None if _invalid(c) else prefill_reference(**_inputs(c[0], c[1], c[3], c[4]))
-                for c in CASES[world]]
+        refs = {(w, i): None if _invalid(c) else prefill_reference(
+                    **_inputs(c[0], c[1], c[3], c[4]))
+                for w, cases in CASES.items() for i, c in enumerate(cases)}
     finally:
         while not ctx.join():
             pass
-    ranks = [torch.load(tmp_path / f"out.{r}") for r in range(world)]
-    for i, (case, ref) in enumerate(zip(CASES[world], refs)):
-        o = torch.cat([ranks[r][i][0] for r in range(world)])
-        ht = ranks[0][i][1]
-        assert all(ranks[r][i][2] for r in range(world)), f"{case[-1]}: an input was modified"
+    return [torch.load(tmp / f"out.{r}") for r in range(3)], refs
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_match_reference(world, ranks):
+    per_rank, refs = ranks
+    for i, case in enumerate(CASES[world]):
+        got = [per_rank[r][world, i] for r in range(world)]
+        o, ht = torch.cat([g[0] for g in got]), got[0][1]
+        assert all(g[2] for g in got), f"{case[-1]}: an input was modified"
+        ref = refs[world, i]
         if ref is None:
             assert o.float().isnan().all() and ht.isnan().all(), case[-1]
             continue

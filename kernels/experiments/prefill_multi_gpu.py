@@ -7,8 +7,9 @@ NCCL on GPUs, one GPU each, NVLink multicast kept off in every process: ``NCCL_N
 smoke profile). :func:`run_ranks` runs everything in one start of the ranks:
 
 1. **Link** — an all-gather bandwidth probe (``probe_sizes_kib`` per rank, ``busbw`` as
-   nccl-tests counts it) and the exchange's own all-gather (``[M ; F]`` of one piece per
-   rank, :func:`kernels.prefill.multi_gpu.exchange_bytes`) timed alone → ``link.csv``.
+   nccl-tests counts it), the exchange's own all-gather (``[M ; F]`` of one piece per
+   rank, :func:`kernels.prefill.multi_gpu.exchange_bytes`) timed alone, and one hop of the
+   alternative, a scan over the ranks (a send of one state) → ``link.csv``.
 2. For each length of ``lengths`` (one sequence): the inputs, generated on every rank's
    device from one seed (identical), and the float32 reference
    (:func:`kernels.reference.prefill_reference_chunked`, in pieces of ``reference_piece``
@@ -43,8 +44,8 @@ import pandas as pd
 
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, short_reason
 
-from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
-                     new_figure, progress, start_run)
+from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
+                     fmt_us, fmt_x, new_figure, progress, start_run)
 
 STEM = "05_prefill_multi_gpu"
 #: NVLink multicast off in every rank's process (the lent hosts' rule).
@@ -78,6 +79,8 @@ PARAMS = COMMON_PARAMS + (
 
 GATE_COLUMNS = ["impl", "gpus", "T", "status", "checked", "max_abs_err", "reason", "gpu"]
 TIMES_COLUMNS = ["impl", "gpus", "T", "method", "median_us", "p20_us", "p80_us", "n", "gpu"]
+EXCHANGE_COLUMNS = ["T", "bytes_per_rank", "bytes_received", "exchange_us", "at_link_bw_us",
+                    "link_busbw_gbs", "scan_us", "call_us", "share"]
 LINK_COLUMNS = ["what", "bytes_per_rank", "gpus", "method", "median_us", "algbw_gbs",
                 "busbw_gbs", "gpu"]
 
@@ -192,18 +195,18 @@ def _rank_main(rank: int, world: int, spec: dict, tmp: str) -> None:
                             rank=rank, world_size=world, **kw)
     one = dist.new_group([0])          # rank 0 alone: the one-GPU runs
     ctx = _Ranks(rank, world, dev, spec, one)
-    try:
-        ctx.probe()
-        lengths = [int(L) for L in spec["lengths"]]
-        for L in (progress(lengths, f"gate, then time, per length ({world} ranks)", "length")
-                  if rank == 0 else lengths):
-            ctx.length(L)
-        if rank == 0:
-            (Path(tmp) / "rows.json").write_text(json.dumps(dict(
-                gate=ctx.gate, times=ctx.times, link=ctx.link, skipped=ctx.skipped)))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    # an exception leaves at once (no barrier a failed rank's peer would never reach):
+    # start_processes then stops the other ranks and raises it in the notebook
+    ctx.probe()
+    lengths = [int(L) for L in spec["lengths"]]
+    for L in (progress(lengths, f"gate, then time, per length ({world} ranks)", "length")
+              if rank == 0 else lengths):
+        ctx.length(L)
+    if rank == 0:
+        (Path(tmp) / "rows.json").write_text(json.dumps(dict(
+            gate=ctx.gate, times=ctx.times, link=ctx.link, skipped=ctx.skipped)))
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 class _Ranks:
@@ -263,7 +266,9 @@ class _Ranks:
 
     # -- 1. the link
     def probe(self) -> None:
-        """All-gather bandwidth at ``probe_sizes_kib`` per rank and the exchange's own size."""
+        """All-gather bandwidth at ``probe_sizes_kib`` per rank and at the exchange's own
+        size; and one hop of the alternative, a scan over ranks (rank 0 sends rank 1 a
+        state, ``HV * D * D`` float32: half the exchange's bytes)."""
         import torch
         import torch.distributed as dist
 
@@ -272,24 +277,31 @@ class _Ranks:
         if self.world < 2:
             self._skip("link probe", "world_size is 1")
             return
-        sizes = [("probe", int(k) * 1024) for k in self.spec["probe_sizes_kib"]]
         ex = exchange_bytes(self.shape.num_v_heads, self.shape.head_dim, 1)
-        sizes.append(("exchange", ex))
-        for what, nbytes in sizes:
-            n = max(nbytes // 4, 1)
-            src = torch.ones(n, dtype=torch.float32, device=self.dev)
-            dst = torch.empty(n * self.world, dtype=torch.float32, device=self.dev)
-            spec = dict(self.spec, repetitions=self.spec["probe_repetitions"],
-                        warmup=max(self.spec["warmup"], 1))
-            saved, self.spec = self.spec, spec
-            try:
-                t = self._time(lambda: _all_gather(dst, src), None)
-            finally:
-                self.spec = saved
-            algbw = self.world * n * 4 / (t["median_us"] * 1e-6) / 1e9
-            self.link.append(dict(what=what, bytes_per_rank=n * 4, gpus=self.world,
-                                  algbw_gbs=algbw, busbw_gbs=algbw * (self.world - 1) / self.world,
-                                  gpu=self.spec["gpu"], **{k: t[k] for k in ("method", "median_us")}))
+        sizes = [("probe", int(k) * 1024) for k in self.spec["probe_sizes_kib"]]
+        sizes += [("exchange", ex), ("scan hop", ex // 2)]
+        saved = self.spec
+        self.spec = dict(saved, repetitions=saved["probe_repetitions"],
+                         warmup=max(saved["warmup"], 1))
+        try:
+            for what, nbytes in sizes:
+                n = max(nbytes // 4, 1)
+                src = torch.ones(n, dtype=torch.float32, device=self.dev)
+                dst = torch.empty(n * self.world, dtype=torch.float32, device=self.dev)
+                if what == "scan hop":
+                    fn = {0: lambda: dist.send(src, 1), 1: lambda: dist.recv(dst[:n], 0)}.get(
+                        self.rank, lambda: None)
+                    moved = n * 4
+                else:
+                    fn, moved = (lambda: _all_gather(dst, src)), self.world * n * 4
+                t = self._time(fn, None)
+                algbw = moved / (t["median_us"] * 1e-6) / 1e9
+                bus = algbw if what == "scan hop" else algbw * (self.world - 1) / self.world
+                self.link.append(dict(what=what, bytes_per_rank=n * 4, gpus=self.world,
+                                      algbw_gbs=algbw, busbw_gbs=bus, gpu=saved["gpu"],
+                                      **{k: t[k] for k in ("method", "median_us")}))
+        finally:
+            self.spec = saved
 
     # -- 2. one length
     def _inputs(self, L: int) -> dict:
@@ -466,7 +478,7 @@ def scaling_table(run: Run, times: pd.DataFrame) -> pd.DataFrame:
     CP."""
     world = run.state["world"]
     if times.empty or world < 2:
-        return pd.DataFrame()
+        return pd.DataFrame(columns=["T", "gpus", "speedup", "efficiency"])
     t = times.pivot_table(index="T", columns=["impl", "gpus"], values="median_us")
 
     def col(impl, gpus):
@@ -479,18 +491,22 @@ def scaling_table(run: Run, times: pd.DataFrame) -> pd.DataFrame:
     out["speedup"] = out["ours 1 GPU (µs)"] / out[f"ours {world} GPUs (µs)"]
     out["efficiency"] = out["speedup"] / world
     out["fla cp / ours"] = out[f"fla cp_context {world} GPUs (µs)"] / out[f"ours {world} GPUs (µs)"]
+    out.insert(0, "gpus", world)
     return out.reset_index()
 
 
 def exchange_table(run: Run, link: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
     """The exchange's all-gather: bytes, measured time, the time the probe's best bandwidth
-    predicts, and its share of ours on the run's ``W`` ranks at each length."""
+    predicts, the alternative's time (a scan: ``W - 1`` serial hops of one state, each as
+    measured), and the all-gather's share of ours on the run's ``W`` ranks at each length."""
     world = run.state["world"]
     ex = link[link.what == "exchange"]
     probe = link[link.what == "probe"]
     if ex.empty:
-        return pd.DataFrame()
+        return pd.DataFrame(columns=EXCHANGE_COLUMNS)
     e = ex.iloc[0]
+    hop = link[link.what == "scan hop"]
+    hop_us = float(hop.iloc[0].median_us) if len(hop) else math.nan
     bw = float(probe.busbw_gbs.max()) if len(probe) else math.nan
     ours = times[(times.impl == "ours (multi_gpu)") & (times.gpus == world)]
     rows = []
@@ -499,26 +515,34 @@ def exchange_table(run: Run, link: pd.DataFrame, times: pd.DataFrame) -> pd.Data
                          bytes_received=int(e.bytes_per_rank) * (world - 1),
                          exchange_us=float(e.median_us),
                          at_link_bw_us=e.bytes_per_rank * (world - 1) / (bw * 1e9) * 1e6,
-                         link_busbw_gbs=bw, call_us=float(r.median_us),
+                         link_busbw_gbs=bw, scan_us=(world - 1) * hop_us,
+                         call_us=float(r.median_us),
                          share=float(e.median_us) / float(r.median_us)))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=EXCHANGE_COLUMNS)
 
 
 # --------------------------------------------------------------------------- figures
 
 
-def _title(run: Run, what: str) -> str:
-    W = run.state["world"]
-    if run.on_gpu:
-        gpus = run.extra_provenance.get("gpus") or [run.gpu]
-        where = f"{W}× {gpus[0]}, link {run.extra_provenance.get('link', '?')}"
-        method = "CUDA events, slowest rank"
-    else:
-        where, method = f"{W} gloo processes on the CPU", "cpu_wall (interpreter)"
-    return f"{what}\n{where} · {method}"
+def where(experiment: dict) -> str:
+    """The figures' second title line from the provenance's ``experiment`` dict (or
+    :func:`experiment_of` a run): the ranks, the GPUs and the link, the timing method."""
+    ranks = experiment.get("ranks", {})
+    W = ranks.get("world_size", 1)
+    if ranks.get("backend") == "nccl":
+        gpus = experiment.get("gpus") or [experiment.get("gpu", "?")]
+        return (f"{W}× {gpus[0]}, link {experiment.get('link', '?')} · "
+                "CUDA events, slowest rank")
+    return f"{W} gloo processes on the CPU · cpu_wall (interpreter)"
 
 
-def plot_times(run: Run, times: pd.DataFrame):
+def experiment_of(run: Run) -> dict:
+    """What :meth:`Run.finish` writes as the provenance's ``experiment`` (the part
+    :func:`where` reads)."""
+    return dict(run.extra_provenance, gpu=run.gpu)
+
+
+def plot_times(times: pd.DataFrame, subtitle: str):
     """Time per call vs tokens, every implementation and GPU count (log-log)."""
     if times.empty:
         return None
@@ -532,17 +556,16 @@ def plot_times(run: Run, times: pd.DataFrame):
     ax.set_yscale("log")
     ax.set_xlabel("tokens (one sequence)")
     ax.set_ylabel("time per call (µs)")
-    ax.set_title(_title(run, "Prefill time vs length (median, p20-p80)"), fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title(f"Prefill time vs length (median, p20-p80)\n{subtitle}", fontsize=9)
+    figure_legend(fig, axes)
     return fig
 
 
-def plot_scaling(run: Run, scaling: pd.DataFrame):
-    """Speedup of ours on the run's ``W`` ranks over one GPU, and of FLA's CP over FLA, vs
-    tokens."""
-    world = run.state["world"]
+def plot_scaling(scaling: pd.DataFrame, subtitle: str):
+    """Speedup of ours on all ranks over one GPU, and of FLA's CP over FLA, vs tokens."""
     if scaling.empty or scaling["speedup"].isna().all():
         return None
+    world = int(scaling["gpus"].iloc[0])
     fig, axes = new_figure(1, 1, panel=(8.0, 3.8))
     ax = axes[0, 0]
     ax.plot(scaling["T"], scaling["speedup"], marker="o", label=f"ours: 1 GPU / {world} GPUs")
@@ -554,40 +577,44 @@ def plot_scaling(run: Run, scaling: pd.DataFrame):
                label=f"target {SPEEDUP_TARGET}× (from {SPEEDUP_FROM_T:,} tokens)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens (one sequence)")
-    ax.set_ylabel("speedup (×)")
-    ax.set_title(_title(run, f"Scaling to {world} GPUs (ratio of medians)"), fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_ylabel("speedup (time on 1 GPU / on all)")
+    ax.set_title(f"Scaling to {world} GPUs (ratio of medians)\n{subtitle}", fontsize=9)
+    figure_legend(fig, axes)
     return fig
 
 
-def plot_link(run: Run, link: pd.DataFrame, exchange: pd.DataFrame):
-    """All-gather bus bandwidth vs bytes per rank (the exchange's size marked), and the
-    exchange's share of the call vs tokens."""
+def plot_link(link: pd.DataFrame, exchange: pd.DataFrame, subtitle: str):
+    """All-gather bus bandwidth vs bytes per rank (the exchange's size and a scan's hop
+    marked), and the exchange's share of the call vs tokens (where measured)."""
     if link.empty:
         return None
-    fig, axes = new_figure(1, 2, panel=(5.5, 3.6))
+    ncols = 2 if not exchange.empty else 1
+    fig, axes = new_figure(1, ncols, panel=(5.0, 3.6))
     ax = axes[0, 0]
     pr = link[link.what == "probe"].sort_values("bytes_per_rank")
     ax.plot(pr.bytes_per_rank, pr.busbw_gbs, marker="o", label="all-gather probe")
     ex = link[link.what == "exchange"]
     ax.plot(ex.bytes_per_rank, ex.busbw_gbs, marker="*", ms=10, ls="", color="tab:red",
             label="the exchange ([M ; F])")
+    hop = link[link.what == "scan hop"]
+    ax.plot(hop.bytes_per_rank, hop.busbw_gbs, marker="v", ms=7, ls="", color="tab:green",
+            label="a scan's hop (send/recv)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("bytes per rank")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("All-gather bandwidth", fontsize=9)
-    ax.legend(fontsize=7)
-    ax = axes[0, 1]
-    if not exchange.empty:
-        ax.plot(exchange["T"], 100 * exchange["share"], marker="o")
+    if ncols == 2:
+        ax = axes[0, 1]
+        ax.plot(exchange["T"], 100 * exchange["share"], marker="o",
+                label="exchange (all-gather alone) / call")
         ax.axhline(100 * EXCHANGE_SHARE_MAX, color="tab:red", lw=0.8, ls="--",
                    label=f"target ≤ {EXCHANGE_SHARE_MAX:.0%} at {EXCHANGE_AT_T:,}")
         ax.set_xscale("log", base=2)
-        ax.legend(fontsize=7)
-    ax.set_xlabel("tokens (one sequence)")
-    ax.set_ylabel("exchange / call (%)")
-    ax.set_title("The exchange's share of the call", fontsize=9)
-    fig.suptitle(_title(run, "The link"), fontsize=9)
+        ax.set_xlabel("tokens (one sequence)")
+        ax.set_ylabel("exchange / call (%)")
+        ax.set_title("The exchange's share of the call", fontsize=9)
+    fig.suptitle(f"The link\n{subtitle}", fontsize=9)
+    figure_legend(fig, axes)
     return fig
 
 
@@ -637,7 +664,8 @@ def conclusion_markdown(run: Run, dfs: Dict[str, pd.DataFrame]) -> str:
                      f"{'met' if s <= EXCHANGE_SHARE_MAX else 'not met'} ({s:.2%}; "
                      f"{fmt_us(at.iloc[0].exchange_us)} for {int(at.iloc[0].bytes_received):,} "
                      f"bytes received, {fmt_us(at.iloc[0].at_link_bw_us)} at the probe's "
-                     f"{at.iloc[0].link_busbw_gbs:.0f} GB/s).")
+                     f"{at.iloc[0].link_busbw_gbs:.0f} GB/s; a scan over the ranks instead: "
+                     f"{fmt_us(at.iloc[0].scan_us)}).")
     else:
         lines.append(f"- Exchange share at {EXCHANGE_AT_T:,}: not measured in this run.")
     return "\n".join(lines)
