@@ -56,6 +56,7 @@ from .chunk_index import BT, num_slots, seq_bounds  # noqa: E402
 from .context_parallel import cp_long_segment_chunks, segment_combine_t_fwd  # noqa: E402
 from .dots import mm  # noqa: E402
 from .intra_chunk import intra_chunk_fwd  # noqa: E402
+from ..launch import FastLaunch  # noqa: E402
 from .pipeline import _config, _intra  # noqa: E402
 from .state_walk_t import state_walk_t_fwd  # noqa: E402
 
@@ -133,6 +134,9 @@ def piece_compose_kernel(
 #: torch's all-gather into one tensor (``all_gather_single`` from torch 2.12; the older name
 #: before it, which 2.12 deprecates).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+_COMPOSE_LAUNCH = FastLaunch(piece_compose_kernel)
 
 
 def _check_bounds(bounds, world: int, rank: int, T_r: int) -> Tuple[int, int, int]:
@@ -225,10 +229,9 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
         meta = torch.stack([seqs[1], (starts[1] >= t0).to(torch.int64)])
         mine = torch.empty(HV, 2 * D, D, dtype=torch.float32, device=dev)
         bz = min(16, D)
-        piece_compose_kernel[(HV, 2 * D // bz)](
-            summ, negl, state, meta, cu_local, mine, T_r, H=HV, K=D, V=D, BV=bz,
-            SEG_T=seg_t, USE_H0=state is not None, DOT_PREC=cfg.cp_chain_precision,
-            num_warps=4)
+        _COMPOSE_LAUNCH.bind((HV, 2 * D // bz), (summ, negl, state, meta, cu_local, mine, T_r),
+                             dict(H=HV, K=D, V=D, BV=bz, SEG_T=seg_t, USE_H0=state is not None,
+                                  DOT_PREC=cfg.cp_chain_precision, num_warps=4))()
         zs = torch.empty(world * HV, 2 * D, D, dtype=torch.float32, device=dev)
         _all_gather(zs, mine, group=group)   # (concatenated: gloo and nccl)
         zs = zs.view(world, HV, 2 * D, D)
@@ -250,8 +253,8 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     if world > 1:
         # keep the sequences ending here: the last token's rank (an empty one: its position's)
         key = torch.where(cu[1:] > cu[:-1], cu[1:] - 1, cu[:-1].clamp(max=T - 1))
-        mine = (key >= t0) & (key < t1)
+        ends_here = (key >= t0) & (key < t1)
         if guard:
-            mine = mine | bad
-        ht.masked_fill_(~mine.reshape(N, 1, 1, 1), 0.0)
+            ends_here = ends_here | bad
+        ht.masked_fill_(~ends_here.reshape(N, 1, 1, 1), 0.0)
     return o, ht
