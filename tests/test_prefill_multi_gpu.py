@@ -9,7 +9,8 @@ cover sequences that start, end, straddle or lie inside a rank (one spanning a w
 where its transition ``M`` crosses the link), boundaries inside and between chunks, empty
 sequences on rank boundaries, ``D = 16`` and ``D = 128``, with and without initial states,
 slow decays (the state carries across ranks), and the device guard of an invalid
-``cu_seqlens``.
+``cu_seqlens``. On a host with two GPUs, two NCCL ranks at the contest's heads as well
+(skipped elsewhere).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from kernels.checks import check_outputs  # noqa: E402
 from kernels.prefill.config import ACCURATE_CONFIG  # noqa: E402
 from kernels.prefill.multi_gpu import even_bounds, exchange_bytes, prefill_multi_gpu  # noqa: E402
 from kernels.reference import prefill_reference  # noqa: E402
-from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
+from kernels.spec import CONTEST as CONTEST_SHAPE, GDNShape, make_prefill_inputs  # noqa: E402
 
 S16 = GDNShape(1, 1, 16)
 G2 = GDNShape(1, 2, 16)            # two value heads per q/k head
@@ -148,3 +149,38 @@ def test_bad_input_raises_before_launch(one_rank, edit, exc, match):
     kw.update(edit)
     with pytest.raises(exc, match=match):
         prefill_multi_gpu(**kw)
+
+
+def _nccl_worker(rank, init, out, lens, bounds):
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", init_method=f"file://{init}", rank=rank, world_size=2)
+    x = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t)
+         for n, t in make_prefill_inputs(lens, CONTEST_SHAPE, seed=5).items()}
+    t0, t1 = bounds[rank], bounds[rank + 1]
+    mine = {n: (t[t0:t1] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+    o, ht = prefill_multi_gpu(**mine, bounds=bounds)       # no host check: the device guard
+    dist.all_reduce(ht)
+    torch.save((o.cpu(), ht.cpu()), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL)")
+def test_two_gpus_match_reference(tmp_path):
+    """Two NCCL ranks on two GPUs at the contest's heads: one sequence straddling them, one on
+    each, one long enough for the long path's 16 segments per rank."""
+    from kernels.reference import prefill_reference_chunked
+
+    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                 ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ[k] = v
+    lens, bounds = [3000, 60000, 2536], [0, 32768, 65536]
+    mp.start_processes(_nccl_worker, args=(tmp_path / "init", tmp_path / "out", lens, bounds),
+                       nprocs=2, join=True, start_method="spawn")
+    got = [torch.load(tmp_path / f"out.{r}") for r in range(2)]
+    x = {n: (t.cuda() if isinstance(t, torch.Tensor) else t)
+         for n, t in make_prefill_inputs(lens, CONTEST_SHAPE, seed=5).items()}
+    ref = prefill_reference_chunked(**x)
+    res = check_outputs((torch.cat([g[0] for g in got]).cuda(), got[0][1].cuda()), ref)
+    assert res.ok, f"{res.reason} (max abs {res.max_abs_err:.3e})"
