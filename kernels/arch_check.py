@@ -12,8 +12,9 @@ compute capability of :data:`kernels.gpu_limits.ARCHS` the module
    table (``kernels/decode_configs/``) can pick, and ``gdn_prefill`` (``fused`` and
    ``graph`` with the default config at every contest prefill shape and the
    long-context lengths :data:`LONG_LENGTHS`; with ``--scope all``, the default, also
-   ``fused`` with :data:`~kernels.prefill.ACCURATE_CONFIG` and, at the contest shapes,
-   notebook 02's ``no_sync``, ``fused_gates`` and ``unfused``) — on CPU tensors, with the device queries of the launch
+   ``fused`` with :data:`~kernels.prefill.ACCURATE_CONFIG`, at the contest shapes
+   notebook 02's ``no_sync``, ``fused_gates`` and ``unfused``, and one rank of
+   :func:`~kernels.prefill.multi_gpu.prefill_multi_gpu` with its collective stubbed) — on CPU tensors, with the device queries of the launch
    rules answered for that architecture (its SM count, shared memory per block,
    programmatic dependent launch from sm_90 on) and Triton's ``JITFunction.run``
    replaced by a recorder, so nothing executes;
@@ -203,7 +204,28 @@ def _entry_points(scope: str = "all"):
         for name, kw in runs:
             yield f"prefill {name} {label}", (lambda args=args, kw=kw: gdn_prefill(
                 *args, check_values=False, **kw))
+    if scope == "all":
+        yield "prefill multi_gpu rank 1 of 2 T131072", _multi_gpu_rank
     del torch
+
+
+def _multi_gpu_rank():
+    """Rank 1 of a two-rank :func:`.prefill.multi_gpu.prefill_multi_gpu` at 131,072 tokens
+    (one sequence straddling the ranks), its collective stubbed: the launches of a rank."""
+    from unittest import mock
+
+    import torch
+
+    from .prefill import multi_gpu
+    from .spec import make_prefill_inputs
+
+    x = make_prefill_inputs([65536])
+    x["cu_seqlens"] = torch.tensor([0, 131072])
+    with mock.patch.object(multi_gpu.dist, "get_world_size", lambda group=None: 2), \
+            mock.patch.object(multi_gpu.dist, "get_rank", lambda group=None: 1), \
+            mock.patch.object(multi_gpu, "_all_gather", lambda out, inp, group=None: None):
+        multi_gpu.prefill_multi_gpu(**x, bounds=[0, 65536, 131072], group=object(),
+                                    check_values=False)
 
 
 def capture_launches(arch: ArchLimits, scope: str = "all") -> List[Launch]:

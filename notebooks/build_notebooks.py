@@ -405,11 +405,76 @@ display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
 ]
 
+# --------------------------------------------------------------------------- 05
+
+MULTI_GPU = [
+    ("md", """\
+# 05 — Prefill across the GPUs of one host: what do two GPUs buy on one long prompt?
+
+Our long path cuts a sequence into segments whose state maps are affine (`S_end = M S_start
++ X`): phase A summarises every segment in parallel, phase B chains the summaries, phase C
+walks every segment from its entering state. `kernels.prefill.multi_gpu` makes the ranks of
+a `torch.distributed` group one more level of segments: each rank holds a contiguous slice
+of the packed tokens, summarises its last piece (`[M ; F]`, 1 MiB per rank at HV=8, D=128,
+whatever the length), the ranks exchange those in one all-gather, and each finishes its
+outputs and the final states of the sequences that end on it.
+
+This notebook starts one process per rank (`torch.multiprocessing`, NCCL on GPUs with
+NVLink multicast off, gloo processes on the CPU) and measures, for one sequence of 32k to 2M
+tokens: ours on one GPU and on all ranks, FLA on one GPU and FLA's `cp_context` on all ranks
+(FLA takes no initial state there, so the inputs have none by default), each gated against
+the float32 reference before it is timed; then the scaling efficiency, and the exchange
+against the link's all-gather bandwidth. Targets: ≥ 1.8× on two GPUs from 262,144 tokens,
+faster than FLA's CP at every length, the exchange ≤ 5 % of the call at 1,048,576.
+
+Run it with `python -m kernels.runner --notebooks 05` on a host with `world_size` GPUs
+(results under `results/2x-<gpu-slug>/`), or on the CPU with the smoke profile (gloo
+processes, the interpreter: plumbing only). The parameters are below."""),
+    ("params", None),
+    ("code", IMPORTS.format(module="prefill_multi_gpu")),
+    ("md", """\
+## 1. Gate, then time (all in the rank processes)
+Per length, every implementation against the float32 reference on the same inputs (each
+rank its slice; the final states summed over the ranks); only what passed is timed. The
+link probe runs first."""),
+    ("code", """\
+res = xp.run_ranks(run)
+res["gate"]"""),
+    ("md", "## 2. Time vs length"),
+    ("code", """\
+run.show(xp.plot_times(res["times"], xp.where(xp.experiment_of(run))), "time_vs_T")
+res["times"]"""),
+    ("md", "## 3. Scaling efficiency"),
+    ("code", """\
+scaling = xp.scaling_table(run, res["times"])
+run.write_csv(scaling, "scaling")
+run.show(xp.plot_scaling(scaling, xp.where(xp.experiment_of(run))), "scaling")
+scaling"""),
+    ("md", """\
+## 4. The exchange against the link
+All-gather bus bandwidth (nccl-tests' `busbw`) at the probe's sizes and at the exchange's
+own; the exchange's measured time, the time the best probed bandwidth predicts for its
+bytes, and its share of ours on all ranks."""),
+    ("code", """\
+exchange = xp.exchange_table(run, res["link"], res["times"])
+run.write_csv(exchange, "exchange")
+run.show(xp.plot_link(res["link"], exchange, xp.where(xp.experiment_of(run))), "link")
+exchange"""),
+    ("md", "## Conclusion"),
+    ("code", """\
+conclusion = run.with_profile_note(xp.conclusion_markdown(run, dict(
+    gate=res["gate"], times=res["times"], scaling=scaling, exchange=exchange)))
+run.write_text(conclusion, "conclusion.md")
+display(Markdown(conclusion))"""),
+    ("code", "run.finish()"),
+]
+
 NOTEBOOKS = {
     "01_decode_crossover": ("decode_crossover", DECODE),
     "02_prefill_launch_overhead": ("prefill_overhead", PREFILL),
     "03_ncu_instruction_counts": ("ncu_counts", NCU),
     "04_prefill_scaling": ("prefill_scaling", SCALING),
+    "05_prefill_multi_gpu": ("prefill_multi_gpu", MULTI_GPU),
 }
 
 

@@ -20,6 +20,7 @@ STEMS = {
     "02_prefill_launch_overhead": "prefill_overhead",
     "03_ncu_instruction_counts": "ncu_counts",
     "04_prefill_scaling": "prefill_scaling",
+    "05_prefill_multi_gpu": "prefill_multi_gpu",
 }
 
 

@@ -40,9 +40,11 @@ REQUIRED = {
     "04_prefill_scaling": ("prefill_scaling.csv",
                            ["impl", "lens", "T", "N", "method", "median_us", "p20_us",
                             "p80_us", "kernel", "role"]),
+    "05_prefill_multi_gpu": ("times.csv",
+                             ["impl", "gpus", "T", "method", "median_us", "p20_us", "p80_us"]),
 }
 IMPLS = {"ours", "fla", "flashinfer", "torch", "fla (triton)", "fla (flashqla backend)",
-         "flashqla", "fla_recurrent"}
+         "flashqla", "fla_recurrent", "ours (multi_gpu)", "fla cp_context"}
 SMOKE_BUDGET_S = 6 * 60
 
 
@@ -205,6 +207,34 @@ def test_scaling_smoke_specifics(smoke):
         # FlashQLA went through the peer worker, which reported why it cannot run here
         assert skipped.what.str.startswith("flashqla").any()
         assert skipped.reason.str.contains("CUDA GPU").any()
+
+
+def test_multi_gpu_smoke_specifics(smoke):
+    """Notebook 05 on the CPU: two gloo rank processes; ours gated on one and on both ranks
+    (each rank its slice, a sequence straddling them) and timed with the host clock only;
+    FLA unavailable with its reason; the link probe and the exchange measured."""
+    out, _, _ = smoke
+    folder = out / "05_prefill_multi_gpu"
+    assert (out / "05_prefill_multi_gpu.ipynb").exists()
+    prov = json.loads((folder / "provenance.json").read_text())
+    assert prov["experiment"]["ranks"]["world_size"] == 2
+    assert prov["experiment"]["ranks"]["env"]["NCCL_NVLS_ENABLE"] == "0"
+    gate = pd.read_csv(folder / "gate.csv")
+    ours = gate[gate.impl.str.startswith("ours")]
+    assert set(map(tuple, ours[["impl", "gpus"]].values)) == {
+        ("ours", 1), ("ours (multi_gpu)", 1), ("ours (multi_gpu)", 2)}
+    assert (ours.status == "pass").all(), ours.to_string()
+    times = pd.read_csv(folder / "times.csv")
+    assert len(times) == len(ours) and (times.median_us > 0).all()
+    if not _has_gpu():
+        assert set(times.method) == {"cpu_wall"}
+        assert (gate[~gate.impl.str.startswith("ours")].status == "unavailable").all()
+    link = pd.read_csv(folder / "link.csv")
+    assert set(link.what) == {"probe", "exchange", "scan hop"} and (link.busbw_gbs > 0).all()
+    assert len(pd.read_csv(folder / "exchange.csv")) == 1
+    for png in ("time_vs_T", "scaling", "link"):
+        assert (folder / f"{png}.png").exists(), png
+    assert (folder / "conclusion.md").read_text().startswith("### Conclusion")
 
 
 @pytest.mark.parametrize("stem", list(REQUIRED))

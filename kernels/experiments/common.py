@@ -343,15 +343,17 @@ def _jsonable(obj):
     return str(obj)
 
 
-def start_run(stem: str, params: dict) -> Run:
-    """Resolve the device, open the result folder and print where results go."""
+def start_run(stem: str, params: dict, slug: Optional[str] = None) -> Run:
+    """Resolve the device, open the result folder and print where results go. ``slug``: the
+    folder under ``output_root`` (default: this host's GPU slug; notebook 05 names its GPU
+    count, ``2x-<gpu-slug>``)."""
     import torch  # noqa: F401  (resolve_device may need it)
     from kernels.device import resolve_device
     from kernels.bench.results import ResultWriter
 
     device = str(resolve_device(params.get("device", "auto")))
     gpu = gpu_name_of(device)
-    writer = ResultWriter(stem, root=params.get("output_root", "results"))
+    writer = ResultWriter(stem, root=params.get("output_root", "results"), gpu=slug)
     opened = writer.open() if hasattr(writer, "open") else writer.__enter__()
     w = opened if opened is not None else writer
     run = Run(stem=stem, params=dict(params), device=device, gpu=gpu, writer=w,

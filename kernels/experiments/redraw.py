@@ -59,6 +59,15 @@ def _xs():
     return prefill_scaling
 
 
+def _mx():
+    from . import prefill_multi_gpu
+    return prefill_multi_gpu
+
+
+def _where(folder: Path) -> str:
+    return _mx().where(_prov(folder).get("experiment", {}))
+
+
 def _with(csv: str, fn: Callable) -> Callable:
     """A drawer that needs ``csv``: None (nothing to draw) when the folder lacks it."""
     def draw_(folder: Path):
@@ -101,6 +110,12 @@ FIGURES: Dict[str, Dict[str, Callable]] = {
         "gate_dependence": _with("gate_dependence.csv",
                                  lambda d, f: _xs().plot_gate_dependence(d)),
         "roofline": _with("roofline.csv", lambda d, f: _xs().plot_roofline(d)),
+    },
+    "05_prefill_multi_gpu": {
+        "time_vs_T": _with("times.csv", lambda d, f: _mx().plot_times(d, _where(f))),
+        "scaling": _with("scaling.csv", lambda d, f: _mx().plot_scaling(d, _where(f))),
+        "link": _with("link.csv", lambda d, f: _mx().plot_link(d, _csv(f, "exchange.csv"),
+                                                               _where(f))),
     },
 }
 

@@ -84,6 +84,7 @@ def state_walk_t_kernel(
     TRUNC: tl.constexpr = False,        # SUMMARY: skip what the decay makes negligible
     LOG_EPS: tl.constexpr = -20.0,      # TRUNC: negligible below exp(LOG_EPS)
     SPLIT: tl.constexpr = False,        # units of seg_mult[n] slots (set on the device)
+    SUMMARY_LAST: tl.constexpr = False,  # SUMMARY: each sequence's last segment too
 ):
     """One program per ``(sequence or segment slot, value head, BV state columns)``: walks
     its chunks from ``h0`` / ``s0`` (or zeros) and writes every output row and the final
@@ -97,14 +98,19 @@ def state_walk_t_kernel(
     ``M`` when the bounds of all the segment's chunks sum to ``LOG_EPS`` (then it is not
     stored, ``negl = 1``, and phase B takes ``S_end = X``); the ``X`` rows walk from zero
     at the last chunk ``j`` whose bounds summed from the segment's end reach ``LOG_EPS``
-    (whatever entered before ``j`` is negligible), else from the segment's start."""
+    (whatever entered before ``j`` is negligible), else from the segment's start.
+
+    ``SUMMARY_LAST`` summarises each sequence's last segment too (phase B needs no
+    transition there; the ranks of :mod:`.multi_gpu` exchange the composition of all of a
+    piece's segments)."""
     i_u, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if walk_guard(cu_seqlens, o, ht, status, T, N, i_u, i_h, i_v, H, V, K, GUARD, HAS_STATUS,
                   PDL_WAIT):
         return
     if SPLIT:   # seg_mult comes from the previous kernel
         grid_wait(PDL_WAIT)
-    i_n, i_s, bos, eos, ubos, ueos, skip = unit_bounds(i_u, cu_seqlens, N, T, SEG_T, SUMMARY,
+    i_n, i_s, bos, eos, ubos, ueos, skip = unit_bounds(i_u, cu_seqlens, N, T, SEG_T,
+                                                        SUMMARY and not SUMMARY_LAST,
                                                         seg_mult, SPLIT)
     if skip:
         grid_wait(PDL_WAIT)
@@ -180,7 +186,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
                      num_stages: int = 2, loop_stages=None, dot_precision: str = "bf16",
                      out_precision: str = "bf16", pdl: bool = False, seg_t: int = 0,
                      summary=None, s0=None, guard: bool = False, status=None,
-                     log_bound=None, negligible=None, seg_mult=None, defer: bool = False):
+                     log_bound=None, negligible=None, seg_mult=None, summary_last: bool = False,
+                     defer: bool = False):
     """Launch :func:`state_walk_t_kernel` once.
 
     Args:
@@ -204,6 +211,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         log_bound, negligible: with ``summary``, skip what the decay makes negligible
             (``TRUNC`` in :func:`state_walk_t_kernel`): `[T // 64 + N, HV]` f32 from
             :func:`.intra_chunk.intra_chunk_fwd` and `[S, HV]` int32, written.
+        summary_last: with ``summary``, also each sequence's last segment (skipped by
+            default: phase B does not need it; :mod:`.multi_gpu` does).
         guard: check ``cu_seqlens`` on the device and write NaN outputs if it is invalid
             (:mod:`.guard`; not with ``summary``); ``status``: `[1]` int32 for its bits.
     Returns None, or with ``defer`` the bound launch without launching it.
@@ -220,6 +229,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         raise ValueError("log_bound and negligible go together, with summary (phase A)")
     if guard and summary is not None:
         raise ValueError("guard goes with the outputs, not with summary (phase A)")
+    if summary_last and summary is None:
+        raise ValueError("summary_last goes with summary (phase A)")
     units = (int(T) // seg_t + N) if seg_t else N
     rows = K + V if summary is not None else V
     pdl_opts = launch_options(pdl, k.device)
@@ -230,7 +241,7 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         DOT_PREC=dot_precision, OUT_PREC=out_precision, SEG_T=int(seg_t),
         SUMMARY=summary is not None, FROM_S0=s0 is not None, LOOP_STAGES=loop_stages,
         PDL_WAIT=bool(pdl_opts), GUARD=guard, HAS_STATUS=guard and status is not None,
-        TRUNC=log_bound is not None, SPLIT=seg_mult is not None,
+        TRUNC=log_bound is not None, SPLIT=seg_mult is not None, SUMMARY_LAST=summary_last,
         **pdl_opts, num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go

@@ -1,0 +1,671 @@
+"""Notebook 05 — prefill across the GPUs of one host: how much faster is one long prompt on
+two GPUs (:mod:`kernels.prefill.multi_gpu`) than on one, and what does the exchange cost?
+
+The notebook's kernel starts one process per rank with ``torch.multiprocessing`` (``spawn``;
+NCCL on GPUs, one GPU each, NVLink multicast kept off in every process: ``NCCL_NVLS_ENABLE=0``,
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``; gloo on the CPU, the
+smoke profile). :func:`run_ranks` runs everything in one start of the ranks:
+
+1. **Link** — an all-gather bandwidth probe (``probe_sizes_kib`` per rank, ``busbw`` as
+   nccl-tests counts it), the exchange's own all-gather (``[M ; F]`` of one piece per
+   rank, :func:`kernels.prefill.multi_gpu.exchange_bytes`) timed alone, and one hop of the
+   alternative, a scan over the ranks (a send of one state) → ``link.csv``.
+2. For each length of ``lengths`` (one sequence): the inputs, generated on every rank's
+   device from one seed (identical), and the float32 reference
+   (:func:`kernels.reference.prefill_reference_chunked`, in pieces of ``reference_piece``
+   tokens with the state handed on: bounded memory at 2M tokens); then each implementation
+   is **gated** on the same inputs (each rank its slice of the outputs; the final states
+   summed over the ranks) → ``gate.csv``, and only what passed is **timed** →
+   ``times.csv``: on one GPU (rank 0 alone) ours (:func:`kernels.prefill.gdn_prefill`,
+   ``fused``), ours through :mod:`~kernels.prefill.multi_gpu` with a one-rank group, FLA
+   (:mod:`kernels.peers` ``fla``); on all ranks ours and FLA's context parallelism
+   (``cp_context`` of ``fla.ops.gated_delta_rule.chunk_gated_delta_rule``; no initial or
+   final states, so the notebook's inputs have no initial state by default and FLA's gate
+   checks its outputs only).
+
+Timing (method ``cuda_events``): the ranks meet at a barrier, then each records CUDA events
+around one eager call; the call's time is the slowest rank's; median, p20, p80 over
+``repetitions`` calls after ``warmup``. On the CPU the host clock (``cpu_wall``: the
+interpreter, plumbing only). Results on GPUs go to ``<output_root>/<W>x-<gpu-slug>/``
+(``W`` GPUs), with both GPUs and the link between them in the provenance.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+import pandas as pd
+
+from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, short_reason
+
+from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
+                     fmt_us, fmt_x, new_figure, progress, start_run)
+
+STEM = "05_prefill_multi_gpu"
+#: NVLink multicast off in every rank's process (the lent hosts' rule).
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+#: Targets of the issue (benchmarks, not tests).
+SPEEDUP_TARGET, SPEEDUP_FROM_T, EXCHANGE_SHARE_MAX, EXCHANGE_AT_T = 1.8, 262144, 0.05, 1048576
+IMPLS = ("ours", "ours (multi_gpu)", "fla (triton)", "fla cp_context")
+
+PARAMS = COMMON_PARAMS + (
+    Param("lengths", "list", [32768, 65536, 131072, 262144, 524288, 1048576, 2097152],
+          "tokens of the one sequence of each call"),
+    Param("world_size", "int", 2, "ranks of the multi-GPU runs (one GPU each; processes on the CPU)"),
+    Param("impls", "list", list(IMPLS),
+          "ours (gdn_prefill, one GPU), ours (multi_gpu) (one GPU and all ranks), "
+          "fla (triton) (one GPU), fla cp_context (all ranks)"),
+    Param("repetitions", "int", 30, "timed calls per point"),
+    Param("warmup", "int", 5, "untimed calls before timing (compilation, FLA's autotuning)"),
+    Param("seed", "int", 0, "seed of the inputs"),
+    Param("with_state", "bool", False,
+          "pass an initial state (FLA's cp_context takes none: its gate then fails)"),
+    Param("reference_piece", "int", 262144,
+          "the reference runs in pieces of at most this many tokens (state handed on)"),
+    Param("probe_sizes_kib", "list", [64, 256, 1024, 4096, 16384, 65536, 262144],
+          "all-gather bandwidth probe: bytes per rank (KiB)"),
+    Param("probe_repetitions", "int", 20, "timed all-gathers per probe size"),
+    Param("num_q_heads", "int", 4, "HQ query/key heads (HK equals it)"),
+    Param("num_v_heads", "int", 8, "HV value heads"),
+    Param("head_dim", "int", 128, "head size D (K and V equal it)"),
+)
+
+GATE_COLUMNS = ["impl", "gpus", "T", "status", "checked", "max_abs_err", "reason", "gpu"]
+TIMES_COLUMNS = ["impl", "gpus", "T", "method", "median_us", "p20_us", "p80_us", "n", "gpu"]
+EXCHANGE_COLUMNS = ["T", "bytes_per_rank", "bytes_received", "exchange_us", "at_link_bw_us",
+                    "link_busbw_gbs", "scan_us", "call_us", "share"]
+LINK_COLUMNS = ["what", "bytes_per_rank", "gpus", "method", "median_us", "algbw_gbs",
+                "busbw_gbs", "gpu"]
+
+
+def collect_params(namespace: dict) -> dict:
+    """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
+    return _collect(namespace, PARAMS, STEM)
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def _link_description(n: int) -> dict:
+    """The GPUs ``0 .. n-1`` and what connects them (``nvidia-smi topo -m`` where it runs,
+    and torch's peer-access answer)."""
+    import subprocess
+
+    import torch
+
+    out = {"gpus": [torch.cuda.get_device_name(i) for i in range(n)]}
+    out["peer_access"] = all(torch.cuda.can_device_access_peer(i, j)
+                             for i in range(n) for j in range(n) if i != j)
+    try:
+        topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                              timeout=30).stdout
+        rows = [line.split() for line in topo.splitlines() if line.startswith("GPU")]
+        out["topo"] = {r[0]: r[1:n + 1] for r in rows[:n]}
+        out["link"] = out["topo"].get("GPU0", ["?", "?"])[1] if n > 1 else "none"
+    except (OSError, subprocess.SubprocessError) as e:
+        out["link"] = f"unknown (nvidia-smi topo -m: {short_reason(e)})"
+    return out
+
+
+def start(params: dict) -> Run:
+    """Open the run with ``W = world_size`` ranks, or as many as there are GPUs (the
+    multi-GPU rows are then skipped, with the reason: ``make run`` on a one-GPU host still
+    measures the one-GPU rows). On CUDA with ``W > 1`` the result folder is
+    ``<W>x-<gpu-slug>`` and the provenance names every GPU and the link."""
+    import torch
+
+    from kernels.device import gpu_slug
+
+    W = int(params["world_size"])
+    if W < 1:
+        raise ValueError(f"world_size must be >= 1, got {W}")
+    cuda = str(params.get("device", "auto")).startswith("cuda") or (
+        params.get("device", "auto") == "auto" and torch.cuda.is_available())
+    have = torch.cuda.device_count() if cuda else W
+    run = start_run(STEM, params,
+                    slug=f"{min(W, have)}x-{gpu_slug()}" if cuda and min(W, have) > 1 else None)
+    if have < W:
+        run.skip(f"the {W}-GPU runs", f"world_size={W} needs {W} GPUs; torch sees {have}")
+        W = have
+    run.state["world"] = W
+    if run.on_gpu:
+        run.extra_provenance.update(_link_description(W))
+        print(f"GPUs: {run.extra_provenance['gpus']}; link GPU0-GPU1: "
+              f"{run.extra_provenance.get('link')}")
+    run.extra_provenance["ranks"] = dict(world_size=W, backend="nccl" if run.on_gpu else "gloo",
+                                         env=NO_MULTICAST)
+    return run
+
+
+# --------------------------------------------------------------------------- the ranks
+
+
+def run_ranks(run: Run) -> Dict[str, pd.DataFrame]:
+    """Start ``world_size`` rank processes, run the probe and every length's gate and times
+    there (:func:`_rank_main`), and return ``{"gate", "times", "link"}`` (written as CSVs)."""
+    import torch.multiprocessing as mp
+
+    p = run.params
+    W = run.state["world"]
+    for k, v in NO_MULTICAST.items():
+        os.environ[k] = v   # the ranks inherit this environment
+    spec = {k: p[k] for k in ("lengths", "impls", "repetitions", "warmup", "seed", "with_state",
+                              "reference_piece", "probe_sizes_kib", "probe_repetitions",
+                              "num_q_heads", "num_v_heads", "head_dim")}
+    spec.update(cuda=run.on_gpu, gpu=run.gpu)
+    with tempfile.TemporaryDirectory(prefix="gdn-ranks-") as tmp:
+        print(f"starting {W} ranks ({'nccl' if run.on_gpu else 'gloo'}); progress from rank 0")
+        t0 = time.perf_counter()
+        mp.start_processes(_rank_main, args=(W, spec, tmp), nprocs=W, join=True,
+                           start_method="spawn")
+        rows = json.loads((Path(tmp) / "rows.json").read_text())
+    print(f"ranks done in {time.perf_counter() - t0:.0f} s")
+    for s in rows["skipped"]:
+        run.skip(s["what"], s["reason"])
+    out = {"gate": pd.DataFrame(rows["gate"], columns=GATE_COLUMNS),
+           "times": pd.DataFrame(rows["times"], columns=TIMES_COLUMNS),
+           "link": pd.DataFrame(rows["link"], columns=LINK_COLUMNS)}
+    for name, df in out.items():
+        run.write_csv(df, name)
+    bad = out["gate"][out["gate"].status.isin([FAIL, ERROR])]
+    for _, r in bad.iterrows():
+        print(f"GATE {r.status.upper()}: {r.impl} on {r.gpus} GPU(s) at T={r['T']}: {r.reason}")
+    return out
+
+
+def _rank_main(rank: int, world: int, spec: dict, tmp: str) -> None:
+    """One rank: join the group, probe the link, gate and time every implementation at every
+    length; rank 0 writes the rows to ``<tmp>/rows.json``."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", rank) if spec["cuda"] else torch.device("cpu")
+    kw = {}
+    if spec["cuda"]:
+        torch.cuda.set_device(dev)
+        kw["device_id"] = dev
+    dist.init_process_group("nccl" if spec["cuda"] else "gloo", init_method=f"file://{tmp}/init",
+                            rank=rank, world_size=world, **kw)
+    one = dist.new_group([0])          # rank 0 alone: the one-GPU runs
+    ctx = _Ranks(rank, world, dev, spec, one)
+    # an exception leaves at once (no barrier a failed rank's peer would never reach):
+    # start_processes then stops the other ranks and raises it in the notebook
+    ctx.probe()
+    lengths = [int(L) for L in spec["lengths"]]
+    for L in (progress(lengths, f"gate, then time, per length ({world} ranks)", "length")
+              if rank == 0 else lengths):
+        ctx.length(L)
+    if rank == 0:
+        (Path(tmp) / "rows.json").write_text(json.dumps(dict(
+            gate=ctx.gate, times=ctx.times, link=ctx.link, skipped=ctx.skipped)))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class _Ranks:
+    """What one rank does (:func:`_rank_main`); rows are kept on rank 0."""
+
+    def __init__(self, rank, world, dev, spec, one):
+        from kernels.spec import GDNShape
+
+        self.rank, self.world, self.dev, self.spec, self.one = rank, world, dev, spec, one
+        self.shape = GDNShape(spec["num_q_heads"], spec["num_v_heads"], spec["head_dim"])
+        self.method = "cuda_events" if spec["cuda"] else "cpu_wall"
+        self.gate, self.times, self.link, self.skipped = [], [], [], []
+        self._skipped_once = set()
+
+    # -- collectives on small host numbers
+    def _reduce(self, values, op, group=None):
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.dev)
+        dist.all_reduce(t, op=op, group=group)
+        return t.tolist()
+
+    def _skip(self, what, reason):
+        if self.rank == 0 and what not in self._skipped_once:
+            self._skipped_once.add(what)
+            self.skipped.append(dict(what=what, reason=reason))
+
+    # -- timing
+    def _time(self, fn, group) -> dict:
+        """``repetitions`` calls of ``fn`` after ``warmup``, each between barriers of
+        ``group``; per call the slowest rank's time (µs)."""
+        import torch
+        import torch.distributed as dist
+
+        for _ in range(self.spec["warmup"]):
+            fn()
+        us = []
+        for _ in range(self.spec["repetitions"]):
+            dist.barrier(group=group)
+            if self.spec["cuda"]:
+                torch.cuda.synchronize()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                us.append(a.elapsed_time(b) * 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                us.append((time.perf_counter() - t0) * 1e6)
+        us = np.array(self._reduce(us, dist.ReduceOp.MAX, group))
+        return dict(method=self.method, median_us=float(np.median(us)),
+                    p20_us=float(np.percentile(us, 20)), p80_us=float(np.percentile(us, 80)),
+                    n=len(us))
+
+    # -- 1. the link
+    def probe(self) -> None:
+        """All-gather bandwidth at ``probe_sizes_kib`` per rank and at the exchange's own
+        size; and one hop of the alternative, a scan over ranks (rank 0 sends rank 1 a
+        state, ``HV * D * D`` float32: half the exchange's bytes)."""
+        import torch
+        import torch.distributed as dist
+
+        from kernels.prefill.multi_gpu import _all_gather, exchange_bytes
+
+        if self.world < 2:
+            self._skip("link probe", "world_size is 1")
+            return
+        ex = exchange_bytes(self.shape.num_v_heads, self.shape.head_dim, 1)
+        sizes = [("probe", int(k) * 1024) for k in self.spec["probe_sizes_kib"]]
+        sizes += [("exchange", ex), ("scan hop", ex // 2)]
+        saved = self.spec
+        self.spec = dict(saved, repetitions=saved["probe_repetitions"],
+                         warmup=max(saved["warmup"], 1))
+        try:
+            for what, nbytes in sizes:
+                n = max(nbytes // 4, 1)
+                src = torch.ones(n, dtype=torch.float32, device=self.dev)
+                dst = torch.empty(n * self.world, dtype=torch.float32, device=self.dev)
+                if what == "scan hop":
+                    fn = {0: lambda: dist.send(src, 1), 1: lambda: dist.recv(dst[:n], 0)}.get(
+                        self.rank, lambda: None)
+                    moved = n * 4
+                else:
+                    fn, moved = (lambda: _all_gather(dst, src)), self.world * n * 4
+                t = self._time(fn, None)
+                algbw = moved / (t["median_us"] * 1e-6) / 1e9
+                bus = algbw if what == "scan hop" else algbw * (self.world - 1) / self.world
+                self.link.append(dict(what=what, bytes_per_rank=n * 4, gpus=self.world,
+                                      algbw_gbs=algbw, busbw_gbs=bus, gpu=saved["gpu"],
+                                      **{k: t[k] for k in ("method", "median_us")}))
+        finally:
+            self.spec = saved
+
+    # -- 2. one length
+    def _inputs(self, L: int) -> dict:
+        """One sequence of ``L`` tokens, generated on this rank's device from the seed (the
+        same on every rank: the generator runs on the same kind of device)."""
+        import torch
+
+        from kernels.spec import make_prefill_inputs
+
+        s = self.shape
+        small = make_prefill_inputs([1], s, seed=self.spec["seed"])   # gate parameters
+        gen = torch.Generator(self.dev).manual_seed(self.spec["seed"])
+        bf = torch.bfloat16
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=gen, device=self.dev)
+
+        def unit(x):
+            return (x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6)).to(bf)
+
+        x = dict(q=unit(randn(L, s.num_q_heads, s.head_dim)),
+                 k=unit(randn(L, s.num_q_heads, s.head_dim)),
+                 v=randn(L, s.num_v_heads, s.head_dim).to(bf),
+                 a=randn(L, s.num_v_heads).to(bf), b=randn(L, s.num_v_heads).to(bf),
+                 A_log=small["A_log"].to(self.dev), dt_bias=small["dt_bias"].to(self.dev),
+                 cu_seqlens=torch.tensor([0, L], dtype=torch.int64, device=self.dev),
+                 state=(randn(1, s.num_v_heads, s.head_dim, s.head_dim) * 0.1
+                        if self.spec["with_state"] else None))
+        return x
+
+    def _reference(self, x: dict):
+        """The float32 chunked reference of the one sequence, in pieces of at most
+        ``reference_piece`` tokens, each piece starting from the previous one's state."""
+        import torch
+
+        from kernels.reference import prefill_reference_chunked
+
+        L, piece = x["q"].shape[0], max(int(self.spec["reference_piece"]), 64)
+        outs, state = [], x["state"]
+        for s in range(0, L, piece):
+            e = min(s + piece, L)
+            sl = {n: x[n][s:e] for n in ("q", "k", "v", "a", "b")}
+            o, state = prefill_reference_chunked(
+                **sl, state=state, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                cu_seqlens=torch.tensor([0, e - s], dtype=torch.int64, device=self.dev))
+            outs.append(o)
+        return torch.cat(outs), state
+
+    def _impls(self, x: dict, bounds: list):
+        """``(name, gpus, fn or reason, checked)``: the callables of this length (``fn()``
+        returns this rank's ``(output slice, final state or None)``)."""
+        import torch.distributed as dist
+
+        from kernels.peers import prefill_impls
+        from kernels.prefill import gdn_prefill
+        from kernels.prefill.multi_gpu import prefill_multi_gpu
+
+        r, W = self.rank, self.world
+        t0, t1 = bounds[r], bounds[r + 1]
+        mine = {n: (t[t0:t1] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+        L = x["q"].shape[0]
+        out = []
+        want = self.spec["impls"]
+        if "ours" in want:
+            out.append(("ours", 1, lambda: gdn_prefill(**x), "output, final state"))
+        if "ours (multi_gpu)" in want:
+            out.append(("ours (multi_gpu)", 1, lambda: prefill_multi_gpu(
+                **x, bounds=[0, L], group=self.one), "output, final state"))
+            if W > 1:
+                out.append(("ours (multi_gpu)", W, lambda: prefill_multi_gpu(
+                    **mine, bounds=bounds, group=dist.group.WORLD), "output, final state"))
+        if "fla (triton)" in want:
+            fla = prefill_impls(["fla"])["fla"]
+            out.append(("fla (triton)", 1, (lambda: fla(**x)) if fla else fla.reason,
+                        "output, final state"))
+        if "fla cp_context" in want and W > 1:
+            out.append(("fla cp_context", W, _fla_cp(mine, x["cu_seqlens"], x["state"]),
+                        "output (no final state)"))
+        return out
+
+    def length(self, L: int) -> None:
+        """Gate every implementation at ``L`` tokens, time what passed everywhere."""
+        import torch
+        import torch.distributed as dist
+
+        from kernels.checks import check_close
+        from kernels.prefill.multi_gpu import even_bounds
+
+        W, r = self.world, self.rank
+        bounds = even_bounds(L, W)
+        x = self._inputs(L)
+        ref_o, ref_h = self._reference(x)
+        for name, gpus, fn, checked in self._impls(x, bounds):
+            on = gpus == W or r == 0          # one-GPU runs: rank 0 alone
+            group = None if gpus == W else self.one
+            row = dict(impl=name, gpus=gpus, T=L, checked=checked, gpu=self.spec["gpu"])
+            if isinstance(fn, str):
+                self._skip(f"{name} on {gpus} GPU(s)", fn)
+                if r == 0:
+                    self.gate.append(dict(row, status=UNAVAILABLE, max_abs_err=math.nan,
+                                          reason=fn))
+                continue
+            if not on:
+                dist.barrier()
+                continue
+            t0, t1 = (bounds[r], bounds[r + 1]) if gpus > 1 else (0, L)
+            status, err, reason = PASS, 0.0, ""
+            try:
+                o, h = fn()
+                res = [check_close(o, ref_o[t0:t1])]
+                if h is not None:
+                    if gpus > 1:
+                        dist.all_reduce(h, group=group)
+                    res.append(check_close(h, ref_h, name="new_state"))
+                ok = all(c.ok for c in res)
+                err = max(c.max_abs_err for c in res)
+                reason = "; ".join(c.reason for c in res if c.reason)
+            except Exception as e:   # a call that raises is reported like a wrong one
+                ok, err, reason = False, math.inf, short_reason(e)
+                status = ERROR
+            good, worst = self._reduce([float(ok), err], dist.ReduceOp.MIN, group)[0], \
+                self._reduce([err], dist.ReduceOp.MAX, group)[0]
+            if not good and status == PASS:
+                status = FAIL
+                reason = reason or "another rank's slice failed"
+            if r == 0:
+                self.gate.append(dict(row, status=status, max_abs_err=worst, reason=reason))
+            if status == PASS:
+                self.times.append(dict(dict(impl=name, gpus=gpus, T=L, gpu=self.spec["gpu"]),
+                                       **self._time(fn, group)))
+            if gpus < W:
+                dist.barrier()
+            if self.spec["cuda"]:
+                torch.cuda.empty_cache()
+        del x, ref_o, ref_h
+
+
+def _fla_cp(mine: dict, cu_seqlens, state):
+    """FLA's context-parallel prefill of this rank's contiguous slice (its ``contiguous``
+    layout: ``T / W`` tokens per rank, as :func:`even_bounds` cuts powers of two), gates as
+    PyTorch ops inside the call like the ``fla`` peer; or why it cannot run."""
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available() or mine["q"].device.type != "cuda":
+        return "FLA (Triton) needs a CUDA GPU"
+    if state is not None:
+        return "FLA's cp_context takes no initial state (with_state is on)"
+    try:
+        from fla.ops.cp import build_cp_context
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:
+        return f"cannot import FLA's context parallelism: {short_reason(e)}"
+    from kernels.peers import prefill_gates
+
+    ctx = build_cp_context(cu_seqlens, group=dist.group.WORLD, cu_seqlens_cpu=cu_seqlens.cpu())
+
+    def call():
+        g, beta = prefill_gates(mine["A_log"], mine["a"], mine["dt_bias"], mine["b"])
+        o, _ = chunk_gated_delta_rule(mine["q"][None], mine["k"][None], mine["v"][None],
+                                      g[None], beta[None], scale=mine["q"].shape[-1] ** -0.5,
+                                      cp_context=ctx)
+        return o[0].to(torch.bfloat16), None
+
+    return call
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def scaling_table(run: Run, times: pd.DataFrame) -> pd.DataFrame:
+    """Per length: ours on one GPU, ours on the run's ``W`` ranks, the speedup and scaling
+    efficiency (speedup / ``W``), FLA on one GPU and with cp_context, and ours against FLA's
+    CP."""
+    world = run.state["world"]
+    if times.empty or world < 2:
+        return pd.DataFrame(columns=["T", "gpus", "speedup", "efficiency"])
+    t = times.pivot_table(index="T", columns=["impl", "gpus"], values="median_us")
+
+    def col(impl, gpus):
+        return t[(impl, gpus)] if (impl, gpus) in t.columns else pd.Series(np.nan, t.index)
+
+    out = pd.DataFrame({"ours 1 GPU (µs)": col("ours", 1),
+                        f"ours {world} GPUs (µs)": col("ours (multi_gpu)", world),
+                        "fla 1 GPU (µs)": col("fla (triton)", 1),
+                        f"fla cp_context {world} GPUs (µs)": col("fla cp_context", world)})
+    out["speedup"] = out["ours 1 GPU (µs)"] / out[f"ours {world} GPUs (µs)"]
+    out["efficiency"] = out["speedup"] / world
+    out["fla cp / ours"] = out[f"fla cp_context {world} GPUs (µs)"] / out[f"ours {world} GPUs (µs)"]
+    out.insert(0, "gpus", world)
+    return out.reset_index()
+
+
+def exchange_table(run: Run, link: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
+    """The exchange's all-gather: bytes, measured time, the time the probe's best bandwidth
+    predicts, the alternative's time (a scan: ``W - 1`` serial hops of one state, each as
+    measured), and the all-gather's share of ours on the run's ``W`` ranks at each length."""
+    world = run.state["world"]
+    ex = link[link.what == "exchange"]
+    probe = link[link.what == "probe"]
+    if ex.empty:
+        return pd.DataFrame(columns=EXCHANGE_COLUMNS)
+    e = ex.iloc[0]
+    hop = link[link.what == "scan hop"]
+    hop_us = float(hop.iloc[0].median_us) if len(hop) else math.nan
+    bw = float(probe.busbw_gbs.max()) if len(probe) else math.nan
+    ours = times[(times.impl == "ours (multi_gpu)") & (times.gpus == world)]
+    rows = []
+    for _, r in ours.sort_values("T").iterrows():
+        rows.append(dict(T=int(r["T"]), bytes_per_rank=int(e.bytes_per_rank),
+                         bytes_received=int(e.bytes_per_rank) * (world - 1),
+                         exchange_us=float(e.median_us),
+                         at_link_bw_us=e.bytes_per_rank * (world - 1) / (bw * 1e9) * 1e6,
+                         link_busbw_gbs=bw, scan_us=(world - 1) * hop_us,
+                         call_us=float(r.median_us),
+                         share=float(e.median_us) / float(r.median_us)))
+    return pd.DataFrame(rows, columns=EXCHANGE_COLUMNS)
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def where(experiment: dict) -> str:
+    """The figures' second title line from the provenance's ``experiment`` dict (or
+    :func:`experiment_of` a run): the ranks, the GPUs and the link, the timing method."""
+    ranks = experiment.get("ranks", {})
+    W = ranks.get("world_size", 1)
+    if ranks.get("backend") == "nccl":
+        gpus = experiment.get("gpus") or [experiment.get("gpu", "?")]
+        return (f"{W}× {gpus[0]}, link {experiment.get('link', '?')} · "
+                "CUDA events, slowest rank")
+    return f"{W} gloo processes on the CPU · cpu_wall (interpreter)"
+
+
+def experiment_of(run: Run) -> dict:
+    """What :meth:`Run.finish` writes as the provenance's ``experiment`` (the part
+    :func:`where` reads)."""
+    return dict(run.extra_provenance, gpu=run.gpu)
+
+
+def plot_times(times: pd.DataFrame, subtitle: str):
+    """Time per call vs tokens, every implementation and GPU count (log-log)."""
+    if times.empty:
+        return None
+    fig, axes = new_figure(1, 1, panel=(8.0, 4.2))
+    ax = axes[0, 0]
+    for (impl, gpus), d in times.groupby(["impl", "gpus"]):
+        d = d.sort_values("T")
+        ax.errorbar(d["T"], d.median_us, yerr=[d.median_us - d.p20_us, d.p80_us - d.median_us],
+                    marker="o", ms=3, capsize=2, label=f"{impl}, {gpus} GPU(s)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens (one sequence)")
+    ax.set_ylabel("time per call (µs)")
+    ax.set_title(f"Prefill time vs length (median, p20-p80)\n{subtitle}", fontsize=9)
+    figure_legend(fig, axes)
+    return fig
+
+
+def plot_scaling(scaling: pd.DataFrame, subtitle: str):
+    """Speedup of ours on all ranks over one GPU, and of FLA's CP over FLA, vs tokens."""
+    if scaling.empty or scaling["speedup"].isna().all():
+        return None
+    world = int(scaling["gpus"].iloc[0])
+    fig, axes = new_figure(1, 1, panel=(8.0, 3.8))
+    ax = axes[0, 0]
+    ax.plot(scaling["T"], scaling["speedup"], marker="o", label=f"ours: 1 GPU / {world} GPUs")
+    fla = scaling["fla 1 GPU (µs)"] / scaling[f"fla cp_context {world} GPUs (µs)"]
+    if fla.notna().any():
+        ax.plot(scaling["T"], fla, marker="s", label=f"fla: 1 GPU / cp_context {world} GPUs")
+    ax.axhline(world, color="gray", lw=0.8, ls=":", label=f"ideal ({world}×)")
+    ax.axhline(SPEEDUP_TARGET, color="tab:red", lw=0.8, ls="--",
+               label=f"target {SPEEDUP_TARGET}× (from {SPEEDUP_FROM_T:,} tokens)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens (one sequence)")
+    ax.set_ylabel("speedup (time on 1 GPU / on all)")
+    ax.set_title(f"Scaling to {world} GPUs (ratio of medians)\n{subtitle}", fontsize=9)
+    figure_legend(fig, axes)
+    return fig
+
+
+def plot_link(link: pd.DataFrame, exchange: pd.DataFrame, subtitle: str):
+    """All-gather bus bandwidth vs bytes per rank (the exchange's size and a scan's hop
+    marked), and the exchange's share of the call vs tokens (where measured)."""
+    if link.empty:
+        return None
+    ncols = 2 if not exchange.empty else 1
+    fig, axes = new_figure(1, ncols, panel=(5.0, 3.6))
+    ax = axes[0, 0]
+    pr = link[link.what == "probe"].sort_values("bytes_per_rank")
+    ax.plot(pr.bytes_per_rank, pr.busbw_gbs, marker="o", label="all-gather probe")
+    ex = link[link.what == "exchange"]
+    ax.plot(ex.bytes_per_rank, ex.busbw_gbs, marker="*", ms=10, ls="", color="tab:red",
+            label="the exchange ([M ; F])")
+    hop = link[link.what == "scan hop"]
+    ax.plot(hop.bytes_per_rank, hop.busbw_gbs, marker="v", ms=7, ls="", color="tab:green",
+            label="a scan's hop (send/recv)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("All-gather bandwidth", fontsize=9)
+    if ncols == 2:
+        ax = axes[0, 1]
+        ax.plot(exchange["T"], 100 * exchange["share"], marker="o",
+                label="exchange (all-gather alone) / call")
+        ax.axhline(100 * EXCHANGE_SHARE_MAX, color="tab:red", lw=0.8, ls="--",
+                   label=f"target ≤ {EXCHANGE_SHARE_MAX:.0%} at {EXCHANGE_AT_T:,}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens (one sequence)")
+        ax.set_ylabel("exchange / call (%)")
+        ax.set_title("The exchange's share of the call", fontsize=9)
+    fig.suptitle(f"The link\n{subtitle}", fontsize=9)
+    figure_legend(fig, axes)
+    return fig
+
+
+# --------------------------------------------------------------------------- conclusion
+
+
+def conclusion_markdown(run: Run, dfs: Dict[str, pd.DataFrame]) -> str:
+    """The targets, each with its number from the tables (or why there is none)."""
+    W = run.state["world"]
+    gate, times = dfs["gate"], dfs["times"]
+    scaling, exchange = dfs["scaling"], dfs["exchange"]
+    gpus = run.extra_provenance.get("gpus") or [run.gpu]
+    lines = ["### Conclusion", "",
+             f"{W} ranks on {', '.join(gpus)} (link: {run.extra_provenance.get('link', 'n/a')}); "
+             f"timing: {'CUDA events around one eager call, slowest rank' if run.on_gpu else 'cpu_wall'}."]
+    failed = gate[gate.status.isin([FAIL, ERROR])]
+    lines.append(f"- Gate: {int((gate.status == PASS).sum())} of {len(gate)} pass"
+                 + (f"; **failed**: {', '.join(sorted(set(failed.impl)))}" if len(failed) else ""))
+    if scaling.empty or scaling["speedup"].isna().all():
+        lines.append("- Scaling: no timing of ours on both 1 and "
+                     f"{W} GPUs in this run.")
+        return "\n".join(lines)
+    long = scaling[scaling["T"] >= SPEEDUP_FROM_T]
+    if long["speedup"].isna().all():
+        lines.append(f"- ≥ {SPEEDUP_TARGET}× from {SPEEDUP_FROM_T:,} tokens: not measured "
+                     "(no such length timed on both).")
+    else:
+        long = long[long["speedup"].notna()]
+        worst = long.loc[long["speedup"].idxmin()]
+        met = bool((long["speedup"] >= SPEEDUP_TARGET).all())
+        lines.append(f"- ≥ {SPEEDUP_TARGET}× from {SPEEDUP_FROM_T:,} tokens: "
+                     f"{'met' if met else 'not met'} (lowest {fmt_x(worst.speedup)} at "
+                     f"{int(worst['T']):,}; efficiency {worst.efficiency:.0%}).")
+    for _, r in scaling.iterrows():
+        lines.append(f"  - {int(r['T']):,}: {fmt_us(r['ours 1 GPU (µs)'])} → "
+                     f"{fmt_us(r[f'ours {W} GPUs (µs)'])} ({fmt_x(r.speedup)}); FLA CP "
+                     f"{fmt_us(r[f'fla cp_context {W} GPUs (µs)'])}")
+    cp = scaling["fla cp / ours"].dropna()
+    lines.append("- Faster than FLA's cp_context at every length: "
+                 + ("not measured (FLA's CP did not run)" if cp.empty else
+                    f"{'met' if bool((cp > 1).all()) else 'not met'} (FLA CP / ours "
+                    f"{fmt_x(cp.min())} … {fmt_x(cp.max())})"))
+    at = exchange[exchange["T"] == EXCHANGE_AT_T] if not exchange.empty else exchange
+    if len(at):
+        s = float(at.iloc[0].share)
+        lines.append(f"- Exchange ≤ {EXCHANGE_SHARE_MAX:.0%} of the call at {EXCHANGE_AT_T:,}: "
+                     f"{'met' if s <= EXCHANGE_SHARE_MAX else 'not met'} ({s:.2%}; "
+                     f"{fmt_us(at.iloc[0].exchange_us)} for {int(at.iloc[0].bytes_received):,} "
+                     f"bytes received, {fmt_us(at.iloc[0].at_link_bw_us)} at the probe's "
+                     f"{at.iloc[0].link_busbw_gbs:.0f} GB/s; a scan over the ranks instead: "
+                     f"{fmt_us(at.iloc[0].scan_us)}).")
+    else:
+        lines.append(f"- Exchange share at {EXCHANGE_AT_T:,}: not measured in this run.")
+    return "\n".join(lines)

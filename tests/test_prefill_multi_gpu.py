@@ -1,0 +1,186 @@
+"""Context parallelism across ranks (:mod:`kernels.prefill.multi_gpu`) with the gloo backend:
+2 and 3 CPU processes (``torch.multiprocessing``) under the Triton interpreter, each holding
+a contiguous slice of the packed tokens, against the float32 reference of the whole call.
+
+Cheap by construction: one spawn of three processes runs every case (the two-rank cases on a
+group of ranks 0 and 1, so ``group=`` is not the default group there), every rank holds at
+most four chunks, and the parent computes the references while the ranks run. The cases
+cover sequences that start, end, straddle or lie inside a rank (one spanning a whole rank,
+where its transition ``M`` crosses the link), boundaries inside and between chunks, empty
+sequences on rank boundaries, ``D = 16`` and ``D = 128``, with and without initial states,
+slow decays (the state carries across ranks), and the device guard of an invalid
+``cu_seqlens``. On a host with two GPUs, two NCCL ranks at the contest's heads as well
+(skipped elsewhere).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from kernels.checks import check_outputs  # noqa: E402
+from kernels.prefill.config import ACCURATE_CONFIG  # noqa: E402
+from kernels.prefill.multi_gpu import even_bounds, exchange_bytes, prefill_multi_gpu  # noqa: E402
+from kernels.reference import prefill_reference  # noqa: E402
+from kernels.spec import CONTEST as CONTEST_SHAPE, GDNShape, make_prefill_inputs  # noqa: E402
+
+S16 = GDNShape(1, 1, 16)
+G2 = GDNShape(1, 2, 16)            # two value heads per q/k head
+S128 = GDNShape(1, 1, 128)
+
+# (shape, lens, bounds, with_state, slow decay, what it covers)
+CASES = {
+    2: [
+        (G2, [100, 0, 150, 70], [0, 150, 320], True, False,
+         "cut inside a chunk and a sequence; an empty sequence inside rank 0"),
+        (S128, [200], [0, 130, 200], True, True,
+         "D=128: one sequence straddling, two segments on rank 0, initial state"),
+        (S16, [64, 64], [0, 64, 128], False, False, "invalid cu_seqlens, device guard"),
+    ],
+    3: [
+        (S16, [40, 330, 20], [0, 100, 260, 390], False, True,
+         "a sequence through all ranks, rank 1 inside it (two segments, M exchanged)"),
+        (G2, [64, 0, 64, 0, 64], [0, 64, 128, 192], True, False,
+         "sequences ending on rank boundaries, empty ones there"),
+    ],
+}
+
+
+def _inputs(shape, lens, with_state, slow):
+    x = make_prefill_inputs(lens, shape, seed=3, with_state=with_state)
+    if slow:   # decay ~0.99 per token: the state carries across the ranks
+        x["A_log"] = torch.full_like(x["A_log"], -4.6)
+    return x
+
+
+def _invalid(case) -> bool:
+    return case[-1].startswith("invalid")
+
+
+def _worker(rank, init, out):
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=3)
+    groups = {2: dist.new_group([0, 1]), 3: dist.group.WORLD}
+    results = {}
+    for world, cases in CASES.items():
+        if rank >= world:
+            continue
+        for i, case in enumerate(cases):
+            shape, lens, bounds, with_state, slow, _ = case
+            x = _inputs(shape, lens, with_state, slow)
+            if _invalid(case):
+                x["cu_seqlens"] = torch.tensor([0, 70, 100])           # ends short of T
+            t0, t1 = bounds[rank], bounds[rank + 1]
+            mine = {n: (t[t0:t1] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+            before = {n: t.clone() for n, t in mine.items() if isinstance(t, torch.Tensor)}
+            o, ht = prefill_multi_gpu(**mine, bounds=bounds, group=groups[world],
+                                      check_values=not _invalid(case),
+                                      config=ACCURATE_CONFIG if slow else None)
+            untouched = all(torch.equal(mine[n], t) for n, t in before.items())
+            dist.all_reduce(ht, group=groups[world])   # each final state from its sequence's rank
+            results[world, i] = (o, ht, untouched)
+    torch.save(results, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Every case's ``(output slice, summed final states, inputs untouched)`` per rank."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    ctx = mp.start_processes(_worker, args=(tmp / "init", tmp / "out"), nprocs=3, join=False,
+                             start_method="spawn")
+    try:
+        refs = {(w, i): None if _invalid(c) else prefill_reference(
+                    **_inputs(c[0], c[1], c[3], c[4]))
+                for w, cases in CASES.items() for i, c in enumerate(cases)}
+    finally:
+        while not ctx.join():
+            pass
+    return [torch.load(tmp / f"out.{r}") for r in range(3)], refs
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_match_reference(world, ranks):
+    per_rank, refs = ranks
+    for i, case in enumerate(CASES[world]):
+        got = [per_rank[r][world, i] for r in range(world)]
+        o, ht = torch.cat([g[0] for g in got]), got[0][1]
+        assert all(g[2] for g in got), f"{case[-1]}: an input was modified"
+        ref = refs[world, i]
+        if ref is None:
+            assert o.float().isnan().all() and ht.isnan().all(), case[-1]
+            continue
+        res = check_outputs((o, ht), ref)
+        assert res.ok, f"{case[-1]}: {res.reason} (max abs {res.max_abs_err:.3e})"
+
+
+def test_even_bounds_and_bytes():
+    assert even_bounds(1000, 2) == [0, 512, 1000]
+    assert even_bounds(3, 3) == [0, 1, 2, 3]
+    assert even_bounds(1 << 20, 4) == [0, 1 << 18, 1 << 19, 3 << 18, 1 << 20]
+    with pytest.raises(ValueError, match="world_size"):
+        even_bounds(2, 3)
+    assert exchange_bytes(8, 128, 2) == 2 * 8 * 2 * 128 * 128 * 4
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("edit, exc, match", [
+    (dict(bounds=[0, 40]), ValueError, "q must hold"),
+    (dict(bounds=[0, 20, 49]), ValueError, "world_size"),
+    (dict(bounds=(0, 49.0)), ValueError, "ints"),
+    (dict(bounds=torch.tensor([0, 49])), TypeError, "bounds"),
+    (dict(cu_seqlens=torch.tensor([0, 40, 48])), ValueError, "cu_seqlens"),
+    (dict(state=torch.zeros(3, 1, 16, 16)), ValueError, "state"),
+])
+def test_bad_input_raises_before_launch(one_rank, edit, exc, match):
+    x = make_prefill_inputs([40, 9], S16, seed=0)
+    kw = dict(x, bounds=[0, 49])
+    kw.update(edit)
+    with pytest.raises(exc, match=match):
+        prefill_multi_gpu(**kw)
+
+
+def _nccl_worker(rank, init, out, lens, bounds):
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", init_method=f"file://{init}", rank=rank, world_size=2)
+    x = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t)
+         for n, t in make_prefill_inputs(lens, CONTEST_SHAPE, seed=5).items()}
+    t0, t1 = bounds[rank], bounds[rank + 1]
+    mine = {n: (t[t0:t1] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+    o, ht = prefill_multi_gpu(**mine, bounds=bounds)       # no host check: the device guard
+    dist.all_reduce(ht)
+    torch.save((o.cpu(), ht.cpu()), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL)")
+def test_two_gpus_match_reference(tmp_path):
+    """Two NCCL ranks on two GPUs at the contest's heads: one sequence straddling them, one on
+    each, one long enough for the long path's 16 segments per rank."""
+    from kernels.reference import prefill_reference_chunked
+
+    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                 ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ[k] = v
+    lens, bounds = [3000, 60000, 2536], [0, 32768, 65536]
+    mp.start_processes(_nccl_worker, args=(tmp_path / "init", tmp_path / "out", lens, bounds),
+                       nprocs=2, join=True, start_method="spawn")
+    got = [torch.load(tmp_path / f"out.{r}") for r in range(2)]
+    x = {n: (t.cuda() if isinstance(t, torch.Tensor) else t)
+         for n, t in make_prefill_inputs(lens, CONTEST_SHAPE, seed=5).items()}
+    ref = prefill_reference_chunked(**x)
+    res = check_outputs((torch.cat([g[0] for g in got]).cuda(), got[0][1].cuda()), ref)
+    assert res.ok, f"{res.reason} (max abs {res.max_abs_err:.3e})"
