@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .spec import resolve_scale, validate_decode_inputs, validate_prefill_inputs
 
 __all__ = ["gates_reference", "decode_reference", "decode_steps_reference", "prefill_reference",
-           "prefill_reference_chunked"]
+           "prefill_reference_chunked", "replay_decode_reference", "replay_state_reference"]
 
 
 def gates_reference(A_log, a, dt_bias, b) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +139,105 @@ def decode_steps_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional
             recorded[s].append(record[s].transpose(-1, -2))
     return (torch.stack(outs), torch.stack(finals).contiguous(),
             {s: torch.stack(x).contiguous() for s, x in recorded.items()})
+
+
+def _fold_ring(S, ring, row: int, start: int, n: int, group: int):
+    """Step ``S`` `[HV, K, V]` f32 through ``n`` entries of ``ring``'s row ``row`` from
+    ``start``: ``S = exp(g_i) S + k_i^T u_i`` (the recurrence with the residual stored)."""
+    C = ring.k.shape[1]
+    for i in range(n):
+        pos = (start + i) % C
+        kf = ring.k[row, pos].float().repeat_interleave(group, dim=0)          # [HV, K]
+        S = (torch.exp(ring.g[row, pos])[:, None, None] * S
+             + kf[:, :, None] * ring.u[row, pos][:, None, :])
+    return S
+
+
+def replay_state_reference(state, ring, state_indices: Optional[torch.Tensor] = None):
+    """The state "now" of each sequence of a replay decode (:mod:`kernels.decode.replay`):
+    its checkpoint stepped through its ring's live entries, in float32.
+
+    Args:
+        state: the checkpoints, `[B,HV,D,D]` or a pool `[P,HV,D,D]`, f32 or bf16, k-last.
+        ring: a ``kernels.decode.replay.ReplayRing`` over the same rows.
+        state_indices: `[B]` pool slots (negative: padding, zeros returned).
+    Returns:
+        `[B,HV,D,D]` f32 k-last.
+    """
+    hv, d = state.shape[1], state.shape[2]
+    group = hv // ring.k.shape[2]
+    rows = (list(range(state.shape[0])) if state_indices is None
+            else state_indices.to("cpu", torch.int64).tolist())
+    head = ring.head.to("cpu", torch.int64).tolist()
+    out = torch.zeros(len(rows), hv, d, d, dtype=torch.float32, device=state.device)
+    for i, row in enumerate(rows):
+        if row >= 0:
+            S = _fold_ring(state[row].float().transpose(-1, -2), ring, row, *head[row], group)
+            out[i] = S.transpose(-1, -2)
+    return out
+
+
+def replay_decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional[float] = None,
+                            state_indices: Optional[torch.Tensor] = None, *, ring,
+                            rollback: Optional[torch.Tensor] = None):
+    """One replay decode call (:func:`kernels.decode.gdn_replay_decode`) in float32,
+    stepping the recurrence.
+
+    Per live sequence: drop ``rollback`` ring entries; step the checkpoint through the
+    ring's ``n`` entries; if ``n + T > ring.L`` that state becomes the checkpoint
+    (rounded to the state's dtype) and the ring restarts; then the ``T`` tokens take the
+    standard step (:func:`decode_reference`'s math) and are appended to the ring as
+    ``(k, g, u = beta (v - exp(g) k S))``.
+
+    Args: as :func:`decode_reference`, plus ``ring`` (a ``ReplayRing``) and
+        ``rollback`` (`[B]`, values checked: ``0 <= rollback <= n``).
+    Returns:
+        ``(output [B,T,HV,D] bf16, new_state, new_ring)``: copies; the inputs are untouched.
+    """
+    import dataclasses
+
+    shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices)
+    scale = resolve_scale(scale, shape.head_dim)
+    B, T = q.shape[0], q.shape[1]
+    hv, d, group = shape.num_v_heads, shape.head_dim, shape.group
+    L, C = ring.L, ring.k.shape[1]
+    nmax = C - ring.max_tokens       # max(L, max_tokens)
+    g_all = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())   # [B,T,HV]
+    beta_all = torch.sigmoid(b.float())
+    new = dataclasses.replace(ring, k=ring.k.clone(), u=ring.u.clone(), g=ring.g.clone(),
+                              head=ring.head.clone(), count=ring.count.clone())
+    new_state = state.clone()
+    out = torch.zeros(B, T, hv, d, dtype=torch.float32, device=q.device)
+    rows = (list(range(B)) if state_indices is None
+            else state_indices.to("cpu", torch.int64).tolist())
+    head = ring.head.to("cpu", torch.int64).tolist()
+    back = [0] * B if rollback is None else rollback.to("cpu", torch.int64).tolist()
+    for i, row in enumerate(rows):
+        if row < 0:
+            continue
+        start, n = head[row]
+        if not (0 <= start < C and 0 <= n <= nmax and 0 <= back[i] <= n):
+            raise ValueError(f"ring.head / rollback of sequence {i}: start={start}, n={n}, "
+                             f"rollback={back[i]} (need 0 <= start < {C}, "
+                             f"0 <= rollback <= n <= max(L, max_tokens)={nmax})")
+        n -= back[i]
+        S = _fold_ring(state[row].float().transpose(-1, -2), ring, row, start, n, group)
+        if n + T > L:
+            new_state[row] = S.transpose(-1, -2).to(state.dtype)
+            start, n = (start + n) % C, 0
+        qf = q[i].float().repeat_interleave(group, dim=1)
+        kf = k[i].float().repeat_interleave(group, dim=1)
+        for t in range(T):
+            decay = torch.exp(g_all[i, t])
+            S = S * decay[:, None, None]
+            u = beta_all[i, t][:, None] * (v[i, t].float()
+                                           - torch.einsum("hk,hkv->hv", kf[t], S))
+            S = S + kf[t][:, :, None] * u[:, None, :]
+            out[i, t] = scale * torch.einsum("hk,hkv->hv", qf[t], S)
+            pos = (start + n + t) % C
+            new.k[row, pos], new.u[row, pos], new.g[row, pos] = k[i, t], u, g_all[i, t]
+        new.head[row, 0], new.head[row, 1] = start, n + T
+    return out.to(torch.bfloat16), new_state, new
 
 
 def prefill_reference(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
