@@ -6,6 +6,8 @@ and bad input (errors naming the argument; NaN-marked sequences where the check 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -178,8 +180,7 @@ def _bad(change):
 
 def _ring_with(**fields):
     def change(inp, ring, kw):
-        kw["ring"] = ReplayRing(**{**{f: getattr(ring, f) for f in
-                                      ("k", "u", "g", "head", "count", "L", "max_tokens")}, **fields})
+        kw["ring"] = dataclasses.replace(ring, **fields)
     return change
 
 

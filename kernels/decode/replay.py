@@ -126,7 +126,8 @@ def _check_rollback(rollback, B: int, q) -> None:
     if not isinstance(rollback, torch.Tensor):
         raise TypeError(f"rollback must be a torch.Tensor or None, got {type(rollback).__name__}")
     if rollback.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"rollback must have dtype torch.int32 or torch.int64, got {rollback.dtype}")
+        raise TypeError(f"rollback must have dtype torch.int32 or torch.int64, "
+                        f"got {rollback.dtype}")
     _check_buffer("rollback", rollback, rollback.dtype, (B,), q)
 
 

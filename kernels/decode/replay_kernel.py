@@ -30,8 +30,8 @@ therefore always in the ring: rolling back ``r`` of them (speculative drafts rej
 is ``n -= r``, done at the start of the next call (``rollback``).
 
 The ring is circular with ``C = max(L, max_tokens) + max_tokens`` entries (header
-``start``, ``n <= max(L, max_tokens)`` per sequence): this call's tokens go to positions ``start + n ... start + n + T - 1``
-(mod ``C``), never onto an entry another program of the sequence may still read. The
+``start``, ``n <= max(L, max_tokens)`` per sequence): this call's tokens go to
+positions ``start + n ... start + n + T - 1`` (mod ``C``), never onto an entry another program of the sequence may still read. The
 header is rewritten by the sequence's last program to finish (an arrival counter per
 sequence, ``atomic_add``, reset to 0 by that program), after every program has read it.
 
@@ -147,7 +147,8 @@ def gdn_replay_kernel(
                   other=0.0).to(tl.float32)                              # [TP, D]
     b_Q = tl.load(q + (o_bt[:, None] * HQ + i_hq) * D + o_k[None, :], mask=m_t[:, None],
                   other=0.0).to(tl.float32) * scale
-    b_x = tl.load(a + o_bt * HV + i_hv, mask=m_t, other=0.0).to(tl.float32) + tl.load(dt_bias + i_hv)
+    b_x = (tl.load(a + o_bt * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+           + tl.load(dt_bias + i_hv))
     b_g = -tl.exp(tl.load(A_log + i_hv)) * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
     b_beta = tl.sigmoid(tl.load(b + o_bt * HV + i_hv, mask=m_t, other=0.0).to(tl.float32))
 
