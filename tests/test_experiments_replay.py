@@ -137,12 +137,14 @@ def _drift():
 
 
 def test_replay_figures_tables_and_conclusion(tmp_path):
+    from test_figures import audit_figure
     times, drift = _times(), _drift()
     for name, fig in dict(t1=rp.plot_replay_times(times),
                           spec=rp.plot_replay_times(times, spec=True, accept=[1, 3, 2, 2]),
                           nbytes=rp.plot_replay_bytes(times),
                           drift=rp.plot_replay_drift(drift)).items():
         assert fig is not None, name
+        assert not audit_figure(fig, name), audit_figure(fig, name)
         assert "NVIDIA H200" in fig.get_suptitle(), name
         assert fig.get_size_inches()[0] <= 11.5, name
         if name != "drift":

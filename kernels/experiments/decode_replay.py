@@ -41,7 +41,8 @@ import pandas as pd
 from kernels.bench.gate import FAIL, PASS
 from kernels.bench.timing import CPU_WALL, method_available, time_each
 
-from .common import Param, Run, fmt_us, fmt_x, new_figure, progress, unique_in_order
+from .common import (Param, Run, figure_legend, fmt_us, fmt_x, new_figure, progress,
+                     unique_in_order)
 
 SPEC_T = 4
 KINDS = ("standard", "replay", "standard_spec", "replay_spec")
@@ -463,7 +464,6 @@ def plot_replay_times(times: pd.DataFrame, spec: bool = False, accept=()):
     ax.set_ylabel("µs per generated token")
     ax.set_title("time per generated token" + (f" (T={SPEC_T} verification)" if spec else ""),
                  fontsize=9)
-    ax.legend(fontsize=6, ncol=2)
     vals = []
     for dname, d in t.groupby("state_dtype", sort=False):
         std = d[d.kind == std_kind].set_index("B").us_per_token
@@ -481,12 +481,15 @@ def plot_replay_times(times: pd.DataFrame, spec: bool = False, accept=()):
             va="bottom")
     ar.set_ylabel(f"replay / {_label(std_kind, 0)} (per token)")
     ar.set_title("replay against the standard call (<1: replay faster)", fontsize=9)
-    if vals:
-        ar.legend(fontsize=6, ncol=2)
+    figure_legend(fig, axes)   # outside: a dozen lines, no room inside the panels
     what = (f"speculative verification, T={SPEC_T}, accepted "
             f"{'/'.join(str(a) for a in accept)} per call") if spec else "one token per call"
     fig.suptitle(f"GDN replay decode vs standard, {what} — {_title(t)}", fontsize=10)
     return fig
+
+
+def _legend_below(ax) -> None:
+    ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))
 
 
 def plot_replay_bytes(times: pd.DataFrame):
@@ -517,7 +520,7 @@ def plot_replay_bytes(times: pd.DataFrame):
     ax.set_ylabel("bytes per generated token / standard step's")
     ax.set_title(f"each contract's bytes per token (B={B0}; grey: standard, T=1 and "
                  f"T={SPEC_T} +states)", fontsize=8)
-    ax.legend(fontsize=6)
+    _legend_below(ax)
     for (label, dname), g in times.groupby(["label", "state_dtype"], sort=False):
         g = g.sort_values("B")
         af.plot(g.B, g.frac_of_floor, marker="o", ms=3,
@@ -525,7 +528,7 @@ def plot_replay_bytes(times: pd.DataFrame):
     _logx(af, sorted(times.B.unique()))
     af.set_ylabel("own floor / measured time")
     af.set_title("fraction of each contract's floor (copy bandwidth)", fontsize=9)
-    af.legend(fontsize=5, ncol=2)
+    _legend_below(af)
     fig.suptitle(f"GDN replay decode: bytes per token and floors — {_title(times)}",
                  fontsize=10)
     return fig
@@ -552,7 +555,7 @@ def plot_replay_drift(drift: pd.DataFrame):
         ax.set_xlabel("consecutive one-token calls")
         ax.set_ylabel("max abs error vs float32 reference")
         ax.set_title(what, fontsize=9)
-        ax.legend(fontsize=6)
+    figure_legend(fig, axes)
     gpu = str(drift.gpu.iloc[0])
     fig.suptitle(f"GDN replay decode: drift against the float32 reference — {gpu} "
                  "(errors, not timings; dotted: contest atol 1e-2)", fontsize=10)
