@@ -54,7 +54,7 @@ PARAMS = (
     Param("replay_state_dtype", "list", ["float32", "bfloat16"],
           "replay: checkpoint (state) dtypes"),
     Param("replay_accept", "list", [1, 3, 2, 2],
-          "replay: tokens accepted of each T=4 verification, cycled (mean 2: half)"),
+          "replay: tokens accepted of each 4-token verification, cycled (mean 2, half)"),
     Param("replay_calls", "int", 16,
           "replay: consecutive calls per gate and timed sample (a multiple of every L and of "
           "len(replay_accept))"),
@@ -225,26 +225,20 @@ def _gate(case: _Case, data: dict) -> dict:
     import torch
 
     from kernels.checks import check_close
-    from kernels.reference import decode_reference, replay_state_reference
+    from kernels.reference import replay_state_reference
 
     outs, refs = [], []
-    ref_state = data["state0"].clone()
     for c in range(case.K):
         res = case.run_call(c)
         if case.T == 1:
             outs.append(res[0][:, 0].float())
             refs.append(data["ref_out"][:, c])
         else:
-            want, _, inter = decode_reference(**case.steps[c], state=ref_state,
-                                              intermediate_states=True)
-            a = case.accept[c % len(case.accept)]
             outs.append(res[0].float())
-            refs.append(want.float())
-            ref_state = inter[:, a - 1].contiguous()
+            refs.append(data["spec_ref_out"][c])
             if case.kind == "standard_spec":   # the engine continues from the accepted state
-                case.state.copy_(res[2][:, a - 1])
-    if case.T == 1:
-        ref_state = data["ref_final"]
+                case.state.copy_(res[2][:, case.accept[c % len(case.accept)] - 1])
+    ref_state = data["ref_final"] if case.T == 1 else data["spec_ref_final"]
     if case.ring is not None:
         ring = case.ring.clone()
         if case.T > 1:   # the last call's rejected drafts, as the next call would drop them
@@ -261,9 +255,10 @@ def _gate(case: _Case, data: dict) -> dict:
 
 
 def _data(run: Run, B: int) -> dict:
-    """Inputs for ``replay_calls`` one-token calls and as many T=4 calls, and the
-    multi-step float32 reference of the one-token stream."""
-    from kernels.reference import decode_steps_reference
+    """Inputs for ``replay_calls`` one-token calls and as many T=4 calls, and the float32
+    references of both streams (the T=4 one continuing from each call's accepted tokens):
+    every kind, dtype and L is gated against these."""
+    from kernels.reference import decode_reference, decode_steps_reference
     from kernels.spec import make_decode_inputs
 
     p, shape = run.params, run.state["shape"]
@@ -277,10 +272,18 @@ def _data(run: Run, B: int) -> dict:
     def cut(x, t0, t1):
         return {n: x[n][:, t0:t1].contiguous() for n in ("q", "k", "v", "a", "b")}
 
+    steps_spec = [dict(cut(spec, c * SPEC_T, (c + 1) * SPEC_T), A_log=spec["A_log"],
+                       dt_bias=spec["dt_bias"]) for c in range(K)]
+    accept = [int(a) for a in p["replay_accept"]]
+    spec_out, state = [], one["state"]
+    for c in range(K):
+        want, _, inter = decode_reference(**steps_spec[c], state=state,
+                                          intermediate_states=True)
+        spec_out.append(want.float())
+        state = inter[:, accept[c % len(accept)] - 1].contiguous()
     return dict(state0=one["state"], ref_out=ref_out, ref_final=ref_final,
                 steps=[dict(cut(one, c, c + 1), **common) for c in range(K)],
-                steps_spec=[dict(cut(spec, c * SPEC_T, (c + 1) * SPEC_T), A_log=spec["A_log"],
-                                 dt_bias=spec["dt_bias"]) for c in range(K)])
+                steps_spec=steps_spec, spec_ref_out=spec_out, spec_ref_final=state)
 
 
 def run_replay(run: Run, copy_bw: float) -> Dict[str, pd.DataFrame]:
