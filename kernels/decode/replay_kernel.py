@@ -9,30 +9,32 @@ state row), so that, per state row (value index ``v``)::
     row_n = exp(G_n) row_0 + sum_{i <= n} exp(G_n - G_i) u_i k_i        (G: cumulative g)
 
 A new token ``t`` needs only ``<row_n, k_t>`` and ``<row_n, q_t>``; the kernel keeps
-these two numbers per row and token (``acck``, ``accq``, ``[BV, TP]``), starts them from
-the checkpoint rows (``<row_0, k_t>``, ``<row_0, q_t>``: the only ``D``-long reductions
-of the rows) and advances them through the ring with scalars per row::
+these two numbers per row and token (``acck``, ``accq``, ``[BV, TP]``)::
 
-    <row_i, x> = exp(g_i) <row_{i-1}, x> + u_i <k_i, x>      (x = k_t or q_t)
+    <row_n, x> = exp(G_n) <row_0, x> + sum_i exp(G_n - G_i) u_i <k_i, x>   (x = k_t, q_t)
 
-``<k_i, x>`` does not depend on the row: ``D``-long products of two vectors per ring
-token and program. Then each new token is the standard step on those numbers::
+``<row_0, x>`` are the only ``D``-long reductions of the rows (as in the standard step);
+``<k_i, x>`` does not depend on the row (``D``-long products of two vectors per ring
+entry and program); the rest is ``n`` scalars per row. The ring's live entries are loaded
+at once (``NP`` = a power of two >= ``max(L, max_tokens)`` slots, masked), so reading it
+costs one round of loads, not ``n`` dependent ones. Then each new token is the standard
+step on those numbers::
 
     u_t = beta_t (v_t - exp(g_t) <row, k_t>)
     o_t = exp(g_t) <row, q_t> + u_t <k_t, q_t>          (q scaled)
 
 and ``(k_t, g_t, u_t)`` is appended to the ring; later tokens of the call take it like
 a ring token. The state rows are read once and **not written**, unless the ring cannot
-take the call's ``T`` tokens (``n + T > L``): then the rows are stepped through the
-ring (``row = exp(g_i) row + u_i k_i``) and ``row_n`` is written back as the new
+take the call's ``T`` tokens (``n + T > L``): then ``row_n`` (``n`` rank-1 updates of the
+rows, the keys read again from L1/L2 rather than held) is written back as the new
 checkpoint, and the ring restarts with this call's tokens. The last call's tokens are
 therefore always in the ring: rolling back ``r`` of them (speculative drafts rejected)
 is ``n -= r``, done at the start of the next call (``rollback``).
 
 The ring is circular with ``C = max(L, max_tokens) + max_tokens`` entries (header
 ``start``, ``n <= max(L, max_tokens)`` per sequence): this call's tokens go to
-positions ``start + n ... start + n + T - 1`` (mod ``C``), never onto an entry another program of the sequence may still read. The
-header is rewritten by the sequence's last program to finish (an arrival counter per
+positions ``start + n ... start + n + T - 1`` (mod ``C``), never onto an entry another
+program of the sequence may still read. The header is rewritten by the sequence's last program to finish (an arrival counter per
 sequence, ``atomic_add``, reset to 0 by that program), after every program has read it.
 
 Bad input the host did not check (no sync on CUDA): a negative slot is padding (zeros
@@ -95,7 +97,7 @@ def gdn_replay_kernel(
     NMAX,         # most live entries of a valid header, max(L, max tokens per call)
     C,            # ring capacity (entries), NMAX + max tokens per call
     T: tl.constexpr, TP: tl.constexpr, HQ: tl.constexpr, HV: tl.constexpr,
-    D: tl.constexpr, BV: tl.constexpr,
+    D: tl.constexpr, BV: tl.constexpr, NP: tl.constexpr,
     POOLED: tl.constexpr, HAS_ROLLBACK: tl.constexpr, HAS_STATUS: tl.constexpr,
 ):
     NV: tl.constexpr = D // BV
@@ -152,28 +154,40 @@ def gdn_replay_kernel(
     b_g = -tl.exp(tl.load(A_log + i_hv)) * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
     b_beta = tl.sigmoid(tl.load(b + o_bt * HV + i_hv, mask=m_t, other=0.0).to(tl.float32))
 
-    # <row_0, k_t>, <row_0, q_t>: the only reductions over the rows' D values
+    # -- the ring, all live entries at once (one round of loads, not n dependent ones) ----
+    o_r = tl.arange(0, NP)
+    m_r = o_r < n
+    pos_r = ((start + o_r) % C).to(tl.int64)
+    b_Kr = tl.load(rk + ((i_s * C + pos_r[:, None]) * HQ + i_hq) * D + o_k[None, :],
+                   mask=m_r[:, None], other=0.0).to(tl.float32)          # [NP, D] k_i
+    b_Ur = tl.load(ru + ((i_s * C + pos_r[None, :]) * HV + i_hv) * D + o_v[:, None],
+                   mask=m_r[None, :], other=0.0)                         # [BV, NP] u_i
+    b_gr = tl.load(rg + (i_s * C + pos_r) * HV + i_hv, mask=m_r, other=0.0)   # [NP] g_i
+    b_Gn = tl.sum(b_gr, axis=0)                                          # G_n
+    b_UW = b_Ur * tl.where(m_r, tl.exp(b_Gn - tl.cumsum(b_gr, axis=0)), 0.0)[None, :]
+    b_dn = tl.exp(b_Gn)                                                  # exp(G_n)
+
+    # <row_n, k_t>, <row_n, q_t> = exp(G_n) <row_0, x> + sum_i exp(G_n - G_i) u_i <k_i, x>:
+    # the reductions of the rows' D values are those of row_0 only
     acck = tl.zeros([BV, TP], dtype=tl.float32)
     accq = tl.zeros([BV, TP], dtype=tl.float32)
     for t in tl.static_range(T):
         k_t = tl.sum(tl.where(cols[:, None] == t, b_K, 0.0), axis=0)
         q_t = tl.sum(tl.where(cols[:, None] == t, b_Q, 0.0), axis=0)
-        acck = tl.where(cols[None, :] == t, tl.sum(b_row * k_t[None, :], axis=1)[:, None], acck)
-        accq = tl.where(cols[None, :] == t, tl.sum(b_row * q_t[None, :], axis=1)[:, None], accq)
+        kk = tl.sum(b_Kr * k_t[None, :], axis=1)                         # <k_i, k_t> [NP]
+        kq = tl.sum(b_Kr * q_t[None, :], axis=1)                         # <k_i, q_t> [NP]
+        ck = b_dn * tl.sum(b_row * k_t[None, :], axis=1) + tl.sum(b_UW * kk[None, :], axis=1)
+        cq = b_dn * tl.sum(b_row * q_t[None, :], axis=1) + tl.sum(b_UW * kq[None, :], axis=1)
+        acck = tl.where(cols[None, :] == t, ck[:, None], acck)
+        accq = tl.where(cols[None, :] == t, cq[:, None], accq)
 
-    # -- replay the ring: scalars per row; on a flush also step the rows -----------------
-    for i in range(0, n):
-        pos = ((start + i) % C).to(tl.int64)
-        k_i = tl.load(rk + ((i_s * C + pos) * HQ + i_hq) * D + o_k).to(tl.float32)
-        u_i = tl.load(ru + ((i_s * C + pos) * HV + i_hv) * D + o_v)
-        dec = tl.exp(tl.load(rg + (i_s * C + pos) * HV + i_hv))
-        kk = tl.sum(b_K * k_i[None, :], axis=1)                          # <k_i, k_t> [TP]
-        kq = tl.sum(b_Q * k_i[None, :], axis=1)                          # <k_i, q_t> [TP]
-        acck = dec * acck + u_i[:, None] * kk[None, :]
-        accq = dec * accq + u_i[:, None] * kq[None, :]
-        if flush:
-            b_row = dec * b_row + u_i[:, None] * k_i[None, :]
     if flush:   # row_n becomes the checkpoint; the ring restarts at this call's tokens
+        b_row = b_dn * b_row
+        for i in tl.static_range(NP):   # k_i again from L1/L2: fewer registers than b_Kr's
+            k_i = tl.load(rk + ((i_s * C + (start + i) % C) * HQ + i_hq) * D + o_k,
+                          mask=i < n, other=0.0).to(tl.float32)            # [D]
+            w_i = tl.sum(tl.where(o_r[None, :] == i, b_UW, 0.0), axis=1)     # [BV] (0 if i >= n)
+            b_row += w_i[:, None] * k_i[None, :]
         tl.store(p_h, b_row.to(h.dtype.element_ty), mask=keep)
 
     # -- the new tokens, in order ----------------------------------------------------------
