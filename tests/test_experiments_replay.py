@@ -161,3 +161,5 @@ def test_replay_figures_tables_and_conclusion(tmp_path):
     # spec: best L=8, 0.8625 / 1.8 = 0.48 of the standard T=4 +states call: met (<= 0.6)
     assert "float32, B=512, T=4 spec: best replay T=4 L=8" in md and "(0.48×" in md
     assert "Replay drift after 1000 steps" in md and "standard 3.16e-04, replay 1.58e-04" in md
+    cpu = rp.replay_markdown(times.assign(method="cpu_wall"), None, None)
+    assert "no verdict" in cpu and "target" not in cpu
