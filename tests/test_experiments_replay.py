@@ -162,4 +162,4 @@ def test_replay_figures_tables_and_conclusion(tmp_path):
     assert "float32, B=512, T=4 spec: best replay T=4 L=8" in md and "(0.48×" in md
     assert "Replay drift after 1000 steps" in md and "standard 3.16e-04, replay 1.58e-04" in md
     cpu = rp.replay_markdown(times.assign(method="cpu_wall"), None, None)
-    assert "no verdict" in cpu and "target" not in cpu
+    assert "no verdict" in cpu and "→ met" not in cpu and "own floor" not in cpu
