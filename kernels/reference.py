@@ -141,16 +141,30 @@ def decode_steps_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional
             {s: torch.stack(x).contiguous() for s, x in recorded.items()})
 
 
-def _fold_ring(S, ring, row: int, start: int, n: int, group: int):
-    """Step ``S`` `[HV, K, V]` f32 through ``n`` entries of ``ring``'s row ``row`` from
-    ``start``: ``S = exp(g_i) S + k_i^T u_i`` (the recurrence with the residual stored)."""
+def _fold_rings(S, ring, rows, start, n, group: int):
+    """Step ``S`` `[M, HV, K, V]` f32 (the states of ring rows ``rows`` `[M]`) through each
+    row's ``n`` entries from ``start`` (`[M]` tensors on ``S``'s device):
+    ``S = exp(g_i) S + k_i^T u_i``, the recurrence with the residual stored."""
     C = ring.k.shape[1]
-    for i in range(n):
+    for i in range(int(n.max()) if len(n) else 0):
         pos = (start + i) % C
-        kf = ring.k[row, pos].float().repeat_interleave(group, dim=0)          # [HV, K]
-        S = (torch.exp(ring.g[row, pos])[:, None, None] * S
-             + kf[:, :, None] * ring.u[row, pos][:, None, :])
+        kf = ring.k[rows, pos].float().repeat_interleave(group, dim=1)          # [M, HV, K]
+        step = (torch.exp(ring.g[rows, pos])[..., None, None] * S
+                + kf[..., :, None] * ring.u[rows, pos][..., None, :])
+        S = torch.where((i < n)[:, None, None, None], step, S)
     return S
+
+
+def _ring_rows(state, ring, state_indices, B: int):
+    """(sequence indices, their ring/state rows, start, n) of the live sequences, as int64
+    tensors on the state's device."""
+    dev = state.device
+    rows = (torch.arange(B, device=dev) if state_indices is None
+            else state_indices.to(dev, torch.int64))
+    seq = (rows >= 0).nonzero().flatten()
+    rows = rows[seq]
+    head = ring.head.to(torch.int64)[rows]
+    return seq, rows, head[:, 0], head[:, 1]
 
 
 def replay_state_reference(state, ring, state_indices: Optional[torch.Tensor] = None):
@@ -165,15 +179,12 @@ def replay_state_reference(state, ring, state_indices: Optional[torch.Tensor] = 
         `[B,HV,D,D]` f32 k-last.
     """
     hv, d = state.shape[1], state.shape[2]
-    group = hv // ring.k.shape[2]
-    rows = (list(range(state.shape[0])) if state_indices is None
-            else state_indices.to("cpu", torch.int64).tolist())
-    head = ring.head.to("cpu", torch.int64).tolist()
-    out = torch.zeros(len(rows), hv, d, d, dtype=torch.float32, device=state.device)
-    for i, row in enumerate(rows):
-        if row >= 0:
-            S = _fold_ring(state[row].float().transpose(-1, -2), ring, row, *head[row], group)
-            out[i] = S.transpose(-1, -2)
+    B = state.shape[0] if state_indices is None else state_indices.shape[0]
+    seq, rows, start, n = _ring_rows(state, ring, state_indices, B)
+    out = torch.zeros(B, hv, d, d, dtype=torch.float32, device=state.device)
+    S = _fold_rings(state[rows].float().transpose(-1, -2), ring, rows, start, n,
+                    hv // ring.k.shape[2])
+    out[seq] = S.transpose(-1, -2)
     return out
 
 
@@ -181,7 +192,7 @@ def replay_decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optiona
                             state_indices: Optional[torch.Tensor] = None, *, ring,
                             rollback: Optional[torch.Tensor] = None):
     """One replay decode call (:func:`kernels.decode.gdn_replay_decode`) in float32,
-    stepping the recurrence.
+    stepping the recurrence (vectorised over the sequences).
 
     Per live sequence: drop ``rollback`` ring entries; step the checkpoint through the
     ring's ``n`` entries; if ``n + T > ring.L`` that state becomes the checkpoint
@@ -208,35 +219,33 @@ def replay_decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optiona
                               head=ring.head.clone(), count=ring.count.clone())
     new_state = state.clone()
     out = torch.zeros(B, T, hv, d, dtype=torch.float32, device=q.device)
-    rows = (list(range(B)) if state_indices is None
-            else state_indices.to("cpu", torch.int64).tolist())
-    head = ring.head.to("cpu", torch.int64).tolist()
-    back = [0] * B if rollback is None else rollback.to("cpu", torch.int64).tolist()
-    for i, row in enumerate(rows):
-        if row < 0:
-            continue
-        start, n = head[row]
-        if not (0 <= start < C and 0 <= n <= nmax and 0 <= back[i] <= n):
-            raise ValueError(f"ring.head / rollback of sequence {i}: start={start}, n={n}, "
-                             f"rollback={back[i]} (need 0 <= start < {C}, "
-                             f"0 <= rollback <= n <= max(L, max_tokens)={nmax})")
-        n -= back[i]
-        S = _fold_ring(state[row].float().transpose(-1, -2), ring, row, start, n, group)
-        if n + T > L:
-            new_state[row] = S.transpose(-1, -2).to(state.dtype)
-            start, n = (start + n) % C, 0
-        qf = q[i].float().repeat_interleave(group, dim=1)
-        kf = k[i].float().repeat_interleave(group, dim=1)
-        for t in range(T):
-            decay = torch.exp(g_all[i, t])
-            S = S * decay[:, None, None]
-            u = beta_all[i, t][:, None] * (v[i, t].float()
-                                           - torch.einsum("hk,hkv->hv", kf[t], S))
-            S = S + kf[t][:, :, None] * u[:, None, :]
-            out[i, t] = scale * torch.einsum("hk,hkv->hv", qf[t], S)
-            pos = (start + n + t) % C
-            new.k[row, pos], new.u[row, pos], new.g[row, pos] = k[i, t], u, g_all[i, t]
-        new.head[row, 0], new.head[row, 1] = start, n + T
+    seq, rows, start, n = _ring_rows(state, ring, state_indices, B)
+    back = (torch.zeros_like(n) if rollback is None
+            else rollback.to(n.device, torch.int64)[seq])
+    bad = (start < 0) | (start >= C) | (n < 0) | (n > nmax) | (back < 0) | (back > n)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"ring.head / rollback of sequence {int(seq[i])}: start={int(start[i])}, "
+                         f"n={int(n[i])}, rollback={int(back[i])} (need 0 <= start < {C}, "
+                         f"0 <= rollback <= n <= max(L, max_tokens)={nmax})")
+    n = n - back
+    S = _fold_rings(state[rows].float().transpose(-1, -2), ring, rows, start, n, group)
+    flush = n + T > L
+    new_state[rows[flush]] = S[flush].transpose(-1, -2).to(state.dtype)
+    base = torch.where(flush, (start + n) % C, start)
+    n = torch.where(flush, torch.zeros_like(n), n)
+    qf = q[seq].float().repeat_interleave(group, dim=2)                  # [M, T, HV, D]
+    kf = k[seq].float().repeat_interleave(group, dim=2)
+    for t in range(T):
+        S = S * torch.exp(g_all[seq, t])[..., None, None]
+        u = beta_all[seq, t][..., None] * (v[seq, t].float()
+                                           - torch.einsum("mhk,mhkv->mhv", kf[:, t], S))
+        S = S + kf[:, t][..., :, None] * u[..., None, :]
+        out[seq, t] = scale * torch.einsum("mhk,mhkv->mhv", qf[:, t], S)
+        pos = (base + n + t) % C
+        new.k[rows, pos], new.u[rows, pos], new.g[rows, pos] = k[seq, t], u, g_all[seq, t]
+    new.head[rows, 0] = base.to(torch.int32)
+    new.head[rows, 1] = (n + T).to(torch.int32)
     return out.to(torch.bfloat16), new_state, new
 
 

@@ -167,8 +167,9 @@ per token fall from read + write towards read + write / L. Speculative verificat
 rolls back by dropping ring entries (`rollback`), with no intermediate states. Every
 kind (standard step, replay at each `L`, and both verifying `T = 4` tokens with the
 acceptance pattern `replay_accept`) is gated first: `replay_calls` consecutive calls,
-each call's outputs and the final state against the float32 reference of the accepted
-token stream. Passing kinds are timed with `replay_method`, a sample being
+each checked against its float32 reference (`decode_reference`, `replay_decode_reference`)
+on the state and ring the kernel left before it: outputs, the state or checkpoint, the
+ring. Passing kinds are timed with `replay_method`, a sample being
 `replay_calls` consecutive calls (whole write-back cycles) divided by the tokens they
 generate."""),
     ("code", """\
