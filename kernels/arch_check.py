@@ -9,7 +9,8 @@ compute capability of :data:`kernels.gpu_limits.ARCHS` the module
 
 1. **captures the launches**: it runs the real entry points — ``gdn_decode`` at every
    contest batch size with every config an unknown GPU's fallback table or a shipped
-   table (``kernels/decode_configs/``) can pick, and ``gdn_prefill`` (``fused`` and
+   table (``kernels/decode_configs/``) can pick, ``gdn_replay_decode`` (B = 1 and 64,
+   T = 1 and 4, L = 8 and 16), and ``gdn_prefill`` (``fused`` and
    ``graph`` with the default config at every contest prefill shape and the
    long-context lengths :data:`LONG_LENGTHS`; with ``--scope all``, the default, also
    ``fused`` with :data:`~kernels.prefill.ACCURATE_CONFIG`, at the contest shapes
@@ -174,7 +175,7 @@ def _entry_points(scope: str = "all"):
     variants."""
     import torch
 
-    from .decode import gdn_decode
+    from .decode import ReplayRing, gdn_decode, gdn_replay_decode
     from .decode.table import CONFIG_DIR, DEFAULT_TABLE, load_config_table
     from .prefill import ACCURATE_CONFIG, gdn_prefill
     from .spec import DECODE_BATCH_SIZES, PREFILL_SHAPES, make_decode_inputs, make_prefill_inputs
@@ -188,6 +189,14 @@ def _entry_points(scope: str = "all"):
             yield f"decode B={B} {name}", (lambda x=x, cfg=cfg: gdn_decode(
                 x["q"], x["k"], x["v"], x["state"], x["A_log"], x["a"], x["dt_bias"], x["b"],
                 x["scale"], config=cfg))
+    # the replay decode at notebook 01's largest L and its T = 1 / speculative T = 4 calls
+    for B, T, L, pooled in ((1, 1, 16, False), (64, 1, 8, False), (64, 4, 8, True)):
+        x = make_decode_inputs(B, tokens=T, pool_size=2 * B if pooled else None,
+                               state_dtype=torch.bfloat16 if pooled else torch.float32)
+        ring = ReplayRing.empty(x["state"].shape[0], 4, 8, 128, L)
+        back = torch.zeros(B, dtype=torch.int32) if T > 1 else None
+        yield f"replay B={B} T={T} L={L}", (lambda x=x, ring=ring, back=back: gdn_replay_decode(
+            **x, ring=ring, rollback=back, check_values=False))
     shapes = dict(PREFILL_SHAPES)
     shapes.update({f"T{n}": [n] for n in LONG_LENGTHS})
     for label, lens in shapes.items():

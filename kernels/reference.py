@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .spec import resolve_scale, validate_decode_inputs, validate_prefill_inputs
 
 __all__ = ["gates_reference", "decode_reference", "decode_steps_reference", "prefill_reference",
-           "prefill_reference_chunked"]
+           "prefill_reference_chunked", "replay_decode_reference", "replay_state_reference"]
 
 
 def gates_reference(A_log, a, dt_bias, b) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -139,6 +139,114 @@ def decode_steps_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional
             recorded[s].append(record[s].transpose(-1, -2))
     return (torch.stack(outs), torch.stack(finals).contiguous(),
             {s: torch.stack(x).contiguous() for s, x in recorded.items()})
+
+
+def _fold_rings(S, ring, rows, start, n, group: int):
+    """Step ``S`` `[M, HV, K, V]` f32 (the states of ring rows ``rows`` `[M]`) through each
+    row's ``n`` entries from ``start`` (`[M]` tensors on ``S``'s device):
+    ``S = exp(g_i) S + k_i^T u_i``, the recurrence with the residual stored."""
+    C = ring.k.shape[1]
+    for i in range(int(n.max()) if len(n) else 0):
+        pos = (start + i) % C
+        kf = ring.k[rows, pos].float().repeat_interleave(group, dim=1)          # [M, HV, K]
+        step = (torch.exp(ring.g[rows, pos])[..., None, None] * S
+                + kf[..., :, None] * ring.u[rows, pos][..., None, :])
+        S = torch.where((i < n)[:, None, None, None], step, S)
+    return S
+
+
+def _ring_rows(state, ring, state_indices, B: int):
+    """(sequence indices, their ring/state rows, start, n) of the live sequences, as int64
+    tensors on the state's device."""
+    dev = state.device
+    rows = (torch.arange(B, device=dev) if state_indices is None
+            else state_indices.to(dev, torch.int64))
+    seq = (rows >= 0).nonzero().flatten()
+    rows = rows[seq]
+    head = ring.head.to(torch.int64)[rows]
+    return seq, rows, head[:, 0], head[:, 1]
+
+
+def replay_state_reference(state, ring, state_indices: Optional[torch.Tensor] = None):
+    """The state "now" of each sequence of a replay decode (:mod:`kernels.decode.replay`):
+    its checkpoint stepped through its ring's live entries, in float32.
+
+    Args:
+        state: the checkpoints, `[B,HV,D,D]` or a pool `[P,HV,D,D]`, f32 or bf16, k-last.
+        ring: a ``kernels.decode.replay.ReplayRing`` over the same rows.
+        state_indices: `[B]` pool slots (negative: padding, zeros returned).
+    Returns:
+        `[B,HV,D,D]` f32 k-last.
+    """
+    hv, d = state.shape[1], state.shape[2]
+    B = state.shape[0] if state_indices is None else state_indices.shape[0]
+    seq, rows, start, n = _ring_rows(state, ring, state_indices, B)
+    out = torch.zeros(B, hv, d, d, dtype=torch.float32, device=state.device)
+    S = _fold_rings(state[rows].float().transpose(-1, -2), ring, rows, start, n,
+                    hv // ring.k.shape[2])
+    out[seq] = S.transpose(-1, -2)
+    return out
+
+
+def replay_decode_reference(q, k, v, state, A_log, a, dt_bias, b, scale: Optional[float] = None,
+                            state_indices: Optional[torch.Tensor] = None, *, ring,
+                            rollback: Optional[torch.Tensor] = None):
+    """One replay decode call (:func:`kernels.decode.gdn_replay_decode`) in float32,
+    stepping the recurrence (vectorised over the sequences).
+
+    Per live sequence: drop ``rollback`` ring entries; step the checkpoint through the
+    ring's ``n`` entries; if ``n + T > ring.L`` that state becomes the checkpoint
+    (rounded to the state's dtype) and the ring restarts; then the ``T`` tokens take the
+    standard step (:func:`decode_reference`'s math) and are appended to the ring as
+    ``(k, g, u = beta (v - exp(g) k S))``.
+
+    Args: as :func:`decode_reference`, plus ``ring`` (a ``ReplayRing``) and
+        ``rollback`` (`[B]`, values checked: ``0 <= rollback <= n``).
+    Returns:
+        ``(output [B,T,HV,D] bf16, new_state, new_ring)``: copies; the inputs are untouched.
+    """
+    import dataclasses
+
+    shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices)
+    scale = resolve_scale(scale, shape.head_dim)
+    B, T = q.shape[0], q.shape[1]
+    hv, d, group = shape.num_v_heads, shape.head_dim, shape.group
+    L, C = ring.L, ring.k.shape[1]
+    nmax = C - ring.max_tokens       # max(L, max_tokens)
+    g_all = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())   # [B,T,HV]
+    beta_all = torch.sigmoid(b.float())
+    new = dataclasses.replace(ring, k=ring.k.clone(), u=ring.u.clone(), g=ring.g.clone(),
+                              head=ring.head.clone(), count=ring.count.clone())
+    new_state = state.clone()
+    out = torch.zeros(B, T, hv, d, dtype=torch.float32, device=q.device)
+    seq, rows, start, n = _ring_rows(state, ring, state_indices, B)
+    back = (torch.zeros_like(n) if rollback is None
+            else rollback.to(n.device, torch.int64)[seq])
+    bad = (start < 0) | (start >= C) | (n < 0) | (n > nmax) | (back < 0) | (back > n)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"ring.head / rollback of sequence {int(seq[i])}: start={int(start[i])}, "
+                         f"n={int(n[i])}, rollback={int(back[i])} (need 0 <= start < {C}, "
+                         f"0 <= rollback <= n <= max(L, max_tokens)={nmax})")
+    n = n - back
+    S = _fold_rings(state[rows].float().transpose(-1, -2), ring, rows, start, n, group)
+    flush = n + T > L
+    new_state[rows[flush]] = S[flush].transpose(-1, -2).to(state.dtype)
+    base = torch.where(flush, (start + n) % C, start)
+    n = torch.where(flush, torch.zeros_like(n), n)
+    qf = q[seq].float().repeat_interleave(group, dim=2)                  # [M, T, HV, D]
+    kf = k[seq].float().repeat_interleave(group, dim=2)
+    for t in range(T):
+        S = S * torch.exp(g_all[seq, t])[..., None, None]
+        u = beta_all[seq, t][..., None] * (v[seq, t].float()
+                                           - torch.einsum("mhk,mhkv->mhv", kf[:, t], S))
+        S = S + kf[:, t][..., :, None] * u[..., None, :]
+        out[seq, t] = scale * torch.einsum("mhk,mhkv->mhv", qf[:, t], S)
+        pos = (base + n + t) % C
+        new.k[rows, pos], new.u[rows, pos], new.g[rows, pos] = k[seq, t], u, g_all[seq, t]
+    new.head[rows, 0] = base.to(torch.int32)
+    new.head[rows, 1] = (n + T).to(torch.int32)
+    return out.to(torch.bfloat16), new_state, new
 
 
 def prefill_reference(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,

@@ -60,7 +60,8 @@ our config space per B (heatmaps, dispatch table) → timing of every passing
 implementation with each method → time vs B, speedup/crossover, fraction of
 copy bandwidth → decode as serving engines call it (a state pool, several tokens
 per call, a bf16 state, each against FlashInfer's kernel for it where it has
-one) → drift of a bf16 state over many steps → a conclusion computed from the
+one) → drift of a bf16 state over many steps → the replay decode (state written
+back every L tokens) against the standard step → a conclusion computed from the
 tables. Timing methods are named
 in every row and title (`cupti_cold` is the contest's; `cpu_wall` is the CPU
 interpreter's host clock and only exercises the plumbing).
@@ -157,11 +158,58 @@ output and of the state after it."""),
 drift = xp.run_drift(run)
 run.show(xp.plot_drift(drift), "drift")
 xp.drift_table(drift)"""),
+    ("md", """\
+## 9. Replay decode: the state written back every L tokens
+`gdn_replay_decode` reads a checkpoint of the state and a ring of the last `n ≤ L`
+tokens' keys, log decays and delta-rule residuals, computes each token's output
+exactly, and writes the checkpoint back only when the ring is full: the state bytes
+per token fall from read + write towards read + write / L. Speculative verification
+rolls back by dropping ring entries (`rollback`), with no intermediate states. Every
+kind (standard step, replay at each `L`, and both verifying `T = 4` tokens with the
+acceptance pattern `replay_accept`) is gated first: `replay_calls` consecutive calls,
+each checked against its float32 reference (`decode_reference`, `replay_decode_reference`)
+on the state and ring the kernel left before it: outputs, the state or checkpoint, the
+ring. Passing kinds are timed with `replay_method`, a sample being
+`replay_calls` consecutive calls (whole write-back cycles) divided by the tokens they
+generate."""),
+    ("code", """\
+replay = xp.run_replay(run)
+xp.replay_gate_summary(replay["gate"])"""),
+    ("md", "### 9a. Time per generated token, one token per call"),
+    ("code", """\
+run.show(xp.plot_replay_times(replay["times"]), "replay_times")
+xp.replay_table(replay["times"])"""),
+    ("md", """\
+### 9b. Speculative verification, T = 4
+The standard call returns the state after every token (what an engine rolls back to);
+the replay call drops the previous call's rejected drafts from its ring."""),
+    ("code", """\
+run.show(xp.plot_replay_times(replay["times"], spec=True, accept=run.params["replay_accept"]),
+         "replay_spec_times")
+xp.replay_table(replay["times"], spec=True)"""),
+    ("md", """\
+### 9c. Bytes per token against each contract's floor
+Left: the bytes each contract moves per generated token (model: state, ring and
+intermediate states), relative to the standard step's read + write. Right: each
+kind's own floor (those bytes at this run's copy bandwidth) over its measured time."""),
+    ("code", """\
+run.show(xp.plot_replay_bytes(replay["times"]), "replay_bytes")"""),
+    ("md", """\
+### 9d. Accuracy over consecutive steps
+`drift_batch` sequences, `max(drift_steps)` one-token calls of the standard and the
+replay decode (each `L`, each dtype) against the float32 multi-step reference: each
+step's output, and the state written back (the replay's checkpoint, against the
+reference state as of the token it holds)."""),
+    ("code", """\
+replay_drift = xp.run_replay_drift(run)
+run.show(xp.plot_replay_drift(replay_drift), "replay_drift")
+xp.replay_drift_table(replay_drift)"""),
     ("md", "## Conclusion"),
     ("code", """\
 conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
     times=times, gate=gate, crossovers=crossovers, best=best, serving_times=serving["times"],
-    serving_gate=serving["gate"], drift=drift)))
+    serving_gate=serving["gate"], drift=drift, replay_times=replay["times"],
+    replay_gate=replay["gate"], replay_drift=replay_drift)))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),

@@ -24,11 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 KB = 1024
 
 #: every top-level kernel we launch, and the ones the default path launches
-ALL_KERNELS = {"gdn_decode_kernel", "chunk_gates_kernel", "intra_chunk_kernel",
+ALL_KERNELS = {"gdn_decode_kernel", "gdn_replay_kernel", "chunk_gates_kernel", "intra_chunk_kernel",
                "state_walk_kernel", "state_walk_t_kernel", "segment_combine_t_kernel",
                "pack_kernel", "unpack_kernel", "recurrent_prefill_kernel", "segment_split_kernel",
                "piece_compose_kernel"}
-DISPATCH_KERNELS = {"gdn_decode_kernel", "intra_chunk_kernel", "state_walk_kernel",
+DISPATCH_KERNELS = {"gdn_decode_kernel", "gdn_replay_kernel", "intra_chunk_kernel",
+                    "state_walk_kernel",
                     "state_walk_t_kernel", "segment_combine_t_kernel", "pack_kernel",
                     "unpack_kernel", "recurrent_prefill_kernel", "segment_split_kernel"}
 

@@ -73,27 +73,35 @@ def test_pool_equals_dense_on_gathered_states():
     assert torch.equal(d_state, pool[idx])
 
 
-def test_unchecked_out_of_range_slots_are_padding_and_touch_nothing():
-    """check_values=False (the GPU default): slots >= P are masked in the kernel.
+def test_unchecked_slots_past_the_pool_give_nan_and_touch_nothing():
+    """check_values=False (the GPU default): a slot >= P is a caller's bug, not padding.
 
-    The pool is a view into a larger buffer with guard rows on both sides; slots
-    past the pool (P, P+1, a huge one) must leave the guard rows bit-identical.
+    Its sequence's outputs are NaN and status holds SLOT_PAST_POOL; a negative slot stays
+    padding (zeros). The pool is a view into a larger buffer with guard rows on both
+    sides; slots past the pool (P, P+1, a huge one) must leave the guard rows
+    bit-identical.
     """
-    B, P, hv, d = 4, 3, SMALL.num_v_heads, SMALL.head_dim
+    from kernels.decode.kernel import SLOT_PAST_POOL
+    from kernels.prefill import describe_status
+    B, P, hv, d = 5, 3, SMALL.num_v_heads, SMALL.head_dim
     inp = _inputs(B, 2, seed=3, pool_size=B)
     buf = torch.randn(P + 4, hv, d, d, device=DEVICE)
     buf[2:2 + P] = inp["state"][:P]
     guard = buf.clone()
     pool = buf[2:2 + P]
     inp["state"] = pool.clone()   # what the reference reads
-    idx = torch.tensor([P, 1, 2 ** 31 - 1, P + 1], dtype=torch.int32, device=DEVICE)
-    out, _ = gdn_decode(**{**inp, "state": pool, "state_indices": idx}, check_values=False,
-                        config="BV8-w1-s1-t1")
-    ref_idx = torch.tensor([-1, 1, -1, -1], dtype=torch.int32, device=DEVICE)
+    idx = torch.tensor([P, 1, 2 ** 31 - 1, P + 1, -2], dtype=torch.int32, device=DEVICE)
+    status = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
+    out, _, inter = gdn_decode(**{**inp, "state": pool, "state_indices": idx},
+                               check_values=False, config="BV8-w1-s1-t1", status=status,
+                               intermediate_states=True)
+    assert int(status) == SLOT_PAST_POOL and ">= the pool size" in describe_status(status)
+    ref_idx = torch.tensor([-1, 1, -1, -1, -1], dtype=torch.int32, device=DEVICE)
     ref_out, ref_pool = decode_reference(**{**inp, "state_indices": ref_idx})
-    assert check_outputs((out, pool), (ref_out, ref_pool)).ok
+    assert check_outputs((out[1:2], pool), (ref_out[1:2], ref_pool)).ok
     for i in (0, 2, 3):
-        assert torch.count_nonzero(out[i]) == 0
+        assert bool(out[i].isnan().all()) and bool(inter[i].isnan().all())
+    assert torch.count_nonzero(out[4]) == 0, "a negative slot is padding: zeros"
     assert torch.equal(buf[:2], guard[:2]) and torch.equal(buf[2 + P:], guard[2 + P:]), \
         "memory outside the pool was written"
     assert torch.equal(buf[2], guard[2]) and torch.equal(buf[4], guard[4]), \
@@ -146,15 +154,15 @@ def test_repeated_padding_slots_are_allowed():
 def test_unchecked_repeated_slots_give_nan_and_leave_the_slot(config):
     """check_values=False (the GPU default): a live slot named twice is caught in the
     kernel. Those sequences' outputs and intermediate states are NaN and their slot keeps
-    its state; the other sequences (a distinct slot, padding, a slot >= P) run as usual;
-    status holds SLOT_REPEATED, then 0 on a call without repeats."""
+    its state; the other sequences (a distinct slot, padding) run as usual; status holds
+    SLOT_REPEATED, then 0 on a call without repeats."""
     from kernels.decode.kernel import SLOT_REPEATED
     from kernels.prefill import describe_status
     B, P, T = 5, 6, 2
     inp = _inputs(B, T, seed=4, pool_size=P, shape=GDNShape(1, 1, 16))
     pool = inp["state"]
     before = pool.clone()
-    idx = [4, 1, 4, -1, 9]          # sequences 0 and 2 share slot 4
+    idx = [4, 1, 4, -1, -3]         # sequences 0 and 2 share slot 4
     inp["state_indices"] = torch.tensor(idx, dtype=torch.int32, device=DEVICE)
     status = torch.full((1,), -1, dtype=torch.int32, device=DEVICE)
     out, _, inter = gdn_decode(**inp, check_values=False, config=config, status=status,

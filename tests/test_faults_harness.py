@@ -24,6 +24,7 @@ def test_case_list_covers_every_fault_and_target():
                 "cu_other_device", "cu_end_long", "cu_end_short"} <= got
     assert "recurrent" in faults.PREFILL_TARGETS
     assert [c.target for c in cs if c.name.startswith("slot_repeated")] == ["decode"]
+    assert [c.target for c in cs if c.name.startswith("slot_past_pool")] == ["decode"]
 
 
 @pytest.mark.parametrize("outcome,expect,ok", [

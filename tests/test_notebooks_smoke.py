@@ -148,6 +148,14 @@ def test_decode_smoke_specifics(smoke):
     assert set(serving.state_dtype) == {"float32", "bfloat16"} and serving.intermediate.any()
     drift = pd.read_csv(folder / "drift.csv")
     assert set(drift.what) == {"output", "state"} and drift.step.max() > 1
+    # replay section: every kind gated (and passed) before it was timed
+    rgate = pd.read_csv(folder / "replay_gate.csv")
+    assert len(rgate) and (rgate.status == "pass").all(), rgate.to_string()
+    rtimes = pd.read_csv(folder / "replay_times.csv")
+    assert set(rtimes.kind) == {"standard", "replay", "standard_spec", "replay_spec"}
+    assert (rtimes.bytes_per_token > 0).all()
+    for png in ("replay_times", "replay_spec_times", "replay_bytes", "replay_drift"):
+        assert (folder / f"{png}.png").exists(), png
 
 
 def test_prefill_smoke_specifics(smoke):

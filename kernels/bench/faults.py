@@ -5,7 +5,7 @@
 
 Every case (:func:`cases`) builds inputs, breaks one thing (a dtype, a shape, a
 device, a stride, the values of ``cu_seqlens``, an empty batch, NaN / Inf in one
-input, huge ``a`` / ``b``, a pool slot named twice), calls one target (``fused``, ``graph``,
+input, huge ``a`` / ``b``, a pool slot named twice or past the pool), calls one target (``fused``, ``graph``,
 ``no_sync``, ``fused_cp``: ``fused`` with ``cp=True`` at a long ``T``, ``recurrent``: the
 token-recurrent kernel at the same ``T`` as the others, ``decode``) and waits for
 the device. It runs in a fresh subprocess (``--run-case NAME``) so that a crash or a
@@ -114,6 +114,14 @@ def _slot_repeated(x, dev, other):
     x["state_indices"] = torch.tensor([1, 1, 2, 2], dtype=torch.int32, device=dev)
 
 
+def _slot_past_pool(x, dev, other):
+    """One sequence of the batch of 4 names slot ``P`` of a pool of 4 (an off-by-one):
+    unchecked on CUDA, its outputs must be NaN and the pool untouched there; checked (off
+    CUDA), a ValueError."""
+    import torch
+    x["state_indices"] = torch.tensor([0, 1, 4, 3], dtype=torch.int32, device=dev)
+
+
 def _noncontig(t, dev, other):
     import torch
     return torch.cat([t, t], dim=-1)[..., ::2]    # same values, stride 2 in the last dim
@@ -162,6 +170,7 @@ def cases() -> List[Case]:
     add("cu_other_device", "error", _set("cu_seqlens", lambda t, d, o: t.to(o)), P)
     add("cu_strided", "error", _set("cu_seqlens", _noncontig), P)
     add("slot_repeated", "error_or_flagged", _slot_repeated, ("decode",))
+    add("slot_past_pool", "error_or_flagged", _slot_past_pool, ("decode",))
     return out
 
 

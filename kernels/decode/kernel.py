@@ -18,15 +18,17 @@ once, walks the ``T`` tokens in registers (optionally storing the state after
 each token, ``INTERMEDIATE``) and is stored once.
 
 With ``POOLED`` the state is a pool ``[P, HV, D, D]`` and sequence ``b`` uses
-slot ``idx[b]``. A slot outside ``[0, P)`` (negative = padding, or out of
-range) is never read or written: its loads and stores are masked off, its
-pointers are formed from slot 0, and its outputs (and intermediate states)
-are zeros. A live slot named by two or more sequences (they would race on it) is
+slot ``idx[b]``. A slot outside ``[0, P)`` is never read or written: its loads and
+stores are masked off and its pointers are formed from slot 0. A negative slot is
+padding (the engines' convention): its outputs (and intermediate states) are zeros. A
+slot ``>= P`` is a caller's bug, not padding: its outputs (and intermediate states)
+are NaN. A live slot named by two or more sequences (they would race on it) is
 caught without a sync: each program compares its slot with the batch's ``B``
 entries of ``idx`` (:func:`slot_repeated`, while its first tile load is in flight);
 every such sequence writes NaN outputs (and intermediate states) and leaves its
-slot as it was, the others run as usual; with ``HAS_STATUS`` program 0 stores
-:data:`SLOT_REPEATED` (or 0) into ``status`` (:func:`any_slot_repeated`).
+slot as it was, the others run as usual. With ``HAS_STATUS`` program 0 stores
+:data:`SLOT_REPEATED` and/or :data:`SLOT_PAST_POOL` (or 0) into ``status``
+(:func:`any_slot_repeated`, :func:`any_slot_past_pool`).
 
 A tile is held as ``[NC, BV, BK]``: each row cut into ``NC = D / BK`` chunks of
 ``BK`` contiguous floats. Triton spreads the fast ``BK`` axis over ``BK / 4``
@@ -44,11 +46,14 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-__all__ = ["gdn_decode_kernel", "update_tile", "token_gates", "SLOT_REPEATED"]
+__all__ = ["gdn_decode_kernel", "update_tile", "token_gates", "SLOT_REPEATED",
+           "SLOT_PAST_POOL"]
 
 #: Status bit of a pooled call in which two sequences name one live slot (after the
 #: prefill's ``cu_seqlens`` bits 1...8, :mod:`kernels.prefill.guard`, which words it too).
 SLOT_REPEATED = 16
+#: Status bit of a pooled call in which a sequence names a slot ``>= P`` (past the pool).
+SLOT_PAST_POOL = 32
 
 
 @triton.jit
@@ -112,6 +117,17 @@ def any_slot_repeated(idx, B, P, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def any_slot_past_pool(idx, B, P, BLOCK: tl.constexpr):
+    """1 if any entry of ``idx[:B]`` is ``>= P`` (past the pool), else 0."""
+    bad = 0
+    for j0 in range(0, B, BLOCK):
+        o_j = j0 + tl.arange(0, BLOCK)
+        s_j = tl.load(idx + o_j, mask=o_j < B, other=-1).to(tl.int64)
+        bad = tl.maximum(bad, tl.max((s_j >= P).to(tl.int32), axis=0))
+    return bad
+
+
+@triton.jit
 def gdn_decode_kernel(
     q,            # [B, T, HQ, D] bf16 queries
     k,            # [B, T, HQ, D] bf16 keys
@@ -125,9 +141,9 @@ def gdn_decode_kernel(
     dt_bias,      # [HV] f32 bias added to ``a`` before softplus
     b,            # [B, T, HV] bf16 raw beta gate input (pre-sigmoid)
     o,            # [B, T, HV, D] bf16 output
-    status,       # [1] int32 out: SLOT_REPEATED or 0 (read only if POOLED and HAS_STATUS)
+    status,       # [1] int32 out: SLOT_REPEATED | SLOT_PAST_POOL or 0 (POOLED and HAS_STATUS)
     scale,        # f32 output scale
-    P,            # pool size (slots >= P are treated as padding)
+    P,            # pool size (slots >= P: NaN outputs, nothing read or written)
     T: tl.constexpr,            # tokens per sequence (>= 1; unrolled)
     HQ: tl.constexpr,           # q/k heads
     HV: tl.constexpr,           # value heads (multiple of HQ)
@@ -151,7 +167,7 @@ def gdn_decode_kernel(
     # -- the state this program updates: row i_b of a dense state, or slot idx[i_b] --
     if POOLED:
         i_raw = tl.load(idx + i_b).to(tl.int64)
-        valid = (i_raw >= 0) & (i_raw < P)   # padding and out-of-range slots: untouched
+        valid = (i_raw >= 0) & (i_raw < P)   # padding and slots past the pool: untouched
         i_s = tl.where(valid, i_raw, 0)
     else:
         i_s = i_b.to(tl.int64)
@@ -174,9 +190,11 @@ def gdn_decode_kernel(
         B = tl.num_programs(0) // (HV * NV)
         rep = slot_repeated(idx, i_b, i_raw, B, P, 128)
         keep = valid & (rep == 0)
+        nan_out = rep | (i_raw >= P)   # a repeated slot or one past the pool: NaN outputs
         if HAS_STATUS:
-            if i_p == 0:
-                tl.store(status, any_slot_repeated(idx, B, P, 16) * 16)   # SLOT_REPEATED
+            if i_p == 0:   # SLOT_REPEATED (16) | SLOT_PAST_POOL (32)
+                tl.store(status, any_slot_repeated(idx, B, P, 16) * 16
+                         + any_slot_past_pool(idx, B, P, 128) * 32)
 
     b_A = -tl.exp(tl.load(A_log + i_hv))
     b_dt = tl.load(dt_bias + i_hv)
@@ -202,13 +220,13 @@ def gdn_decode_kernel(
             b_v = tl.load(v + (i_bt * HV + i_hv) * D + o_v).to(tl.float32)
             b_h, b_o = update_tile(b_h, b_k[:, None, :], b_qs[:, None, :], b_v, b_decay,
                                    b_beta)
-            if POOLED:  # padding: zeros out (whatever its inputs hold); a repeated slot: NaN
-                b_o = tl.where(rep, float("nan"), tl.where(valid, b_o, 0.0))
+            if POOLED:  # padding: zeros out (whatever its inputs hold); repeated or past: NaN
+                b_o = tl.where(nan_out, float("nan"), tl.where(valid, b_o, 0.0))
             tl.store(o + (i_bt * HV + i_hv) * D + o_v, b_o.to(o.dtype.element_ty))
             if INTERMEDIATE:
                 b_hi = b_h
                 if POOLED:
-                    b_hi = tl.where(rep, float("nan"), tl.where(valid, b_h, 0.0))
+                    b_hi = tl.where(nan_out, float("nan"), tl.where(valid, b_h, 0.0))
                 tl.store(hi + (i_bt * HV + i_hv).to(tl.int64) * (D * D) + o_r,
                          b_hi.to(hi.dtype.element_ty))
         if POOLED:

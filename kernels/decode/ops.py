@@ -85,7 +85,7 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
         _check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
     if status is not None:
         if not pooled:
-            raise ValueError("status goes with state_indices (it reports repeated pool slots)")
+            raise ValueError("status goes with state_indices (it reports bad pool slots)")
         _check_buffer("status", status, torch.int32, (1,), q)
     cfg = _resolve_config(config, B, D, q.device)
 
@@ -144,11 +144,11 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
             padding: its state is neither read nor written and its output (and
             intermediate states) are zeros. Slot values are checked when
             ``check_values`` (below ``P``, none repeated: a ValueError); unchecked,
-            a slot ``>= P`` is treated as padding too (masked in the kernel: memory
-            outside the pool is never touched), and a live slot named by two or
-            more sequences is caught in the kernel (no sync): those sequences'
-            outputs (and intermediate states) are NaN and their slot is left as it
-            was; the other sequences run as usual.
+            they are caught in the kernel (no sync): a slot ``>= P`` (a caller's
+            bug, not padding) and a live slot named by two or more sequences give
+            those sequences NaN outputs (and intermediate states) and no state is
+            read or written for them (memory outside the pool is never touched);
+            the other sequences run as usual.
         config: a :class:`DecodeConfig` (or its name); None picks
             :func:`kernels.decode.config_for` of the batch size on this GPU.
         inplace: write the new state into ``state`` and return it. None (default):
@@ -168,7 +168,8 @@ def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.T
         status: optional `[1]` int32 tensor on the inputs' device, with
             ``state_indices`` only: the call stores
             :data:`kernels.decode.kernel.SLOT_REPEATED` (16) there if a live slot is
-            repeated, else 0, without a sync (read it whenever convenient).
+            repeated, plus :data:`~kernels.decode.kernel.SLOT_PAST_POOL` (32) if a slot
+            is ``>= P``, else 0, without a sync (read it whenever convenient).
 
     Returns:
         ``(output [B, T, HV, D] bf16, new_state)``, ``new_state`` shaped and typed

@@ -20,7 +20,9 @@ B≈16. This module measures the same on the GPU at hand:
 5. :func:`run_serving` (sections 7a–c: pooled vs dense state, ``T`` tokens per
    call, fp32 vs bf16 state, with FlashInfer's bf16-state and multi-token
    kernels) and :func:`run_drift` (section 8: a bf16 state over
-   ``drift_steps`` consecutive steps) — from :mod:`.decode_serving`.
+   ``drift_steps`` consecutive steps) — from :mod:`.decode_serving`;
+   :func:`run_replay` (section 9: the replay decode against the standard step, from
+   :mod:`.decode_replay`).
 6. :func:`conclusion_markdown` — the conclusion, computed from the tables.
 
 Implementation names (the ``impls`` parameter): ``ours-adaptive`` (the
@@ -45,7 +47,11 @@ from kernels.bench.timing import CPU_WALL, method_available, time_each
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
                      fmt_us, fmt_x, new_figure, progress, start_run, unique_in_order)
 
+from . import decode_replay as _replay
 from . import decode_serving as _serving
+from .decode_replay import (plot_replay_bytes, plot_replay_drift,  # noqa: F401
+                            plot_replay_times, replay_drift_table, replay_gate_summary,
+                            replay_table, run_replay_drift)
 from .decode_serving import (drift_table, plot_drift, plot_serving_pooled,  # noqa: F401
                              plot_serving_state_dtype, plot_serving_tokens, run_drift,
                              serving_gate_summary, serving_markdown, serving_table)
@@ -104,7 +110,7 @@ PARAMS = COMMON_PARAMS + (
     Param("drift_steps", "list", [1, 100, 1000],
           "drift: consecutive decode steps after which errors are reported"),
     Param("drift_batch", "int", 8, "drift: batch size B of the consecutive steps"),
-)
+) + _replay.PARAMS
 
 TIMES_COLUMNS = ["impl", "config", "B", "method", "median_us", "p20_us", "p80_us", "floor_us",
                  "n", "frac_of_copy_bw", "gpu", "label"]
@@ -566,6 +572,13 @@ def run_serving(run: Run) -> Dict[str, pd.DataFrame]:
 # --------------------------------------------------------------------------- 4. analysis
 
 
+def run_replay(run: Run) -> Dict[str, pd.DataFrame]:
+    """Section 9: the replay decode against the standard step
+    (:func:`kernels.experiments.decode_replay.run_replay`, floors from this run's copy
+    bandwidth)."""
+    return _replay.run_replay(run, _copy_bw(run))
+
+
 def crossover_points(Bs: Sequence[float], speedups: Sequence[float]) -> List[tuple]:
     """Where ``speedups`` (baseline time / challenger time) crosses 1.
 
@@ -851,13 +864,16 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
 
     ``dfs``: ``times`` (decode_times), ``gate`` (gate.csv) and optionally
     ``best`` (:func:`best_configs`), ``crossovers`` (:func:`crossover_table`;
-    computed against flashinfer and fla when absent), and the serving sections'
-    ``serving_times``, ``serving_gate`` and ``drift`` frames.
+    computed against flashinfer and fla when absent), the serving sections'
+    ``serving_times``, ``serving_gate`` and ``drift`` frames and the replay section's
+    ``replay_times``, ``replay_gate`` and ``replay_drift``.
     """
     serving = serving_markdown(dfs.get("serving_times"), dfs.get("serving_gate"),
                                dfs.get("drift"))
+    replay = _replay.replay_markdown(dfs.get("replay_times"), dfs.get("replay_gate"),
+                                     dfs.get("replay_drift"))
     text = _crossover_conclusion(dfs)
-    return text + ("\n\n" + serving if serving else "")
+    return text + "".join("\n\n" + x for x in (serving, replay) if x)
 
 
 def _crossover_conclusion(dfs: Dict[str, pd.DataFrame]) -> str:

@@ -91,6 +91,11 @@ FIGURES: Dict[str, Dict[str, Callable]] = {
         "serving_state_dtype": _with("serving_times.csv",
                                      lambda d, f: _dx().plot_serving_state_dtype(d)),
         "drift": _with("drift.csv", lambda d, f: _dx().plot_drift(d)),
+        "replay_times": _with("replay_times.csv", lambda d, f: _dx().plot_replay_times(d)),
+        "replay_spec_times": _with("replay_times.csv", lambda d, f: _dx().plot_replay_times(
+            d, spec=True, accept=_params(f).get("replay_accept", []))),
+        "replay_bytes": _with("replay_times.csv", lambda d, f: _dx().plot_replay_bytes(d)),
+        "replay_drift": _with("replay_drift.csv", lambda d, f: _dx().plot_replay_drift(d)),
     },
     "02_prefill_launch_overhead": {
         "gate_errors": _with("gate.csv", lambda d, f: _px().plot_gate_errors(d)),

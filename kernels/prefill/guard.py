@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ..decode.kernel import SLOT_REPEATED  # noqa: E402
+from ..decode.kernel import SLOT_PAST_POOL, SLOT_REPEATED  # noqa: E402
 from .chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START, cu_status  # noqa: E402
 from .pdl import grid_wait  # noqa: E402
 
@@ -44,7 +44,8 @@ __all__ = ["guard_outputs", "walk_guard", "check_status_tensor", "describe_statu
 
 _WORDS = ((CU_START, "cu_seqlens[0] != 0"), (CU_END, "cu_seqlens[-1] != T"),
           (CU_DECREASING, "cu_seqlens decreases"), (CU_RANGE, "a cu_seqlens entry is outside [0, T]"),
-          (SLOT_REPEATED, "a pool slot is named by two or more sequences (decode)"))
+          (SLOT_REPEATED, "a pool slot is named by two or more sequences (decode)"),
+          (SLOT_PAST_POOL, "a pool slot is >= the pool size P (decode)"))
 
 
 def describe_status(status) -> str:
