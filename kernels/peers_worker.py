@@ -112,7 +112,9 @@ class PeerWorker:
         once its pipe is drained)."""
         if self.proc is not None and self.proc.poll() is not None:
             self._drainer.join(timeout=5)
-        lines = [ln for ln in self._stderr if ln.strip()][-n:]
+        # (faulthandler's list of loaded extension modules is one long line of noise)
+        lines = [ln for ln in self._stderr
+                 if ln.strip() and not ln.startswith("Extension modules:")][-n:]
         return "\n".join(lines) if lines else "(empty)"
 
     def request(self, msg: dict) -> dict:

@@ -255,3 +255,11 @@ def test_shipped_profiles_match_the_notebooks(name):
     for stem, names in declared.items():
         assert stem in prof["notebooks"], f"{name}.yaml has no entry for {stem}"
         assert {"device", "output_root", "profile"} <= names, stem
+    # the contest-shape variant: notebooks that take solutions and a shape, known names only
+    assert set(prof["solution_shape"]) == {"decode", "prefill"}
+    for op, stems in prof["solution_shape"].items():
+        for stem, params in stems.items():
+            if stem in declared:
+                assert {"solutions", *runner.SHAPE_PARAMS} <= declared[stem], stem
+                unknown = set(params) - declared[stem]
+                assert not unknown, f"{name}.yaml: solution_shape.{op}.{stem} sets {unknown}"

@@ -414,9 +414,25 @@ def test_ncu_target_and_notebook03_targets_take_solutions():
 def test_runner_solutions_option(tmp_path):
     from kernels.runner import RunnerError, _solution_paths
 
-    assert _solution_paths(f"{PY}, ") == [str(PY.resolve())]
+    [(path, src)] = _solution_paths(f"{PY}, ")
+    assert path == str(PY.resolve()) and (src.name, src.op, src.shape) == (
+        "fixture-py-decode", "decode", (4, 8, 128))
     with pytest.raises(RunnerError, match="--solutions: .*missing.json does not exist"):
         _solution_paths(str(tmp_path / "missing.json"))
+    bad = _json(tmp_path, name="no-def", drop=("definition",))
+    with pytest.raises(RunnerError, match="--solutions: .*no-def.json: missing field 'definition'"):
+        _solution_paths(str(bad))
+
+
+def test_runner_refuses_two_shapes_of_one_op(tmp_path):
+    from kernels.runner import RunnerError, _solution_paths, solution_shapes
+
+    small = _json(tmp_path, name="small", definition="gdn_decode_qk2_v4_d32_k_last")
+    sols = _solution_paths(f"{PY},{small}")
+    with pytest.raises(RunnerError, match="small .* and fixture-py-decode are decode solutions "
+                                          "of two shapes"):
+        solution_shapes(sols)
+    assert solution_shapes(sols[:1]) == {"decode": ((4, 8, 128), ["fixture-py-decode"])}
 
 
 def test_our_packed_triton_solution_through_the_loader(tmp_path):
