@@ -15,10 +15,10 @@ def _times():
                                  ("4x8192", 32768, 4, 280.0)):
             t = base * (f if lens == "131072" else 1.2 if impl == "flashqla" else f)
             rows.append(dict(impl=impl, lens=lens, T=T, N=N, method="graph", median_us=t,
-                             p20_us=t, p80_us=t, n=10, kernel="", role="", gpu="G"))
+                             p20_us=t, p80_us=t, n=10, kernel="", role="", gpu="G", label=impl))
     rows.append(dict(impl="ours", lens="8192", T=8192, N=1, method="kernel", median_us=40.0,
                      p20_us=40.0, p80_us=40.0, n=3, kernel="intra_chunk_kernel",
-                     role="intra-chunk", gpu="G"))
+                     role="intra-chunk", gpu="G", label="ours"))
     return pd.DataFrame(rows)
 
 

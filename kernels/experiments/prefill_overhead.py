@@ -45,7 +45,7 @@ from kernels.bench.timing import time_each
 from kernels.spec import lens_label, parse_shape
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
-                     new_figure, progress, start_run, unique_in_order)
+                     new_figure, plural, progress, start_run, unique_in_order)
 
 STEM = "02_prefill_launch_overhead"
 #: The steps of the waterfall, in order; the token-recurrent variant joins the table after them.
@@ -198,7 +198,7 @@ def run_gate(run: Run) -> pd.DataFrame:
     impls = resolve_impls(run)
     run.state["impls"] = impls
     rows = []
-    for lab, lens in progress(run.state["shapes"], f"gate: {len(impls)} implementations per shape",
+    for lab, lens in progress(run.state["shapes"], f"gate: {plural(len(impls), 'implementation')} per shape",
                               "shape"):
         inputs, ref = _inputs(run, lab, lens)
         for label, (impl, variant, fn) in impls.items():
@@ -288,9 +288,10 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     methods = run.usable_methods(p["methods"])
     gantt_label = parse_shape(p["gantt_shape"])[0] if p["gantt_shape"] else None
     impls = run.state["impls"]
+    n_timed = len(set(impls) & set(gate[gate.status == PASS].label))
     rows = []
     for lab, lens in progress(run.state["shapes"], f"timelines + timing ({', '.join(methods)}) "
-                              f"of {len(impls)} implementations per shape", "shape"):
+                              f"of {plural(n_timed, 'implementation')} per shape", "shape"):
         inputs, _ = _inputs(run, lab, lens)
         for label, (impl, variant, fn) in impls.items():
             g = gate[(gate.label == label) & (gate.lens == lab)]
@@ -590,7 +591,7 @@ def run_crossover(run: Run) -> pd.DataFrame:
     timed = bool(run.usable_methods([method]))
     rows = []
     for series, lab, lens in progress(points, f"recurrent vs chunked: gate + timing ({method}) "
-                                      f"of {len(impls)} implementations per point", "point"):
+                                      f"of {plural(len(impls), 'implementation')} per point", "point"):
         inputs, ref = _inputs(run, lab, lens)
         for label, impl, variant, fn in impls:
             row = dict(series=series, lens=lab, T=sum(lens), N=len(lens), longest=max(lens),
@@ -768,7 +769,8 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         ran = gate[gate.status != UNAVAILABLE]
         bad = ran[ran.status != PASS]
         unav = unique_in_order(gate[gate.status == UNAVAILABLE].label)
-        txt = (f"**Gate:** {ran.label.nunique()} implementations × {gate.lens.nunique()} shapes "
+        txt = (f"**Gate:** {plural(ran.label.nunique(), 'implementation')} × "
+               f"{plural(gate.lens.nunique(), 'shape')} "
                f"({', '.join(unique_in_order(gate.lens))}) against the float32 reference; ")
         if bad.empty:
             txt += "all passed (atol = rtol = 1e-2)."
