@@ -123,6 +123,15 @@ def test_conclusion_lists_gate_failures():
     md = dx.conclusion_markdown(dict(times=times, gate=gate))
     assert "failing (not timed): torch" in md
     assert "Not available here: flashinfer" in md
+    # one of a kind is singular: "2 implementations ran", "torch (1 failing point"
+    assert "**Gate:** 2 implementations ran" in md and "torch (1 failing point, " in md
+
+
+def test_plural():
+    from kernels.experiments.common import plural
+
+    assert [plural(n, "segment") for n in (0, 1, 2)] == ["0 segments", "1 segment", "2 segments"]
+    assert plural(1, "gate set") == "1 gate set" and plural(3, "index", "indices") == "3 indices"
 
 
 def _sweep():

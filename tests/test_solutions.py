@@ -443,3 +443,23 @@ def test_our_packed_triton_solution_through_the_loader(tmp_path):
     # a Triton solution runs where Triton does: the GPU when there is one, else the interpreter
     x = make_decode_inputs(2, seed=3, device="cuda" if torch.cuda.is_available() else "cpu")
     _passes(fn, x, decode_reference(**x))
+
+
+def test_prefill_scaling_rows_of_a_solution(tmp_path):
+    """Notebook 04 names a solution like every notebook: ``impl`` is ``solution``, ``label``
+    its name (gate and times), at the contest's shape."""
+    from kernels.experiments import prefill_scaling as xs
+
+    p = {q.name: q.default for q in xs.PARAMS}
+    p.update(device="cpu", profile="unit", output_root=str(tmp_path), shapes=["T2"],
+             impls=[], solutions=[str(FIX / "py_prefill")], methods=["cpu_wall"],
+             repetitions=1, warmup=0)
+    run = xs.start(p)
+    gate = xs.run_gate(run)
+    assert gate[["label", "impl", "status"]].values.tolist() == [
+        ["fixture-py-prefill", "solution", "pass"]]
+    times = xs.run_times(run, gate)
+    assert times[["label", "impl", "method"]].values.tolist() == [
+        ["fixture-py-prefill", "solution", "cpu_wall"]]
+    for fn in run.state["impls"].values():
+        fn.worker.close(kill=True)

@@ -304,7 +304,9 @@ def run_sweep(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     passed = gate[(gate.label == "ours-adaptive") & (gate.status == PASS)]
     rows = []
-    for B in progress(p["batch_sizes"], f"sweep: {len(grid)} configs per B ({method})", "B"):
+    n_cfg = passed.groupby("B").config.nunique().max() if len(passed) else 0
+    for B in progress(p["batch_sizes"], f"sweep: up to {plural(int(n_cfg), 'config')} per B "
+                      f"({method})", "B"):
         inputs, _ = _inputs(run, B)
         good = set(passed[passed.B == B].config)
         for cfg in grid:

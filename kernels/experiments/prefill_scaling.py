@@ -891,7 +891,7 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     chk = dfs.get("reference_check")
     if chk is not None and len(chk):
         lines.append(f"**Reference:** the chunked float32 reference matches the token loop at "
-                     f"{int(chk.ok.sum())} of {len(chk)} shapes up to T={int(chk['T'].max())} "
+                     f"{int(chk.ok.sum())} of {plural(len(chk), 'shape')} up to T={int(chk['T'].max())} "
                      f"(largest max abs difference {chk.max_abs_err.max():.2e}).")
     if gate is not None and len(gate):
         ran = gate[gate.status != UNAVAILABLE]
@@ -921,7 +921,7 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         met = int(rr["target met"].sum())
         worst = rr.loc[rr["ours / fastest peer"].idxmax()]
         lines.append(f"**Target** (ours ≤ {TARGET_RATIO} × the fastest peer, {method}): met at "
-                     f"{met} of {len(rr)} shapes; worst {worst.lens}: ours "
+                     f"{met} of {plural(len(rr), 'shape')}; worst {worst.lens}: ours "
                      f"{fmt_us(worst.ours)} against {worst['fastest peer']} "
                      f"{fmt_us(worst['fastest peer us'])} ({fmt_x(worst['ours / fastest peer'])}).")
     one = times[(times.kernel.fillna("") == "") & (times.N == 1) & (times.method == method)]
