@@ -611,15 +611,16 @@ def notebook_outcomes(folder: Path) -> dict:
     """What a notebook's result folder says about its implementations: ``{"problems":
     [(label, status, line)], "passed": {label}, "solutions": [provenance rows]}``.
 
-    ``problems``: every label with rows ``unavailable``, ``error`` or ``fail`` in any of
-    the folder's CSVs with ``label`` and ``status`` columns (the gate tables), one line
-    each: the status, at how many of its points, and the first reason. ``passed``: the
-    labels with a ``pass`` row. ``solutions``: the provenance's ``solutions`` entries.
+    ``problems``: every label with rows ``unavailable``, ``error`` or ``fail`` in the
+    folder's gate tables (``*gate.csv`` with ``label`` and ``status`` columns: not, say,
+    notebook 04's hard-input accuracy table, where a failure is a finding), one line each:
+    the status, at how many of its points, and the first reason. ``passed``: the labels
+    with a ``pass`` row. ``solutions``: the provenance's ``solutions`` entries.
     """
     import csv
 
     rows: Dict[str, Dict[str, list]] = {}
-    for path in sorted(Path(folder).glob("*.csv")):
+    for path in sorted(Path(folder).glob("*gate.csv")):
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
             if not {"label", "status"} <= set(reader.fieldnames or ()):

@@ -235,6 +235,7 @@ def test_crossover_points_and_mixed_lens():
     assert pts == [("B=1", "1", [1]), ("B=1", "6", [6]), ("mixed N=4", "0+0+0+1", [0, 0, 0, 1]),
                    ("mixed N=4", "3+1+0+2", [3, 1, 0, 2])]
     assert len(px.crossover_points(dict(crossover_lengths=[2], crossover_batch=1))) == 1
+    assert px.crossover_points(dict(crossover_lengths=[], crossover_batch=4)) == []  # no section
     with pytest.raises(ValueError, match="crossover_lengths"):
         px.crossover_points(dict(crossover_lengths=[0, 4], crossover_batch=2))
     with pytest.raises(ValueError, match="crossover_batch"):

@@ -548,9 +548,10 @@ def mixed_lens(T: int, n: int) -> List[int]:
 def crossover_points(params: dict) -> List[Tuple[str, str, List[int]]]:
     """``(series, lens label, lens)`` of the recurrent-vs-chunked section: one sequence of
     every ``crossover_lengths`` entry, then (``crossover_batch > 1``) the mixed batch of the
-    same totals."""
+    same totals. No lengths, no section (the smoke profile's contest-shape variant: each
+    chunked call at D=128 takes seconds on the interpreter)."""
     Ts, n = params["crossover_lengths"], params["crossover_batch"]
-    if not Ts or any(not isinstance(T, int) or T < 1 for T in Ts):
+    if any(not isinstance(T, int) or T < 1 for T in Ts):
         raise ValueError(f"crossover_lengths must be ints >= 1, got {Ts}")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"crossover_batch must be an int >= 1, got {n}")
@@ -586,6 +587,9 @@ def run_crossover(run: Run) -> pd.DataFrame:
     only when there are any); returns the frame of every row (timings NaN where untimed)."""
     p = run.params
     points = crossover_points(p)
+    if not points:
+        run.skip("recurrent-vs-chunked section", "crossover_lengths is empty")
+        return pd.DataFrame(columns=CROSSOVER_COLUMNS)
     impls = _crossover_impls(run)
     method = p["crossover_method"]
     timed = bool(run.usable_methods([method]))
