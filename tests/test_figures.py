@@ -68,7 +68,7 @@ def audit_figure(fig, name: str) -> list:
             if re.search(r"\btime per call\b|\btime \(", lab) and "/" not in lab \
                     and "µs" not in lab:   # a ratio of times has no unit
                 problems.append(f"{where}: {lab!r} names a time without its unit (µs)")
-        problems += [f"{where}: {p}" for p in _hidden_series(ax)]
+        problems += [f"{where}: {p}" for p in _hidden_series(ax) + _hidden_references(ax)]
         leg = ax.get_legend()
         if leg is not None:
             box = leg.get_window_extent(renderer)
@@ -123,6 +123,27 @@ def _hidden_series(ax) -> list:
     return out
 
 
+def _hidden_references(ax) -> list:
+    """Horizontal reference lines (``axhline``: a target, 1.0) outside the y range, or two
+    of different values drawn within :data:`HIDDEN_PX` of each other (a 0.9 target beside
+    1.0 on a 0-1,250 linear axis)."""
+    refs = []
+    for ln in ax.lines:
+        y = np.asarray(ln.get_ydata(), float)
+        if ln.get_transform() == ax.transData or len(y) != 2 or y[0] != y[1]:
+            continue   # not an axhline
+        refs.append(float(y[0]))
+    lo, hi = sorted(ax.get_ylim())
+    out = [f"reference line y={y:g} outside the axis ({lo:g}..{hi:g})"
+           for y in refs if not lo <= y <= hi]
+    px = {y: float(ax.transData.transform((0, y))[1]) for y in refs if lo <= y <= hi}
+    for a in px:
+        for b in px:
+            if a < b and abs(px[a] - px[b]) < HIDDEN_PX:
+                out.append(f"reference lines y={a:g} and y={b:g} drawn on top of each other")
+    return out
+
+
 CASES = [pytest.param(AUDITED / stem, id=stem) for stem in FIGURES if (AUDITED / stem).is_dir()]
 
 
@@ -144,6 +165,8 @@ def test_audit_catches_what_the_issue_found():
     axes[0][0].plot(np.arange(10), np.arange(10) * 1.001, label="its twin")   # equal: fine
     axes[0][0].plot(np.arange(10), np.full(10, 1e-3), label="tiny")
     axes[0][0].plot(np.arange(10), np.full(10, 1e-2), label="small")       # 10x tiny, same px
+    axes[0][0].axhline(0.0, color="k")
+    axes[0][0].axhline(0.009, color="k", ls="--")                         # a target beside it
     axes[0][0].legend(loc="center")
     axes[0][0].set_xlabel("x (tokens)")
     axes[0][0].set_ylabel("time per call (ms)")
@@ -151,6 +174,7 @@ def test_audit_catches_what_the_issue_found():
     p = " | ".join(audit_figure(fig, "t"))
     assert "no title" in p and "panel 1 (untitled): empty" in p and "in ms" in p
     assert "legend covers" in p and "'tiny' hidden under 'small'" in p and "under 'a line'" not in p
+    assert "reference lines y=0 and y=0.009 drawn on top of each other" in p
     from matplotlib.figure import Figure
 
     wide = Figure(figsize=(16, 3))
