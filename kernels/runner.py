@@ -227,10 +227,11 @@ def load_profile(profile: str) -> dict:
     if not isinstance(defaults, dict):
         raise RunnerError(f"{path}: 'defaults' must be a mapping")
     variant = data.pop("solution_shape", None) or {}
-    if not (isinstance(variant, dict) and set(variant) <= set(OPS)
-            and all(isinstance(v, dict) and all(_STEM.match(str(k)) and isinstance(x, (dict, type(None)))
-                                                for k, x in v.items())
-                    for v in variant.values())):
+    ok = isinstance(variant, dict) and set(variant) <= set(OPS)
+    for stems in (variant.values() if ok else ()):
+        ok = ok and isinstance(stems, dict) and all(
+            _STEM.match(str(k)) and isinstance(x, (dict, type(None))) for k, x in stems.items())
+    if not ok:
         raise RunnerError(f"{path}: 'solution_shape' maps an op ({', '.join(OPS)}) to "
                           f"notebook stems and their parameters")
     notebooks = {}
@@ -485,8 +486,9 @@ def _plan(args) -> tuple:
                                                  **overrides})
             params["solutions"] = [p for p, _ in solutions]
             notes.append(f"{stem}: at the shape of {', '.join(names)} (HQ={shape[0]} "
-                         f"HV={shape[1]} D={shape[2]}), with the lengths of profile "
-                         f"{profile['name']}'s solution_shape.{op}")
+                         f"HV={shape[1]} D={shape[2]})" + (
+                             f", with the values of profile {profile['name']}'s "
+                             f"solution_shape.{op}" if variant[stem] else ""))
         plans.append((stem, path, declared, params))
     return profile, Path(root).resolve(), plans, notes, solutions
 

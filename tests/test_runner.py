@@ -275,7 +275,7 @@ def test_solutions_of_another_shape_switch_the_notebook(capsys):
     assert runner.main(argv) == 0
     out = capsys.readouterr().out
     assert ("01_decode_crossover: at the shape of fixture-py-decode-json (HQ=4 HV=8 D=128), "
-            "with the lengths of profile smoke's solution_shape.decode") in out
+            "with the values of profile smoke's solution_shape.decode") in out
     nb01 = out[out.index("\n01_decode_crossover  ("):out.index("\n03_ncu_instruction_counts  (")]
     for line in ("* head_dim: int = 128", "* num_v_heads: int = 8", "* batch_sizes: list = [1]"):
         assert line in nb01
