@@ -349,7 +349,7 @@ def start_run(stem: str, params: dict) -> Run:
 # --------------------------------------------------------------------------- figures & text
 
 
-#: widest figure (inches, before an outside legend): shown at 100 px per inch by
+#: widest figure (inches, as saved, legends and titles included): shown at 100 px per inch by
 #: :meth:`Run.show`, a figure stays within 1,400 px in JupyterLab
 MAX_FIGURE_WIDTH_IN = 11.5
 
@@ -371,8 +371,9 @@ def _figure_class():
 
 def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(5.0, 3.6), squeeze=False, **kw):
     """A pyplot-free :class:`~matplotlib.figure.Figure` and its axes grid, panels
-    narrowed so the row fits :data:`MAX_FIGURE_WIDTH_IN`; its suptitle wraps at that
-    width and :func:`figure_legend` goes below the panels, so the saved PNG stays within it.
+    narrowed so the row fits :data:`MAX_FIGURE_WIDTH_IN`; its suptitle wraps at the
+    figure's width (constrained layout keeps :func:`figure_legend` inside it), so the saved
+    PNG stays within that width.
 
     Pyplot-free so a notebook shows each figure exactly once (``display(fig)``)
     and no figure stays alive in pyplot's registry.
