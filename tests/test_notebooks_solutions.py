@@ -8,7 +8,8 @@ HV=8, D=128) with the profile's ``solution_shape`` lengths, the good solutions p
 gate and the decode one is timed, the run's summary names the unavailable and the
 aborting one with their reasons (the abort's with its worker's stderr), and the exit
 status is 1 because two requested solutions never passed (0 with
-``--solutions-may-fail``). Marked ``slow`` (about two minutes on 2 CPU cores).
+``--solutions-may-fail``). Marked ``slow``: 160 s on 2 shared CPU cores (about 100 s of
+CPU time, most of it our kernels at D=128 on the interpreter).
 """
 from __future__ import annotations
 
