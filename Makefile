@@ -1,3 +1,4 @@
+# `make` or `make help`: the targets and their variables, one line each.
 # The two commands (see README.md):
 #   make run    - bootstrap an environment, run all notebooks through papermill
 #                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter);
@@ -10,6 +11,7 @@
 #                  profile as `make run`, results into the repository's results/;
 #                  saving a suite notebook there writes it without outputs, so
 #                  git status stays clean: kernels/lab.py, docs/notebooks.md)
+#   make clean   - smoke results, build/ and Python/pytest caches; CLEAN_VENV=1 also .venv
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
 #   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
 #                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
@@ -37,10 +39,27 @@ OUT ?= results/compare
 PACK_OUT ?= build/contest
 CONTEST_ARGS ?=
 LAB_ARGS ?=
+CLEAN_VENV ?=
 
 INTERPRET = TRITON_INTERPRET=$${TRITON_INTERPRET-$$($$PY -c 'import torch;print(0 if torch.cuda.is_available() else 1)')}
 
-.PHONY: run test lab compare bootstrap pack contest-eval
+.PHONY: help run test lab compare bootstrap pack contest-eval clean
+.DEFAULT_GOAL := help
+
+help:
+	@echo 'make run [PROFILE=auto|smoke|full] [NOTEBOOKS=all|01,02] [SOLUTIONS=a.json,kit/] [RUN_ARGS=--solutions-may-fail]   the notebooks'
+	@echo 'make test [PYTEST_ARGS="-rs --durations=15"]   bootstrap, run the whole test suite'
+	@echo 'make lab [LAB_ARGS=...]                         JupyterLab on notebooks/ with this environment'
+	@echo 'make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]   compare two GPUs'\'' results'
+	@echo 'make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]   our kernels as a solution'
+	@echo 'make contest-eval [SOLUTIONS=...] [CONTEST_ARGS="--ops decode"]   flashinfer-bench on ours, baseline, SOLUTIONS'
+	@echo 'make bootstrap                                  only build the environment; prints its python'
+	@echo 'make clean [CLEAN_VENV=1]                       delete results/smoke, build/, caches (and .venv with CLEAN_VENV=1)'
+
+clean:
+	rm -rf results/smoke build .pytest_cache
+	find . -path ./.venv -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +
+	$(if $(CLEAN_VENV),rm -rf .venv)
 
 bootstrap:
 	@scripts/bootstrap.sh

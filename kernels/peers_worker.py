@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import faulthandler
 import json
 import os
 import subprocess
@@ -97,7 +98,9 @@ class PeerWorker:
             [self.python, "-m", "kernels.peers_worker", "--peers-module", self.peers_module],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             cwd=str(_REPO_ROOT), env=worker_env(site), bufsize=1)
-        threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, args=(self.proc.stderr,),
+                                         daemon=True)
+        self._drainer.start()
         return self
 
     def _drain(self, stream):
@@ -105,7 +108,14 @@ class PeerWorker:
             self._stderr.append(line.rstrip())
 
     def stderr_tail(self, n: int = 15) -> str:
-        return "\n".join(list(self._stderr)[-n:])
+        """The last ``n`` lines the worker wrote to stderr (a dead worker's: all of them,
+        once its pipe is drained)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self._drainer.join(timeout=5)
+        # (faulthandler's list of loaded extension modules is one long line of noise)
+        lines = [ln for ln in self._stderr
+                 if ln.strip() and not ln.startswith("Extension modules:")][-n:]
+        return "\n".join(lines) if lines else "(empty)"
 
     def request(self, msg: dict) -> dict:
         """Send ``msg``, return the response; :class:`WorkerError` if the worker fails."""
@@ -387,6 +397,8 @@ def main(argv=None) -> int:
                                  description="serve prefill peers over stdin/stdout (JSON lines)")
     ap.add_argument("--peers-module", default="kernels.peers")
     args = ap.parse_args(argv)
+    # a fatal signal (abort, segfault) prints the Python stack to stderr: the reason's tail
+    faulthandler.enable()
     # the protocol keeps the real stdout; whatever else prints (Python or C) goes to stderr
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

@@ -137,13 +137,14 @@ TARGET_RATIO = 0.9
 
 def ratio_table(times: pd.DataFrame, method: Optional[str] = None) -> pd.DataFrame:
     """Per shape (with ``method``, default the first timed): each implementation's
-    median, the fastest peer, ``ours / fastest peer`` and whether it meets the 0.9 target."""
+    median (one column per ``label``), the fastest of the others (peers and solutions),
+    ``ours / fastest peer`` and whether it meets the 0.9 target."""
     t = times[times.kernel.fillna("") == ""] if "kernel" in times else times
     if t.empty:
         return pd.DataFrame()
     method = method or t.method.iloc[0]
     t = t[t.method == method]
-    wide = t.pivot_table(index=["lens", "T", "N"], columns="impl", values="median_us",
+    wide = t.pivot_table(index=["lens", "T", "N"], columns="label", values="median_us",
                          sort=False)
     peers = [c for c in wide.columns if c != "ours"]
     out = wide.reset_index()
@@ -219,7 +220,7 @@ def untimed_note(folder: Path) -> str:
     items = []
     for r in bad.itertuples(index=False):
         why = str(r.reason).splitlines()[0].split(". ")[0][:90] if isinstance(r.reason, str) else ""
-        items.append(f"{r.impl} at {r.lens}: {r.status}" + (f" ({why})" if why else ""))
+        items.append(f"{r.label} at {r.lens}: {r.status}" + (f" ({why})" if why else ""))
     return " Not timed (—): " + "; ".join(items) + "."
 
 

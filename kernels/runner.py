@@ -2,6 +2,7 @@
 
     python -m kernels.runner --profile auto|smoke|full --notebooks all|01,03
                              [--output-root DIR] [--device auto|cuda|cpu]
+                             [--solutions a.json,kit/] [--solutions-may-fail]
                              [-p NAME=VALUE ...] [--fail-fast] [--list]
 
 Profiles are YAML files (``kernels/profiles/{smoke,full}.yaml``, or a path):
@@ -13,6 +14,19 @@ a CUDA GPU and ``smoke`` otherwise. Parameters, later ones winning:
 2. the notebook's own dict — every name must be declared by the notebook;
 3. ``device``, ``output_root`` (absolute) and ``profile`` — always;
 4. ``-p NAME=VALUE`` from the command line (values parsed as YAML).
+
+``--solutions`` (``make run SOLUTIONS=...``, docs/solutions.md) are read before any
+notebook starts (a missing or malformed one: exit 2) and passed as ``solutions`` to every
+notebook declaring it. A profile's ``solution_shape`` maps an op to notebook stems and
+parameters: when the solutions of that op have a definition whose heads or head size
+(``gdn_<op>_qk<HQ>_v<HV>_d<D>_k_last``) differ from the notebook's shape, the notebook runs
+at the definition's shape with those parameters on top of its own (the smoke profile's
+are small enough for the interpreter), unless ``-p`` sets the shape.
+
+The run ends with a summary (:func:`summarize`): per notebook, every implementation that
+was unavailable, errored or failed the gate, with a one-line reason, and per requested
+solution where it passed. The exit status is non-zero when a notebook failed or when a
+requested solution never passed the gate (``--solutions-may-fail`` keeps it 0 for that).
 
 One run at a time per output root: the runner holds an exclusive lock on
 ``<output_root>/.runner.lock`` (``flock``: released by the OS however the run
@@ -70,6 +84,9 @@ NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 PROFILES = ("smoke", "full")
 ALWAYS = ("device", "output_root", "profile")
+OPS = ("decode", "prefill")
+#: the notebook parameters of a GDN shape, in the order of a definition's name (qk, v, d)
+SHAPE_PARAMS = ("num_q_heads", "num_v_heads", "head_dim")
 KERNEL_NAME = "python3"
 _STEM = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
 
@@ -209,6 +226,14 @@ def load_profile(profile: str) -> dict:
     defaults = data.pop("defaults", None) or {}
     if not isinstance(defaults, dict):
         raise RunnerError(f"{path}: 'defaults' must be a mapping")
+    variant = data.pop("solution_shape", None) or {}
+    ok = isinstance(variant, dict) and set(variant) <= set(OPS)
+    for stems in (variant.values() if ok else ()):
+        ok = ok and isinstance(stems, dict) and all(
+            _STEM.match(str(k)) and isinstance(x, (dict, type(None))) for k, x in stems.items())
+    if not ok:
+        raise RunnerError(f"{path}: 'solution_shape' maps an op ({', '.join(OPS)}) to "
+                          f"notebook stems and their parameters")
     notebooks = {}
     for stem, params in data.items():
         if not _STEM.match(str(stem)):
@@ -218,7 +243,9 @@ def load_profile(profile: str) -> dict:
             raise RunnerError(f"{path}: {stem} must map parameter names to values")
         notebooks[str(stem)] = params or {}
     name = path.stem if path.parent == PROFILE_DIR else str(path)
-    return {"name": name, "path": path, "defaults": defaults, "notebooks": notebooks}
+    return {"name": name, "path": path, "defaults": defaults, "notebooks": notebooks,
+            "solution_shape": {op: {str(k): x or {} for k, x in v.items()}
+                               for op, v in variant.items()}}
 
 
 def notebook_parameters(path: Path) -> Dict[str, dict]:
@@ -412,6 +439,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma list of flashinfer-bench solution JSONs / starter-kit folders, "
                         "passed as the 'solutions' parameter to every notebook declaring it "
                         "(each keeps those of its op; docs/solutions.md)")
+    p.add_argument("--solutions-may-fail", action="store_true",
+                   help="exit 0 even when a solution of --solutions never passed the gate "
+                        "(exploratory runs); the summary still lists it")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failing notebook")
     p.add_argument("--log-output", action="store_true", help="stream cell output to the terminal")
     p.add_argument("--no-progress", action="store_true", help="no papermill progress bar")
@@ -428,7 +458,8 @@ def _plan(args) -> tuple:
         raise RunnerError(f"profile {profile['name']} sets no output_root; pass --output-root")
     overrides = _parse_overrides(args.param)
     solutions = _solution_paths(args.solutions)
-    plans = []
+    shapes = solution_shapes(solutions)
+    plans, notes = [], []
     for stem, path in notebooks.items():
         declared = notebook_parameters(path)
         missing = [n for n in ALWAYS if n not in declared]
@@ -438,13 +469,34 @@ def _plan(args) -> tuple:
         params = build_parameters(stem, declared, profile, device=args.device,
                                   output_root=Path(root).resolve(), overrides=overrides)
         if solutions and "solutions" in declared:
-            params["solutions"] = solutions
+            params["solutions"] = [p for p, _ in solutions]
+        for op, (shape, names) in shapes.items():
+            variant = profile["solution_shape"].get(op, {})
+            if stem not in variant or set(SHAPE_PARAMS) & set(overrides):
+                continue   # not a notebook of this op, or -p chose the shape
+            if tuple(params.get(k) for k in SHAPE_PARAMS) == shape:
+                continue
+            unknown = sorted(set(variant[stem]) - set(declared))
+            if unknown:
+                raise RunnerError(f"profile {profile['name']}: solution_shape.{op}.{stem} sets "
+                                  f"{', '.join(unknown)}, which the notebook does not declare")
+            params = build_parameters(stem, declared, profile, device=args.device,
+                                      output_root=Path(root).resolve(),
+                                      overrides={**variant[stem], **dict(zip(SHAPE_PARAMS, shape)),
+                                                 **overrides})
+            params["solutions"] = [p for p, _ in solutions]
+            notes.append(f"{stem}: at the shape of {', '.join(names)} (HQ={shape[0]} "
+                         f"HV={shape[1]} D={shape[2]})" + (
+                             f", with the values of profile {profile['name']}'s "
+                             f"solution_shape.{op}" if variant[stem] else ""))
         plans.append((stem, path, declared, params))
-    return profile, Path(root).resolve(), plans
+    return profile, Path(root).resolve(), plans, notes, solutions
 
 
-def _solution_paths(text: str) -> List[str]:
-    """``--solutions a.json,dir/`` -> absolute paths; a missing one is an error."""
+def _solution_paths(text: str) -> List[tuple]:
+    """``--solutions a.json,dir/`` -> ``[(absolute path, SolutionSource)]``, each read (not
+    run: :func:`kernels.contest.loader.read_solution`); a missing or malformed one is an
+    error before any notebook starts."""
     out = []
     for item in (x.strip() for x in str(text or "").split(",")):
         if not item:
@@ -453,12 +505,32 @@ def _solution_paths(text: str) -> List[str]:
         if not path.exists():
             raise RunnerError(f"--solutions: {item} does not exist (a solution JSON or a "
                               "starter-kit folder)")
-        out.append(str(path))
+        from .contest.loader import SolutionError, read_solution
+
+        try:
+            out.append((str(path), read_solution(path)))
+        except SolutionError as e:
+            raise RunnerError(f"--solutions: {e}") from None
     return out
 
 
-def _list(profile, root, plans) -> None:
+def solution_shapes(solutions: Sequence[tuple]) -> Dict[str, tuple]:
+    """``op -> ((HQ, HV, D), [names])`` of the solutions' definitions; solutions of one op
+    with two shapes are an error (a notebook runs one shape)."""
+    out: Dict[str, tuple] = {}
+    for _, src in solutions:
+        shape, names = out.setdefault(src.op, (src.shape, []))
+        if src.shape != shape:
+            raise RunnerError(f"--solutions: {src.name} ({src.definition}) and {names[0]} are "
+                              f"{src.op} solutions of two shapes; run them separately")
+        names.append(src.name)
+    return out
+
+
+def _list(profile, root, plans, notes) -> None:
     print(f"profile {profile['name']} ({profile['path']}), output root {root}")
+    for line in notes:
+        print(line)
     for stem, path, declared, params in plans:
         print(f"\n{stem}  ({path})")
         for name, info in declared.items():
@@ -478,12 +550,12 @@ def _exit_on_sigterm(signum, frame):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        profile, root, plans = _plan(args)
+        profile, root, plans, notes, solutions = _plan(args)
     except RunnerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.list:
-        _list(profile, root, plans)
+        _list(profile, root, plans, notes)
         return 0
     try:
         lock = RunLock(root).acquire()
@@ -495,7 +567,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:
-        return _run_all(args, profile, root, plans)
+        return _run_all(args, profile, root, plans, notes, solutions)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -504,7 +576,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lock.release()
 
 
-def _run_all(args, profile, root, plans) -> int:
+def _run_all(args, profile, root, plans, notes, solutions) -> int:
     from .bench.results import sweep_leftovers
 
     _prepare_environment()
@@ -514,6 +586,8 @@ def _run_all(args, profile, root, plans) -> int:
         print(line, flush=True)
     print(f"profile {profile['name']}, device {args.device}, gpu {slug}, results in {out_dir}; "
           f"notebooks: {', '.join(stem for stem, *_ in plans)}", flush=True)
+    for line in notes:
+        print(line, flush=True)
     results: List[RunResult] = []
     for stem, path, _, params in plans:
         print(f"\n== {stem}", flush=True)
@@ -526,12 +600,106 @@ def _run_all(args, profile, root, plans) -> int:
             print(f"  html: {res.html}")
         if not res.ok and args.fail_fast:
             break
+    return summarize(results, len(plans), out_dir, solutions,
+                     solutions_may_fail=args.solutions_may_fail)
+
+
+# --------------------------------------------------------------------------- summary
+
+_BAD = ("unavailable", "error", "fail")
+
+
+def notebook_outcomes(folder: Path) -> dict:
+    """What a notebook's result folder says about its implementations: ``{"problems":
+    [(label, status, line)], "passed": {label}, "solutions": [provenance rows]}``.
+
+    ``problems``: every label with rows ``unavailable``, ``error`` or ``fail`` in the
+    folder's gate tables (``*gate.csv`` with ``label`` and ``status`` columns: not, say,
+    notebook 04's hard-input accuracy table, where a failure is a finding), one line each:
+    the status, at how many of its points, and the first reason. ``passed``: the labels
+    with a ``pass`` row. ``solutions``: the provenance's ``solutions`` entries.
+    """
+    import csv
+
+    rows: Dict[str, Dict[str, list]] = {}
+    for path in sorted(Path(folder).glob("*gate.csv")):
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            if not {"label", "status"} <= set(reader.fieldnames or ()):
+                continue
+            for row in reader:
+                rows.setdefault(row["label"], {}).setdefault(row["status"], []).append(
+                    (row.get("reason") or "").strip())
+    problems = []
+    for label, by in rows.items():
+        total = sum(len(v) for v in by.values())
+        for status in _BAD:
+            if status in by:
+                reason = next((r for r in by[status] if r), "no reason given")
+                where = "everywhere" if len(by[status]) == total else \
+                    f"at {len(by[status])} of {total} points"
+                problems.append((label, status, f"{label}: {status} {where}: "
+                                 f"{reason if len(reason) <= 240 else reason[:237] + '...'}"))
+    try:
+        prov = json.loads((Path(folder) / "provenance.json").read_text())
+        sols = prov.get("experiment", {}).get("solutions") or []
+    except (OSError, ValueError):
+        sols = []
+    passed = {label for label, by in rows.items() if "pass" in by}
+    return {"problems": problems, "passed": passed, "solutions": sols}
+
+
+def _is_origin_of(origin: str, path: str) -> bool:
+    """Whether a provenance ``origin`` (the JSON, or the folder's config.toml) is ``path``."""
+    return bool(origin) and (origin == path or str(Path(origin).parent) == path)
+
+
+def summarize(results: Sequence[RunResult], planned: int, out_dir: Path,
+              solutions: Sequence[tuple] = (), *, solutions_may_fail: bool = False) -> int:
+    """Print the end-of-run summary and return the exit status.
+
+    Per notebook: ok or failed, then every implementation that was unavailable, errored
+    or failed the gate (:func:`notebook_outcomes`). Per requested solution: the notebooks
+    that gated it and whether it passed. Non-zero when a notebook failed or did not run,
+    or (unless ``solutions_may_fail``) when a requested solution never passed the gate in
+    any notebook: unavailable there, erroring, failing, or run by no selected notebook.
+    """
+    print("\n== summary", flush=True)
+    outcomes = {}
+    for r in results:
+        print(f"{r.stem}: {'ok' if r.ok else 'FAILED'} ({r.seconds:.0f} s)", flush=True)
+        if not r.ok:
+            print(f"  {r.message}", flush=True)
+        folder = Path(out_dir) / r.stem
+        if r.ok and folder.is_dir():
+            outcomes[r.stem] = notebook_outcomes(folder)
+            for _, _, line in outcomes[r.stem]["problems"]:
+                print(f"  {line}", flush=True)
+    never = []
+    for path, src in solutions:
+        seen = [(stem, s["label"], s["label"] in o["passed"]) for stem, o in outcomes.items()
+                for s in o["solutions"] if _is_origin_of(s.get("origin", ""), path)]
+        if not seen:
+            line = f"solution {src.name}: not gated (no notebook of this run gated its op, {src.op})"
+        else:
+            line = f"solution {src.name}: " + "; ".join(
+                f"{'passed' if ok else 'never passed'} in {stem}" for stem, _, ok in seen)
+        print(line, flush=True)
+        if not any(ok for *_, ok in seen):
+            never.append(src.name)
     failed = [r for r in results if not r.ok]
-    print(f"\n{len(results) - len(failed)}/{len(plans)} notebooks ok" +
+    print(f"\n{len(results) - len(failed)}/{planned} notebooks ok" +
           (f"; failed: {', '.join(r.stem for r in failed)}" if failed else ""), flush=True)
+    if never:
+        print(f"{len(never)} of {len(solutions)} requested solution"
+              f"{'s' if len(solutions) != 1 else ''} never passed the gate: "
+              f"{', '.join(never)}" + (" (--solutions-may-fail: exit status 0 for them)"
+                                        if solutions_may_fail else ""), flush=True)
     for r in failed:
         print(f"FAILED {r.message}", file=sys.stderr)
-    return 1 if failed or len(results) < len(plans) else 0
+    if failed or len(results) < planned:
+        return 1
+    return 1 if never and not solutions_may_fail else 0
 
 
 if __name__ == "__main__":

@@ -123,6 +123,15 @@ def test_conclusion_lists_gate_failures():
     md = dx.conclusion_markdown(dict(times=times, gate=gate))
     assert "failing (not timed): torch" in md
     assert "Not available here: flashinfer" in md
+    # one of a kind is singular: "2 implementations ran", "torch (1 failing point"
+    assert "**Gate:** 2 implementations ran" in md and "torch (1 failing point, " in md
+
+
+def test_plural():
+    from kernels.experiments.common import plural
+
+    assert [plural(n, "segment") for n in (0, 1, 2)] == ["0 segments", "1 segment", "2 segments"]
+    assert plural(1, "gate set") == "1 gate set" and plural(3, "index", "indices") == "3 indices"
 
 
 def _sweep():
@@ -226,6 +235,7 @@ def test_crossover_points_and_mixed_lens():
     assert pts == [("B=1", "1", [1]), ("B=1", "6", [6]), ("mixed N=4", "0+0+0+1", [0, 0, 0, 1]),
                    ("mixed N=4", "3+1+0+2", [3, 1, 0, 2])]
     assert len(px.crossover_points(dict(crossover_lengths=[2], crossover_batch=1))) == 1
+    assert px.crossover_points(dict(crossover_lengths=[], crossover_batch=4)) == []  # no section
     with pytest.raises(ValueError, match="crossover_lengths"):
         px.crossover_points(dict(crossover_lengths=[0, 4], crossover_batch=2))
     with pytest.raises(ValueError, match="crossover_batch"):

@@ -15,10 +15,10 @@ def _times():
                                  ("4x8192", 32768, 4, 280.0)):
             t = base * (f if lens == "131072" else 1.2 if impl == "flashqla" else f)
             rows.append(dict(impl=impl, lens=lens, T=T, N=N, method="graph", median_us=t,
-                             p20_us=t, p80_us=t, n=10, kernel="", role="", gpu="G"))
+                             p20_us=t, p80_us=t, n=10, kernel="", role="", gpu="G", label=impl))
     rows.append(dict(impl="ours", lens="8192", T=8192, N=1, method="kernel", median_us=40.0,
                      p20_us=40.0, p80_us=40.0, n=3, kernel="intra_chunk_kernel",
-                     role="intra-chunk", gpu="G"))
+                     role="intra-chunk", gpu="G", label="ours"))
     return pd.DataFrame(rows)
 
 
@@ -156,3 +156,16 @@ def test_gate_dependence_names_an_untimed_cell():
                                        times=_times(), gates=df))
     assert "200: ours 10.0 µs / not timed (gate fail)." in text
     assert xs.plot_gate_dependence(df) is not None
+
+
+def test_ratio_panel_shows_the_target_when_ours_is_orders_slower():
+    """On the CPU interpreter ours is ~1,000x a python solution: the ours / fastest peer
+    panel goes logarithmic, so the 1 and 0.9 lines stay apart and visible."""
+    from test_figures import audit_figure
+
+    t = _times()
+    t.loc[t.label == "ours", "median_us"] *= 1000
+    fig = xs.plot_time_vs_T(t)
+    assert fig.axes[1].get_yscale() == "log"
+    assert audit_figure(fig, "time_vs_T") == []
+    assert xs.plot_time_vs_T(_times()).axes[1].get_yscale() == "linear"

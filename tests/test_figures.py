@@ -1,6 +1,8 @@
 """Every figure a notebook draws from its CSVs (:data:`kernels.experiments.redraw.FIGURES`)
 is one a reviewer can paste: a title, labelled axes (times in the suite's one unit, µs),
-no empty panel, no legend over data, at most 1,400 px wide inline (100 px per inch).
+no empty panel, no legend over data, no series hidden under another, at most
+:data:`~kernels.experiments.common.MAX_FIGURE_WIDTH_IN` (11.5 in, docs/notebooks.md) wide
+as saved (tight bounding box, legends included).
 
 Drawn here from the committed GPU results (every figure has data there); the smoke run
 of ``test_notebooks_smoke.py`` audits the same figures on smoke data.
@@ -13,12 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernels.experiments.common import MAX_FIGURE_WIDTH_IN
 from kernels.experiments.redraw import FIGURES, draw
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_FOLDERS = sorted(p for p in (ROOT / "results").glob("nvidia-*") if p.is_dir())
 AUDITED = ROOT / "results" / "nvidia-h200"   # its CSVs draw every figure of FIGURES
-MAX_INLINE_PX = 1400
+HIDDEN_PX = 1.5   # a series whose every point lies this close to another's is drawn under it
+HIDDEN_DIFF = 0.25  # ... hiding a real difference when their values differ by more than this
 
 
 def _numeric(labels) -> bool:
@@ -35,9 +39,9 @@ def audit_figure(fig, name: str) -> list:
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     problems = []
-    width = fig.get_tightbbox(renderer).width * 100
-    if width > MAX_INLINE_PX:
-        problems.append(f"{width:.0f} px wide inline (> {MAX_INLINE_PX})")
+    width = fig.get_tightbbox(renderer).width   # inches, as savefig(bbox_inches="tight")
+    if width > MAX_FIGURE_WIDTH_IN + 0.05:
+        problems.append(f"{width:.1f} in wide (> {MAX_FIGURE_WIDTH_IN})")
     sup = fig._suptitle.get_text() if fig._suptitle is not None else ""
     axes = [ax for ax in fig.axes if ax.axison and ax.get_visible()
             and not hasattr(ax, "_colorbar")]   # a colour bar is labelled by its panel's title
@@ -64,6 +68,7 @@ def audit_figure(fig, name: str) -> list:
             if re.search(r"\btime per call\b|\btime \(", lab) and "/" not in lab \
                     and "µs" not in lab:   # a ratio of times has no unit
                 problems.append(f"{where}: {lab!r} names a time without its unit (µs)")
+        problems += [f"{where}: {p}" for p in _hidden_series(ax) + _hidden_references(ax)]
         leg = ax.get_legend()
         if leg is not None:
             box = leg.get_window_extent(renderer)
@@ -83,6 +88,62 @@ def audit_figure(fig, name: str) -> list:
     return problems
 
 
+def _hidden_series(ax) -> list:
+    """Labelled lines of ``ax`` whose every point is drawn within :data:`HIDDEN_PX` of a
+    point of another labelled line although their values differ (by more than
+    :data:`HIDDEN_DIFF`, relative, somewhere): the axis hides the difference, as a linear
+    axis does to values that differ by orders (a log axis or a panel of its own shows
+    it). Equal values drawn on top of each other are the truth, not flagged."""
+    from matplotlib.lines import Line2D
+
+    pts = {}
+    for ln in ax.lines:
+        if not isinstance(ln, Line2D) or ln.get_label().startswith("_") \
+                or ln.get_transform() != ax.transData:
+            continue
+        xy = np.column_stack([np.asarray(ln.get_xdata(), float),
+                              np.asarray(ln.get_ydata(), float)])
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        if len(xy):
+            pts[ln.get_label()] = (xy[:, 1], ax.transData.transform(xy))
+    out = []
+    for a, (ya, pa) in pts.items():
+        for b, (yb, pb) in pts.items():
+            if a == b:
+                continue
+            d = np.sqrt(((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1))
+            near = d.argmin(axis=1)
+            if not (d.min(axis=1) < HIDDEN_PX).all():
+                continue
+            y1, y2 = np.abs(ya), np.abs(yb[near])
+            rel = np.abs(ya - yb[near]) / np.maximum(np.maximum(y1, y2), 1e-300)
+            if (rel > HIDDEN_DIFF).any():
+                out.append(f"{a!r} hidden under {b!r}")
+                break
+    return out
+
+
+def _hidden_references(ax) -> list:
+    """Horizontal reference lines (``axhline``: a target, 1.0) outside the y range, or two
+    of different values drawn within :data:`HIDDEN_PX` of each other (a 0.9 target beside
+    1.0 on a 0-1,250 linear axis)."""
+    refs = []
+    for ln in ax.lines:
+        y = np.asarray(ln.get_ydata(), float)
+        if ln.get_transform() == ax.transData or len(y) != 2 or y[0] != y[1]:
+            continue   # not an axhline
+        refs.append(float(y[0]))
+    lo, hi = sorted(ax.get_ylim())
+    out = [f"reference line y={y:g} outside the axis ({lo:g}..{hi:g})"
+           for y in refs if not lo <= y <= hi]
+    px = {y: float(ax.transData.transform((0, y))[1]) for y in refs if lo <= y <= hi}
+    for a in px:
+        for b in px:
+            if a < b and abs(px[a] - px[b]) < HIDDEN_PX:
+                out.append(f"reference lines y={a:g} and y={b:g} drawn on top of each other")
+    return out
+
+
 CASES = [pytest.param(AUDITED / stem, id=stem) for stem in FIGURES if (AUDITED / stem).is_dir()]
 
 
@@ -95,27 +156,34 @@ def test_committed_figures_read_well(folder):
 
 
 def test_audit_catches_what_the_issue_found():
-    """The audit itself: an untitled empty panel, a time in ms, a legend over data, too wide."""
+    """The audit itself: an untitled empty panel, a time in ms, a legend over data, too wide,
+    a series hidden under another."""
     from kernels.experiments.common import new_figure
 
     fig, axes = new_figure(1, 2, panel=(5.0, 3.0))
     axes[0][0].plot(np.arange(10), np.arange(10), label="a line")
+    axes[0][0].plot(np.arange(10), np.arange(10) * 1.001, label="its twin")   # equal: fine
+    axes[0][0].plot(np.arange(10), np.full(10, 1e-3), label="tiny")
+    axes[0][0].plot(np.arange(10), np.full(10, 1e-2), label="small")       # 10x tiny, same px
+    axes[0][0].axhline(0.0, color="k")
+    axes[0][0].axhline(0.009, color="k", ls="--")                         # a target beside it
     axes[0][0].legend(loc="center")
     axes[0][0].set_xlabel("x (tokens)")
     axes[0][0].set_ylabel("time per call (ms)")
     axes[0][1].text(0.5, 0.5, "nothing")
     p = " | ".join(audit_figure(fig, "t"))
     assert "no title" in p and "panel 1 (untitled): empty" in p and "in ms" in p
-    assert "legend covers" in p
+    assert "legend covers" in p and "'tiny' hidden under 'small'" in p and "under 'a line'" not in p
+    assert "reference lines y=0 and y=0.009 drawn on top of each other" in p
     from matplotlib.figure import Figure
 
-    wide = Figure(figsize=(20, 3))
+    wide = Figure(figsize=(16, 3))
     ax = wide.subplots()
     ax.plot([1, 2], [1, 2])
     ax.set_xlabel("x (tokens)")
     ax.set_ylabel("y (µs)")
     wide.suptitle("wide")
-    assert any("px wide" in q for q in audit_figure(wide, "w"))
+    assert any("in wide (> 11.5)" in q for q in audit_figure(wide, "w"))
 
 
 def test_redraw_command_writes_the_figures(tmp_path, capsys):

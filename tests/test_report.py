@@ -59,9 +59,12 @@ def test_scaling_targets_against_the_fastest_peer(tmp_path):
     rows = []
     for impl, a, b in [("flashqla", 700.0, 140.0), ("flashinfer", 800.0, 130.0),
                        ("fla (triton)", 3000.0, 260.0), ("ours", 900.0, 110.0)]:
-        rows.append(dict(impl=impl, lens="131072", T=131072, N=1, method="graph", median_us=a))
-        rows.append(dict(impl=impl, lens="8192", T=8192, N=1, method="graph", median_us=b))
-        rows.append(dict(impl=impl, lens="8192", T=8192, N=1, method="kernel", median_us=1.0))
+        rows.append(dict(impl=impl, label=impl, lens="131072", T=131072, N=1, method="graph",
+                         median_us=a))
+        rows.append(dict(impl=impl, label=impl, lens="8192", T=8192, N=1, method="graph",
+                         median_us=b))
+        rows.append(dict(impl=impl, label=impl, lens="8192", T=8192, N=1, method="kernel",
+                         median_us=1.0))
     pd.DataFrame(rows).to_csv(gpu / "04_prefill_scaling" / "prefill_scaling.csv", index=False)
     s = scaling_targets(gpu).set_index("lens")
     assert list(s.index) == ["8192", "131072"]                 # by total tokens
@@ -96,8 +99,8 @@ def test_triton_versions_table_and_untimed_note(tmp_path):
 
     assert untimed_note(gpu) == ""   # no notebook 04 gate
     (gpu / "04_prefill_scaling").mkdir()
-    pd.DataFrame([dict(impl="ours", lens="8", status="pass", reason=""),
-                  dict(impl="peer", lens="1048576", status="error",
+    pd.DataFrame([dict(label="ours", impl="ours", lens="8", status="pass", reason=""),
+                  dict(label="peer", impl="peer", lens="1048576", status="error",
                        reason="OutOfMemoryError: CUDA out of memory. Tried 4 GiB\nmore")]
                  ).to_csv(gpu / "04_prefill_scaling" / "gate.csv", index=False)
     assert untimed_note(gpu) == (" Not timed (—): peer at 1048576: error "

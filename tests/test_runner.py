@@ -255,3 +255,31 @@ def test_shipped_profiles_match_the_notebooks(name):
     for stem, names in declared.items():
         assert stem in prof["notebooks"], f"{name}.yaml has no entry for {stem}"
         assert {"device", "output_root", "profile"} <= names, stem
+    # the contest-shape variant: notebooks that take solutions and a shape, known names only
+    assert set(prof["solution_shape"]) == {"decode", "prefill"}
+    for op, stems in prof["solution_shape"].items():
+        for stem, params in stems.items():
+            if stem in declared:
+                assert {"solutions", *runner.SHAPE_PARAMS} <= declared[stem], stem
+                unknown = set(params) - declared[stem]
+                assert not unknown, f"{name}.yaml: solution_shape.{op}.{stem} sets {unknown}"
+
+
+def test_solutions_of_another_shape_switch_the_notebook(capsys):
+    """``--solutions`` with the contest's d128 definitions: the smoke profile's notebooks of
+    that op move to the definition's shape with its ``solution_shape`` values (shown by
+    ``--list``, nothing run); ``-p`` on the shape keeps the profile's."""
+    fix = ROOT / "tests" / "fixtures" / "solutions"
+    argv = ["--profile", "smoke", "--notebooks", "01,03", "--list",
+            "--solutions", f"{fix / 'py_decode.json'},{fix / 'py_prefill'}"]
+    assert runner.main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("01_decode_crossover: at the shape of fixture-py-decode-json (HQ=4 HV=8 D=128), "
+            "with the values of profile smoke's solution_shape.decode") in out
+    nb01 = out[out.index("\n01_decode_crossover  ("):out.index("\n03_ncu_instruction_counts  (")]
+    for line in ("* head_dim: int = 128", "* num_v_heads: int = 8", "* batch_sizes: list = [1]"):
+        assert line in nb01
+    assert "03_ncu_instruction_counts: at the shape" not in out   # no shape to move
+    assert runner.main(argv + ["-p", "head_dim=32"]) == 0
+    out = capsys.readouterr().out
+    assert "at the shape of" not in out and "* head_dim: int = 32" in out

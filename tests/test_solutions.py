@@ -414,9 +414,25 @@ def test_ncu_target_and_notebook03_targets_take_solutions():
 def test_runner_solutions_option(tmp_path):
     from kernels.runner import RunnerError, _solution_paths
 
-    assert _solution_paths(f"{PY}, ") == [str(PY.resolve())]
+    [(path, src)] = _solution_paths(f"{PY}, ")
+    assert path == str(PY.resolve()) and (src.name, src.op, src.shape) == (
+        "fixture-py-decode", "decode", (4, 8, 128))
     with pytest.raises(RunnerError, match="--solutions: .*missing.json does not exist"):
         _solution_paths(str(tmp_path / "missing.json"))
+    bad = _json(tmp_path, name="no-def", drop=("definition",))
+    with pytest.raises(RunnerError, match="--solutions: .*no-def.json: missing field 'definition'"):
+        _solution_paths(str(bad))
+
+
+def test_runner_refuses_two_shapes_of_one_op(tmp_path):
+    from kernels.runner import RunnerError, _solution_paths, solution_shapes
+
+    small = _json(tmp_path, name="small", definition="gdn_decode_qk2_v4_d32_k_last")
+    sols = _solution_paths(f"{PY},{small}")
+    with pytest.raises(RunnerError, match="small .* and fixture-py-decode are decode solutions "
+                                          "of two shapes"):
+        solution_shapes(sols)
+    assert solution_shapes(sols[:1]) == {"decode": ((4, 8, 128), ["fixture-py-decode"])}
 
 
 def test_our_packed_triton_solution_through_the_loader(tmp_path):
@@ -427,3 +443,23 @@ def test_our_packed_triton_solution_through_the_loader(tmp_path):
     # a Triton solution runs where Triton does: the GPU when there is one, else the interpreter
     x = make_decode_inputs(2, seed=3, device="cuda" if torch.cuda.is_available() else "cpu")
     _passes(fn, x, decode_reference(**x))
+
+
+def test_prefill_scaling_rows_of_a_solution(tmp_path):
+    """Notebook 04 names a solution like every notebook: ``impl`` is ``solution``, ``label``
+    its name (gate and times), at the contest's shape."""
+    from kernels.experiments import prefill_scaling as xs
+
+    p = {q.name: q.default for q in xs.PARAMS}
+    p.update(device="cpu", profile="unit", output_root=str(tmp_path), shapes=["T2"],
+             impls=[], solutions=[str(FIX / "py_prefill")], methods=["cpu_wall"],
+             repetitions=1, warmup=0)
+    run = xs.start(p)
+    gate = xs.run_gate(run)
+    assert gate[["label", "impl", "status"]].values.tolist() == [
+        ["fixture-py-prefill", "solution", "pass"]]
+    times = xs.run_times(run, gate)
+    assert times[["label", "impl", "method"]].values.tolist() == [
+        ["fixture-py-prefill", "solution", "cpu_wall"]]
+    for fn in run.state["impls"].values():
+        fn.worker.close(kill=True)

@@ -182,6 +182,12 @@ class SolutionSource:
             return True
         return any(_STREAM_API_RE.search(c) for c in self.sources.values())
 
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """``(num_q_heads, num_v_heads, head_dim)`` of its definition's name."""
+        m = _DEF_RE.match(self.definition)
+        return int(m.group(2)), int(m.group(3)), int(m.group(4))
+
     def err(self, what: str, key: str) -> SolutionError:
         return SolutionError(f"{self.origin}: field {self.fields.get(key, key)!r}: {what}")
 

@@ -118,6 +118,16 @@ def _unique(label: str, taken: set) -> str:
     return out
 
 
+def _unavailable(name: str, reason: str, origin: str):
+    """A :class:`kernels.peers.Unavailable` that remembers the path it was asked for (the
+    provenance's ``origin``, by which the runner matches it to ``--solutions``)."""
+    from ..peers import Unavailable
+
+    out = Unavailable(name, reason)
+    out.origin = origin
+    return out
+
+
 def remote_solutions(explicit: Iterable[str], added: Iterable[str] = (), *, op: str,
                      taken: Iterable[str] = (), timeout_s: float = SOLUTION_TIMEOUT_S
                      ) -> Dict[str, object]:
@@ -129,17 +139,16 @@ def remote_solutions(explicit: Iterable[str], added: Iterable[str] = (), *, op: 
     kept only when their definition is ``op``'s (the runner passes them to every notebook).
     Labels are the solutions' names, made unique against ``taken`` (the other rows).
     """
-    from ..peers import Unavailable
-
     taken = set(taken)
     out: Dict[str, object] = {}
     todo = [(e, True) for e in explicit] + [(e, False) for e in added]
     for entry, must in todo:
         path = entry[len(SOLUTION_PREFIX):] if is_solution(entry) else entry
+        origin = str(Path(path).expanduser().resolve())
         try:
             src = read_solution(path, op if must else None)
         except (SolutionError, ValueError) as e:
-            out[_unique(Path(path).name or path, taken)] = Unavailable(path, str(e))
+            out[_unique(Path(path).name or path, taken)] = _unavailable(path, str(e), origin)
             continue
         if src.op != op:
             print(f"solution {src.name} ({src.origin}): a {src.op} solution, not used by "
@@ -153,11 +162,12 @@ def remote_solutions(explicit: Iterable[str], added: Iterable[str] = (), *, op: 
             st = worker.status([key])[key]
         except WorkerError as e:
             worker.close(kill=True)
-            out[label] = Unavailable(label, str(e))
+            out[label] = _unavailable(label, str(e), origin)
             continue
         if not st.get("available"):
             worker.close()
-            out[label] = Unavailable(label, st.get("reason", "the worker could not load it"))
+            out[label] = _unavailable(label, st.get("reason", "the worker could not load it"),
+                                      origin)
             continue
         out[label] = RemoteSolution(worker, key, src, version=st.get("version", ""))
     return out
@@ -198,5 +208,6 @@ def _version(name: str) -> str:
 
 def describe(sols: Dict[str, object]) -> List[dict]:
     """Provenance rows of :func:`remote_solutions`' result (unavailable ones with reason)."""
-    return [s.info() if hasattr(s, "info") else dict(label=k, available=False, reason=s.reason)
+    return [s.info() if hasattr(s, "info") else
+            dict(label=k, origin=getattr(s, "origin", ""), available=False, reason=s.reason)
             for k, s in sols.items()]

@@ -31,7 +31,7 @@ __all__ = [
     "Param", "COMMON_PARAMS", "render_param", "collect_params", "resolve_auto",
     "Run", "start_run",
     "new_figure", "fmt_us", "fmt_x", "gpu_name_of", "unique_in_order",
-    "progress", "figure_legend", "MAX_FIGURE_WIDTH_IN",
+    "progress", "figure_legend", "plural", "MAX_FIGURE_WIDTH_IN",
 ]
 
 # --------------------------------------------------------------------------- parameters
@@ -367,22 +367,37 @@ def start_run(stem: str, params: dict, slug: Optional[str] = None) -> Run:
 # --------------------------------------------------------------------------- figures & text
 
 
-#: widest figure (inches, before an outside legend): shown at 100 px per inch by
+#: widest figure (inches, as saved, legends and titles included): shown at 100 px per inch by
 #: :meth:`Run.show`, a figure stays within 1,400 px in JupyterLab
 MAX_FIGURE_WIDTH_IN = 11.5
 
 
+def _figure_class():
+    from matplotlib.figure import Figure
+
+    class SuiteFigure(Figure):
+        """A figure whose suptitle wraps at the figure's width (a title naming the GPU,
+        the methods and the interpreter's notes would otherwise widen the saved PNG past
+        :data:`MAX_FIGURE_WIDTH_IN`)."""
+
+        def suptitle(self, t, **kwargs):
+            kwargs.setdefault("wrap", True)
+            return super().suptitle(t, **kwargs)
+
+    return SuiteFigure
+
+
 def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(5.0, 3.6), squeeze=False, **kw):
     """A pyplot-free :class:`~matplotlib.figure.Figure` and its axes grid, panels
-    narrowed so the row fits :data:`MAX_FIGURE_WIDTH_IN`.
+    narrowed so the row fits :data:`MAX_FIGURE_WIDTH_IN`; its suptitle wraps at the
+    figure's width (constrained layout keeps :func:`figure_legend` inside it), so the saved
+    PNG stays within that width.
 
     Pyplot-free so a notebook shows each figure exactly once (``display(fig)``)
     and no figure stays alive in pyplot's registry.
     """
-    from matplotlib.figure import Figure
-
     width = min(panel[0] * ncols, MAX_FIGURE_WIDTH_IN)
-    fig = Figure(figsize=(width, panel[1] * nrows), layout="constrained")
+    fig = _figure_class()(figsize=(width, panel[1] * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=squeeze, **kw)
     return fig, axes
 
@@ -396,6 +411,12 @@ def figure_legend(fig, axes) -> None:
             seen.setdefault(lab, h)
     if seen:
         fig.legend(list(seen.values()), list(seen), loc="outside right center", fontsize=7)
+
+
+def plural(n, word: str, many: Optional[str] = None) -> str:
+    """``n`` and ``word`` in agreement: ``plural(1, "segment") == "1 segment"``,
+    ``plural(3, "segment") == "3 segments"`` (``many``: an irregular plural)."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
 
 
 def fmt_us(x: float) -> str:

@@ -45,7 +45,7 @@ from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_
 from kernels.bench.timing import CPU_WALL, method_available, time_each
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
-                     fmt_us, fmt_x, new_figure, progress, start_run, unique_in_order)
+                     fmt_us, fmt_x, new_figure, plural, progress, start_run, unique_in_order)
 
 from . import decode_replay as _replay
 from . import decode_serving as _serving
@@ -230,7 +230,8 @@ def run_gate(run: Run) -> pd.DataFrame:
     run.state["grid"] = grid
     rows = []
     sols = run.state["solutions"] = resolve_solutions(run)
-    for B in progress(p["batch_sizes"], f"gate: {len(p['impls'])} implementations per B", "B"):
+    n_impls = len([n for n in p["impls"] if not n.startswith("solution:")]) + len(sols)
+    for B in progress(p["batch_sizes"], f"gate: {plural(n_impls, 'implementation')} per B", "B"):
         inputs, ref = _inputs(run, B)
         for label in p["impls"]:
             if label.startswith("solution:"):
@@ -310,7 +311,9 @@ def run_sweep(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     passed = gate[(gate.label == "ours-adaptive") & (gate.status == PASS)]
     rows = []
-    for B in progress(p["batch_sizes"], f"sweep: {len(grid)} configs per B ({method})", "B"):
+    n_cfg = passed.groupby("B").config.nunique().max() if len(passed) else 0
+    for B in progress(p["batch_sizes"], f"sweep: up to {plural(int(n_cfg), 'config')} per B "
+                      f"({method})", "B"):
         inputs, _ = _inputs(run, B)
         good = set(passed[passed.B == B].config)
         for cfg in grid:
@@ -473,9 +476,11 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     methods = run.usable_methods(p["methods"])
     bw = _copy_bw(run) if methods else float("nan")
     rows = []
+    passed = set(gate[gate.status == PASS].label)
+    n_timed = len([n for n in p["impls"] if n in passed])
     for method in methods:
-        for B in progress(p["batch_sizes"], f"timing: {len(p['impls'])} implementations per B "
-                          f"({method})", "B"):
+        for B in progress(p["batch_sizes"], f"timing: {plural(n_timed, 'implementation')} "
+                          f"per B ({method})", "B"):
             inputs, ref = _inputs(run, B)
             fl = method_floor_us(run, method, B, shape, bw)
             for label in p["impls"]:
@@ -505,8 +510,9 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 rows += run.timed_rows(timings, f"{label} B={B}", dict(
                     impl=impl_of(label), config=cname, B=B, floor_us=fl, gpu=run.gpu, label=label))
     if methods and run.state.get("solutions"):
-        for B in progress(p["batch_sizes"], f"timing: {len(run.state['solutions'])} "
-                          f"solutions per B ({', '.join(methods)}), in their workers", "B"):
+        n_sols = len([n for n in run.state["solutions"] if n in passed])
+        for B in progress(p["batch_sizes"], f"timing: {plural(n_sols, 'solution')} per B "
+                          f"({', '.join(methods)}), in their workers", "B"):
             inputs, ref = _inputs(run, B)
             rows += _time_solutions(run, gate, methods, B, inputs, ref,
                                     {m: method_floor_us(run, m, B, shape, bw) for m in methods})
@@ -787,7 +793,9 @@ def plot_speedup(times: pd.DataFrame, baselines: Sequence[str]):
 
 
 def plot_bw_fraction(times: pd.DataFrame):
-    """Achieved fraction of device copy bandwidth (state bytes / time) vs B."""
+    """Achieved fraction of device copy bandwidth (state bytes / time) vs B, on a log
+    axis: the fractions differ by orders (a slow reference, small B), and on a linear
+    one the small ones lie on top of each other at 0."""
     if times is None or times.empty:
         return None
     methods = [m for m in unique_in_order(times.method) if m != "host"]   # not a GPU time
@@ -805,7 +813,11 @@ def plot_bw_fraction(times: pd.DataFrame):
             ax.plot(s.B, s.frac_of_copy_bw, marker="o", ms=3, label=label)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         _logx(ax, sorted(t.B.unique()))
-        ax.set_ylim(0, max(1.1, float(np.nanmax(t.frac_of_copy_bw.to_numpy(float), initial=0)) * 1.05))
+        v = t.frac_of_copy_bw.to_numpy(float)
+        v = v[np.isfinite(v) & (v > 0)]
+        if len(v):
+            ax.set_yscale("log")
+            ax.set_ylim(float(v.min()) / 2, max(1.5, float(v.max()) * 1.5))
         ax.set_xlabel("batch size B")
         ax.set_ylabel("state bytes / time ÷ copy bandwidth")
         ax.set_title(f"method: {method}", fontsize=9)
@@ -887,14 +899,14 @@ def _crossover_conclusion(dfs: Dict[str, pd.DataFrame]) -> str:
         failed = ran[ran.status != PASS]
         unav = unique_in_order(gate[gate.status == UNAVAILABLE].label)
         n_cfg = ran[ran.label == "ours-adaptive"].config.nunique()
-        txt = (f"**Gate:** {ran.label.nunique()} implementations ran at B ∈ "
+        txt = (f"**Gate:** {plural(ran.label.nunique(), 'implementation')} ran at B ∈ "
                f"{sorted(int(b) for b in gate.B.unique())}"
                + (f" (ours-adaptive over {n_cfg} configs)" if n_cfg > 1 else "") + "; ")
         if failed.empty:
             txt += "all passed the contest rule (atol = rtol = 1e-2)."
         else:
             fl = failed.groupby("label").apply(
-                lambda g: f"{g.name} ({len(g)} failing points, e.g. {g.config.iloc[0]} "
+                lambda g: f"{g.name} ({plural(len(g), 'failing point')}, e.g. {g.config.iloc[0]} "
                           f"B={g.B.iloc[0]}: {g.reason.iloc[0]})", include_groups=False)
             txt += "failing (not timed): " + "; ".join(fl) + "."
         if unav:

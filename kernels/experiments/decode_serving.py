@@ -342,8 +342,10 @@ def plot_serving_tokens(times: pd.DataFrame):
     ax, ar, ap = (list(axes[0]) + [None])[:3]
     Bs = sorted(t.B.unique())
     ours = t[(t.label == "ours") & (t.state_dtype == "float32")]
+    colors = {}   # (T, intermediate) -> the colour of ours at that T in both panels
     for T in sorted(ours["T"].unique()):
         line = _line(ax, ours[(ours["T"] == T) & ~ours.intermediate], f"ours T={T}")
+        colors[(T, False)] = colors[(T, True)] = line.get_color()
         inter = ours[(ours["T"] == T) & ours.intermediate]
         if len(inter):
             _line(ax, inter, f"ours T={T} +states", ls="--", color=line.get_color())
@@ -365,7 +367,11 @@ def plot_serving_tokens(times: pd.DataFrame):
             r = (num / base.set_index("B").median_us).dropna().sort_index()
             if len(r):
                 name = Case(label, "dense", T, dtype, bool(inter)).name
-                ar.plot(r.index, r.values, marker="o", ms=3, label=name)
+                key = (T, bool(inter)) if label == "ours" and dtype == "float32" else name
+                if key not in colors:   # a series of the right panel only: the next colour
+                    colors[key] = f"C{len(set(colors.values())) % 10}"
+                ar.plot(r.index, r.values, marker="o", ms=3, label=name,
+                        ls="--" if inter else "-", color=colors[key])
                 vals += list(r.values)
     _logx(ar, Bs)
     _ratio_axis(ar, vals)

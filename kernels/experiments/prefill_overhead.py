@@ -45,7 +45,7 @@ from kernels.bench.timing import time_each
 from kernels.spec import lens_label, parse_shape
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
-                     new_figure, progress, start_run, unique_in_order)
+                     new_figure, plural, progress, start_run, unique_in_order)
 
 STEM = "02_prefill_launch_overhead"
 #: The steps of the waterfall, in order; the token-recurrent variant joins the table after them.
@@ -200,7 +200,7 @@ def run_gate(run: Run) -> pd.DataFrame:
     impls = resolve_impls(run)
     run.state["impls"] = impls
     rows = []
-    for lab, lens in progress(run.state["shapes"], f"gate: {len(impls)} implementations per shape",
+    for lab, lens in progress(run.state["shapes"], f"gate: {plural(len(impls), 'implementation')} per shape",
                               "shape"):
         inputs, ref = _inputs(run, lab, lens)
         for label, (impl, variant, fn) in impls.items():
@@ -290,9 +290,10 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     methods = run.usable_methods(p["methods"])
     gantt_label = parse_shape(p["gantt_shape"])[0] if p["gantt_shape"] else None
     impls = run.state["impls"]
+    n_timed = len(set(impls) & set(gate[gate.status == PASS].label))
     rows = []
     for lab, lens in progress(run.state["shapes"], f"timelines + timing ({', '.join(methods)}) "
-                              f"of {len(impls)} implementations per shape", "shape"):
+                              f"of {plural(n_timed, 'implementation')} per shape", "shape"):
         inputs, _ = _inputs(run, lab, lens)
         for label, (impl, variant, fn) in impls.items():
             g = gate[(gate.label == label) & (gate.lens == lab)]
@@ -568,9 +569,10 @@ def mixed_lens(T: int, n: int) -> List[int]:
 def crossover_points(params: dict) -> List[Tuple[str, str, List[int]]]:
     """``(series, lens label, lens)`` of the recurrent-vs-chunked section: one sequence of
     every ``crossover_lengths`` entry, then (``crossover_batch > 1``) the mixed batch of the
-    same totals."""
+    same totals. No lengths, no section (the smoke profile's contest-shape variant: each
+    chunked call at D=128 takes seconds on the interpreter)."""
     Ts, n = params["crossover_lengths"], params["crossover_batch"]
-    if not Ts or any(not isinstance(T, int) or T < 1 for T in Ts):
+    if any(not isinstance(T, int) or T < 1 for T in Ts):
         raise ValueError(f"crossover_lengths must be ints >= 1, got {Ts}")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"crossover_batch must be an int >= 1, got {n}")
@@ -606,12 +608,15 @@ def run_crossover(run: Run) -> pd.DataFrame:
     only when there are any); returns the frame of every row (timings NaN where untimed)."""
     p = run.params
     points = crossover_points(p)
+    if not points:
+        run.skip("recurrent-vs-chunked section", "crossover_lengths is empty")
+        return pd.DataFrame(columns=CROSSOVER_COLUMNS)
     impls = _crossover_impls(run)
     method = p["crossover_method"]
     timed = bool(run.usable_methods([method]))
     rows = []
     for series, lab, lens in progress(points, f"recurrent vs chunked: gate + timing ({method}) "
-                                      f"of {len(impls)} implementations per point", "point"):
+                                      f"of {plural(len(impls), 'implementation')} per point", "point"):
         inputs, ref = _inputs(run, lab, lens)
         for label, impl, variant, fn in impls:
             row = dict(series=series, lens=lab, T=sum(lens), N=len(lens), longest=max(lens),
@@ -789,7 +794,8 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         ran = gate[gate.status != UNAVAILABLE]
         bad = ran[ran.status != PASS]
         unav = unique_in_order(gate[gate.status == UNAVAILABLE].label)
-        txt = (f"**Gate:** {ran.label.nunique()} implementations × {gate.lens.nunique()} shapes "
+        txt = (f"**Gate:** {plural(ran.label.nunique(), 'implementation')} × "
+               f"{plural(gate.lens.nunique(), 'shape')} "
                f"({', '.join(unique_in_order(gate.lens))}) against the float32 reference; ")
         if bad.empty:
             txt += "all passed (atol = rtol = 1e-2)."

@@ -45,7 +45,7 @@ from kernels.report import TARGET_RATIO, ratio_table
 from kernels.spec import parse_shape
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
-                     new_figure, progress, start_run, unique_in_order)
+                     new_figure, plural, progress, start_run, unique_in_order)
 from .prefill_overhead import gate_summary, plot_gate_errors  # noqa: F401
 
 STEM = "04_prefill_scaling"
@@ -101,7 +101,7 @@ PARAMS = COMMON_PARAMS + (
 )
 
 TIMES_COLUMNS = ["impl", "lens", "T", "N", "method", "median_us", "p20_us", "p80_us", "n",
-                 "kernel", "role", "gpu"]
+                 "kernel", "role", "gpu", "label"]
 
 
 def collect_params(namespace: dict) -> dict:
@@ -114,6 +114,12 @@ def label_of(name: str) -> str:
     from kernels.peers import prefill_label
 
     return "ours" if name == "ours" else prefill_label(name)
+
+
+def impl_of(run: Run, name: str) -> str:
+    """The ``impl`` column of an implementation: ``ours``, the peer's label, or
+    ``solution`` (its name is the ``label``), as in every notebook's CSVs."""
+    return "solution" if name in run.state["solution_labels"] else label_of(name)
 
 
 # --------------------------------------------------------------------------- set-up
@@ -225,8 +231,9 @@ def run_gate(run: Run) -> pd.DataFrame:
     from kernels.reference import prefill_reference
 
     rows, checks = [], []
-    for lab, lens in progress(run.state["shapes"], f"gate: {len(run.state['impls'])} "
-                              f"implementations per shape vs the f32 reference", "shape"):
+    for lab, lens in progress(run.state["shapes"], f"gate: "
+                              f"{plural(len(run.state['impls']), 'implementation')} per shape "
+                              f"vs the f32 reference", "shape"):
         inputs, ref = _inputs(run, lab, lens)
         if sum(lens) <= run.params["reference_check_max_T"]:
             loop = prefill_reference(**inputs)
@@ -234,7 +241,7 @@ def run_gate(run: Run) -> pd.DataFrame:
             checks.append(dict(lens=lab, T=sum(lens), ok=r.ok, max_abs_err=r.max_abs_err,
                                rel_l2_err=r.rel_l2_err, gpu=run.gpu))
         for name, fn in run.state["impls"].items():
-            base = dict(label=label_of(name), impl=label_of(name), lens=lab, T=sum(lens),
+            base = dict(label=label_of(name), impl=impl_of(run, name), lens=lab, T=sum(lens),
                         N=len(lens), gpu=run.gpu)
             if not fn:
                 rows.append(dict(base, status=UNAVAILABLE, ok=False, reason=fn.reason))
@@ -262,9 +269,11 @@ def run_times(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     again with the per-kernel rows by :func:`run_anatomy`)."""
     p = run.params
     methods = run.usable_methods(p["methods"])
+    passed = set(gate[gate.status == PASS].label)
+    n_timed = len([n for n in run.state["impls"] if label_of(n) in passed])
     rows = []
     for lab, lens in progress(run.state["shapes"], f"timing ({', '.join(methods)}) of "
-                              f"{len(run.state['impls'])} implementations per shape", "shape"):
+                              f"{plural(n_timed, 'implementation')} per shape", "shape"):
         inputs, ref = _inputs(run, lab, lens)
         for name, fn in run.state["impls"].items():
             g = gate[(gate.label == label_of(name)) & (gate.lens == lab)]
@@ -282,8 +291,8 @@ def run_times(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 timings = time_each(lambda f=fn: f(**inputs), methods, rep=p["repetitions"],
                                     warmup=p["warmup"])
             rows += run.timed_rows(timings, f"{label_of(name)} lens={lab}", dict(
-                impl=label_of(name), lens=lab, T=sum(lens), N=len(lens), kernel="", role="",
-                gpu=run.gpu))
+                impl=impl_of(run, name), lens=lab, T=sum(lens), N=len(lens), kernel="", role="",
+                gpu=run.gpu, label=label_of(name)))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     run.state["times"] = times
     if len(times):
@@ -418,8 +427,9 @@ def run_gate_dependence(run: Run) -> pd.DataFrame:
             impls[name] = fn
     shapes = dict(run.state["shapes"])
     rows = []
-    for lab in progress(p["gate_shapes"], f"gate dependence: {len(p['gate_sets'])} gate sets × "
-                        f"{len(impls)} implementations per shape ({method})", "shape"):
+    for lab in progress(p["gate_shapes"], f"gate dependence: "
+                        f"{plural(len(p['gate_sets']), 'gate set')} × "
+                        f"{plural(len(impls), 'implementation')} per shape ({method})", "shape"):
         lens = shapes.get(lab) or parse_shape(lab)[1]
         base_inputs, _ = _inputs(run, lab, lens)
         for gates in p["gate_sets"]:
@@ -612,7 +622,7 @@ def run_anatomy(run: Run, times: pd.DataFrame) -> Dict[str, pd.DataFrame]:
         kdf = pd.concat(kern, ignore_index=True)
         out["kernels"] = kdf
         rows = kdf.assign(
-            impl="ours", method="kernel", n=kdf.calls, gpu=run.gpu)[TIMES_COLUMNS]
+            impl="ours", method="kernel", n=kdf.calls, gpu=run.gpu, label="ours")[TIMES_COLUMNS]
         allt = pd.concat([times, rows], ignore_index=True) if len(times) else rows
         run.write_csv(allt, "prefill_scaling")
     if roof:
@@ -634,12 +644,14 @@ def run_stress(run: Run) -> pd.DataFrame:
     from kernels.reference import prefill_reference_chunked
     from kernels.stress_inputs import make_prefill_stress_inputs
 
-    impls = dict(run.state["impls"])
+    impls = {n: f for n, f in run.state["impls"].items() if f}   # unavailable: skipped at start
     if "ours" in impls:
         impls["ours (ACCURATE_CONFIG)"] = make_prefill_impl("fused", config=ACCURATE_CONFIG)
     rows = []
-    for spec in progress(run.params["stress_shapes"], f"hard inputs: {len(impls)} implementations "
-                         f"× {len(run.params['stress_spreads'])} spreads per shape", "shape"):
+    for spec in progress(run.params["stress_shapes"], f"hard inputs: "
+                         f"{plural(len(impls), 'implementation')} × "
+                         f"{plural(len(run.params['stress_spreads']), 'spread')} per shape",
+                         "shape"):
         lab, lens = parse_shape(spec)
         for spread in run.params["stress_spreads"]:
             x = make_prefill_stress_inputs(lens, run.state["shape"], spread=float(spread),
@@ -647,8 +659,6 @@ def run_stress(run: Run) -> pd.DataFrame:
             ref = prefill_reference_chunked(**x)
             key = f"stress-{lab}-{spread}"
             for name, fn in impls.items():
-                if not fn:
-                    continue
                 label = name if name.startswith("ours") else label_of(name)
                 try:
                     g = _gate_one(run, fn, key, x, ref)
@@ -720,8 +730,8 @@ def _title(gpu: str, method: str) -> str:
 def ratio_display(times: pd.DataFrame) -> pd.DataFrame:
     """:func:`ratio_table` as the notebook shows it: every time column named with its unit."""
     r = ratio_table(times)
-    impls = set(times.impl) if "impl" in times else set()
-    return r.rename(columns={**{c: f"{c} (µs)" for c in r.columns if c in impls},
+    labels = set(times.label) if "label" in times else set()
+    return r.rename(columns={**{c: f"{c} (µs)" for c in r.columns if c in labels},
                              "fastest peer us": "fastest peer (µs)"})
 
 
@@ -748,8 +758,9 @@ def _us_axis(ax) -> None:
 
 def plot_time_vs_T(times: pd.DataFrame):
     """Time vs total tokens (log-log), one line per implementation over the single
-    sequences (markers: batches), and ours / fastest peer per shape (linear axis, 1 and
-    the 0.9 target marked)."""
+    sequences (markers: batches), and ours / fastest peer per shape (1 and the 0.9 target
+    marked; a log axis when the ratios reach past 4×, where a linear one would squeeze
+    both lines onto its floor)."""
     t = times[times.kernel.fillna("") == ""] if len(times) else times
     if t is None or t.empty:
         return None
@@ -759,8 +770,8 @@ def plot_time_vs_T(times: pd.DataFrame):
     peers = "ours / fastest peer" in r
     fig, axes = new_figure(1, 2 if peers else 1, panel=(5.6, 4.0))
     ax = axes[0][0]
-    for i, label in enumerate(unique_in_order(t.impl)):
-        s = t[t.impl == label].sort_values("T")
+    for i, label in enumerate(unique_in_order(t.label)):
+        s = t[t.label == label].sort_values("T")
         one = s[s.N == 1]
         line, = ax.plot(one["T"], one.median_us, marker="o", ms=3, label=label,
                         ls=("-", "--", "-.", ":")[i % 4])   # equal peers stay distinguishable
@@ -789,7 +800,14 @@ def plot_time_vs_T(times: pd.DataFrame):
         ax.set_xticks(x, r.lens, rotation=45, ha="right", fontsize=7)
         ax.set_xlabel("shape (sequence lengths)")
         ax.set_ylabel("ours / fastest peer (time ratio)")
-        ax.set_ylim(0, max(1.2, float(r["ours / fastest peer"].max()) * 1.1))
+        v = r["ours / fastest peer"].to_numpy(float)
+        v = v[np.isfinite(v) & (v > 0)]
+        lo, hi = min([TARGET_RATIO, *v]), max([1.2, *v])
+        if hi / lo > 4:
+            ax.set_yscale("log")
+            ax.set_ylim(lo / 1.5, hi * 1.5)
+        else:
+            ax.set_ylim(0, hi * 1.1)
         ax.set_title("below 1: ours faster", fontsize=9)
         ax.legend(fontsize=7)
     fig.suptitle(f"GDN prefill time vs length — {_title(str(t.gpu.iloc[0]), method)}"
@@ -873,13 +891,14 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     chk = dfs.get("reference_check")
     if chk is not None and len(chk):
         lines.append(f"**Reference:** the chunked float32 reference matches the token loop at "
-                     f"{int(chk.ok.sum())} of {len(chk)} shapes up to T={int(chk['T'].max())} "
+                     f"{int(chk.ok.sum())} of {plural(len(chk), 'shape')} up to T={int(chk['T'].max())} "
                      f"(largest max abs difference {chk.max_abs_err.max():.2e}).")
     if gate is not None and len(gate):
         ran = gate[gate.status != UNAVAILABLE]
         bad = ran[ran.status != PASS]
         unav = unique_in_order(gate[gate.status == UNAVAILABLE].label)
-        txt = (f"**Gate:** {ran.label.nunique()} implementations × {gate.lens.nunique()} shapes; "
+        txt = (f"**Gate:** {plural(ran.label.nunique(), 'implementation')} × "
+               f"{plural(gate.lens.nunique(), 'shape')}; "
                + ("all passed (atol = rtol = 1e-2)." if bad.empty else "failing (not timed): "
                   + "; ".join(f"{r.label} at {r.lens} ({r.status})" for r in bad.itertuples())
                   + "."))
@@ -902,13 +921,13 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         met = int(rr["target met"].sum())
         worst = rr.loc[rr["ours / fastest peer"].idxmax()]
         lines.append(f"**Target** (ours ≤ {TARGET_RATIO} × the fastest peer, {method}): met at "
-                     f"{met} of {len(rr)} shapes; worst {worst.lens}: ours "
+                     f"{met} of {plural(len(rr), 'shape')}; worst {worst.lens}: ours "
                      f"{fmt_us(worst.ours)} against {worst['fastest peer']} "
                      f"{fmt_us(worst['fastest peer us'])} ({fmt_x(worst['ours / fastest peer'])}).")
     one = times[(times.kernel.fillna("") == "") & (times.N == 1) & (times.method == method)]
     growth = []
-    for label in unique_in_order(one.impl):
-        s = one[one.impl == label].sort_values("T")
+    for label in unique_in_order(one.label):
+        s = one[one.label == label].sort_values("T")
         if len(s) >= 2 and s["T"].iloc[-1] > s["T"].iloc[0]:
             f = (s.median_us.iloc[-1] / s.median_us.iloc[0]) / (s["T"].iloc[-1] / s["T"].iloc[0])
             growth.append(f"{label} {fmt_x(s.median_us.iloc[-1] / s.median_us.iloc[0])} for "
@@ -917,7 +936,7 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     if growth:
         lines.append(f"**Growth** from the shortest to the longest single sequence ({method}): "
                      + "; ".join(growth) + ".")
-    s = one[(one.impl == "ours") & (one["T"] >= GROWTH_FROM_T)].sort_values("T")
+    s = one[(one.label == "ours") & (one["T"] >= GROWTH_FROM_T)].sort_values("T")
     if len(s) >= 2 and s["T"].iloc[-1] > s["T"].iloc[0]:
         x, n = s.median_us.iloc[-1] / s.median_us.iloc[0], s["T"].iloc[-1] / s["T"].iloc[0]
         lines.append(f"**Growth target** (ours from {int(s['T'].iloc[0]):,} to "
@@ -929,9 +948,9 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         items = []
         for lab, g in split.dropna(subset=["median_us"]).groupby("lens", sort=False):
             best, d = g.loc[g.median_us.idxmin()], g[g.default]
-            items.append(f"{lab}: fastest at {int(best.segments)} segments "
+            items.append(f"{lab}: fastest at {plural(int(best.segments), 'segment')} "
                          f"({fmt_us(best.median_us)})" + (
-                             f", the rule's {int(d.segments.iloc[0])} segments "
+                             f", the rule's {plural(int(d.segments.iloc[0]), 'segment')} "
                              f"{fmt_us(d.median_us.iloc[0])} "
                              f"({fmt_x(d.median_us.iloc[0] / best.median_us)} of the fastest)"
                              if len(d) and d.median_us.notna().iloc[0] else ""))
