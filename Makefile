@@ -3,13 +3,17 @@
 #                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter);
 #                 SOLUTIONS=a.json,dir/ adds flashinfer-bench solutions to every
 #                 notebook of their op (docs/solutions.md)
-#   make test   - bootstrap an environment, run the whole test suite
+#   make test   - bootstrap an environment, run the whole test suite (CPU: two
+#                 pytest-xdist workers, ~NN minutes on 2 CPU cores; TEST_WORKERS=0: one process)
 # and helpers:
 #   make lab     - JupyterLab on notebooks/ with this environment's `python3` kernel
 #                  (a notebook run there uses profile/output_root "auto": the same
 #                  profile as `make run`, results into the repository's results/;
 #                  saving a suite notebook there writes it without outputs, so
 #                  git status stays clean: kernels/lab.py, docs/notebooks.md)
+#   make html [HTML_FROM=results]
+#                 every executed notebook under HTML_FROM rendered to an .html beside
+#                 it (nbconvert; git-ignored: the runner writes none)
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
 #   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
 #                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
@@ -31,8 +35,15 @@ PROFILE ?= auto
 NOTEBOOKS ?= all
 RUN_ARGS ?=
 SOLUTIONS ?=
-# default verbosity: one line per test file with its dots and the suite's % done
+# skip reasons and the 15 slowest tests
 PYTEST_ARGS ?= -rs --durations=15
+# pytest-xdist workers (the `test` extra) where the Triton kernels run on the CPU
+# interpreter: `-n TEST_WORKERS --dist loadgroup` hands out one test at a time, except
+# that the tests of one xdist_group (a module sharing one costly fixture: the notebook
+# smoke run, JupyterLab) stay on one worker. On a GPU host (or without pytest-xdist)
+# one process, so no two timing tests share the GPU.
+TEST_WORKERS ?= 2
+HTML_FROM ?= results
 OUT ?= results/compare
 PACK_OUT ?= build/contest
 CONTEST_ARGS ?=
@@ -40,7 +51,7 @@ LAB_ARGS ?=
 
 INTERPRET = TRITON_INTERPRET=$${TRITON_INTERPRET-$$($$PY -c 'import torch;print(0 if torch.cuda.is_available() else 1)')}
 
-.PHONY: run test lab compare bootstrap pack contest-eval
+.PHONY: run test lab html compare bootstrap pack contest-eval
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -53,12 +64,19 @@ run:
 test:
 	@PY=$$(scripts/bootstrap.sh) && scripts/install_browser.sh $$PY && export $(INTERPRET) && \
 	  { $$PY -c 'import pytest' 2>/dev/null || { echo "make test: $$PY has no pytest (on the offline GPU host put it on PYTHONPATH)" >&2; exit 1; }; } && \
-	  $$PY -m pytest $(PYTEST_ARGS) tests
+	  XDIST=$$([ "$$TRITON_INTERPRET" = 1 ] && [ "$(TEST_WORKERS)" != 0 ] && \
+	    $$PY -c 'import xdist' 2>/dev/null && echo "-n $(TEST_WORKERS) --dist loadgroup" || :) && \
+	  $$PY -m pytest $$XDIST $(PYTEST_ARGS) tests
 
 lab:
 	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
 	  { $$PY -c 'import jupyterlab' 2>/dev/null || { echo "make lab: $$PY has no jupyterlab (the lab extra; the offline GPU host has none)" >&2; exit 1; }; } && \
 	  $$PY -m kernels.lab $(LAB_ARGS)
+
+html:
+	@PY=$$(scripts/bootstrap.sh) && \
+	  find $(HTML_FROM) -name '[0-9][0-9]_*.ipynb' -not -path '*/.*' -print0 | \
+	  xargs -0 -r $$PY -m nbconvert --to html
 
 compare:
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=$(OUT)]" >&2; exit 2; }

@@ -26,7 +26,8 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+# one worker runs this module's tests (pytest-xdist --dist loadgroup): one smoke run
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("notebooks_smoke")]
 
 REQUIRED = {
     "01_decode_crossover": ("decode_times.csv",
