@@ -38,10 +38,10 @@ SOLUTIONS ?=
 # skip reasons and the 15 slowest tests
 PYTEST_ARGS ?= -rs --durations=15
 # pytest-xdist workers (the `test` extra) where the Triton kernels run on the CPU
-# interpreter: `-n TEST_WORKERS --dist loadgroup` hands out one test at a time, except
-# that the tests of one xdist_group (a module sharing one costly fixture: the notebook
-# smoke run, JupyterLab) stay on one worker. On a GPU host (or without pytest-xdist)
-# one process, so no two timing tests share the GPU.
+# interpreter: `-n TEST_WORKERS --dist load` hands out one test at a time, except that a
+# module whose tests share one costly fixture (the notebook smoke run, JupyterLab) goes
+# to one worker whole (tests/conftest.py). On a GPU host (or without pytest-xdist) one
+# process, so no two timing tests share the GPU.
 TEST_WORKERS ?= 2
 HTML_FROM ?= results
 OUT ?= results/compare
@@ -65,7 +65,7 @@ test:
 	@PY=$$(scripts/bootstrap.sh) && scripts/install_browser.sh $$PY && export $(INTERPRET) && \
 	  { $$PY -c 'import pytest' 2>/dev/null || { echo "make test: $$PY has no pytest (on the offline GPU host put it on PYTHONPATH)" >&2; exit 1; }; } && \
 	  XDIST=$$([ "$$TRITON_INTERPRET" = 1 ] && [ "$(TEST_WORKERS)" != 0 ] && \
-	    $$PY -c 'import xdist' 2>/dev/null && echo "-n $(TEST_WORKERS) --dist loadgroup" || :) && \
+	    $$PY -c 'import xdist' 2>/dev/null && echo "-n $(TEST_WORKERS) --dist load" || :) && \
 	  $$PY -m pytest $$XDIST $(PYTEST_ARGS) tests
 
 lab:

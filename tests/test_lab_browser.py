@@ -37,8 +37,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 OUT = ROOT / "results" / "smoke" / "cpu-interpreter"
 RUN_LIMIT_S = 600
-# one worker runs this module's tests (pytest-xdist --dist loadgroup): one server, one browser
-pytestmark = pytest.mark.xdist_group("lab_browser")
 
 
 def _missing() -> list:

@@ -26,8 +26,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# one worker runs this module's tests (pytest-xdist --dist loadgroup): one smoke run
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("notebooks_smoke")]
+pytestmark = pytest.mark.slow
 
 REQUIRED = {
     "01_decode_crossover": ("decode_times.csv",
