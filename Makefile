@@ -4,7 +4,7 @@
 #                 SOLUTIONS=a.json,dir/ adds flashinfer-bench solutions to every
 #                 notebook of their op (docs/solutions.md)
 #   make test   - bootstrap an environment, run the whole test suite (CPU: two
-#                 pytest-xdist workers, ~NN minutes on 2 CPU cores; TEST_WORKERS=0: one process)
+#                 pytest-xdist workers, ~19 minutes on 2 CPU cores; TEST_WORKERS=0: one process)
 # and helpers:
 #   make lab     - JupyterLab on notebooks/ with this environment's `python3` kernel
 #                  (a notebook run there uses profile/output_root "auto": the same
