@@ -4,7 +4,8 @@
 #                 (profile `full` on a CUDA GPU, `smoke` on the CPU interpreter);
 #                 SOLUTIONS=a.json,dir/ adds flashinfer-bench solutions to every
 #                 notebook of their op (docs/solutions.md)
-#   make test   - bootstrap an environment, run the whole test suite
+#   make test   - bootstrap an environment, run the whole test suite (CPU: two
+#                 pytest-xdist workers, ~19 minutes on 2 CPU cores; TEST_WORKERS=0: one process)
 # and helpers:
 #   make lab     - JupyterLab on notebooks/ with this environment's `python3` kernel
 #                  (a notebook run there uses profile/output_root "auto": the same
@@ -12,6 +13,9 @@
 #                  saving a suite notebook there writes it without outputs, so
 #                  git status stays clean: kernels/lab.py, docs/notebooks.md)
 #   make clean   - smoke results, build/ and Python/pytest caches; CLEAN_VENV=1 also .venv
+#   make html [HTML_FROM=results]
+#                 every executed notebook under HTML_FROM rendered to an .html beside
+#                 it (nbconvert; git-ignored: the runner writes none)
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
 #   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
 #                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
@@ -33,8 +37,15 @@ PROFILE ?= auto
 NOTEBOOKS ?= all
 RUN_ARGS ?=
 SOLUTIONS ?=
-# default verbosity: one line per test file with its dots and the suite's % done
+# skip reasons and the 15 slowest tests
 PYTEST_ARGS ?= -rs --durations=15
+# pytest-xdist workers (the `test` extra) where the Triton kernels run on the CPU
+# interpreter: `-n TEST_WORKERS --dist load` hands out one test at a time, except that a
+# module whose tests share one costly fixture (the notebook smoke run, JupyterLab) goes
+# to one worker whole (tests/conftest.py). On a GPU host (or without pytest-xdist) one
+# process, so no two timing tests share the GPU.
+TEST_WORKERS ?= 2
+HTML_FROM ?= results
 OUT ?= results/compare
 PACK_OUT ?= build/contest
 CONTEST_ARGS ?=
@@ -43,13 +54,14 @@ CLEAN_VENV ?=
 
 INTERPRET = TRITON_INTERPRET=$${TRITON_INTERPRET-$$($$PY -c 'import torch;print(0 if torch.cuda.is_available() else 1)')}
 
-.PHONY: help run test lab compare bootstrap pack contest-eval clean
+.PHONY: help run test lab html compare bootstrap pack contest-eval clean
 .DEFAULT_GOAL := help
 
 help:
 	@echo 'make run [PROFILE=auto|smoke|full] [NOTEBOOKS=all|01,02] [SOLUTIONS=a.json,kit/] [RUN_ARGS=--solutions-may-fail]   the notebooks'
-	@echo 'make test [PYTEST_ARGS="-rs --durations=15"]   bootstrap, run the whole test suite'
+	@echo 'make test [PYTEST_ARGS="-rs --durations=15"] [TEST_WORKERS=2]   bootstrap, run the whole test suite'
 	@echo 'make lab [LAB_ARGS=...]                         JupyterLab on notebooks/ with this environment'
+	@echo 'make html [HTML_FROM=results]                   render the executed notebooks to HTML beside them'
 	@echo 'make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]   compare two GPUs'\'' results'
 	@echo 'make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]   our kernels as a solution'
 	@echo 'make contest-eval [SOLUTIONS=...] [CONTEST_ARGS="--ops decode"]   flashinfer-bench on ours, baseline, SOLUTIONS'
@@ -72,12 +84,19 @@ run:
 test:
 	@PY=$$(scripts/bootstrap.sh) && scripts/install_browser.sh $$PY && export $(INTERPRET) && \
 	  { $$PY -c 'import pytest' 2>/dev/null || { echo "make test: $$PY has no pytest (on the offline GPU host put it on PYTHONPATH)" >&2; exit 1; }; } && \
-	  $$PY -m pytest $(PYTEST_ARGS) tests
+	  XDIST=$$([ "$$TRITON_INTERPRET" = 1 ] && [ "$(TEST_WORKERS)" != 0 ] && \
+	    $$PY -c 'import xdist' 2>/dev/null && echo "-n $(TEST_WORKERS) --dist load" || :) && \
+	  $$PY -m pytest $$XDIST $(PYTEST_ARGS) tests
 
 lab:
 	@PY=$$(scripts/bootstrap.sh) && export $(INTERPRET) && \
 	  { $$PY -c 'import jupyterlab' 2>/dev/null || { echo "make lab: $$PY has no jupyterlab (the lab extra; the offline GPU host has none)" >&2; exit 1; }; } && \
 	  $$PY -m kernels.lab $(LAB_ARGS)
+
+html:
+	@PY=$$(scripts/bootstrap.sh) && \
+	  find $(HTML_FROM) -name '[0-9][0-9]_*.ipynb' -not -path '*/.*' -print0 | \
+	  xargs -0 -r $$PY -m nbconvert --to html
 
 compare:
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=$(OUT)]" >&2; exit 2; }

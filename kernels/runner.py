@@ -37,9 +37,11 @@ first; a finished run deletes the lock file. Holding the lock, the runner first 
 ``.tmp-*`` folders deleted, results caught mid-swap restored).
 
 Each notebook executes into a temporary file. On success it lands at
-``<output_root>/<gpu-slug>/<stem>.ipynb`` with an ``.html`` export beside it
-(when nbconvert is installed); the notebook itself writes its CSV/PNG/
-provenance folder ``<output_root>/<gpu-slug>/<stem>/``. On failure the
+``<output_root>/<gpu-slug>/<stem>.ipynb``; the notebook itself writes its CSV/PNG/
+provenance folder ``<output_root>/<gpu-slug>/<stem>/``. A figure the notebook displays
+is that folder's PNG, linked rather than embedded a second time (:func:`link_figures`).
+No HTML export: ``make html`` renders the executed notebooks into git-ignored ``.html``
+files beside them. On failure the
 runner names the notebook and the failing cell, keeps the executed notebook
 as ``<output_root>/<gpu-slug>/failed-<stem>.ipynb`` (the last good results
 stay untouched), goes on with the next notebook unless ``--fail-fast``, and
@@ -74,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["REPO_ROOT", "NOTEBOOK_DIR", "PROFILE_DIR", "PROFILES", "RunResult",
+__all__ = ["REPO_ROOT", "NOTEBOOK_DIR", "PROFILE_DIR", "PROFILES", "RunResult", "link_figures",
            "discover_notebooks", "select_notebooks", "load_profile", "resolve_profile",
            "notebook_parameters", "build_parameters", "current_gpu_slug", "run_notebook",
            "RunLock", "LOCK_NAME", "main"]
@@ -340,25 +342,39 @@ class RunResult:
     ok: bool
     seconds: float
     notebook: Optional[Path] = None
-    html: Optional[Path] = None
     message: str = ""
     files: List[Path] = field(default_factory=list)
 
 
-def _export_html(ipynb: Path) -> Optional[Path]:
-    try:
-        from nbconvert import HTMLExporter
-    except ImportError:
-        print(f"  (nbconvert not installed: no HTML export of {ipynb.name})", file=sys.stderr)
-        return None
-    try:
-        body, _ = HTMLExporter().from_filename(str(ipynb))
-    except Exception as e:  # noqa: BLE001 - an export problem must not fail the run
-        print(f"  (HTML export of {ipynb.name} failed: {type(e).__name__}: {e})", file=sys.stderr)
-        return None
-    html = ipynb.with_suffix(".html")
-    html.write_text(body, encoding="utf-8")
-    return html
+def link_figures(ipynb: Path, result_dir: Path) -> int:
+    """In the executed notebook ``ipynb``, replace each embedded PNG output that is byte
+    for byte a PNG of ``result_dir`` (the notebook displays the figures it saves) by an
+    ``<img>`` of that file, relative to the notebook's folder; returns how many. The
+    embedded copies (base64) were over 90 % of a full run's executed notebooks."""
+    import base64
+
+    import nbformat
+
+    pngs = {p.read_bytes(): p.name for p in result_dir.glob("*.png")}
+    if not pngs:
+        return 0
+    nb = nbformat.read(str(ipynb), as_version=4)
+    n = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            name = pngs.get(base64.b64decode(out.get("data", {}).get("image/png", "")))
+            if name is None:
+                continue
+            rel = f"{result_dir.name}/{name}"
+            width = out.get("metadata", {}).get("image/png", {}).get("width")
+            size = f' width="{width}"' if width else ""
+            out["data"] = {"text/html": f'<img src="{rel}"{size} alt="{name}"/>',
+                           "text/plain": f"<figure {rel}>"}
+            out["metadata"] = {}
+            n += 1
+    if n:
+        nbformat.write(nb, str(ipynb))
+    return n
 
 
 def _describe_failure(stem: str, exc: BaseException) -> str:
@@ -409,13 +425,12 @@ def run_notebook(path: Path, params: dict, out_dir: Path, *, progress_bar: bool 
                 shutil.move(str(executed), str(failed))
                 kept = failed
                 message += f"; executed notebook kept at {failed}"
-            return RunResult(stem, False, time.perf_counter() - t0, kept, None, message)
+            return RunResult(stem, False, time.perf_counter() - t0, kept, message)
+        link_figures(executed, out_dir / stem)
         shutil.move(str(executed), str(final))
     if failed.exists():  # an older failure is stale now
         failed.unlink()
-    html = _export_html(final)
-    return RunResult(stem, True, time.perf_counter() - t0, final, html,
-                     f"{stem}: ok -> {final}")
+    return RunResult(stem, True, time.perf_counter() - t0, final, f"{stem}: ok -> {final}")
 
 
 # --------------------------------------------------------------------------- CLI
@@ -596,8 +611,6 @@ def _run_all(args, profile, root, plans, notes, solutions) -> int:
         results.append(res)
         print(("  " if res.ok else "FAILED ") + res.message + f" ({res.seconds:.0f} s)",
               file=sys.stdout if res.ok else sys.stderr, flush=True)
-        if res.html:
-            print(f"  html: {res.html}")
         if not res.ok and args.fail_fast:
             break
     return summarize(results, len(plans), out_dir, solutions,

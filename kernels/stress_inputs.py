@@ -9,16 +9,22 @@ Neumann powers grow like binomial coefficients (``C(15, 8) = 6435`` inside a
 16 x 16 block) while the inverse stays O(1): a low-precision solve cancels
 catastrophically there and nowhere on the contest inputs. These inputs exist to
 catch that.
+
+Long memory alone: :func:`with_gates` puts one or every value head of any prefill inputs
+at the slow end of the generator's own gate range (:data:`GATE_SETS`), where the long
+path cannot drop a segment's transition and walks whole segments.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
 from .spec import CONTEST, GDNShape, make_prefill_inputs
 
-__all__ = ["make_prefill_stress_inputs"]
+__all__ = ["make_prefill_stress_inputs", "with_gates", "GATE_SETS", "LONG_MEMORY_A",
+           "LONG_MEMORY_DT"]
 
 
 def make_prefill_stress_inputs(lens: Sequence[int], shape: GDNShape = CONTEST, *,
@@ -57,3 +63,33 @@ def make_prefill_stress_inputs(lens: Sequence[int], shape: GDNShape = CONTEST, *
     x["b"] = torch.full_like(x["b"], beta_logit)
     x["a"] = torch.full_like(x["a"], decay_logit)
     return {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
+
+
+#: The gate sets of :func:`with_gates` (notebook 04's gate-dependence section, the probes).
+GATE_SETS = ("generator", "one long-memory head", "every head long memory")
+#: The slow end of the generator's gate range (``kernels.spec._gate_params``: A in [1, 16],
+#: dt in [1e-3, 1e-1]): about -0.1 of log decay per 64-token chunk, so a segment of the
+#: long path keeps far more than a negligible part of what entered it.
+LONG_MEMORY_A = 1.0
+LONG_MEMORY_DT = 1e-3
+
+
+def with_gates(inputs: dict, gates: str) -> dict:
+    """``inputs`` with the gate set ``gates`` (:data:`GATE_SETS`): ``"generator"`` as given;
+    ``"one long-memory head"``: value head 0 at the slow end of the generator's range
+    (:data:`LONG_MEMORY_A`, :data:`LONG_MEMORY_DT`); ``"every head long memory"``: all
+    heads there. A new dict sharing every other tensor; ``inputs`` is not modified."""
+    if gates not in GATE_SETS:
+        raise ValueError(f"gates must be one of {GATE_SETS}, got {gates!r}")
+    if gates == "generator":
+        return dict(inputs)
+    a_log = math.log(LONG_MEMORY_A)
+    dt_bias = LONG_MEMORY_DT + math.log(-math.expm1(-LONG_MEMORY_DT))   # softplus^-1(dt)
+    x = dict(inputs)
+    if gates == "one long-memory head":
+        x["A_log"], x["dt_bias"] = inputs["A_log"].clone(), inputs["dt_bias"].clone()
+        x["A_log"][0], x["dt_bias"][0] = a_log, dt_bias
+    else:
+        x["A_log"] = inputs["A_log"].new_full(inputs["A_log"].shape, a_log)
+        x["dt_bias"] = inputs["dt_bias"].new_full(inputs["dt_bias"].shape, dt_bias)
+    return x

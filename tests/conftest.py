@@ -6,6 +6,8 @@
 * Markers: ``gpu`` (needs a CUDA GPU; skipped with a reason elsewhere) and
   ``slow`` (notebook smoke runs, minutes; they run in CI too).
 * :func:`requires_gpu` / the ``cuda_device`` fixture for GPU-only tests.
+* Under pytest-xdist (``make test`` on the CPU: ``-n 2 --dist load``) the modules of
+  :data:`SHARED_FIXTURE_MODULES` each go to one worker whole (:func:`pytest_xdist_make_scheduler`).
 """
 from __future__ import annotations
 
@@ -49,6 +51,30 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:  # not item.keywords: ids like "gpu" match
             item.add_marker(skip)
+
+
+#: Modules whose tests share one costly module-scoped fixture: one smoke run of every
+#: notebook; one JupyterLab server and browser. Split over workers, each worker would
+#: build it again.
+SHARED_FIXTURE_MODULES = ("test_notebooks_smoke.py", "test_lab_browser.py")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist load``: xdist's per-test load balancing, except that each module of
+    :data:`SHARED_FIXTURE_MODULES` is one unit of work, handed out first (the largest units
+    go first). ``xdist_group`` marks would say the same, but pytest-xdist 3.8 applies them
+    by rewriting ``item._nodeid``, which pytest 9 no longer reads: they group nothing."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module.rsplit("/", 1)[-1] in SHARED_FIXTURE_MODULES else nodeid
+
+    return SharedFixtureScheduling(config, log)
 
 
 def pytest_report_header(config):

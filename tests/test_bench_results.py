@@ -65,6 +65,35 @@ def test_open_commit_across_cells(tmp_path):
     assert (final / "decode_times.png").exists()
 
 
+def test_save_fig_writes_a_palette_png_close_to_matplotlibs(tmp_path):
+    import io
+
+    import numpy as np
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    fig = Figure(figsize=(4, 2))
+    ax = fig.subplots()
+    for i in range(6):
+        ax.plot(np.linspace(0, 1, 50) ** (i + 1), label=str(i))
+    ax.legend()
+    with ResultWriter(NB, root=tmp_path, gpu="x") as w:
+        w.save_fig(fig, "curves")
+    png = tmp_path / "x" / NB / "curves.png"
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=150, bbox_inches="tight")
+    with Image.open(png) as got, Image.open(buf) as full:
+        assert got.mode == "P" and got.size == full.size
+        assert [round(d) for d in got.info["dpi"]] == [150, 150]   # notebooks size the display by it
+        diff = np.abs(np.asarray(got.convert("RGB"), float) - np.asarray(full.convert("RGB"), float))
+        assert diff.mean() < 1.0 and png.stat().st_size < len(buf.getvalue())
+    fig.patch.set_alpha(0.0)                     # transparency: kept as matplotlib writes it
+    with ResultWriter(NB, root=tmp_path, gpu="x") as w:
+        w.save_fig(fig, "clear")
+    with Image.open(tmp_path / "x" / NB / "clear.png") as got:
+        assert got.mode == "RGBA"
+
+
 def test_writing_requires_open(tmp_path):
     w = ResultWriter(NB, root=tmp_path, gpu="x")
     with pytest.raises(RuntimeError, match="not open"):

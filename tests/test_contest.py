@@ -506,6 +506,26 @@ def test_evaluate_cli_refuses_bad_arguments_before_any_run(capsys, args, match):
     assert ex.value.code == 2 and match in capsys.readouterr().err
 
 
+def test_trace_folders_take_space_free_names(tmp_path):
+    """flashinfer-bench's traces/<author>/ for an author with spaces: renamed, and merged
+    (appended) where the space-free name is already taken."""
+    from kernels.contest.evaluate import space_free_trace_folders
+
+    traces = tmp_path / "traces"
+    for author, line in [("Jane  Doe", "a"), ("Jane-Doe", "b"), ("gdn-kernel-suite tests", "c"),
+                         ("gdn-kernel-suite", "d")]:
+        f = traces / author / "gdn" / "defn.jsonl"
+        f.parent.mkdir(parents=True)
+        f.write_text(line + "\n")
+    space_free_trace_folders(traces)
+    got = {str(p.relative_to(traces)): p.read_text() for p in traces.rglob("*.jsonl")}
+    assert got == {"Jane-Doe/gdn/defn.jsonl": "b\na\n",
+                   "gdn-kernel-suite-tests/gdn/defn.jsonl": "c\n",
+                   "gdn-kernel-suite/gdn/defn.jsonl": "d\n"}
+    assert not any(" " in p.name for p in traces.rglob("*"))
+    space_free_trace_folders(tmp_path / "absent")   # no traces folder: nothing to do
+
+
 def test_notebook_cupti_cold_reads_committed_results():
     pytest.importorskip("pandas")
     from kernels.contest.evaluate import notebook_cupti_cold

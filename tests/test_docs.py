@@ -5,6 +5,10 @@ every link of docs/notes/*.md, must exist in this checkout: a path as a file or 
 (a path with a placeholder such as ``<gpu-slug>``, ``*`` or ``{a,b}``: its folder before
 the placeholder; a path git ignores: a run's output, e.g. ``results/smoke/``), a link's
 ``#anchor`` as a heading of the page it points to, a target as a rule of the Makefile.
+
+And docs/*.md describe the design as it is: no issue numbers, version tags (``v7``) or
+references to the session log; the history lives in docs/notes/. docs/architecture.md
+names every field of ``PrefillConfig``, and only those.
 """
 from __future__ import annotations
 
@@ -25,6 +29,10 @@ _PATH = re.compile(r"(?<![\w./:$~-])(" + _TOP + r")")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _CODE = re.compile(r"```.*?```|`[^`\n]+`", re.S)
 _MAKE = re.compile(r"\bmake\s+([a-z][\w-]*)")
+# history in a design page: "issue 22", "issues #18", "v7" / "v5–v6" (not "v0.1.3"), the
+# session log (notes/log.md, "lab log", "sixteenth session")
+_HISTORY = re.compile(r"\bissues?\s*#?\d+|\bv\d+\b(?!\.\d)|\blog\.md\b|\blab[- ]log\b"
+                      r"|\b(?:first|second|third|\w+th)\s+session\b", re.I)
 
 
 def _ignored(rel: str) -> bool:
@@ -99,6 +107,28 @@ def test_every_make_target_exists(page):
                                  f"lacks: {sorted(named - targets)} (has {sorted(targets)})")
 
 
+@pytest.mark.parametrize("page", _ids(sorted((ROOT / "docs").glob("*.md"))))
+def test_design_pages_tell_no_history(page):
+    found = sorted({m.group(0) for m in _HISTORY.finditer(page.read_text())})
+    assert not found, (f"{page.relative_to(ROOT)} cites history {found}: describe the design "
+                       "as it is and leave issues, versions and sessions to docs/notes/")
+
+
+def test_architecture_names_every_prefill_config_field():
+    from dataclasses import fields
+
+    from kernels.prefill.config import PrefillConfig
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    m = re.search(r"`PrefillConfig`, (\d+) fields: (.+?)\), no autotuning", text, re.S)
+    assert m, "docs/architecture.md: the sentence `PrefillConfig`, N fields: ... is gone"
+    want = [f.name for f in fields(PrefillConfig)]
+    named = re.findall(r"`(\w+)`", m.group(2))
+    assert int(m.group(1)) == len(want) and named == want, (
+        f"docs/architecture.md lists PrefillConfig's fields as {m.group(1)}: {named}; "
+        f"the code has {len(want)}: {want}")
+
+
 def test_the_checks_catch_what_they_should(tmp_path):
     """The matchers find a made-up path, a broken link and anchor, and a made-up target."""
     assert _PATH.findall("see `kernels/nope.py` and /root/kernels/x") == ["kernels/nope.py"]
@@ -109,3 +139,8 @@ def test_the_checks_catch_what_they_should(tmp_path):
     errors = [_check_link(page, t) for t in _links(page)]
     assert errors[0] and errors[1] is None and errors[2]
     assert "bootstrap" in _makefile_targets() and "nope" not in _makefile_targets()
+    history = ("removed in issue 22", "Issues #18", "the walk (v9)", "v5–v6", "notes/log.md",
+               "the lab log", "Sixteenth session")
+    assert all(_HISTORY.search(t) for t in history)
+    assert not any(_HISTORY.search(t) for t in ("FlashInfer v0.7.2", "a process session",
+                                                "`kv2`", "PR (#386)", "16 x 16 blocks"))

@@ -6,6 +6,7 @@ import pytest
 
 from kernels.experiments import prefill_scaling as xs
 from kernels.report import ratio_table
+from kernels.stress_inputs import GATE_SETS
 
 
 def _times():
@@ -92,31 +93,6 @@ def test_split_costs_conclusion_and_figure():
     assert xs.plot_split_costs(split.assign(median_us=float("nan"))) is None
 
 
-def test_with_gates_changes_only_the_gates_and_leaves_the_inputs():
-    import math
-
-    import torch
-
-    from kernels.spec import make_prefill_inputs
-
-    x = make_prefill_inputs([130], seed=3)
-    keep = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
-    dt_bias = xs.LONG_MEMORY_DT + math.log(-math.expm1(-xs.LONG_MEMORY_DT))
-    assert xs.with_gates(x, "generator")["A_log"] is x["A_log"]
-    one = xs.with_gates(x, "one long-memory head")
-    assert float(one["A_log"][0]) == 0.0 and float(one["dt_bias"][0]) == pytest.approx(dt_bias)
-    assert torch.equal(one["A_log"][1:], x["A_log"][1:]) and one["k"] is x["k"]
-    every = xs.with_gates(x, "every head long memory")
-    assert (every["A_log"] == 0).all() and torch.allclose(every["dt_bias"],
-                                                         torch.full_like(x["dt_bias"], dt_bias))
-    # softplus(dt_bias) is dt: the per-token log decay is about -A dt = -1e-3
-    assert float(torch.nn.functional.softplus(every["dt_bias"][0])) == pytest.approx(1e-3)
-    for n, t in keep.items():
-        assert torch.equal(x[n], t), n                  # the given inputs are untouched
-    with pytest.raises(ValueError, match="gates must be one of"):
-        xs.with_gates(x, "slow")
-
-
 def test_gate_dependence_table_conclusion_and_figure():
     rows = []
     for gates, ours, qla, pa in (("generator", 940.0, 750.0, 75.0),
@@ -132,7 +108,7 @@ def test_gate_dependence_table_conclusion_and_figure():
                       kernel="state_walk_t_kernel", role="CP phase C")]
     df = pd.DataFrame(rows)
     tab = xs.gate_dependence_table(df)
-    assert list(tab.columns) == list(xs.GATE_SETS)
+    assert list(tab.columns) == list(GATE_SETS)
     assert tab.loc[("131072", "ours"), "one long-memory head"] == 1150.0
     assert tab.loc[("131072", "ours: CP phase A"), "every head long memory"] == 560.0
     gate = pd.DataFrame([dict(label="ours", lens="131072", status="pass", gpu="G")])

@@ -39,7 +39,6 @@ OUT = ROOT / "results" / "smoke" / "cpu-interpreter"
 RUN_LIMIT_S = 600
 
 
-
 def _missing() -> list:
     import importlib.util
 

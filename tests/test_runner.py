@@ -89,7 +89,7 @@ def test_success_layout(toy):
     assert _run(toy, "--notebooks", "01") == 0
     d = toy["out"] / toy["slug"]
     assert (d / "01_toy.ipynb").is_file()
-    assert (d / "01_toy.html").is_file() or importlib.util.find_spec("nbconvert") is None
+    assert not list(d.glob("*.html"))  # no HTML export: `make html` renders it on demand
     assert not (d / "02_other.ipynb").exists()
     assert not list(d.glob("failed-*"))
     # parameters: notebook dict beats defaults; device/output_root/profile always set
@@ -102,11 +102,32 @@ def test_success_layout(toy):
     assert any("done" in "".join(o.get("text", "")) for o in nb.cells[-1].outputs)
 
 
+def test_link_figures_replaces_embedded_copies_of_saved_pngs(tmp_path):
+    import base64
+
+    folder = tmp_path / "01_toy"
+    folder.mkdir()
+    saved, other = b"\x89PNG saved", b"\x89PNG drawn inline only"
+    (folder / "fig.png").write_bytes(saved)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("show()", outputs=[
+        nbformat.v4.new_output("display_data", {"image/png": base64.b64encode(png).decode()},
+                               metadata={"image/png": {"width": 640}})
+        for png in (saved, other)])]
+    ipynb = tmp_path / "01_toy.ipynb"
+    nbformat.write(nb, str(ipynb))
+    assert runner.link_figures(ipynb, folder) == 1
+    linked, kept = nbformat.read(str(ipynb), as_version=4).cells[0].outputs
+    assert linked["data"]["text/html"] == '<img src="01_toy/fig.png" width="640" alt="fig.png"/>'
+    assert "image/png" not in linked["data"]
+    assert base64.b64decode(kept["data"]["image/png"]) == other   # not a saved file: kept
+    assert runner.link_figures(ipynb, tmp_path / "absent") == 0
+
+
 def test_failure_names_cell_and_keeps_last_good(toy, capsys):
     assert _run(toy, "--notebooks", "01") == 0
     d = toy["out"] / toy["slug"]
     good = (d / "01_toy.ipynb").read_bytes()
-    good_html = (d / "01_toy.html").read_bytes() if (d / "01_toy.html").exists() else None
     capsys.readouterr()
 
     assert _run(toy, "--notebooks", "01", "-p", "fail=true") == 1
@@ -114,8 +135,6 @@ def test_failure_names_cell_and_keeps_last_good(toy, capsys):
     assert "FAILED 01_toy" in err and "ValueError" in err and "boom from the toy notebook" in err
     assert "cell 4" in err  # markdown, injected parameters, parameters, work, fail -> index 4
     assert (d / "01_toy.ipynb").read_bytes() == good  # last good results intact
-    if good_html is not None:
-        assert (d / "01_toy.html").read_bytes() == good_html
     failed = nbformat.read(str(d / "failed-01_toy.ipynb"), as_version=4)
     assert any(o.get("ename") == "ValueError" for c in failed.cells if c.cell_type == "code"
                for o in c.get("outputs", []))

@@ -8,6 +8,7 @@ contest shapes.
 """
 from __future__ import annotations
 
+import math
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
@@ -19,7 +20,7 @@ from kernels.checks import check_outputs  # noqa: E402
 from kernels.prefill import ACCURATE_CONFIG, gdn_prefill  # noqa: E402
 from kernels.reference import prefill_reference  # noqa: E402
 from kernels.spec import CONTEST, GDNShape, make_prefill_inputs  # noqa: E402
-from kernels.stress_inputs import make_prefill_stress_inputs  # noqa: E402
+from kernels.stress_inputs import LONG_MEMORY_DT, make_prefill_stress_inputs, with_gates  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 S32 = GDNShape(2, 4, 32)
@@ -73,3 +74,22 @@ def test_gpu_precise_config_passes_hard_inputs(lens, spread):
     x = make_prefill_stress_inputs(lens, CONTEST, spread=spread, device="cuda")
     r = check_outputs(gdn_prefill(**x, variant="fused", config=PRECISE), prefill_reference(**x))
     assert r.ok, f"{r.reason} (max abs {r.max_abs_err:.3e})"
+
+
+def test_with_gates_changes_only_the_gates_and_leaves_the_inputs():
+    x = make_prefill_inputs([130], seed=3)
+    keep = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
+    dt_bias = LONG_MEMORY_DT + math.log(-math.expm1(-LONG_MEMORY_DT))
+    assert with_gates(x, "generator")["A_log"] is x["A_log"]
+    one = with_gates(x, "one long-memory head")
+    assert float(one["A_log"][0]) == 0.0 and float(one["dt_bias"][0]) == pytest.approx(dt_bias)
+    assert torch.equal(one["A_log"][1:], x["A_log"][1:]) and one["k"] is x["k"]
+    every = with_gates(x, "every head long memory")
+    assert (every["A_log"] == 0).all() and torch.allclose(every["dt_bias"],
+                                                         torch.full_like(x["dt_bias"], dt_bias))
+    # softplus(dt_bias) is dt: the per-token log decay is about -A dt = -1e-3
+    assert float(torch.nn.functional.softplus(every["dt_bias"][0])) == pytest.approx(1e-3)
+    for n, t in keep.items():
+        assert torch.equal(x[n], t), n                  # the given inputs are untouched
+    with pytest.raises(ValueError, match="gates must be one of"):
+        with_gates(x, "slow")

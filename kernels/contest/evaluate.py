@@ -26,7 +26,8 @@ One run per op, as the contest ran one command per definition, each written to
 
 ``definitions/``, ``workloads/``, ``solutions/``  the trace set (:mod:`.definitions`);
                        ``blob/`` holds the workload tensors (git-ignored, regenerated)
-``traces/``            what flashinfer-bench wrote (status, errors, latency)
+``traces/``            what flashinfer-bench wrote (status, errors, latency), one folder
+                       per author, its name without spaces (:func:`space_free_trace_folders`)
 ``scores.csv``         per solution: contest score, workloads scored/failed, win rate
 ``comparison.csv``     per workload: status, ``fib_us``, speedup over the baseline and,
                        for our solutions and the baseline adapter, our own
@@ -40,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -51,7 +53,7 @@ from .solution import AUTHOR, PREFILL_VARIANTS, baseline_solution, solution
 
 __all__ = ["evaluate", "check_arguments", "check_environment", "contest_scores",
            "comparison_table", "notebook_cupti_cold", "solutions_for", "write_trace_set",
-           "contest_params", "FLAG_THRESHOLD", "FIB_COMMIT"]
+           "contest_params", "space_free_trace_folders", "FLAG_THRESHOLD", "FIB_COMMIT"]
 
 #: flashinfer-bench main at the final kernel submission deadline (scripts/contest_wheel.sh)
 FIB_COMMIT = "ecafa9c2c62007667838226068b21ca9ff1c9183"
@@ -121,6 +123,25 @@ def write_trace_set(root: Path, ops: Sequence[str], extra: Sequence[dict] = ()
 def _write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def space_free_trace_folders(traces: Path) -> None:
+    """flashinfer-bench files traces under ``traces/<author>/``, and an author may hold
+    spaces (a starter kit's ``author = "Jane Doe"``): such a folder's traces move to the
+    name with ``-`` for each run of whitespace, appended where that name is taken (JSON
+    lines). The traces and the tables keep the author as written."""
+    if not traces.is_dir():
+        return
+    for folder in sorted(traces.iterdir()):
+        name = "-".join(folder.name.split())
+        if name == folder.name:
+            continue
+        for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+            dest = traces / name / f.relative_to(folder)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with dest.open("a") as out:
+                out.write(f.read_text())
+        shutil.rmtree(folder)
 
 
 # --------------------------------------------------------------------------- scores
@@ -395,6 +416,7 @@ def _evaluate_op(op: str, extra: Sequence[dict], results_root: Path, info: dict)
             result = bench.run_all(dump_traces=True)
         finally:
             bench.close()
+        space_free_trace_folders(out.dir / "traces")
 
         defn = Definition.model_validate(definition(op))
         by_uuid = {wl["trace"]["workload"]["uuid"]: wl for wl in wls}

@@ -33,7 +33,6 @@ GPU-only steps print why they are skipped on the CPU (the smoke profile runs the
 """
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional
 
 import numpy as np
@@ -43,6 +42,7 @@ from kernels.bench.gate import PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import method_available, time_each, time_fn
 from kernels.report import TARGET_RATIO, ratio_table
 from kernels.spec import parse_shape
+from kernels.stress_inputs import GATE_SETS, with_gates
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
                      new_figure, plural, progress, start_run, unique_in_order)
@@ -374,35 +374,8 @@ def plot_split_costs(df: pd.DataFrame):
 
 
 
-GATE_SETS = ("generator", "one long-memory head", "every head long memory")
-#: The slow end of the generator's gate range (``kernels.spec._gate_params``: A in [1, 16],
-#: dt in [1e-3, 1e-1]): about -0.1 of log decay per 64-token chunk, so a 128-chunk segment
-#: of the long path keeps far more than exp(-20) of what entered it.
-LONG_MEMORY_A = 1.0
-LONG_MEMORY_DT = 1e-3
 GATE_COLUMNS = ["lens", "T", "N", "gates", "impl", "status", "max_abs_err", "method",
                 "median_us", "p20_us", "p80_us", "kernel", "role", "gpu"]
-
-
-def with_gates(inputs: dict, gates: str) -> dict:
-    """``inputs`` with the gate set ``gates`` (:data:`GATE_SETS`): ``"generator"`` as given;
-    ``"one long-memory head"``: value head 0 at the slow end of the generator's range
-    (:data:`LONG_MEMORY_A`, :data:`LONG_MEMORY_DT`); ``"every head long memory"``: all
-    heads there. A new dict sharing every other tensor; ``inputs`` is not modified."""
-    if gates not in GATE_SETS:
-        raise ValueError(f"gates must be one of {GATE_SETS}, got {gates!r}")
-    if gates == "generator":
-        return dict(inputs)
-    a_log = math.log(LONG_MEMORY_A)
-    dt_bias = LONG_MEMORY_DT + math.log(-math.expm1(-LONG_MEMORY_DT))   # softplus^-1(dt)
-    x = dict(inputs)
-    if gates == "one long-memory head":
-        x["A_log"], x["dt_bias"] = inputs["A_log"].clone(), inputs["dt_bias"].clone()
-        x["A_log"][0], x["dt_bias"][0] = a_log, dt_bias
-    else:
-        x["A_log"] = inputs["A_log"].new_full(inputs["A_log"].shape, a_log)
-        x["dt_bias"] = inputs["dt_bias"].new_full(inputs["dt_bias"].shape, dt_bias)
-    return x
 
 
 def run_gate_dependence(run: Run) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """Ours at long lengths with slow-decay ("long-memory") heads, per gate set and split: graph
 us of the whole call, per-kernel us, each gated against the chunked float32 reference of
 its own gates (the gate sets of notebook 04's "What the gates cost":
-``kernels.experiments.prefill_scaling.with_gates``). Also times the long path with 32
+``kernels.stress_inputs.with_gates``). Also times the long path with 32
 segments (``gdn_prefill(cp=chunks // 32)``) beside the rule's 16, to see where the split that
 suits fast-forgetting gates stops suiting long memory (the device-side split of
 docs/notes/long_context.md, "Seventeenth session", predicts from these).
@@ -18,10 +18,10 @@ import torch
 from kernels.bench.anatomy import kernel_times
 from kernels.bench.timing import time_fn
 from kernels.checks import check_outputs
-from kernels.experiments.prefill_scaling import GATE_SETS, with_gates
 from kernels.prefill import gdn_prefill
 from kernels.reference import prefill_reference_chunked
 from kernels.spec import make_prefill_inputs
+from kernels.stress_inputs import GATE_SETS, with_gates
 
 Ts = [int(a) for a in sys.argv[1:]] or [131072]
 sha = os.environ.get("GDN_GIT_SHA", "dev")[:7]

@@ -24,11 +24,11 @@ import torch
 
 from kernels.bench.timing import time_fn
 from kernels.checks import ATOL, RTOL, check_outputs
-from kernels.experiments.prefill_scaling import with_gates
 from kernels.prefill import ACCURATE_CONFIG, DEFAULT_CONFIG, gdn_prefill, plan_fused
 from kernels.prefill import context_parallel as cpmod
 from kernels.reference import prefill_reference_chunked
 from kernels.spec import make_prefill_inputs
+from kernels.stress_inputs import with_gates
 
 sha = os.environ.get("GDN_GIT_SHA", "dev")[:7]
 out = open(os.path.join(os.environ.get("OUT", "/tmp"), f"long_memory_accuracy_{sha}.jsonl"), "w")

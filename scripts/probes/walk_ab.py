@@ -19,10 +19,10 @@ import kernels
 from kernels.bench.anatomy import kernel_times
 from kernels.bench.timing import time_fn
 from kernels.checks import check_outputs
-from kernels.experiments.prefill_scaling import GATE_SETS, with_gates
 from kernels.prefill import gdn_prefill
 from kernels.reference import prefill_reference_chunked
 from kernels.spec import make_prefill_inputs
+from kernels.stress_inputs import GATE_SETS, with_gates
 
 CASES = ([([131072], g) for g in GATE_SETS] + [([65536], g) for g in GATE_SETS[:2]]
          + [([32768], "generator"), ([16384], "generator"), ([8192], "generator"),

@@ -24,10 +24,10 @@ import torch
 from kernels.bench.anatomy import kernel_times
 from kernels.bench.timing import time_fn
 from kernels.checks import check_outputs
-from kernels.experiments.prefill_scaling import GATE_SETS, with_gates
 from kernels.prefill import gdn_prefill, pipeline
 from kernels.reference import prefill_reference_chunked
 from kernels.spec import make_prefill_inputs
+from kernels.stress_inputs import GATE_SETS, with_gates
 
 ORIG = pipeline.state_walk_t_fwd
 

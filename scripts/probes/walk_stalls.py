@@ -14,9 +14,9 @@ import sys
 
 import torch
 
-from kernels.experiments.prefill_scaling import with_gates
 from kernels.prefill import gdn_prefill
 from kernels.spec import make_prefill_inputs
+from kernels.stress_inputs import with_gates
 
 gates = sys.argv[1] if len(sys.argv) > 1 else "every head long memory"
 x = with_gates(make_prefill_inputs([131072], seed=0, device="cuda", with_state=True), gates)
