@@ -455,3 +455,19 @@ def progress(items: Iterable, what: str, unit: str = "step"):
 
     items = list(items)
     return tqdm(items, desc=what, unit=unit, file=sys.stderr, mininterval=1.0, ncols=100)
+
+
+def batch_axis(ax, Bs, min_gap: float = 0.9) -> None:
+    """Log2 x over batch sizes: a tick at every B, labelled where it is at least ``min_gap``
+    octaves from the last labelled one (32, 48 and 64 would overlap), and the axis label."""
+    import math
+
+    ax.set_xscale("log", base=2)
+    labels, last = [], None
+    for b in Bs:
+        keep = last is None or math.log2(b) - math.log2(last) >= min_gap
+        labels.append(str(int(b)) if keep else "")
+        last = b if keep else last
+    ax.set_xticks(list(Bs), labels)
+    ax.minorticks_off()
+    ax.set_xlabel("batch size B")

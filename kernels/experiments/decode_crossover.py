@@ -44,7 +44,8 @@ import pandas as pd
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import CPU_WALL, method_available, time_each
 
-from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
+from .common import (COMMON_PARAMS, Param, Run, batch_axis, collect_params as _collect,
+                     figure_legend,
                      fmt_us, fmt_x, new_figure, plural, progress, start_run, unique_in_order)
 
 from . import decode_replay as _replay
@@ -668,19 +669,6 @@ def _gpu_of(times: pd.DataFrame) -> str:
     return str(times.gpu.iloc[0]) if "gpu" in times and len(times) else ""
 
 
-def _logx(ax, Bs, min_gap: float = 0.9):
-    """Log2 x with a tick at every B, labelled where it is at least ``min_gap`` octaves
-    from the last labelled one (32, 48, 64 would overlap)."""
-    ax.set_xscale("log", base=2)
-    labels, last = [], None
-    for b in Bs:
-        keep = last is None or math.log2(b) - math.log2(last) >= min_gap
-        labels.append(str(int(b)) if keep else "")
-        last = b if keep else last
-    ax.set_xticks(list(Bs), labels)
-    ax.minorticks_off()
-
-
 #: what each method's panel shows (titles of the per-method figures)
 METHOD_MEANING = {
     "cupti_cold": "GPU span, cold L2, idle host (contest)",
@@ -716,7 +704,7 @@ def plot_time_vs_B(times: pd.DataFrame):
             ax.plot(fl.B, fl.floor_us, "k--" if method != "host" else "k:", lw=1,
                     label="copy-bandwidth floor" if method != "host"
                     else "one bare Triton launch (host floor)")
-        _logx(ax, sorted(t.B.unique()))
+        batch_axis(ax, sorted(t.B.unique()))
         ax.set_xlabel("batch size B")
         ax.set_ylabel("µs per call, median, p20–p80")
         _auto_logy(ax, t.median_us)
@@ -776,7 +764,7 @@ def plot_speedup(times: pd.DataFrame, baselines: Sequence[str]):
                     notes.append(f"{label}: B≈{b:.3g} ({d})")
             ax.axhline(1.0, color="k", lw=0.8)
             _ratio_scale(ax, sp.speedup)
-            _logx(ax, sorted(t.B.unique()))
+            batch_axis(ax, sorted(t.B.unique()))
             ax.set_xlabel("batch size B")
             ax.set_ylabel(f"{baseline} time / time (>1: faster)")
             if left_out:
@@ -812,7 +800,7 @@ def plot_bw_fraction(times: pd.DataFrame):
             s = t[t.label == label].sort_values("B")
             ax.plot(s.B, s.frac_of_copy_bw, marker="o", ms=3, label=label)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        _logx(ax, sorted(t.B.unique()))
+        batch_axis(ax, sorted(t.B.unique()))
         v = t.frac_of_copy_bw.to_numpy(float)
         v = v[np.isfinite(v) & (v > 0)]
         if len(v):

@@ -39,8 +39,9 @@ import pandas as pd
 from kernels.bench.gate import FAIL, PASS
 from kernels.bench.timing import CPU_WALL, method_available, time_each
 
-from .common import (Param, Run, figure_legend, fmt_us, fmt_x, new_figure, progress,
+from .common import (Param, Run, batch_axis, figure_legend, fmt_us, fmt_x, new_figure, progress,
                      unique_in_order)
+from .decode_serving import timing_title
 
 SPEC_T = 4
 KINDS = ("standard", "replay", "standard_spec", "replay_spec")
@@ -420,20 +421,6 @@ def replay_drift_table(drift: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- figures
 
 
-def _title(t: pd.DataFrame) -> str:
-    gpu = str(t.gpu.iloc[0]) if len(t) else ""
-    method = str(t.method.iloc[0]) if len(t) else ""
-    note = " (cpu_wall: interpreter wall time, plumbing only)" if method == CPU_WALL else ""
-    return f"{gpu}, timing: {method} (median, p20–p80){note}"
-
-
-def _logx(ax, Bs):
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(Bs), [str(int(b)) for b in Bs])
-    ax.minorticks_off()
-    ax.set_xlabel("batch size B")
-
-
 def plot_replay_times(times: pd.DataFrame, spec: bool = False, accept=()):
     """µs per generated token vs B (standard and each L; fp32 solid, bf16 dashed) and
     replay / standard per L; ``accept``: the acceptance pattern (for the title)."""
@@ -455,7 +442,7 @@ def plot_replay_times(times: pd.DataFrame, spec: bool = False, accept=()):
         line, = ax.plot(g.B, g.us_per_token, label=f"{label}, {dname}", **kw)
         colors.setdefault(label, line.get_color())
         ax.fill_between(g.B, g.p20_us, g.p80_us, color=line.get_color(), alpha=0.12)
-    _logx(ax, Bs)
+    batch_axis(ax, Bs)
     ax.set_yscale("log")
     ax.set_ylabel("µs per generated token")
     ax.set_title("time per generated token" + (f" (T={SPEC_T} verification)" if spec else ""),
@@ -469,7 +456,7 @@ def plot_replay_times(times: pd.DataFrame, spec: bool = False, accept=()):
                 ar.plot(r.index, r.values, marker="o", ms=3, color=colors.get(label),
                         ls="-" if dname == "float32" else "--", label=f"{label}, {dname}")
                 vals += list(r.values)
-    _logx(ar, Bs)
+    batch_axis(ar, Bs)
     ar.axhline(1.0, color="k", lw=0.8)
     target = 0.6 if spec else 0.65
     ar.axhline(target, color="k", lw=0.8, ls=":")
@@ -480,7 +467,7 @@ def plot_replay_times(times: pd.DataFrame, spec: bool = False, accept=()):
     figure_legend(fig, axes)   # outside: a dozen lines, no room inside the panels
     what = (f"speculative verification, T={SPEC_T}, accepted "
             f"{'/'.join(str(a) for a in accept)} per call") if spec else "one token per call"
-    fig.suptitle(f"GDN replay decode vs standard, {what} — {_title(t)}", fontsize=10)
+    fig.suptitle(f"GDN replay decode vs standard, {what} — {timing_title(t)}", fontsize=10)
     return fig
 
 
@@ -503,10 +490,13 @@ def plot_replay_bytes(times: pd.DataFrame):
         g = g.drop_duplicates("L").sort_values("L")
         ax.plot(g.L, g.bytes_per_token / g.std_bytes, marker="o", ms=3,
                 ls="-" if dname == "float32" else "--", label=f"{kind}, {dname}")
+    drawn = set()   # one grey line per ratio: the dtypes' relative ratios nearly coincide
     for (kind, dname), g in r[(r.B == B0) & r.kind.str.startswith("standard")].groupby(
             ["kind", "state_dtype"], sort=False):
-        ax.axhline(float((g.bytes_per_token / g.std_bytes).iloc[0]), lw=0.8,
-                   ls="-" if dname == "float32" else "--", color="grey")
+        y = float((g.bytes_per_token / g.std_bytes).iloc[0])
+        if round(y, 2) not in drawn:
+            drawn.add(round(y, 2))
+            ax.axhline(y, lw=0.8, ls="-" if dname == "float32" else "--", color="grey")
     ax.set_xscale("log", base=2)
     Ls = sorted(int(x) for x in sel.L.unique()) if len(sel) else []
     if Ls:
@@ -521,11 +511,11 @@ def plot_replay_bytes(times: pd.DataFrame):
         g = g.sort_values("B")
         af.plot(g.B, g.frac_of_floor, marker="o", ms=3,
                 ls="-" if dname == "float32" else "--", label=f"{label}, {dname}")
-    _logx(af, sorted(times.B.unique()))
+    batch_axis(af, sorted(times.B.unique()))
     af.set_ylabel("own floor / measured time")
     af.set_title("fraction of each contract's floor (copy bandwidth)", fontsize=9)
     _legend_below(af)
-    fig.suptitle(f"GDN replay decode: bytes per token and floors — {_title(times)}",
+    fig.suptitle(f"GDN replay decode: bytes per token and floors — {timing_title(times)}",
                  fontsize=10)
     return fig
 

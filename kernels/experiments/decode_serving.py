@@ -39,7 +39,7 @@ import pandas as pd
 from kernels.bench.gate import PASS, UNAVAILABLE, gate_call
 from kernels.bench.timing import CPU_WALL, method_available, time_each
 
-from .common import Run, figure_legend, new_figure, progress, unique_in_order
+from .common import Run, batch_axis, figure_legend, new_figure, progress, unique_in_order
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 # label -> kernels.peers name (None: ours)
@@ -247,18 +247,12 @@ def serving_table(times: pd.DataFrame, section: str) -> pd.DataFrame:
 # --------------------------------------------------------------------------- figures
 
 
-def _title(times: pd.DataFrame) -> str:
+def timing_title(times: pd.DataFrame) -> str:
+    """``"<gpu>, timing: <method> (median, p20–p80)"``, noting what cpu_wall is."""
     gpu = str(times.gpu.iloc[0]) if len(times) else ""
     method = str(times.method.iloc[0]) if len(times) else ""
     note = " (cpu_wall: interpreter wall time, plumbing only)" if method == CPU_WALL else ""
     return f"{gpu}, timing: {method} (median, p20–p80){note}"
-
-
-def _logx(ax, Bs):
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(Bs), [str(int(b)) for b in Bs])
-    ax.minorticks_off()
-    ax.set_xlabel("batch size B")
 
 
 def _ratio_axis(ax, values) -> None:
@@ -315,19 +309,19 @@ def plot_serving_pooled(times: pd.DataFrame):
     for layout in unique_in_order(t.layout):
         _line(ax, t[t.layout == layout], f"ours, {layout} state")
     _floors(ax, t)
-    _logx(ax, sorted(t.B.unique()))
+    batch_axis(ax, sorted(t.B.unique()))
     ax.set_yscale("log")
     ax.set_ylabel("time per call (µs)")
     ax.set_title("time vs B (T=1, fp32 state)", fontsize=9)
     ax.legend(fontsize=7)
     vals = _ratio_lines(ar, t, dict(layout="pooled"), dict(layout="dense"), "pooled / dense")
-    _logx(ar, sorted(t.B.unique()))
+    batch_axis(ar, sorted(t.B.unique()))
     _ratio_axis(ar, vals)
     ar.set_ylabel("pooled time / dense time")
     ar.set_title("cost of the pool (slots at random, pool of 2B)", fontsize=9)
     if vals:
         ar.legend(fontsize=7)
-    fig.suptitle(f"GDN decode: state pool vs dense state — {_title(t)}")
+    fig.suptitle(f"GDN decode: state pool vs dense state — {timing_title(t)}")
     return fig
 
 
@@ -350,7 +344,7 @@ def plot_serving_tokens(times: pd.DataFrame):
         if len(inter):
             _line(ax, inter, f"ours T={T} +states", ls="--", color=line.get_color())
     _floors(ax, ours[~ours.intermediate])
-    _logx(ax, Bs)
+    batch_axis(ax, Bs)
     ax.set_yscale("log")
     ax.set_ylabel("time per call (µs)")
     ax.set_title("ours, fp32 state: time vs B per T\n(dashed: +intermediate states)", fontsize=9)
@@ -373,13 +367,13 @@ def plot_serving_tokens(times: pd.DataFrame):
                 ar.plot(r.index, r.values, marker="o", ms=3, label=name,
                         ls="--" if inter else "-", color=colors[key])
                 vals += list(r.values)
-    _logx(ar, Bs)
+    batch_axis(ar, Bs)
     _ratio_axis(ar, vals)
     ar.set_ylabel("time(T tokens, one call) / time(T=1)")
     ar.set_title("what the extra tokens cost (state read once)", fontsize=9)
     if vals:
         _legend_below(ar)
-    fig.suptitle(f"GDN decode: T tokens per sequence in one call — {_title(t)}"
+    fig.suptitle(f"GDN decode: T tokens per sequence in one call — {timing_title(t)}"
                  + ("" if peers else "\n(no FlashInfer multi-token timings in this run: "
                     "no panel against them)"))
     if ap is None:
@@ -391,7 +385,7 @@ def plot_serving_tokens(times: pd.DataFrame):
                                   {"label": "ours", "T": T, "state_dtype": dtype,
                                    "intermediate": False},
                                   f"{peer} / ours, T={T}")
-    _logx(ap, Bs)
+    batch_axis(ap, Bs)
     _ratio_axis(ap, pvals)
     _legend_below(ap)
     ap.set_ylabel("FlashInfer time / our time (>1: ours faster)")
@@ -416,7 +410,7 @@ def plot_serving_state_dtype(times: pd.DataFrame):
         _line(ax, g, f"{label}, {dtype} state")
     _floors(ax, t, by="state_dtype")
     Bs = sorted(t.B.unique())
-    _logx(ax, Bs)
+    batch_axis(ax, Bs)
     ax.set_yscale("log")
     ax.set_ylabel("time per call (µs)")
     ax.set_title("time vs B (T=1, dense state)", fontsize=9)
@@ -426,13 +420,13 @@ def plot_serving_state_dtype(times: pd.DataFrame):
     for dtype, peer in (("float32", "flashinfer"), ("bfloat16", "flashinfer_bf16")):
         vals += _ratio_lines(ar, t, dict(label=peer, state_dtype=dtype),
                              dict(label="ours", state_dtype=dtype), f"{peer} / ours ({dtype})")
-    _logx(ar, Bs)
+    batch_axis(ar, Bs)
     _ratio_axis(ar, vals)
     ar.set_ylabel("time ratio (>1: the denominator is faster)")
     ar.set_title("bf16 state speedup, and FlashInfer vs ours", fontsize=9)
     if vals:
         ar.legend(fontsize=7)
-    fig.suptitle(f"GDN decode: fp32 vs bf16 state — {_title(t)}")
+    fig.suptitle(f"GDN decode: fp32 vs bf16 state — {timing_title(t)}")
     return fig
 
 
