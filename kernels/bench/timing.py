@@ -407,8 +407,7 @@ def _time_graph(fn, rep, warmup):
         graph = _capture(fn, 0, k)
         graph.replay()
     try:
-        t = _summarize("graph", [x / k for x in _replay_samples(graph, rep)])
-        return t
+        return _summarize("graph", [x / k for x in _replay_samples(graph, rep)])
     finally:
         del graph
 

@@ -37,6 +37,23 @@ def _check_buffer(name, x, dtype, shape, q) -> None:
         raise ValueError(f"{name} must be contiguous (got strides {x.stride()})")
 
 
+def _validate(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, check_values):
+    """The decode inputs checked (slot values too when ``check_values``; None: only off
+    CUDA, where it costs no sync): ``(GDNShape, check_values as a bool)``."""
+    if check_values is None:
+        check_values = not (isinstance(q, torch.Tensor) and q.device.type == "cuda")
+    check_values = bool(check_values)
+    return validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices,
+                                  check_values=check_values), check_values
+
+
+def _check_status(status, pooled: bool, q) -> None:
+    if status is not None:
+        if not pooled:
+            raise ValueError("status goes with state_indices (it reports bad pool slots)")
+        _check_buffer("status", status, torch.int32, (1,), q)
+
+
 def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
     if config is None:
         return config_for_device(batch, device, head_dim)
@@ -65,10 +82,8 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
                    status=None):
     """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
     see :func:`gdn_decode`."""
-    if check_values is None:
-        check_values = not (isinstance(q, torch.Tensor) and q.device.type == "cuda")
-    shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices,
-                                   check_values=bool(check_values))
+    shape, check_values = _validate(q, k, v, state, A_log, a, dt_bias, b, scale,
+                                    state_indices, check_values)
     HQ, HV, D = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     B, T = q.shape[0], q.shape[1]
     pooled = state_indices is not None
@@ -83,10 +98,7 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
             raise ValueError("output_state must be None when the state is updated in place "
                              "(inplace=True or state_indices)")
         _check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
-    if status is not None:
-        if not pooled:
-            raise ValueError("status goes with state_indices (it reports bad pool slots)")
-        _check_buffer("status", status, torch.int32, (1,), q)
+    _check_status(status, pooled, q)
     cfg = _resolve_config(config, B, D, q.device)
 
     # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)

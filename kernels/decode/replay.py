@@ -24,9 +24,9 @@ from typing import Optional, Tuple, Union
 import torch
 import triton
 
-from ..spec import resolve_scale, validate_decode_inputs
+from ..spec import resolve_scale
 from .config import DecodeConfig
-from .ops import _check_buffer, _resolve_config
+from .ops import _check_buffer, _check_status, _resolve_config, _validate
 from .replay_kernel import gdn_replay_kernel
 
 __all__ = ["ReplayRing", "gdn_replay_decode", "replay_state_bytes"]
@@ -199,10 +199,8 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
         TypeError / ValueError naming the offending argument, before anything is
         written or launched.
     """
-    if check_values is None:
-        check_values = not (isinstance(q, torch.Tensor) and q.device.type == "cuda")
-    shape = validate_decode_inputs(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices,
-                                   check_values=bool(check_values))
+    shape, check_values = _validate(q, k, v, state, A_log, a, dt_bias, b, scale,
+                                    state_indices, check_values)
     hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     B, T = q.shape[0], q.shape[1]
     pooled = state_indices is not None
@@ -211,16 +209,13 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
         _check_rollback(rollback, B, q)
     if output is not None:
         _check_buffer("output", output, torch.bfloat16, (B, T, hv, d), q)
-    if status is not None:
-        if not pooled:
-            raise ValueError("status goes with state_indices (it reports bad pool slots)")
-        _check_buffer("status", status, torch.int32, (1,), q)
+    _check_status(status, pooled, q)
     cfg = _resolve_config(config, B, d, q.device)
     if check_values:
         _check_ring_values(ring, rollback, state_indices)
     bv = min(cfg.BV * cfg.V_TILES, d)
 
-    o = output if output is not None else q.new_empty((B, T, hv, d))
+    o = output if output is not None else torch.empty_like(v)   # [B, T, HV, D] bf16
     if B == 0:
         return o, state
     grid = (B * hv * (d // bv),)

@@ -460,8 +460,6 @@ def progress(items: Iterable, what: str, unit: str = "step"):
 def batch_axis(ax, Bs, min_gap: float = 0.9) -> None:
     """Log2 x over batch sizes: a tick at every B, labelled where it is at least ``min_gap``
     octaves from the last labelled one (32, 48 and 64 would overlap), and the axis label."""
-    import math
-
     ax.set_xscale("log", base=2)
     labels, last = [], None
     for b in Bs:
@@ -471,3 +469,34 @@ def batch_axis(ax, Bs, min_gap: float = 0.9) -> None:
     ax.set_xticks(list(Bs), labels)
     ax.minorticks_off()
     ax.set_xlabel("batch size B")
+
+
+#: what each timing method's panel shows (titles of the per-method figures)
+METHOD_MEANING = {
+    "cupti_cold": "GPU span, cold L2, idle host (contest)",
+    "graph": "GPU time, warm L2, graph replay",
+    "event": "GPU time, cold L2, launch hidden",
+    "host": "HOST time per eager call",
+    "cpu_wall": "interpreter wall time",
+}
+
+
+def method_title(method: str) -> str:
+    """``"<method>: <what it measures>"``."""
+    return f"{method}: {METHOD_MEANING.get(method, '')}".rstrip(": ")
+
+
+def host_table(times: pd.DataFrame) -> pd.DataFrame:
+    """The ``host`` rows of a times frame (``floor_us``: one bare Triton launch): per
+    implementation (``label``) the median host µs per call over the points, the floor and
+    the ratio, lowest first."""
+    cols = ["label", "median_us", "floor_us", "x_floor"]
+    if times is None or not len(times) or "floor_us" not in times:
+        return pd.DataFrame(columns=cols)
+    h = times[times.method == "host"]
+    if h.empty:
+        return pd.DataFrame(columns=cols)
+    out = h.groupby("label", sort=False).agg(median_us=("median_us", "median"),
+                                             floor_us=("floor_us", "first")).reset_index()
+    out["x_floor"] = out.median_us / out.floor_us
+    return out.sort_values("median_us").reset_index(drop=True)

@@ -45,8 +45,8 @@ from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_
 from kernels.bench.timing import CPU_WALL, method_available, time_each
 
 from .common import (COMMON_PARAMS, Param, Run, batch_axis, collect_params as _collect,
-                     figure_legend,
-                     fmt_us, fmt_x, new_figure, plural, progress, start_run, unique_in_order)
+                     figure_legend, fmt_us, fmt_x, host_table, method_title, new_figure, plural,
+                     progress, start_run, unique_in_order)
 
 from . import decode_replay as _replay
 from . import decode_serving as _serving
@@ -557,18 +557,6 @@ def times_table(times: pd.DataFrame) -> pd.DataFrame:
     return out[unique_in_order(times.label)]
 
 
-def host_table(times: pd.DataFrame) -> pd.DataFrame:
-    """``host`` rows: per implementation the median host µs per call over B, the bare
-    launch floor and the ratio, lowest first."""
-    h = times[times.method == "host"] if len(times) else times
-    if h is None or h.empty:
-        return pd.DataFrame(columns=["label", "median_us", "floor_us", "x_floor"])
-    out = h.groupby("label", sort=False).agg(median_us=("median_us", "median"),
-                                             floor_us=("floor_us", "first")).reset_index()
-    out["x_floor"] = out.median_us / out.floor_us
-    return out.sort_values("median_us").reset_index(drop=True)
-
-
 def run_serving(run: Run) -> Dict[str, pd.DataFrame]:
     """Sections 7: pooled vs dense, T tokens per call, fp32 vs bf16 state
     (:func:`kernels.experiments.decode_serving.run_serving`, floors from this
@@ -667,20 +655,6 @@ def _auto_logy(ax, values) -> None:
 
 def _gpu_of(times: pd.DataFrame) -> str:
     return str(times.gpu.iloc[0]) if "gpu" in times and len(times) else ""
-
-
-#: what each method's panel shows (titles of the per-method figures)
-METHOD_MEANING = {
-    "cupti_cold": "GPU span, cold L2, idle host (contest)",
-    "graph": "GPU time, warm L2, graph replay",
-    "event": "GPU time, cold L2, launch hidden",
-    "host": "HOST time per eager call",
-    "cpu_wall": "interpreter wall time",
-}
-
-
-def method_title(method: str) -> str:
-    return f"{method}: {METHOD_MEANING.get(method, '')}".rstrip(": ")
 
 
 def plot_time_vs_B(times: pd.DataFrame):

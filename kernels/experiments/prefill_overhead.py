@@ -45,7 +45,8 @@ from kernels.bench.timing import time_each
 from kernels.spec import lens_label, parse_shape
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
-                     new_figure, plural, progress, start_run, unique_in_order)
+                     host_table, method_title, new_figure, plural, progress, start_run,
+                     unique_in_order)
 
 STEM = "02_prefill_launch_overhead"
 #: The steps of the waterfall, in order; the token-recurrent variant joins the table after them.
@@ -358,18 +359,6 @@ def _measure_remote(run, fn, label, impl, variant, lab, lens, inputs, methods, g
                           _base_row(run, impl, variant, lab, lens, label, res.get("timeline") or {}))
 
 
-def host_table(times: pd.DataFrame) -> pd.DataFrame:
-    """``host`` rows: per implementation the median host µs per call over the shapes, the
-    bare-launch floor and the ratio, lowest first."""
-    h = times[times.method == "host"] if len(times) and "floor_us" in times else times.iloc[0:0]
-    if h.empty:
-        return pd.DataFrame(columns=["label", "median_us", "floor_us", "x_floor"])
-    out = h.groupby("label", sort=False).agg(median_us=("median_us", "median"),
-                                             floor_us=("floor_us", "first")).reset_index()
-    out["x_floor"] = out.median_us / out.floor_us
-    return out.sort_values("median_us").reset_index(drop=True)
-
-
 def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
                    method: str = "cupti_cold") -> pd.DataFrame:
     """Per implementation at one shape: launches, busy, span, idle fraction, time."""
@@ -495,8 +484,7 @@ def plot_time_vs_T(times: pd.DataFrame):
         ax.set_yscale("log")
         ax.set_xlabel("total tokens T (log)")
         ax.set_ylabel("µs per call (log)")
-        ax.set_title(f"{method}: {'HOST time per eager call' if method == 'host' else 'GPU time'}"
-                     f" — {gpu}", fontsize=9)
+        ax.set_title(f"{method_title(method)} — {gpu}", fontsize=9)
     handles = [Line2D([], [], color=colors[lab], marker="o", ms=3, label=lab) for lab in labels]
     handles += [Line2D([], [], color="k", marker=markers[b], ls="", label=b) for b in batches]
     fig.legend(handles=handles, fontsize=7, loc="outside right center")
