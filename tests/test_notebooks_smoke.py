@@ -45,7 +45,6 @@ REQUIRED = {
 }
 IMPLS = {"ours", "fla", "flashinfer", "torch", "fla (triton)", "fla (flashqla backend)",
          "flashqla", "fla_recurrent", "ours (multi_gpu)", "fla cp_context"}
-SMOKE_BUDGET_S = 6 * 60
 
 
 def _has_gpu() -> bool:
@@ -71,11 +70,18 @@ def smoke(tmp_path_factory):
     return slugs[0], log, seconds
 
 
-def test_smoke_runtime(smoke):
+def test_smoke_summary(smoke):
+    """The runner's end-of-run summary names every notebook with its seconds and the count.
+
+    How long the run takes is printed (CI logs keep it), never asserted: a wall-time
+    bound on a shared 2-core machine tests the machine, not the code.
+    """
     _, log, seconds = smoke
     print(f"smoke run of all notebooks: {seconds:.0f} s")
-    if not _has_gpu():
-        assert seconds < SMOKE_BUDGET_S * 1.5, f"smoke run took {seconds:.0f} s:\n{log[-3000:]}"
+    summary = log[log.index("== summary"):]
+    for stem in REQUIRED:
+        assert re.search(rf"^{stem}: ok \(\d+ s\)$", summary, re.M), f"{stem} not ok:\n{summary}"
+    assert f"{len(REQUIRED)}/{len(REQUIRED)} notebooks ok" in summary
 
 
 @pytest.mark.parametrize("stem", list(REQUIRED))
