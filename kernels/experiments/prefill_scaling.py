@@ -512,28 +512,22 @@ def plot_gate_dependence(df: pd.DataFrame):
 
 
 def plan_table(run: Run) -> pd.DataFrame:
-    """How our ``fused`` call splits each shape (host rules, no launch): ``path`` (recurrent,
-    one launch, walk, chained CP, long CP, long CP with the split chosen on the device:
+    """How our ``fused`` call splits each shape, read from its plan
+    (:func:`kernels.prefill.prefill_plan`, host rules, no launch): ``path`` (recurrent, one
+    launch, walk, chained CP, long CP, long CP with the split chosen on the device:
     ``seg_chunks`` or half of it), walk tile width ``BV``, ``seg_chunks`` (chunks per CP
     segment), ``segments`` (per call), ``launches``."""
-    from kernels.prefill import DEFAULT_CONFIG, plan_fused, recurrent_rule
-    from kernels.prefill.context_parallel import cp_long, cp_split
+    from kernels.prefill import prefill_plan
 
     sh = run.state["shape"]
     rows = []
     for lab, lens in run.state["shapes"]:
         T, N = sum(lens), len(lens)
-        BV, seg = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
-        long = bool(seg) and cp_long(T, N)
-        path = ("recurrent" if recurrent_rule(T, None, DEFAULT_CONFIG) else
-                "long CP, split on the device" if long and cp_split(seg) else
-                "long CP" if long else "chained CP" if seg else
-                "one launch" if T <= DEFAULT_CONFIG.single_launch_max_T else "walk")
+        plan = prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        seg = plan.seg_chunks
         segs = sum(max(-(-n // (seg * 64)), 1) for n in lens if n) if seg else 0
-        rows.append(dict(lens=lab, T=T, N=N, path=path, BV=BV, seg_chunks=seg, segments=segs,
-                         launches={"recurrent": 1, "one launch": 1, "walk": 2,
-                                   "chained CP": 3, "long CP": 4,
-                                   "long CP, split on the device": 5}[path]))
+        rows.append(dict(lens=lab, T=T, N=N, path=plan.label, BV=plan.BV, seg_chunks=seg,
+                         segments=segs, launches=plan.launches))
     df = pd.DataFrame(rows)
     run.write_csv(df, "plan")
     return df
