@@ -259,10 +259,15 @@ def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
 
 def _workspace(plan: Plan, device) -> dict:
     """The plan's intermediates as views of one allocation (:func:`.plan.workspace_layout`),
-    by name."""
-    buf = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
-    return {name: buf[off:off + n].view(dtype).view(shape)
-            for name, dtype, shape, off, n in plan.layout}
+    by name: a float32 buffer, viewed once per other dtype, cut by ``as_strided``."""
+    buf = torch.empty(plan.nbytes // 4, dtype=torch.float32, device=device)
+    base, out = {torch.float32: buf}, {}
+    for name, dtype, shape, strides, offset in plan.views:
+        whole = base.get(dtype)
+        if whole is None:
+            whole = base[dtype] = buf.view(dtype)
+        out[name] = whole.as_strided(shape, strides, offset)
+    return out
 
 
 def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o,

@@ -112,7 +112,8 @@ class Plan:
             :func:`.context_parallel.segment_split_fwd` (``cp_long_split``); seg_t: tokens
             per segment slot (the split's halves on ``cp_long_split``).
         layout, nbytes: the workspace's views ``(name, dtype, shape, offset, bytes)`` and
-            the bytes of its one allocation (:func:`workspace_layout`).
+            the bytes of its one allocation (:func:`workspace_layout`); views: the same as
+            ``(name, dtype, shape, strides, element offset)``, what a call cuts them with.
     """
 
     path: str
@@ -138,6 +139,7 @@ class Plan:
     seg_t: int = 0
     layout: tuple = ()
     nbytes: int = 0
+    views: tuple = ()
 
     @property
     def label(self) -> str:
@@ -293,7 +295,9 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
                                **prec))
     if path != "recurrent":
         layout = workspace_layout(T, N, HV, D, seg, long, split, cfg.storage, cfg.solve)
-        kw.update(layout=layout, nbytes=_aligned_end(layout))
+        kw.update(layout=layout, nbytes=_aligned_end(layout), views=tuple(
+            (name, dt, shape, _strides(shape), off // dt.itemsize)
+            for name, dt, shape, off, _ in layout))
     return Plan(**kw)
 
 
@@ -359,7 +363,18 @@ def _nbytes(dtype, shape) -> int:
 
 
 def _aligned_end(layout) -> int:
-    return layout[-1][3] + layout[-1][4] if layout else 0
+    """The layout's bytes, rounded up to :data:`WORKSPACE_ALIGN` (so that the buffer can be
+    allocated as float32 and viewed as any of the views' dtypes)."""
+    end = layout[-1][3] + layout[-1][4] if layout else 0
+    return -(-end // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
+def _strides(shape) -> tuple:
+    out, n = [], 1
+    for s in reversed(shape):
+        out.append(n)
+        n *= int(s)
+    return tuple(reversed(out))
 
 
 def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
