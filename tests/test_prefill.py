@@ -282,9 +282,10 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
     pytest.param(0, False, "batched", "precise", 128 * 2 * 516, id="batched-precise"),
 ])
 def test_workspace_bytes(seg, long, solve, storage, expected):
-    from kernels.prefill.plan import workspace_bytes
+    cfg = PrefillConfig(storage=storage, solve=solve)
     with _rules(cp_long=lambda T, N: long):
-        assert workspace_bytes(128, 1, 2, 16, seg, storage, solve) == expected
+        plan = plan_mod.prefill_plan(128, 1, 2, 16, "cpu", cp=seg, config=cfg)
+    assert plan.workspace_bytes == expected
 
 
 @pytest.mark.parametrize("solve, single, expected", [

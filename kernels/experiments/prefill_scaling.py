@@ -312,8 +312,7 @@ def run_split_costs(run: Run) -> pd.DataFrame:
     segment)``) and with the rule's own split (``default``), each gated against the chunked
     float32 reference and timed with the first available method of ``methods``
     (``split_costs.csv``)."""
-    from kernels.prefill import gdn_prefill, plan_fused
-    from kernels.prefill.context_parallel import cp_long
+    from kernels.prefill import gdn_prefill, prefill_plan
 
     p, sh = run.params, run.state["shape"]
     method = _first_method(run)
@@ -325,7 +324,7 @@ def run_split_costs(run: Run) -> pd.DataFrame:
         lens = shapes.get(lab) or parse_shape(lab)[1]
         T, N = sum(lens), len(lens)
         chunks = -(-T // 64) / max(N, 1)
-        _, seg0 = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        seg0 = prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device).seg_chunks
         segs = {max(int(round(chunks / n)), 1): False for n in p["split_segments"]}
         if seg0:
             segs[seg0] = True
@@ -335,7 +334,8 @@ def run_split_costs(run: Run) -> pd.DataFrame:
             g = gate_call(call, inputs, ref, run.device)
             fn = (lambda f=call, x=inputs: f(**x))
             row = dict(lens=lab, T=T, N=N, segments=int(-(-chunks // seg)), seg_chunks=seg,
-                       path="long CP" if cp_long(T, N) else "chained CP", default=default,
+                       path=prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device,
+                                         cp=seg).label, default=default,
                        status=g["status"], max_abs_err=g["max_abs_err"], method=method,
                        median_us=float("nan"), p20_us=float("nan"), p80_us=float("nan"),
                        gpu=run.gpu)
@@ -537,8 +537,8 @@ def run_anatomy(run: Run, times: pd.DataFrame) -> Dict[str, pd.DataFrame]:
     """Per-kernel times (GPU), rooflines (GPU) and sm_90 resources (any host) of our call
     at ``anatomy_shapes``. Returns ``{"kernels", "roofline", "resources"}``."""
     from kernels.bench import anatomy, roofline, sm90
-    from kernels.prefill import plan_fused
-    from kernels.prefill.context_parallel import cp_long, sm_count
+    from kernels.prefill import prefill_plan
+    from kernels.prefill.context_parallel import sm_count
 
     p, sh = run.params, run.state["shape"]
     ours = run.state["impls"].get("ours")
@@ -573,10 +573,11 @@ def run_anatomy(run: Run, times: pd.DataFrame) -> Dict[str, pd.DataFrame]:
             run.skip(f"per-kernel times lens={lab}", short_reason(e))
             continue
         kern.append(kt.assign(lens=lab, T=T, N=N, gpu=run.gpu))
-        _, seg = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        plan = prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        seg, long = plan.seg_chunks, plan.path.startswith("cp_long")
         for k in kt.itertuples():
             try:
-                m = roofline.prefill_kernel_model(k.role, lens, sh, seg, bool(seg) and cp_long(T, N),
+                m = roofline.prefill_kernel_model(k.role, lens, sh, seg, long,
                                                   with_state=p["with_state"])
             except ValueError:
                 continue

@@ -102,8 +102,10 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             (``N + 1`` entries) once; ``graph``: the same in its unpack kernel;
             ``no_sync``: one extra launch.
         cp: context parallelism (``fused``/``graph`` only): None applies the rule
-            of :mod:`.context_parallel`, False turns it off, True forces it, an int
-            forces segments of that many chunks.
+            of :mod:`.context_parallel`, False turns it off, True forces it (the rule's
+            segments, with the split chosen on the device where the rule takes it), an
+            int forces segments of that many chunks, which the device does not split
+            (:mod:`.plan`; its note and :func:`launch_count_hint` say so).
         config: a :class:`PrefillConfig`; None: the defaults (bf16 intermediates and
             products, like FLA and FlashInfer). ``ACCURATE_CONFIG`` for long-memory,
             high-beta inputs (see :mod:`kernels.stress_inputs`).

@@ -17,15 +17,16 @@ variant         stages                                                       GPU
                 table (sync); intra-chunk; state walk + outputs              (2 D2H syncs, 1 H2D)
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     3 kernels, no copies
                 host sync; ``cu_seqlens`` checked on the device (the walk)
-``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3-4 with CP;
-                diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128
-                intermediates); (2) state walk forming ``v_new`` and the     (``single_launch_max_T``);
-                outputs inline (and guarding ``cu_seqlens``); with           the guard inside the last
-                context parallelism (2) becomes
+``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3-5 with CP;
+                diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128;
+                intermediates); (2) state walk forming ``v_new`` and the     the guard inside the
+                outputs inline (and guarding ``cu_seqlens``); with           last (per path:
+                context parallelism (2) becomes                              :data:`.plan.LAUNCHES`)
                 segment summaries, then the walk that chains them;
                 from 16,384 tokens per sequence (long path) the
                 transposed summaries, a combine kernel and the
-                transposed walk from the entering states: 4;
+                transposed walk from the entering states: 4 (5 with
+                the split chosen on the device);
                 walks start by dependent launch (:mod:`.pdl`), repeat
                 launches skip Triton's binding and every launch is bound
                 before the first (:mod:`.launch`); for T <= 128, (1) also
@@ -190,8 +191,8 @@ def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, in
     ``seg_chunks == 0`` means no CP.
 
     ``cp``: None applies :func:`.context_parallel.cp_segment_chunks`; False/0 turns
-    CP off; True forces it (the rule's segment size, at least 2 chunks); an int
-    ``n`` forces segments of ``n`` chunks.
+    CP off; True forces it (the rule's segment size, at least 2 chunks, and the device's
+    split where the rule takes it); an int ``n`` forces segments of ``n`` chunks.
     """
     p = prefill_plan(T, N, HV, D, device, cp, config)
     return p.BV, p.seg_chunks

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 
@@ -52,10 +52,9 @@ from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STA
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks, cp_split,
                                sm_count, smem_per_block)
 from .intra_chunk import STORAGE
-from .pdl import pdl_supported
 
 __all__ = ["Plan", "prefill_plan", "plan_key", "LAUNCHES", "PATH_LABELS", "bucket_of",
-           "intra_kwargs", "workspace_layout", "workspace_bytes", "WORKSPACE_ALIGN",
+           "intra_kwargs", "workspace_layout", "WORKSPACE_ALIGN",
            "fitted_config", "clear_plan_cache"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
@@ -145,6 +144,12 @@ class Plan:
     def label(self) -> str:
         """The path in words (:data:`PATH_LABELS`)."""
         return PATH_LABELS[self.path]
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the intermediates the call holds (outputs excluded; without the
+        alignment between the views, which :attr:`nbytes` has)."""
+        return sum(v[4] for v in self.layout)
 
     @property
     def launch_key(self) -> str:
@@ -375,15 +380,3 @@ def _strides(shape) -> tuple:
         out.append(n)
         n *= int(s)
     return tuple(reversed(out))
-
-
-def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
-                    storage: str = "compact", solve: str = "batched") -> int:
-    """Bytes of intermediates one ``fused`` call with ``seg_chunks`` chunks per CP segment
-    holds (:func:`workspace_layout`; the long path by :func:`.context_parallel.cp_long`, the
-    split where the rule's segments take it, :func:`.context_parallel.cp_split`), without
-    the alignment between the views (:attr:`Plan.nbytes` has it)."""
-    long = bool(seg_chunks) and cp_long(T, N)
-    split = long and cp_split(seg_chunks)
-    return sum(v[4] for v in workspace_layout(T, N, HV, D, seg_chunks, long, split, storage,
-                                              solve))
