@@ -37,6 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
     (65536, 1, True, "cp_long_split", 5),   # True: the rule's segments, split included
     (65536, 1, 64, "cp_long", 4),        # an int fixes the segments: no split (noted)
     (8192, 1, False, "walk", 2),
+    (16384, 1, 32, "cp_long", 4),        # the rule would not split here either: no note
 ])
 def test_plan_paths_and_launches(T, N, cp, path, launches):
     p = prefill_plan(T, N, 8, 128, CPU, cp)

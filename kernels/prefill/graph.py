@@ -55,7 +55,7 @@ import triton.language as tl  # noqa: E402
 
 from .chunk_index import cu_status  # noqa: E402
 from .pipeline import _begin, fused_launches  # noqa: E402
-from .plan import _plan, bucket_of, fitted_config, plan_key  # noqa: E402
+from .plan import bucket_of, call_plan  # noqa: E402
 
 __all__ = ["prefill_graph", "bucket_of", "graph_cache_info", "clear_graph_cache",
            "MAX_BUCKETS", "FALLBACK_NOTE", "pack_kernel", "unpack_kernel"]
@@ -200,8 +200,7 @@ def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     T, N = q.shape[0], cu_seqlens.numel() - 1
     on_cuda = q.device.type == "cuda"
     D = shape.head_dim
-    plan = _plan(T, N, shape.num_v_heads, D, q.device, plan_key(cp), fitted_config(config, D),
-                 True)
+    plan = call_plan(T, N, shape.num_v_heads, D, q.device, cp, config, True)
     key = (str(q.device), plan.T, plan.N, shape.num_q_heads, shape.num_v_heads, D,
            state is not None, cu_seqlens.dtype, scale_r, cp, config, plan.path == "recurrent")
     bucket = _CACHE.get(key)

@@ -64,7 +64,7 @@ from .context_parallel import segment_combine_t_fwd, segment_split_fwd
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
-from .plan import Plan, _plan, fitted_config, intra_kwargs, plan_key, prefill_plan
+from .plan import Plan, call_plan, fitted_config, intra_kwargs, prefill_plan
 from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
 from .state_walk_t import state_walk_t_fwd
@@ -132,9 +132,8 @@ def _walk(walk, q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, guard, st
 
 def _shape_plan(q, shape, cu_seqlens, cp, config) -> Plan:
     """The call's :class:`.plan.Plan` (remembered per key: the hot path's one lookup)."""
-    D = shape.head_dim
-    return _plan(q.shape[0], cu_seqlens.numel() - 1, shape.num_v_heads, D, q.device,
-                 plan_key(cp), fitted_config(config, D))
+    return call_plan(q.shape[0], cu_seqlens.numel() - 1, shape.num_v_heads, shape.head_dim,
+                     q.device, cp, config)
 
 
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,

@@ -5,7 +5,8 @@ only (the call's ``T``, ``N``, heads, head size, device, ``cp`` and config), and
 :class:`Plan`; the ``fused`` and ``graph`` variants run it (:func:`.pipeline.fused_launches`),
 the compositions of notebook 02 take its walk, and :func:`kernels.prefill.launch_count_hint`
 and notebook 04's plan table (``plan.csv``) only read it. Plans are remembered per key
-(every eager call asks), so a repeat call finds its launch arguments built.
+(:func:`call_plan`: every eager call asks), so a repeat call finds its launch arguments
+built.
 
 The path (the one place it is chosen):
 
@@ -30,7 +31,8 @@ path                when                                                        
 ``cp``: None applies the rule; False/0 turns CP off; True forces CP with the rule's
 segments (at least 2 chunks), the device split included where the rule's segments take it;
 an int ``n`` forces segments of ``n`` chunks, which the device then does not split: where
-that turns a split off, :attr:`Plan.note` says so (and so does ``launch_count_hint``).
+the rule's segments would have been split, :attr:`Plan.note` says so (and so does
+``launch_count_hint``).
 
 The negligible threshold (``log_eps``, a :class:`.config.PrefillConfig` field) goes to
 every kernel that drops what the gates' decay has made negligible, as ``LOG_EPS``.
@@ -53,8 +55,8 @@ from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunk
                                sm_count, smem_per_block)
 from .intra_chunk import STORAGE
 
-__all__ = ["Plan", "prefill_plan", "plan_key", "LAUNCHES", "PATH_LABELS", "bucket_of",
-           "intra_kwargs", "workspace_layout", "WORKSPACE_ALIGN",
+__all__ = ["Plan", "prefill_plan", "call_plan", "plan_key", "MAX_PLANS", "LAUNCHES",
+           "PATH_LABELS", "bucket_of", "intra_kwargs", "workspace_layout", "WORKSPACE_ALIGN",
            "fitted_config", "clear_plan_cache"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
@@ -210,20 +212,42 @@ def prefill_plan(T: int, N: int, HV: int, D: int, device="cuda",
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _plan(int(T), int(N), int(HV), int(D), device, plan_key(cp),
-                 fitted_config(config, int(D)), bool(graph))
+    return call_plan(int(T), int(N), int(HV), int(D), device, cp, config, bool(graph))
+
+
+#: Plans by the key of :func:`call_plan` (at most :data:`MAX_PLANS`; then forgotten at once).
+_PLANS: dict = {}
+MAX_PLANS = 4096
+
+
+def call_plan(T: int, N: int, HV: int, D: int, device: torch.device, cp, config,
+              graph: bool = False) -> Plan:
+    """:func:`prefill_plan` for a call: ints, the inputs' ``device`` (with its index), the
+    caller's ``cp`` and ``config``; remembered on exactly these (one dict lookup per
+    call, as :func:`kernels.decode.table.config_for_device`), built on a miss (``cp`` and
+    ``config`` checked then)."""
+    key = (T, N, HV, D, device, cp.__class__, cp, config, graph)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:   # an unhashable cp or config: plan_key / fitted_config say why
+        plan = None
+    if plan is None:
+        plan = _plan(T, N, HV, D, device, plan_key(cp), fitted_config(config, D), graph)
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def clear_plan_cache() -> None:
     """Forget every plan (the rules' module constants changed, e.g. in a test)."""
-    _plan.cache_clear()
+    _PLANS.clear()
 
 
-@functools.lru_cache(maxsize=512)
 def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
           graph: bool = False) -> Plan:
-    """:func:`prefill_plan` on normalised arguments (the pipeline's hot path calls it with
-    the inputs' ``device``, :func:`plan_key` and :func:`fitted_config`)."""
+    """Apply the rules (:func:`prefill_plan` on checked arguments: :func:`plan_key`, the
+    fitted config)."""
     cp = cp_key[1]
     T_call = T
     if graph:
@@ -248,9 +272,9 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
         BV = walk_tile_rule(units, HV, D, n_sm, bool(seg))
     split = long and (cp is None or cp is True) and cp_split(seg)
     note = ""
-    if long and cp is not None and cp is not True:
+    if long and cp is not None and cp is not True and cp_split(cp_long_segment_chunks(T, N)):
         note = (f"cp={cp} fixes the segments at {seg} chunks: the device does not split "
-                "them (cp=None or True lets it)")
+                "them as the rule's would be (cp=None or True lets it)")
     walkers_ok = min(WALKER_BV, D) >= 64 or interpret.INTERPRET
     if recurrent_rule(T_call, cp, cfg):
         path = "recurrent"

@@ -7,10 +7,13 @@ D=128) on the CPU; the paths: the token-recurrent kernel (T=6), one launch (T=64
 (T=512), the chained CP (T=8192) and the long CP (T=16384), each one sequence.
 
 This is a prediction aid for the GPU host's time (its launches, its allocator and its
-clock differ), not a measurement of it. Prints one JSON line per path: the median over
-``--rounds`` rounds of the mean µs per call of ``--calls`` calls.
+clock differ), not a measurement of it. Prints one JSON line per path: the median and the
+minimum over ``--rounds`` rounds of the mean µs per call of ``--calls`` calls, in the
+process's CPU time (``time.process_time``: on a shared machine, time spent waiting for a
+core does not count).
 
     TRITON_INTERPRET=1 python scripts/probes/prefill_host_cpu.py [--calls 300] [--rounds 7]
+                                                                 [--paths walk,cp]
 
 Run from a checkout's root (it imports ``kernels`` from the current directory).
 """
@@ -39,19 +42,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--paths", default=",".join(p for p, _ in PATHS))
     args = ap.parse_args()
+    paths = args.paths.split(",")
     interpreter.InterpretedFunction.run = lambda self, *a, **k: None   # every launch: no-op
     torch.set_num_threads(1)
     for name, T in PATHS:
+        if name not in paths:
+            continue
         x = make_prefill_inputs([T], seed=0)
         for _ in range(20):
             gdn_prefill(**x)
         means = []
         for _ in range(args.rounds):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             for _ in range(args.calls):
                 gdn_prefill(**x)
-            means.append((time.perf_counter() - t0) / args.calls * 1e6)
+            means.append((time.process_time() - t0) / args.calls * 1e6)
         print(json.dumps(dict(path=name, T=T, median_us=round(statistics.median(means), 1),
                               min_us=round(min(means), 1))), flush=True)
 
