@@ -110,8 +110,8 @@ class Plan:
             :func:`.state_walk.state_walk_fwd`; long paths: of
             :func:`.state_walk_t.state_walk_t_fwd`), phase_b of
             :func:`.context_parallel.segment_combine_t_fwd`, split_args of
-            :func:`.context_parallel.segment_split_fwd` (``cp_long_split``); seg_t: tokens
-            per segment slot (the split's halves on ``cp_long_split``).
+            :func:`.context_parallel.segment_split_fwd` (``cp_long_split``; the phases then
+            work on half-segment slots).
         layout, nbytes: the workspace's views ``(name, dtype, shape, offset, bytes)`` and
             the bytes of its one allocation (:func:`workspace_layout`); views: the same as
             ``(name, dtype, shape, strides, element offset)``, what a call cuts them with.
@@ -137,7 +137,6 @@ class Plan:
     phase_b: Optional[dict] = None
     phase_c: Optional[dict] = None
     split_args: Optional[dict] = None
-    seg_t: int = 0
     layout: tuple = ()
     nbytes: int = 0
     views: tuple = ()
@@ -300,8 +299,7 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
         seg_t = seg * BT // (2 if split else 1)
         bv = min(128, D)
         base = dict(BV=bv, num_warps=8 if bv >= 128 else 4, seg_t=seg_t, **prec)
-        kw.update(seg_t=seg_t,
-                  phase_a=dict(base, pdl=cfg.pdl, num_stages=3, loop_stages=3,
+        kw.update(phase_a=dict(base, pdl=cfg.pdl, num_stages=3, loop_stages=3,
                                log_eps=cfg.log_eps),
                   phase_b=dict(seg_t=seg_t, T=T, BV=min(16, D)),
                   phase_c=dict(base, num_stages=2, loop_stages=2))
@@ -313,8 +311,7 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
         warps, stages, loop_stages = walk_launch_rule(
             BV, num_slots(T, N, seg_t) * HV * (D // BV), n_sm, False,
             precise=cfg.storage == "precise", smem_per_block=smem_per_block(device))
-        kw.update(seg_t=seg_t,
-                  phase_a=dict(seg_t=seg_t, pdl=cfg.pdl, pdl_trigger=trigger,
+        kw.update(phase_a=dict(seg_t=seg_t, pdl=cfg.pdl, pdl_trigger=trigger,
                                BV=min(64, 2 * D), num_warps=SUMMARY_WARPS,
                                num_stages=SUMMARY_STAGES, dot_precision=cfg.precision,
                                log_eps=cfg.log_eps),
