@@ -161,10 +161,10 @@ class Plan:
 def bucket_of(T: int, N: int):
     """``(T_pad, N_pad)`` of the graph variant's bucket for ``T`` tokens and ``N``
     sequences: ``max(64, next power of two >= T)`` and the next power of two ``>= N``."""
-    return max(64, _pow2(T)), _pow2(N)
+    return max(64, _next_pow2(T)), _next_pow2(N)
 
 
-def _pow2(x: int) -> int:
+def _next_pow2(x: int) -> int:
     x = int(x)
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
