@@ -133,7 +133,7 @@ def _emulating(arch: ArchLimits, record):
     import triton
     from triton.runtime.jit import JITFunction
 
-    from .prefill import context_parallel, pdl, pipeline
+    from .prefill import context_parallel, pdl, plan
     from . import gpu_limits
 
     saved = []
@@ -149,15 +149,17 @@ def _emulating(arch: ArchLimits, record):
     fast = os.environ.get("GDN_FAST_LAUNCH")
     os.environ["GDN_FAST_LAUNCH"] = "0"   # the launch-key cache asks for a CUDA device
     patch(context_parallel, "sm_count", lambda device: arch.n_sm)
-    patch(pipeline, "sm_count", lambda device: arch.n_sm)
+    patch(plan, "sm_count", lambda device: arch.n_sm)
     patch(pdl, "_device_ok", lambda device: arch.pdl and pdl._HAVE_GDC
           and pdl._launch_option_known())
     patch(gpu_limits, "device_limits", lambda device: arch)
+    plan.clear_plan_cache()   # plans are remembered per device, not per emulated arch
     try:
         yield
     finally:
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
+        plan.clear_plan_cache()
         if fast is None:
             os.environ.pop("GDN_FAST_LAUNCH", None)
         else:

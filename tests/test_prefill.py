@@ -6,6 +6,7 @@ graph replays) are marked ``gpu`` and skip with a reason elsewhere.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import replace
 import os
@@ -23,6 +24,7 @@ from kernels.prefill import (ACCURATE_CONFIG, DEFAULT_CONFIG, VARIANTS, PrefillC
                              launch_count_hint, make_prefill_impl, plan_fused)
 from kernels.prefill import graph as graph_mod  # noqa: E402
 from kernels.prefill import pipeline  # noqa: E402
+from kernels.prefill import plan as plan_mod  # noqa: E402
 from kernels.reference import prefill_reference  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
 
@@ -54,6 +56,18 @@ def _case(shape, lens, cu_dtype, with_state, seed=0):
 
 def case(shape, lens, cu_dtype=torch.int64, with_state=True, seed=0):
     return _case(shape, tuple(lens), cu_dtype, with_state, seed)
+
+
+@contextlib.contextmanager
+def _rules(**patches):
+    """Patch rules of :mod:`kernels.prefill.plan` (the one place a call's path is chosen)
+    for the block, with no plan remembered across its edges."""
+    with mock.patch.multiple(plan_mod, **patches):
+        plan_mod.clear_plan_cache()
+        try:
+            yield
+        finally:
+            plan_mod.clear_plan_cache()
 
 
 def assert_ok(out, ref):
@@ -139,7 +153,7 @@ def test_transposed_walk_matches_reference(shape, lens, cu_dtype, with_state, BV
     T, N, HV, D = sum(lens), len(lens), shape.num_v_heads, shape.head_dim
     o = torch.full((T, HV, D), float("nan"), dtype=torch.bfloat16, device=DEV)
     st = torch.full((N, HV, D, D), float("nan"), device=DEV)
-    with mock.patch.object(pipeline, "walk_transposed_rule", return_value=True), \
+    with _rules(walk_transposed_rule=mock.Mock(return_value=True)), \
             mock.patch.object(pipeline, "state_walk_t_fwd",
                               wraps=pipeline.state_walk_t_fwd) as walk_t:
         out = gdn_prefill(**x, variant="fused", cp=False, output=o, output_state=st,
@@ -243,7 +257,7 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
     off = gdn_prefill(**x, variant="fused", cp=False, config=precise)
     assert_ok(off, ref)
     for seg, long in ((1, False), (2, False), (2, True)):   # chained, then the long path
-        with mock.patch.object(pipeline, "cp_long", lambda T, N: long):
+        with _rules(cp_long=lambda T, N: long):
             on = gdn_prefill(**x, variant="fused", cp=seg, config=precise)
             assert_ok(on, ref)
             torch.testing.assert_close(on[1], off[1], atol=1e-4, rtol=1e-4)
@@ -268,9 +282,10 @@ def test_context_parallel_forced_on_equals_off(shape, lens, with_state):
     pytest.param(0, False, "batched", "precise", 128 * 2 * 516, id="batched-precise"),
 ])
 def test_workspace_bytes(seg, long, solve, storage, expected):
-    from kernels.prefill.pipeline import workspace_bytes
-    with mock.patch.object(pipeline, "cp_long", lambda T, N: long):
-        assert workspace_bytes(128, 1, 2, 16, seg, storage, solve) == expected
+    cfg = PrefillConfig(storage=storage, solve=solve)
+    with _rules(cp_long=lambda T, N: long):
+        plan = plan_mod.prefill_plan(128, 1, 2, 16, "cpu", cp=seg, config=cfg)
+    assert plan.workspace_bytes == expected
 
 
 @pytest.mark.parametrize("solve, single, expected", [
@@ -290,8 +305,8 @@ def test_intra_maxnreg_rule(solve, single, expected):
 ])
 def test_intra_kernel_arguments_from_config(config, single, maxnreg):
     """What the variants hand the intra-chunk launcher."""
-    from kernels.prefill.pipeline import _intra
-    kw = _intra(config, single=single)
+    from kernels.prefill.plan import intra_kwargs
+    kw = intra_kwargs(config, single=single)
     assert kw == dict(storage=config.storage, solve=config.solve, maxnreg=maxnreg, num_warps=4)
 
 
@@ -379,7 +394,7 @@ def test_cp_long_path(shape, lens, seg):
     at small sizes: same results as the reference, inputs untouched."""
     x, ref = case(shape, lens, torch.int32, True)
     before = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
-    with mock.patch.object(pipeline, "cp_long", lambda T, N: True), \
+    with _rules(cp_long=lambda T, N: True), \
             mock.patch.object(pipeline, "_cp_long", wraps=pipeline._cp_long) as long_path:
         out = gdn_prefill(**x, variant="fused", cp=seg)
     assert long_path.call_count == 1
@@ -439,7 +454,7 @@ def test_cp_truncation(A, k_scale, expect_skip, long):
     # (a tile with both is walked whole)
     x, ref = _decay_case(S16 if long else GDNShape(1, 2, 64), [300, 5, 200], A, k_scale)
     name = "segment_combine_t_fwd" if long else "state_walk_fwd"
-    with mock.patch.object(pipeline, "cp_long", lambda T, N: long), \
+    with _rules(cp_long=lambda T, N: long), \
             mock.patch.object(pipeline, name, wraps=getattr(pipeline, name)) as spy:
         # without decay the default's bf16 products miss the tolerance (the documented
         # long-memory corner): the accurate preset there
@@ -467,10 +482,9 @@ def test_cp_long_split_on_device(A, fine):
     the sequences where some head's M is walked in full and keeps them where the decay makes
     every M negligible; either way the outputs match the reference."""
     x, ref = _decay_case(S16, [300, 5, 200], A)
-    D = x["v"].shape[2]
-    with mock.patch.object(pipeline, "cp_long", lambda T, N: True), \
-            mock.patch.object(pipeline, "plan_fused", lambda *a, **k: (D, 2)), \
-            mock.patch.object(pipeline, "cp_split", lambda seg: True), \
+    # the rule's CP (segments of 2 chunks at this length), the long path, the split
+    with _rules(cp_long=lambda T, N: True, cp_segment_chunks=lambda *a: 2,
+                cp_split=lambda seg: True), \
             mock.patch.object(pipeline, "segment_split_fwd",
                               wraps=pipeline.segment_split_fwd) as spy:
         out = gdn_prefill(**x, variant="fused", config=ACCURATE_CONFIG if fine else None)

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from kernels.prefill import describe_status, gdn_prefill  # noqa: E402
 from kernels.prefill import DEFAULT_CONFIG, pipeline  # noqa: E402
+from kernels.prefill import plan as plan_mod  # noqa: E402
 from kernels.prefill.chunk_index import CU_DECREASING, CU_END, CU_RANGE, CU_START  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
 
@@ -53,11 +54,19 @@ VARIANTS = [("fused", "fused", None, None), ("fused-walk", "fused", None, "walk"
             ("recurrent", "recurrent", None, None)]
 
 
+@contextlib.contextmanager
 def _path(path):
-    """The context that sends a fused call down ``path`` (None: the default rules)."""
-    if path == "long":
-        return mock.patch.object(pipeline, "cp_long", lambda T, N: True)
-    return contextlib.nullcontext()
+    """The context that sends a fused call down ``path`` (None: the default rules): the
+    plan's rule patched, no plan remembered across the block's edges."""
+    if path != "long":
+        yield
+        return
+    with mock.patch.object(plan_mod, "cp_long", lambda T, N: True):
+        plan_mod.clear_plan_cache()
+        try:
+            yield
+        finally:
+            plan_mod.clear_plan_cache()
 
 
 @pytest.fixture(scope="module")

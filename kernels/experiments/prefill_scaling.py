@@ -312,8 +312,7 @@ def run_split_costs(run: Run) -> pd.DataFrame:
     segment)``) and with the rule's own split (``default``), each gated against the chunked
     float32 reference and timed with the first available method of ``methods``
     (``split_costs.csv``)."""
-    from kernels.prefill import gdn_prefill, plan_fused
-    from kernels.prefill.context_parallel import cp_long
+    from kernels.prefill import gdn_prefill, prefill_plan
 
     p, sh = run.params, run.state["shape"]
     method = _first_method(run)
@@ -325,7 +324,7 @@ def run_split_costs(run: Run) -> pd.DataFrame:
         lens = shapes.get(lab) or parse_shape(lab)[1]
         T, N = sum(lens), len(lens)
         chunks = -(-T // 64) / max(N, 1)
-        _, seg0 = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        seg0 = prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device).seg_chunks
         segs = {max(int(round(chunks / n)), 1): False for n in p["split_segments"]}
         if seg0:
             segs[seg0] = True
@@ -335,7 +334,8 @@ def run_split_costs(run: Run) -> pd.DataFrame:
             g = gate_call(call, inputs, ref, run.device)
             fn = (lambda f=call, x=inputs: f(**x))
             row = dict(lens=lab, T=T, N=N, segments=int(-(-chunks // seg)), seg_chunks=seg,
-                       path="long CP" if cp_long(T, N) else "chained CP", default=default,
+                       path=prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device,
+                                         cp=seg).label, default=default,
                        status=g["status"], max_abs_err=g["max_abs_err"], method=method,
                        median_us=float("nan"), p20_us=float("nan"), p80_us=float("nan"),
                        gpu=run.gpu)
@@ -512,28 +512,22 @@ def plot_gate_dependence(df: pd.DataFrame):
 
 
 def plan_table(run: Run) -> pd.DataFrame:
-    """How our ``fused`` call splits each shape (host rules, no launch): ``path`` (recurrent,
-    one launch, walk, chained CP, long CP, long CP with the split chosen on the device:
+    """How our ``fused`` call splits each shape, read from its plan
+    (:func:`kernels.prefill.prefill_plan`, host rules, no launch): ``path`` (recurrent, one
+    launch, walk, chained CP, long CP, long CP with the split chosen on the device:
     ``seg_chunks`` or half of it), walk tile width ``BV``, ``seg_chunks`` (chunks per CP
     segment), ``segments`` (per call), ``launches``."""
-    from kernels.prefill import DEFAULT_CONFIG, plan_fused, recurrent_rule
-    from kernels.prefill.context_parallel import cp_long, cp_split
+    from kernels.prefill import prefill_plan
 
     sh = run.state["shape"]
     rows = []
     for lab, lens in run.state["shapes"]:
         T, N = sum(lens), len(lens)
-        BV, seg = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
-        long = bool(seg) and cp_long(T, N)
-        path = ("recurrent" if recurrent_rule(T, None, DEFAULT_CONFIG) else
-                "long CP, split on the device" if long and cp_split(seg) else
-                "long CP" if long else "chained CP" if seg else
-                "one launch" if T <= DEFAULT_CONFIG.single_launch_max_T else "walk")
+        plan = prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        seg = plan.seg_chunks
         segs = sum(max(-(-n // (seg * 64)), 1) for n in lens if n) if seg else 0
-        rows.append(dict(lens=lab, T=T, N=N, path=path, BV=BV, seg_chunks=seg, segments=segs,
-                         launches={"recurrent": 1, "one launch": 1, "walk": 2,
-                                   "chained CP": 3, "long CP": 4,
-                                   "long CP, split on the device": 5}[path]))
+        rows.append(dict(lens=lab, T=T, N=N, path=plan.label, BV=plan.BV, seg_chunks=seg,
+                         segments=segs, launches=plan.launches))
     df = pd.DataFrame(rows)
     run.write_csv(df, "plan")
     return df
@@ -543,8 +537,8 @@ def run_anatomy(run: Run, times: pd.DataFrame) -> Dict[str, pd.DataFrame]:
     """Per-kernel times (GPU), rooflines (GPU) and sm_90 resources (any host) of our call
     at ``anatomy_shapes``. Returns ``{"kernels", "roofline", "resources"}``."""
     from kernels.bench import anatomy, roofline, sm90
-    from kernels.prefill import plan_fused
-    from kernels.prefill.context_parallel import cp_long, sm_count
+    from kernels.prefill import prefill_plan
+    from kernels.prefill.context_parallel import sm_count
 
     p, sh = run.params, run.state["shape"]
     ours = run.state["impls"].get("ours")
@@ -579,10 +573,11 @@ def run_anatomy(run: Run, times: pd.DataFrame) -> Dict[str, pd.DataFrame]:
             run.skip(f"per-kernel times lens={lab}", short_reason(e))
             continue
         kern.append(kt.assign(lens=lab, T=T, N=N, gpu=run.gpu))
-        _, seg = plan_fused(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        plan = prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device)
+        seg, long = plan.seg_chunks, plan.path.startswith("cp_long")
         for k in kt.itertuples():
             try:
-                m = roofline.prefill_kernel_model(k.role, lens, sh, seg, bool(seg) and cp_long(T, N),
+                m = roofline.prefill_kernel_model(k.role, lens, sh, seg, long,
                                                   with_state=p["with_state"])
             except ValueError:
                 continue

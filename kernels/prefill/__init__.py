@@ -10,12 +10,14 @@ One module per stage, each readable and testable alone:
 - :mod:`.state_walk_t`      the same walk on ``S^T`` (short walks, the long CP path)
 - :mod:`.context_parallel`  segment summaries + combine for long sequences with few heads
 - :mod:`.recurrent`         the token-recurrent kernel of short calls (one launch)
-- :mod:`.pipeline`          the variants as compositions of the stages
+- :mod:`.plan`              one :class:`.plan.Plan` per call: the path, tiles, segments,
+                            split, launches and launch arguments, chosen in one place
+- :mod:`.pipeline`          the variants as compositions of the stages (``fused`` runs a plan)
 - :mod:`.graph`             the ``graph`` variant (CUDA graph per shape bucket)
-- :mod:`.config`            :class:`PrefillConfig` (8 levers) and the launch rules
+- :mod:`.config`            :class:`PrefillConfig` (9 levers) and the launch rules
 
 Public API: :func:`gdn_prefill`, :data:`VARIANTS`, :func:`make_prefill_impl`,
-:func:`launch_count_hint`, :func:`.config.recurrent_rule`.
+:func:`launch_count_hint`, :func:`prefill_plan`, :func:`.config.recurrent_rule`.
 """
 from __future__ import annotations
 
@@ -25,17 +27,17 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .chunk_index import BT
-from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig
-from .context_parallel import cp_long, cp_split
+from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig, recurrent_rule
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .guard import describe_status
-from .config import recurrent_rule
-from .pipeline import (LAUNCHES, plan_fused, prefill_fused, prefill_fused_gates,
-                       prefill_no_sync, prefill_recurrent, prefill_unfused)
+from .pipeline import (plan_fused, prefill_fused, prefill_fused_gates, prefill_no_sync,
+                       prefill_recurrent, prefill_unfused)
+from .plan import LAUNCHES, Plan, prefill_plan
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
-           "plan_fused", "graph_cache_info", "clear_graph_cache", "PrefillConfig",
-           "DEFAULT_CONFIG", "ACCURATE_CONFIG", "describe_status", "recurrent_rule"]
+           "plan_fused", "prefill_plan", "Plan", "graph_cache_info", "clear_graph_cache",
+           "PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "describe_status",
+           "recurrent_rule"]
 
 VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused", "recurrent")
 
@@ -100,8 +102,10 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             (``N + 1`` entries) once; ``graph``: the same in its unpack kernel;
             ``no_sync``: one extra launch.
         cp: context parallelism (``fused``/``graph`` only): None applies the rule
-            of :mod:`.context_parallel`, False turns it off, True forces it, an int
-            forces segments of that many chunks.
+            of :mod:`.context_parallel`, False turns it off, True forces it (the rule's
+            segments, with the split chosen on the device where the rule takes it), an
+            int forces segments of that many chunks, which the device does not split
+            (:mod:`.plan`; its note and :func:`launch_count_hint` say so).
         config: a :class:`PrefillConfig`; None: the defaults (bf16 intermediates and
             products, like FLA and FlashInfer). ``ACCURATE_CONFIG`` for long-memory,
             high-beta inputs (see :mod:`kernels.stress_inputs`).
@@ -169,39 +173,38 @@ def make_prefill_impl(variant: str = "fused", **options):
 
 def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = None,
                       HV: int = 8, D: int = 128, device="cuda", cp=None) -> dict:
-    """What one call of ``variant`` launches on a GPU (excluding allocation).
+    """What one call of ``variant`` launches on a GPU (excluding allocation), read from
+    :data:`.plan.LAUNCHES` and, for ``fused`` and ``graph`` with ``T`` and ``N``, the call's
+    :class:`.plan.Plan` (the default config).
 
     Returns a dict: ``kernels`` (GPU kernels, torch elementwise ops included),
     ``triton`` (our Triton kernels), ``torch_ops``, ``copies`` (memcpy D2H/H2D),
     ``syncs`` (host waits on the device), ``graph_launches``, ``cp`` (whether the
-    fused walk uses context parallelism for this ``T``/``N``; needs both) and ``note``.
+    fused walk uses context parallelism for this ``T``/``N``; needs both) and ``note``
+    (with the plan's own note where a forced ``cp`` turned the device's split off).
     """
     _impl(variant)
-    rec = (variant in _CP_VARIANTS and T is not None
-           and recurrent_rule(T, cp, DEFAULT_CONFIG))
-    if variant in _CP_VARIANTS and T is not None and N is not None and not rec:
-        if variant == "graph":
-            from .graph import bucket_of
-            T, N = bucket_of(T, N)
+    plan = None
+    if variant in _CP_VARIANTS and T is not None:
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
-            dev = torch.device("cpu")   # the rule then assumes 132 SMs
-        _, seg = plan_fused(T, N, HV, D, dev, cp)
-        use_cp = bool(seg)
-        split = cp is None and cp_long(T, N) and cp_split(seg)
+            dev = torch.device("cpu")   # the rules then assume 132 SMs
+        plan = prefill_plan(T, 1 if N is None else N, HV, D, dev, cp,
+                            graph=variant == "graph")
+        if N is None and plan.path != "recurrent":
+            plan = None   # (the recurrent choice needs T only; the rest needs N too)
+    if plan is None:
+        fused_key, use_cp, plan_note = "fused", None, ""
     else:
-        use_cp, split = (False if rec else None), False
-    fused_key = ("fused+recurrent" if rec else
-                 ("fused+cp_long_split" if split else "fused+cp_long" if cp_long(T, N)
-                  else "fused+cp") if use_cp else
-                 "fused+single" if use_cp is False and T <= DEFAULT_CONFIG.single_launch_max_T
-                 else "fused")
+        fused_key, plan_note = plan.launch_key, plan.note
+        use_cp = False if plan.path == "recurrent" else bool(plan.seg_chunks)
     if variant == "graph":
         inner = LAUNCHES[fused_key]["kernels"]
         return dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, graph_launches=1,
                     cp=use_cp, note=f"pack kernel + 1 graph replay ({inner} kernels "
                                     "inside) + unpack kernel (checks cu_seqlens); first call "
-                                    "per bucket also captures")
+                                    "per bucket also captures"
+                                    + (f"; {plan_note}" if plan_note else ""))
     key = fused_key if variant == "fused" else variant
     out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
     notes = {
@@ -225,5 +228,5 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
         "recurrent": "one kernel: the token-recurrent kernel (gates, state walked token by "
                      "token, outputs, guard)",
     }
-    out["note"] = notes[key]
+    out["note"] = notes[key] + (f"; {plan_note}" if plan_note and variant == "fused" else "")
     return out

@@ -81,6 +81,12 @@ class PrefillConfig:
         recurrent_max_T: calls of up to this many tokens without forced CP take the
             token-recurrent kernel (:func:`recurrent_rule`); default
             :data:`RECURRENT_MAX_T`. 0: never (notebook 02's chunked rows).
+        log_eps: the negligible threshold, a natural log: the CP walks drop a segment's
+            transition, and the chunks' contributions before the last one that counts,
+            where the decay bounds them by ``exp(log_eps)`` on the way to the segment's end
+            (the kernels' ``LOG_EPS``; :mod:`.context_parallel`). -20: at most 2e-9 of the
+            state, below its float32 rounding (docs/notes/long_context.md, "Prefill v11");
+            it decides accuracy, so every kernel reads this one value.
 
     Measured numbers: docs/notes/prefill.md, "Numbers behind the rules".
     """
@@ -93,6 +99,7 @@ class PrefillConfig:
     pdl: bool = True
     single_launch_max_T: int = 128
     recurrent_max_T: int = RECURRENT_MAX_T
+    log_eps: float = -20.0
 
     def __post_init__(self):
         if self.walk_BV is not None and (not _pow2(self.walk_BV) or self.walk_BV < 16):
@@ -109,6 +116,9 @@ class PrefillConfig:
             x = getattr(self, f)
             if not isinstance(x, int) or isinstance(x, bool) or x < 0:
                 raise ValueError(f"{f} must be an int >= 0, got {x!r}")
+        if (not isinstance(self.log_eps, (int, float)) or isinstance(self.log_eps, bool)
+                or not -100.0 <= self.log_eps < 0):
+            raise ValueError(f"log_eps must be a number in [-100, 0), got {self.log_eps!r}")
 
     @property
     def name(self) -> str:

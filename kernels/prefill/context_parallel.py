@@ -22,7 +22,8 @@ segment's transition fetched while the previous product runs), and every sequenc
 about :data:`CP_LONG_SEGMENTS` segments (:func:`cp_long_segment_chunks`), which bounds the
 serial pass and gives phase C ``16 * N * HV`` programs of 128 state columns. Phase A walks
 only what the gates have not made negligible: the intra-chunk kernel stores a bound on each
-chunk's transition norm, ``M`` is dropped where the segment's bound is below ``exp(-20)`` and
+chunk's transition norm, ``M`` is dropped where the segment's bound is below ``exp(log_eps)``
+(:attr:`.config.PrefillConfig.log_eps`) and
 ``X`` starts at the last chunk whose bound to the segment's end still reaches it
 (:func:`.state_walk_t.state_walk_t_kernel`, ``TRUNC``). The chained form re-chains every
 earlier segment in every phase-C program (quadratic in the segment count), and its
@@ -230,7 +231,7 @@ def segment_split_kernel(
     SEG_C: tl.constexpr,        # chunks per fine segment
     BLK: tl.constexpr,          # chunks per load (a multiple of SEG_C)
     BUDGET: tl.constexpr,       # walks that fit one wave (the SMs)
-    LOG_EPS: tl.constexpr = -20.0,
+    LOG_EPS: tl.constexpr,      # negligible below exp(LOG_EPS) (PrefillConfig.log_eps)
 ):
     """One program per sequence: counts its (fine segment, head) pairs, the sequence's last
     segment excepted, whose chunks' log bounds sum above ``LOG_EPS``: the segments whose
@@ -263,15 +264,16 @@ def segment_split_kernel(
 
 def segment_split_fwd(log_bound: torch.Tensor, cu_seqlens: torch.Tensor,
                       seg_mult: torch.Tensor, *, seg_chunks: int, T: int, n_sm: int,
-                      defer: bool = False):
+                      log_eps: float, defer: bool = False):
     """Launch :func:`segment_split_kernel` (one program per sequence): fills ``seg_mult``
     (`[N]` int32) from the intra-chunk kernel's ``log_bound`` (`[T // 64 + N, HV]` f32);
-    ``seg_chunks``: chunks per fine segment (a power of two)."""
+    ``seg_chunks``: chunks per fine segment (a power of two); ``log_eps``: the negligible
+    threshold (:attr:`.config.PrefillConfig.log_eps`)."""
     H = log_bound.shape[1]
     N = cu_seqlens.numel() - 1
     go = _SPLIT_LAUNCH.bind((N,), (log_bound, cu_seqlens, seg_mult, T, N), dict(
         H=H, HP=triton.next_power_of_2(H), SEG_C=int(seg_chunks),
-        BLK=max(int(seg_chunks), 2048), BUDGET=int(n_sm), num_warps=8))
+        BLK=max(int(seg_chunks), 2048), BUDGET=int(n_sm), LOG_EPS=log_eps, num_warps=8))
     if defer:
         return go
     go()

@@ -7,7 +7,9 @@ Bucket rule (the cache key)::
     T_pad = max(64, next power of two >= T)       N_pad = next power of two >= N
 
 ``recurrent``: :func:`.config.recurrent_rule` of the call's own ``T`` (a bucket holds
-either the token-recurrent kernel or the chunked path, never both).
+either the token-recurrent kernel or the chunked path, never both). The bucket runs the
+plan :func:`.plan.prefill_plan` makes with ``graph=True`` (the bucket's shape,
+:func:`.plan.bucket_of`, and that recurrent choice).
 
 A call copies its inputs into the bucket's static buffers with **one** pack
 kernel, replays the graph (one launch; inside it the 2 or 4 kernels of
@@ -21,7 +23,7 @@ computed from stale rows of the state buffer and dropped.
 
 Memory held per bucket (see :func:`graph_cache_info`): the static inputs and
 outputs at ``T_pad``/``N_pad`` plus the graph's private pool holding the
-intermediates of ``fused`` (:func:`.pipeline.workspace_bytes`: ``Tb`` and ``Aqk``,
+intermediates of ``fused`` (one allocation, :func:`.plan.workspace_layout`: ``Tb`` and ``Aqk``,
 ``gc`` per token and head, and the scratch of a ``"blocks"`` solve (the default
 ``"batched"`` solve needs none); with CP the segment summaries
 ``[S, HV, D, 2D]`` f32, and on the long path the entering states ``[S, HV, D, D]``). At T_pad = 8192, N_pad = 1 and the contest shape that is
@@ -52,8 +54,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .chunk_index import cu_status  # noqa: E402
-from .config import DEFAULT_CONFIG, recurrent_rule  # noqa: E402
-from .pipeline import _begin, _config, fused_launches, plan_fused, workspace_bytes  # noqa: E402
+from .pipeline import _begin, fused_launches  # noqa: E402
+from .plan import bucket_of, call_plan  # noqa: E402
 
 __all__ = ["prefill_graph", "bucket_of", "graph_cache_info", "clear_graph_cache",
            "MAX_BUCKETS", "FALLBACK_NOTE", "pack_kernel", "unpack_kernel"]
@@ -112,25 +114,16 @@ def unpack_kernel(os_, hts, o, ht, n_o, n_ht,
     tl.store(ht + p, tl.where(st != 0, float("nan"), tl.load(hts + p, mask=m)), mask=m)
 
 
-def _pow2(x: int) -> int:
-    return 1 if x <= 1 else triton.next_power_of_2(int(x))
-
-
-def bucket_of(T: int, N: int):
-    """``(T_pad, N_pad)`` of the bucket a call with ``T`` tokens and ``N`` sequences uses."""
-    return max(64, _pow2(T)), _pow2(N)
-
-
 class _Bucket:
     """Static buffers (+ the captured graph on CUDA) of one bucket."""
 
-    def __init__(self, key, q, k, v, state, A_log, dt_bias, cu_seqlens, T_pad, N_pad, scale,
-                 cp, config, recurrent):
+    def __init__(self, key, q, k, v, state, A_log, dt_bias, cu_seqlens, scale, plan):
         dev = q.device
         HQ, D = q.shape[1], q.shape[2]
         HV = v.shape[1]
-        self.key, self.T_pad, self.N_pad = key, T_pad, N_pad
-        self.scale, self.cp, self.config, self.recurrent = scale, cp, config, recurrent
+        T_pad, N_pad = plan.T, plan.N
+        self.key, self.T_pad, self.N_pad, self.scale, self.plan = key, T_pad, N_pad, scale, plan
+        self.recurrent = plan.path == "recurrent"
         self.q = torch.empty(T_pad, HQ, D, dtype=q.dtype, device=dev)
         self.k = torch.empty_like(self.q)
         self.v = torch.empty(T_pad, HV, D, dtype=v.dtype, device=dev)
@@ -145,13 +138,9 @@ class _Bucket:
         self.o = torch.empty(T_pad, HV, D, dtype=torch.bfloat16, device=dev)
         self.ht = torch.empty(N_pad, HV, D, D, dtype=torch.float32, device=dev)
         self.graph = None
-        _, seg = (0, 0) if recurrent else plan_fused(T_pad, N_pad, HV, D, dev, cp, config)
-        cfg = config or DEFAULT_CONFIG
-        ws = 0 if recurrent else workspace_bytes(T_pad, N_pad, HV, D, seg, cfg.storage,
-                                                 cfg.solve)   # the graph's pool
         static = sum(t.numel() * t.element_size() for t in self._tensors())
-        self.nbytes = static + ws
-        self.seg_chunks = seg
+        self.nbytes = static + plan.nbytes   # (plan.nbytes: the workspace, the graph's pool)
+        self.seg_chunks = 0 if self.recurrent else plan.seg_chunks
 
     def _tensors(self):
         ts = [self.q, self.k, self.v, self.a, self.b, self.cu, self.A_log, self.dt_bias,
@@ -171,22 +160,22 @@ class _Bucket:
             BLOCK=PACK_BLOCK, HAS_H0=state is not None,
         )
 
-    def run(self, shape):
-        """The padded fused prefill on the static buffers (what the graph captures); its
-        ``cu_seqlens`` is guarded by :meth:`unload` on the caller's tensors."""
-        fused_launches(self.q, self.k, self.v, self.state, self.A_log, self.a, self.dt_bias,
-                       self.b, self.cu, self.scale, self.o, self.ht, shape, self.cp,
-                       _config(self.config, shape.head_dim), recurrent=self.recurrent)
+    def run(self):
+        """The bucket's plan (:class:`.plan.Plan`, the padded fused prefill) on the static
+        buffers (what the graph captures); its ``cu_seqlens`` is guarded by :meth:`unload`
+        on the caller's tensors."""
+        fused_launches(self.plan, self.q, self.k, self.v, self.state, self.A_log, self.a,
+                       self.dt_bias, self.b, self.cu, self.scale, self.o, self.ht)
 
-    def capture(self, shape):
+    def capture(self):
         stream = torch.cuda.Stream(device=self.q.device)
         stream.wait_stream(torch.cuda.current_stream(self.q.device))
         with torch.cuda.stream(stream):
-            self.run(shape)   # warm-up: compiles the kernels outside the capture
+            self.run()   # warm-up: compiles the kernels outside the capture
         torch.cuda.current_stream(self.q.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.run(shape)
+            self.run()
         self.graph = graph
 
     def unload(self, o, ht, cu_seqlens, status):
@@ -209,31 +198,30 @@ def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     shape, scale_r, o, ht, _ = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                                       output, output_state, check_values, status)
     T, N = q.shape[0], cu_seqlens.numel() - 1
-    T_pad, N_pad = bucket_of(T, N)
     on_cuda = q.device.type == "cuda"
-    recurrent = recurrent_rule(T, cp, _config(config, shape.head_dim))
-    key = (str(q.device), T_pad, N_pad, shape.num_q_heads, shape.num_v_heads, shape.head_dim,
-           state is not None, cu_seqlens.dtype, scale_r, cp, config, recurrent)
+    D = shape.head_dim
+    plan = call_plan(T, N, shape.num_v_heads, D, q.device, cp, config, True)
+    key = (str(q.device), plan.T, plan.N, shape.num_q_heads, shape.num_v_heads, D,
+           state is not None, cu_seqlens.dtype, scale_r, cp, config, plan.path == "recurrent")
     bucket = _CACHE.get(key)
     if bucket is None:
-        bucket = _Bucket(key, q, k, v, state, A_log, dt_bias, cu_seqlens, T_pad, N_pad,
-                         scale_r, cp, config, recurrent)
+        bucket = _Bucket(key, q, k, v, state, A_log, dt_bias, cu_seqlens, scale_r, plan)
         _CACHE[key] = bucket
         while len(_CACHE) > MAX_BUCKETS:
             _CACHE.popitem(last=False)
     _CACHE.move_to_end(key)
     bucket.load(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens)
     if on_cuda and torch.cuda.is_current_stream_capturing():
-        bucket.run(shape)   # inside someone else's capture: let it record the kernels
+        bucket.run()   # inside someone else's capture: let it record the kernels
     elif on_cuda:
         if bucket.graph is None:
-            bucket.capture(shape)
+            bucket.capture()
         bucket.graph.replay()
     else:
         if not _warned:
             warnings.warn(FALLBACK_NOTE, RuntimeWarning, stacklevel=2)
             _warned = True
-        bucket.run(shape)
+        bucket.run()
     bucket.unload(o, ht, cu_seqlens, status)
     return o, ht
 

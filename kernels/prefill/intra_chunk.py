@@ -436,7 +436,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     storage: str = "compact", solve: str = SOLVE, num_warps: int = 4,
                     maxnreg: Optional[int] = None, pdl_trigger: str = "",
                     defer: bool = False, walkers: Optional[dict] = None,
-                    log_bound: Optional[torch.Tensor] = None):
+                    log_bound: Optional[torch.Tensor] = None, out: Optional[tuple] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once; returns ``(Tb, gc,
     Aqk)``: ``Tb = Tm diag(beta)`` and ``scale * Aqk`` (``[T, HV, 64]`` each, dtype
     :data:`STORAGE` ``[storage]``) and ``gc`` ``[T, HV]`` f32.
@@ -461,6 +461,9 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     the norm of the chunk's state transition (``gc`` at its last token plus
     ``sum_t log max(1, beta_t |k_t|^2 - 1)``), which the long path's phase A reads to skip
     what the decay has made negligible (:mod:`.context_parallel`).
+    ``out``: ``(Tb, gc, Aqk, scratch)`` to write instead of allocating them (views of a
+    call's one workspace, :func:`.plan.workspace_layout`; ``scratch`` None unless the
+    ``"blocks"`` solve; ``gc`` ignored when given as an input).
     """
     if solve not in SOLVES:
         raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
@@ -471,11 +474,16 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     N = cu_seqlens.numel() - 1
     raw = gc is None
     dev = k.device
-    if raw:
-        gc = torch.empty(T, H, dtype=torch.float32, device=dev)
-    w = torch.empty(T, H, BT, dtype=STORAGE[storage], device=dev)
-    P = torch.empty(T, H, BT, dtype=STORAGE[storage], device=dev)
-    At = torch.empty(T, H, BT, dtype=torch.float32, device=dev) if solve == "blocks" else None
+    if out is not None:
+        w, gc_out, P, At = out
+        gc = gc_out if raw else gc
+    else:
+        if raw:
+            gc = torch.empty(T, H, dtype=torch.float32, device=dev)
+        w = torch.empty(T, H, BT, dtype=STORAGE[storage], device=dev)
+        P = torch.empty(T, H, BT, dtype=STORAGE[storage], device=dev)
+        At = (torch.empty(T, H, BT, dtype=torch.float32, device=dev) if solve == "blocks"
+              else None)
     use_indices = chunk_indices is not None
     grid = (chunk_indices.shape[0] if use_indices else num_slots(T, N), H)
     wk = dict(walkers or {})

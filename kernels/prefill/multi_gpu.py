@@ -57,7 +57,7 @@ from .context_parallel import cp_long_segment_chunks, segment_combine_t_fwd  # n
 from .dots import mm  # noqa: E402
 from .intra_chunk import intra_chunk_fwd  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
-from .pipeline import _config, _intra  # noqa: E402
+from .plan import fitted_config, intra_kwargs  # noqa: E402
 from .state_walk_t import state_walk_t_fwd  # noqa: E402
 
 __all__ = ["prefill_multi_gpu", "even_bounds", "exchange_bytes", "piece_compose_kernel"]
@@ -193,7 +193,7 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
         if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != T:
             raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at "
                              f"bounds[-1] = {T}, got {cu.tolist()[:16]}")
-    cfg = _config(config, shape.head_dim)
+    cfg = fitted_config(config, shape.head_dim)
     scale = resolve_scale(scale, shape.head_dim)
     HV, D, T_r, N = shape.num_v_heads, shape.head_dim, t1 - t0, cu_seqlens.numel() - 1
     dev = q.device
@@ -214,11 +214,12 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
               out_precision=cfg.precision, seg_t=seg_t)
     lb = torch.empty(num_slots(T_r, N), HV, dtype=torch.float32, device=dev)
     tb, gc, aq = intra_chunk_fwd(k, v, cu_local, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                                 scale=scale, log_bound=lb, **_intra(cfg))
+                                 scale=scale, log_bound=lb, **intra_kwargs(cfg))
     summ = torch.empty(S, HV, 2 * D, D, dtype=torch.float32, device=dev)
     negl = torch.empty(S, HV, dtype=torch.int32, device=dev)
     state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, summary=summ, num_stages=3, loop_stages=3,
-                     log_bound=lb, negligible=negl, summary_last=world > 1, **kw)
+                     log_bound=lb, negligible=negl, log_eps=cfg.log_eps,
+                     summary_last=world > 1, **kw)
 
     h0 = state
     if world > 1:

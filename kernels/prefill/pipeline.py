@@ -2,7 +2,10 @@
 
 A variant is a composition, not a copy: every variant launches the same
 stage kernels (:mod:`.gates`, :mod:`.intra_chunk`, :mod:`.state_walk`,
-:mod:`.context_parallel`) with different flags.
+:mod:`.context_parallel`) with different flags. Which path a ``fused`` or ``graph`` call
+takes, with which tiles, segments and launch arguments, is decided once per key by
+:func:`.plan.prefill_plan`; :func:`fused_launches` runs that :class:`.plan.Plan` (its
+intermediates are views of one allocation), the other compositions take its walk.
 
 ==============  ===========================================================  =====================
 variant         stages                                                       GPU launches per call
@@ -14,14 +17,16 @@ variant         stages                                                       GPU
                 table (sync); intra-chunk; state walk + outputs              (2 D2H syncs, 1 H2D)
 ``no_sync``     as ``fused_gates`` with the device-side chunk lookup: no     3 kernels, no copies
                 host sync; ``cu_seqlens`` checked on the device (the walk)
-``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3-4 with CP;
-                diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128
-                intermediates); (2) state walk forming ``v_new`` and the     (``single_launch_max_T``);
-                outputs inline (and guarding ``cu_seqlens``);                the guard inside the last with context parallelism (2) becomes
+``fused``       (1) gates + cumsum + intra-chunk solve, storing ``Tb = Tm    2 kernels; 3-5 with CP;
+                diag(beta)`` and ``scale * Aqk`` (the ``"tm"``               1 for T <= 128;
+                intermediates); (2) state walk forming ``v_new`` and the     the guard inside the
+                outputs inline (and guarding ``cu_seqlens``); with           last (per path:
+                context parallelism (2) becomes                              :data:`.plan.LAUNCHES`)
                 segment summaries, then the walk that chains them;
                 from 16,384 tokens per sequence (long path) the
                 transposed summaries, a combine kernel and the
-                transposed walk from the entering states: 4;
+                transposed walk from the entering states: 4 (5 with
+                the split chosen on the device);
                 walks start by dependent launch (:mod:`.pdl`), repeat
                 launches skip Triton's binding and every launch is bound
                 before the first (:mod:`.launch`); for T <= 128, (1) also
@@ -49,46 +54,23 @@ tensor says why (no sync, no extra launch).
 """
 from __future__ import annotations
 
-import functools
-from typing import Optional, Tuple, Union
+from typing import Union
 
 import torch
 
-from .. import interpret
 from ..spec import resolve_scale, validate_prefill_inputs
-from .chunk_index import BT, num_slots, prepare_chunk_indices
-from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STAGES,
-                     SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
-                     recurrent_rule, walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
-from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks, cp_split,
-                               segment_combine_t_fwd, segment_split_fwd, sm_count,
-                               smem_per_block)
+from .chunk_index import num_slots, prepare_chunk_indices
+from .context_parallel import segment_combine_t_fwd, segment_split_fwd
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
+from .plan import Plan, call_plan, fitted_config, intra_kwargs, prefill_plan
 from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
-           "prefill_recurrent", "fused_launches",
-           "plan_fused", "workspace_bytes", "check_out_tensor", "LAUNCHES"]
-
-#: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
-#: ``cu_seqlens``, :mod:`.guard`, is inside the last kernel) (``kernels``: GPU kernels incl.
-#: torch ops; ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device).
-LAUNCHES = {
-    "unfused": dict(kernels=11, triton=3, torch_ops=8, copies=3, syncs=2),
-    "fused_gates": dict(kernels=3, triton=3, torch_ops=0, copies=3, syncs=2),
-    "no_sync": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
-    "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
-    "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
-    "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
-    "fused+cp_long": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
-    "fused+cp_long_split": dict(kernels=5, triton=5, torch_ops=0, copies=0, syncs=0),
-    "fused+recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
-    "recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
-}
+           "prefill_recurrent", "fused_launches", "plan_fused", "check_out_tensor"]
 
 
 def check_out_tensor(name: str, t, shape, dtype, device) -> None:
@@ -129,52 +111,29 @@ def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, outp
     return shape, resolve_scale(scale, D), o, ht, bool(check_values)
 
 
-def _walk(q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, BV, cfg, guard, status,
-          pdl: bool):
-    """The walk of the calls without context parallelism (:func:`fused_launches`, the
-    compositions): :func:`.state_walk_t.state_walk_t_fwd` for the short walks that
-    :func:`.config.walk_transposed_rule` picks, else :func:`.state_walk.state_walk_fwd`,
-    forming the outputs inline and guarding ``cu_seqlens`` when ``guard``; ``BV`` from
-    :func:`plan_fused`. Returns the bound launch."""
-    T, HV, D = q.shape[0], v.shape[1], v.shape[2]
-    N = cu_seqlens.numel() - 1
-    precise = cfg.storage == "precise"
-    prec = dict(dot_precision=cfg.precision, out_precision=cfg.precision)
-    short = T <= SHORT_WALK_CHUNKS * BT * max(N, 1)
-    if walk_transposed_rule(BV, short, precise=precise):
-        bvt = cfg.walk_BV or min(128, D)
-        return state_walk_t_fwd(
-            q, k, v, tb, aqk, gc, cu_seqlens, initial_state=state, output=o, final_state=ht,
-            scale=scale, BV=bvt, num_warps=8 if bvt >= 128 else 4, num_stages=2,
-            loop_stages=2, pdl=pdl, guard=guard, status=status, defer=True, **prec)
-    warps, stages, loop_stages = walk_launch_rule(BV, N * HV * (D // BV), sm_count(q.device),
-                                                  short, precise=precise,
-                                                  smem_per_block=smem_per_block(q.device))
+def _walk(walk, q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, guard, status,
+          **override):
+    """The walk without context parallelism, as planned (:attr:`.plan.Plan.walk`:
+    :func:`.state_walk_t.state_walk_t_fwd` or :func:`.state_walk.state_walk_fwd`), forming
+    the outputs inline and guarding ``cu_seqlens`` when ``guard``; ``override``: keyword
+    arguments over the plan's (the compositions launch without PDL). Returns the bound
+    launch."""
+    transposed, kw = walk
+    if override:
+        kw = dict(kw, **override)
+    if transposed:
+        return state_walk_t_fwd(q, k, v, tb, aqk, gc, cu_seqlens, initial_state=state,
+                                output=o, final_state=ht, scale=scale, guard=guard,
+                                status=status, defer=True, **kw)
     return state_walk_fwd(k, tb, v, gc, cu_seqlens, p=aqk, initial_state=state, output=o,
-                          final_state=ht, guard=guard, status=status, defer=True, BV=BV,
-                          num_warps=warps, num_stages=stages, loop_stages=loop_stages,
-                          pdl=pdl, q=q, scale=scale,
-                          pipe_skip=walk_pipe_skip_rule(BV, short, precise=precise), **prec)
+                          final_state=ht, guard=guard, status=status, defer=True, q=q,
+                          scale=scale, **kw)
 
 
-def _intra(cfg: PrefillConfig, single: bool = False) -> dict:
-    """Keyword arguments of :func:`.intra_chunk.intra_chunk_fwd` from a config (``single``:
-    the fused variant's one-launch path)."""
-    return dict(storage=cfg.storage, solve=cfg.solve,
-                maxnreg=intra_maxnreg_rule(cfg.solve, single), num_warps=INTRA_WARPS)
-
-
-@functools.lru_cache(maxsize=64)
-def _fitted(config: PrefillConfig, D: int) -> PrefillConfig:
-    return config.fit(D)
-
-
-def _config(config, D) -> PrefillConfig:
-    if config is None:
-        config = DEFAULT_CONFIG
-    if not isinstance(config, PrefillConfig):
-        raise TypeError(f"config must be a PrefillConfig or None, got {type(config).__name__}")
-    return _fitted(config, D)   # (cached: a dataclass replace per call costs host time)
+def _shape_plan(q, shape, cu_seqlens, cp, config) -> Plan:
+    """The call's :class:`.plan.Plan` (remembered per key: the hot path's one lookup)."""
+    return call_plan(q.shape[0], cu_seqlens.numel() - 1, shape.num_v_heads, shape.head_dim,
+                     q.device, cp, config)
 
 
 def prefill_unfused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
@@ -189,10 +148,10 @@ def _staged(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, out
             check_values, torch_gates, use_indices, config, status):
     """The compositions before ``fused``: gates (``torch_gates``: 8 torch ops and a cumsum
     kernel, else one kernel), the intra-chunk kernel (host-built chunk table when
-    ``use_indices``), the walk with the outputs inline."""
+    ``use_indices``), the walk of the plan without CP, with the outputs inline."""
     shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                           scale, output, output_state, check_values, status)
-    cfg = _config(config, shape.head_dim)
+    plan = _shape_plan(q, shape, cu_seqlens, False, config)
     idx = prepare_chunk_indices(cu_seqlens, T=q.shape[0]) if use_indices else None
     if torch_gates:
         g, beta = gates_torch(A_log, a, dt_bias, b)
@@ -201,10 +160,8 @@ def _staged(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, out
         gc, beta = chunk_gates_fwd(cu_seqlens, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                    chunk_indices=idx)
     tb, _, aqk = intra_chunk_fwd(k, v, cu_seqlens, q, scale=scale, gc=gc, beta=beta,
-                                 chunk_indices=idx, **_intra(cfg))
-    T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
-    BV, _ = plan_fused(T, cu_seqlens.numel() - 1, HV, D, q.device, False, cfg)
-    _walk(q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, BV, cfg, not checked,
+                                 chunk_indices=idx, **intra_kwargs(plan.config))
+    _walk(plan.walk, q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, not checked,
           status, pdl=False)()
     if checked and status is not None:
         status.zero_()
@@ -227,69 +184,17 @@ def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
                    output_state, check_values, False, False, config, status)
 
 
-def workspace_bytes(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
-                    storage: str = "compact", solve: str = "batched") -> int:
-    """Bytes of intermediates one ``fused`` call allocates (outputs excluded): ``Tb`` and
-    ``Aqk`` ``[T, HV, 64]`` (bf16, fp32 with ``"precise"`` storage), ``gc`` f32, the
-    ``[T, HV, 64]`` f32 scratch of the ``"blocks"`` solve; with CP (``seg_chunks``) the
-    segment summaries ``[S, HV, D, 2D]`` f32 and, on the long path (:func:`.context_parallel.cp_long`),
-    the entering states ``[S, HV, D, D]``, the chunks' log bounds ``[T // 64 + N, HV]`` f32
-    and the segments' flags ``[S, HV]`` int32; where the device chooses the split
-    (:func:`.context_parallel.cp_split`), ``S`` counts half-segment slots and ``[N]`` int32
-    more."""
-    per_tok = 2 * BT * (4 if storage == "precise" else 2)             # Tb, Aqk
-    ws = T * HV * (per_tok + 4 + (BT * 4 if solve == "blocks" else 0))
-    if seg_chunks:
-        split = cp_long(T, N) and cp_split(seg_chunks)
-        S = num_slots(T, N, seg_chunks * BT // (2 if split else 1))
-        ws += S * HV * D * 2 * D * 4                  # summaries [M | X]
-        ws += (num_slots(T, N) + S) * HV * 4          # chunk bounds, negligible flags
-        if cp_long(T, N):
-            ws += S * HV * D * D * 4                  # entering states
-        if split:
-            ws += N * 4                               # segments per sequence (split)
-    return ws
-
-
 def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, int] = None,
-               config: Optional[PrefillConfig] = None) -> Tuple[int, int]:
-    """``(BV, seg_chunks)`` the fused variant uses; ``seg_chunks == 0`` means no CP.
+               config=None):
+    """``(BV, seg_chunks)`` of the fused variant's plan (:func:`.plan.prefill_plan`);
+    ``seg_chunks == 0`` means no CP.
 
     ``cp``: None applies :func:`.context_parallel.cp_segment_chunks`; False/0 turns
-    CP off; True forces it (the rule's segment size, at least 2 chunks); an int
-    ``n`` forces segments of ``n`` chunks.
+    CP off; True forces it (the rule's segment size, at least 2 chunks, and the device's
+    split where the rule takes it); an int ``n`` forces segments of ``n`` chunks.
     """
-    cfg = _config(config, D)
-    # tagged: True == 1 as a cache key, but cp=True and cp=1 plan differently
-    cp_key = (type(cp).__name__, cp)
-    return _plan(int(T), int(N), int(HV), int(D), torch.device(device), cp_key, cfg)
-
-
-@functools.lru_cache(maxsize=256)
-def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig
-          ) -> Tuple[int, int]:
-    cp = cp_key[1]
-    BV = cfg.walk_BV or 16
-    long = cp_long(T, N)
-    if cp is None:
-        seg = cp_segment_chunks(T, N, HV, D, BV, sm_count(device))
-        if seg and long:
-            seg = cp_long_segment_chunks(T, N)
-    elif cp is True:
-        seg = (cp_long_segment_chunks(T, N) if long
-               else max(cp_segment_chunks(T, N, HV, D, BV, 0, 1), 2))
-    elif cp is False or cp == 0:
-        seg = 0
-    elif isinstance(cp, int) and cp >= 1:
-        seg = int(cp)
-    else:
-        raise ValueError(f"cp must be None, a bool or a segment size >= 1 (chunks), got {cp!r}")
-    if seg and long:
-        BV = min(128, D)   # the long path's walks (state_walk_t, both warpgroups)
-    elif cfg.walk_BV is None:
-        units = num_slots(T, N, seg * BT) if seg else N
-        BV = walk_tile_rule(units, HV, D, sm_count(device), bool(seg))
-    return BV, seg
+    p = prefill_plan(T, N, HV, D, device, cp, config)
+    return p.BV, p.seg_chunks
 
 
 #: int32 flag buffers of the one-launch path (walker programs), per device (zero between
@@ -317,8 +222,9 @@ def _walker_flags(device, n: int):
 def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
                   output=None, output_state=None, check_values=None,
                   cp: Union[None, bool, int] = None, config=None, status=None):
-    """Fewest launches: (1) gates + cumsum + solve (``Tb``, ``Aqk``), (2) walk + inline
-    outputs.
+    """Fewest launches: the call's :class:`.plan.Plan` run by :func:`fused_launches` (the
+    token-recurrent kernel, one launch, or (1) gates + cumsum + solve (``Tb``, ``Aqk``)
+    and (2) walk + inline outputs).
 
     With context parallelism (see :mod:`.context_parallel`), (2) becomes phase A
     (segment summaries) and phase C (walk + outputs), phase C chaining the earlier
@@ -328,10 +234,8 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     """
     shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                           scale, output, output_state, check_values, status)
-    cfg = _config(config, shape.head_dim)
-    fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
-                   shape, cp, cfg, guard=not checked, status=status,
-                   recurrent=recurrent_rule(q.shape[0], cp, cfg))
+    fused_launches(_shape_plan(q, shape, cu_seqlens, cp, config), q, k, v, state, A_log, a,
+                   dt_bias, b, cu_seqlens, scale, o, ht, guard=not checked, status=status)
     if checked and status is not None:
         status.zero_()
     return o, ht
@@ -345,7 +249,7 @@ def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     kernel works in f32 throughout)."""
     shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                           scale, output, output_state, check_values, status)
-    _config(config, shape.head_dim)
+    fitted_config(config, shape.head_dim)
     recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
                   guard=not checked, status=status)
     if checked and status is not None:
@@ -353,80 +257,72 @@ def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     return o, ht
 
 
-def fused_launches(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, shape,
-                   cp, cfg, guard=False, status=None, recurrent=False) -> None:
-    """The ``fused`` variant's kernels on validated inputs and allocated outputs. ``guard``:
-    the kernel that writes the outputs checks ``cu_seqlens`` on the device (:mod:`.guard`;
-    ``status`` gets its bits; :mod:`.graph` guards in its unpack kernel instead).
-    ``recurrent``: the token-recurrent kernel alone (the caller applies
-    :func:`.config.recurrent_rule` to the call's real length)."""
-    if recurrent:
+def _workspace(plan: Plan, device) -> dict:
+    """The plan's intermediates as views of one allocation (:func:`.plan.workspace_layout`),
+    by name: a float32 buffer, viewed once per other dtype, cut by ``as_strided``."""
+    buf = torch.empty(plan.nbytes // 4, dtype=torch.float32, device=device)
+    base, out = {torch.float32: buf}, {}
+    for name, dtype, shape, strides, offset in plan.views:
+        whole = base.get(dtype)
+        if whole is None:
+            whole = base[dtype] = buf.view(dtype)
+        out[name] = whole.as_strided(shape, strides, offset)
+    return out
+
+
+def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o,
+                   ht, guard=False, status=None) -> None:
+    """Run ``plan`` (:class:`.plan.Plan`) on validated inputs and allocated outputs: the
+    ``fused`` variant's kernels. ``guard``: the kernel that writes the outputs checks
+    ``cu_seqlens`` on the device (:mod:`.guard`; ``status`` gets its bits; :mod:`.graph`
+    guards in its unpack kernel instead). Every launch is bound (arguments ordered, handles
+    fetched) before the first one: on the eager path the host time between launches is what
+    the GPU waits for."""
+    if plan.path == "recurrent":
         recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
                       guard=guard, status=status)
         return None
-    T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
-    N = cu_seqlens.numel() - 1
-    BV, seg = plan_fused(T, N, HV, D, q.device, cp, cfg)
-    # one launch up to single_launch_max_T tokens: walker programs in the intra-chunk grid
-    # (flags per chunk)
-    walkers = None
-    if (seg == 0 and T <= cfg.single_launch_max_T
-            and (min(WALKER_BV, D) >= 64 or interpret.INTERPRET)):
-        flags = _walker_flags(q.device, num_slots(T, N) * HV)
-        if flags is not None:
-            walkers = dict(initial_state=state, final_state=ht, output=o, flags=flags,
-                           BV=WALKER_BV, walk_precision=cfg.precision,
-                           inline_precision=cfg.precision, guard=guard, status=status)
-    trigger = "start" if cfg.pdl else ""
-    lb = (torch.empty(num_slots(T, N), HV, dtype=torch.float32, device=q.device) if seg
-          else None)
-    # every launch is bound (arguments ordered, handles fetched) before the first one:
-    # on the eager path the host time between launches is what the GPU waits for
-    Tb, gc, Aqk, go_intra = intra_chunk_fwd(
+    ws = _workspace(plan, q.device)
+    tb, gc, aqk = ws["Tb"], ws["gc"], ws["Aqk"]
+    walkers, intra = None, plan.intra
+    if plan.path == "single":
+        flags = _walker_flags(q.device, num_slots(plan.T, plan.N) * plan.HV)
+        if flags is not None:   # (else the walk: no flags can be allocated in a capture)
+            walkers = dict(plan.walkers, initial_state=state, final_state=ht, output=o,
+                           flags=flags, guard=guard, status=status)
+            intra = plan.intra_single
+    lb = ws.get("log_bound")
+    go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
-        pdl_trigger=trigger, defer=True, walkers=walkers, log_bound=lb,
-        **_intra(cfg, walkers is not None))
+        defer=True, walkers=walkers, log_bound=lb, out=(tb, gc, aqk, ws.get("scratch")),
+        **intra)[3]
     if walkers is not None:
         go_intra()
         return None
-    if seg == 0:
-        go_walk = _walk(q, k, v, Tb, Aqk, gc, cu_seqlens, state, o, ht, scale, BV, cfg,
-                        guard, status, cfg.pdl)
+    if not plan.seg_chunks:
+        go_walk = _walk(plan.walk, q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale,
+                        guard, status)
         go_intra()
         go_walk()
         return None
-    seg_t = seg * BT
-    if cp_long(T, N):
-        return _cp_long(q, k, v, Tb, Aqk, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cfg,
-                        go_intra, guard, status, split=cp is None and cp_split(seg))
-    summary = torch.empty(num_slots(T, N, seg_t), HV, D, 2 * D, dtype=torch.float32,
-                          device=q.device)
-    negl = torch.empty(num_slots(T, N, seg_t), HV, dtype=torch.int32, device=q.device)
-    go_summary = state_walk_fwd(
-        k, Tb, v, gc, cu_seqlens, summary=summary, seg_t=seg_t, pdl=cfg.pdl,
-        pdl_trigger=trigger, log_bound=lb, negligible=negl,
-        BV=min(64, 2 * D), num_warps=SUMMARY_WARPS, num_stages=SUMMARY_STAGES,
-        dot_precision=cfg.precision, defer=True)
-    programs = num_slots(T, N, seg_t) * HV * (D // BV)
-    warps, stages, loop_stages = walk_launch_rule(BV, programs, sm_count(q.device), False,
-                                                  precise=cfg.storage == "precise",
-                                                  smem_per_block=smem_per_block(q.device))
-    go_walk = state_walk_fwd(k, Tb, v, gc, cu_seqlens, p=Aqk, initial_state=state,
-                             summary=summary, chain=True, output=o, final_state=ht,
-                             seg_t=seg_t, chain_precision=cfg.cp_chain_precision,
-                             negligible=negl,
-                             guard=guard, status=status, defer=True, BV=BV, num_warps=warps,
-                             num_stages=stages, loop_stages=loop_stages, pdl=cfg.pdl, q=q,
-                             scale=scale, dot_precision=cfg.precision,
-                             out_precision=cfg.precision)
+    if plan.phase_b is not None:
+        return _cp_long(plan, ws, q, k, v, cu_seqlens, state, o, ht, scale, go_intra, guard,
+                        status)
+    summary, negl = ws["summary"], ws["negligible"]
+    go_summary = state_walk_fwd(k, tb, v, gc, cu_seqlens, summary=summary, log_bound=lb,
+                                negligible=negl, defer=True, **plan.phase_a)
+    go_walk = state_walk_fwd(k, tb, v, gc, cu_seqlens, p=aqk, initial_state=state,
+                             summary=summary, output=o, final_state=ht, negligible=negl,
+                             guard=guard, status=status, defer=True, q=q, scale=scale,
+                             **plan.phase_c)
     go_intra()
     go_summary()
     go_walk()
     return None
 
 
-def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cfg, go_intra,
-             guard, status, split=False):
+def _cp_long(plan: Plan, ws: dict, q, k, v, cu_seqlens, state, o, ht, scale, go_intra,
+             guard, status):
     """Context parallelism of long sequences with the transposed walks (:mod:`.state_walk_t`,
     :func:`.context_parallel.cp_long_segment_chunks`): phase A (each segment's
     ``[M^T ; X^T]``: two programs of ``K`` rows per segment and head, 3 pipeline stages),
@@ -435,37 +331,25 @@ def _cp_long(q, k, v, tb, aq, gc, lb, cu_seqlens, state, o, ht, scale, seg_t, cf
     ``BV = 128`` with 8 warps: both warpgroups share one load of ``k``, ``q``, ``Tb``,
     ``Aqk``): 4 launches, about linear in length (numbers against the chained CP:
     docs/notes/long_context.md, "Numbers behind the rules"). Phase A skips what the
-    decay makes negligible (``lb``, the chunks' log transition bounds from the intra-chunk
-    kernel; ``TRUNC`` in :func:`.state_walk_t.state_walk_t_kernel`) and phase B the
-    reads of a negligible ``M``. ``split`` (the rule's segments from
-    :data:`.context_parallel.CP_SPLIT_MIN_CHUNKS` chunks): a fifth launch before phase A
-    chooses per sequence, from ``lb``, between these segments and halves of them
+    decay makes negligible (``log_bound``, the chunks' log transition bounds from the
+    intra-chunk kernel; ``TRUNC`` in :func:`.state_walk_t.state_walk_t_kernel`) and phase B
+    the reads of a negligible ``M``. With the split (``cp_long_split``: the rule's segments
+    from :data:`.context_parallel.CP_SPLIT_MIN_CHUNKS` chunks) a fifth launch before phase
+    A chooses per sequence, from the bounds, between these segments and halves of them
     (:func:`.context_parallel.segment_split_kernel`: halves where one or two heads
     remember across segments), and the three phases work on half-segment slots."""
-    T, HV, D = q.shape[0], v.shape[1], v.shape[2]
-    N = cu_seqlens.numel() - 1
-    seg_mult = None
-    if split:
-        seg_t //= 2
-        seg_mult = torch.empty(N, dtype=torch.int32, device=q.device)
-    S = num_slots(T, N, seg_t)
-    summ = torch.empty(S, HV, 2 * D, D, dtype=torch.float32, device=q.device)
-    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=q.device)
-    negl = torch.empty(S, HV, dtype=torch.int32, device=q.device)
-    bv = min(128, D)
-    kw = dict(scale=scale, dot_precision=cfg.precision, BV=bv,
-              num_warps=8 if bv >= 128 else 4, out_precision=cfg.precision,
-              seg_t=seg_t, defer=True)
-    go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, summary=summ, pdl=cfg.pdl,
-                            num_stages=3, loop_stages=3, log_bound=lb, negligible=negl,
-                            seg_mult=seg_mult, **kw)
-    go_b = segment_combine_t_fwd(summ, s0, negl, cu_seqlens, state, seg_t=seg_t, T=T,
-                                 BV=min(16, D), seg_mult=seg_mult, defer=True)
+    tb, gc, aq, lb = ws["Tb"], ws["gc"], ws["Aqk"], ws["log_bound"]
+    summ, s0, negl, seg_mult = ws["summary"], ws["s0"], ws["negligible"], ws.get("seg_mult")
+    go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, summary=summ, log_bound=lb,
+                            negligible=negl, seg_mult=seg_mult, scale=scale, defer=True,
+                            **plan.phase_a)
+    go_b = segment_combine_t_fwd(summ, s0, negl, cu_seqlens, state, seg_mult=seg_mult,
+                                 defer=True, **plan.phase_b)
     go_c = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=o, final_state=ht,
-                            num_stages=2, loop_stages=2, guard=guard, status=status,
-                            seg_mult=seg_mult, **kw)
-    go_split = (segment_split_fwd(lb, cu_seqlens, seg_mult, seg_chunks=seg_t // BT, T=T,
-                                  n_sm=sm_count(q.device), defer=True) if split else None)
+                            guard=guard, status=status, seg_mult=seg_mult, scale=scale,
+                            defer=True, **plan.phase_c)
+    go_split = (segment_split_fwd(lb, cu_seqlens, seg_mult, defer=True, **plan.split_args)
+                if seg_mult is not None else None)
     go_intra()
     if go_split is not None:
         go_split()

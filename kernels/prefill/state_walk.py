@@ -45,8 +45,8 @@ from .guard import walk_guard  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
 
-__all__ = ["state_walk_kernel", "state_walk_fwd", "load_state_tile", "store_state_tile",
-           "fused_chunk_step_tm"]
+__all__ = ["state_walk_kernel", "state_walk_fwd", "walk_flags", "load_state_tile",
+           "store_state_tile", "fused_chunk_step_tm"]
 
 
 @triton.jit
@@ -146,6 +146,7 @@ def state_walk_kernel(
     DOT_PREC: tl.constexpr,     # products with the state (see .dots)
     OUT_PREC: tl.constexpr,     # the inline output products (see .dots)
     CHAIN_PREC: tl.constexpr,   # M @ S of CHAIN
+    LOG_EPS: tl.constexpr,      # TRUNC: negligible below exp(LOG_EPS) (PrefillConfig.log_eps)
     LOOP_STAGES: tl.constexpr = None,   # software-pipeline stages of the chunk loop
                                         # (None: the launch's num_stages)
     PDL_WAIT: tl.constexpr = False,     # launched with PDL: wait before reading its inputs
@@ -156,7 +157,6 @@ def state_walk_kernel(
     GUARD: tl.constexpr = False,        # FUSE_OUTPUT: outputs NaN if cu_seqlens is invalid
     HAS_STATUS: tl.constexpr = False,   # GUARD: store the status bits into status (.guard)
     TRUNC: tl.constexpr = False,        # skip what the decay makes negligible (see below)
-    LOG_EPS: tl.constexpr = -20.0,      # TRUNC: negligible below exp(LOG_EPS)
 ):
     # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
     # exits, so this kernel's completion implies the earlier kernels' completion
@@ -269,6 +269,20 @@ def state_walk_kernel(
 _WALK_LAUNCH = FastLaunch(state_walk_kernel)
 
 
+def walk_flags(*, h0, output, summary, chain: bool, guard: bool, status, negligible,
+               pipe_skip: str) -> dict:
+    """The flags of :func:`state_walk_kernel` that follow from which optional tensors a
+    launch gives (the one place they are derived): ``USE_H0`` (an initial state),
+    ``FUSE_OUTPUT`` (an output), ``CHAIN`` (phase C, reading ``summary``), ``SUMMARY``
+    (phase A: ``summary`` written), ``PIPE_SKIP_Q`` (``pipe_skip == "q"`` with an output),
+    ``GUARD`` and ``HAS_STATUS`` (the guard, and a ``status`` tensor for its bits),
+    ``TRUNC`` (the ``negligible`` flags: written by phase A, read by phase C)."""
+    return dict(USE_H0=h0 is not None, CHAIN=chain, FUSE_OUTPUT=output is not None,
+                SUMMARY=summary is not None and not chain,
+                PIPE_SKIP_Q=pipe_skip == "q" and output is not None, GUARD=guard,
+                HAS_STATUS=guard and status is not None, TRUNC=negligible is not None)
+
+
 def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, output=None,
                    final_state=None, summary=None, seg_t: int = 0, BV: int = 32,
                    num_warps: int = 4, num_stages: int = 2, dot_precision: str = "bf16",
@@ -276,7 +290,7 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
                    chain_precision: str = "tf32x3", pdl: bool = False, pdl_trigger: str = "",
                    loop_stages: Optional[int] = None, defer: bool = False, q=None,
                    scale: float = 1.0, pipe_skip: str = "", guard: bool = False, status=None,
-                   log_bound=None, negligible=None):
+                   log_bound=None, negligible=None, log_eps: Optional[float] = None):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     ``tb`` is ``Tb = Tm diag(beta)`` ``[T, HV, 64]`` (:func:`.intra_chunk.intra_chunk_fwd`),
@@ -298,7 +312,9 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     tensors; returns None, or with ``defer`` the bound launch (a zero-argument callable,
     :meth:`kernels.launch.FastLaunch.bind`) without launching. ``negligible`` (`[S, HV]` int32)
     with ``log_bound`` (the intra-chunk kernel's, phase A: written) or ``chain`` (phase C:
-    read): skip what the gates' decay has made negligible (``TRUNC``).
+    read): skip what the gates' decay has made negligible (``TRUNC``) below
+    ``exp(log_eps)`` (:attr:`.config.PrefillConfig.log_eps`, required with it). The flags
+    that follow from the tensors given: :func:`walk_flags`.
     """
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
@@ -315,6 +331,8 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     is_summary = summary is not None and not chain
     if negligible is not None and not ((is_summary and log_bound is not None) or chain):
         raise ValueError("negligible goes with log_bound in phase A or with chain (phase C)")
+    if (negligible is not None) != (log_eps is not None):
+        raise ValueError("log_eps (the negligible threshold) goes with negligible")
     units = N if seg_t == 0 else num_slots(T, N, seg_t)
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
@@ -323,13 +341,12 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
         p, k, tb, v, gc, initial_state, cu_seqlens, output, final_state, summary, q,
         float(scale), status, log_bound, negligible, T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
-        USE_H0=initial_state is not None, CHAIN=chain, FUSE_OUTPUT=output is not None,
-        SUMMARY=is_summary, PIPE_SKIP_Q=pipe_skip == "q" and output is not None,
-        DOT_PREC=dot_precision, OUT_PREC=out_precision,
-        CHAIN_PREC=chain_precision, LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts),
-        PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(k.device), GUARD=guard,
-        HAS_STATUS=guard and status is not None, TRUNC=negligible is not None, **pdl_opts,
-        num_warps=num_warps, num_stages=num_stages))
+        DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
+        LOG_EPS=log_eps, LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts),
+        PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(k.device),
+        **walk_flags(h0=initial_state, output=output, summary=summary, chain=chain,
+                     guard=guard, status=status, negligible=negligible, pipe_skip=pipe_skip),
+        **pdl_opts, num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go
     go()

@@ -41,7 +41,7 @@ from .guard import walk_guard  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
 
-__all__ = ["state_walk_t_kernel", "state_walk_t_fwd"]
+__all__ = ["state_walk_t_kernel", "state_walk_t_fwd", "walk_t_flags"]
 
 
 @triton.jit(do_not_specialize=["T", "N"])
@@ -74,6 +74,7 @@ def state_walk_t_kernel(
     USE_H0: tl.constexpr,
     DOT_PREC: tl.constexpr,     # products with the state and the residuals (.dots)
     OUT_PREC: tl.constexpr,     # the outputs' products
+    LOG_EPS: tl.constexpr,      # TRUNC: negligible below exp(LOG_EPS) (PrefillConfig.log_eps)
     SEG_T: tl.constexpr = 0,    # tokens per segment (context parallelism); 0: whole sequences
     SUMMARY: tl.constexpr = False,   # CP phase A: the segment's transition, no outputs
     FROM_S0: tl.constexpr = False,   # CP phase C: start from the segment's entering state
@@ -82,7 +83,6 @@ def state_walk_t_kernel(
     GUARD: tl.constexpr = False,        # outputs NaN if cu_seqlens is invalid (.guard)
     HAS_STATUS: tl.constexpr = False,   # GUARD: store the status bits into status
     TRUNC: tl.constexpr = False,        # SUMMARY: skip what the decay makes negligible
-    LOG_EPS: tl.constexpr = -20.0,      # TRUNC: negligible below exp(LOG_EPS)
     SPLIT: tl.constexpr = False,        # units of seg_mult[n] slots (set on the device)
     SUMMARY_LAST: tl.constexpr = False,  # SUMMARY: each sequence's last segment too
 ):
@@ -181,13 +181,27 @@ def state_walk_t_kernel(
 _WALK_T_LAUNCH = FastLaunch(state_walk_t_kernel)
 
 
+def walk_t_flags(*, h0, summary, s0, guard: bool, status, log_bound, seg_mult,
+                 summary_last: bool) -> dict:
+    """The flags of :func:`state_walk_t_kernel` that follow from which optional tensors a
+    launch gives (the one place they are derived): ``USE_H0`` (an initial state),
+    ``SUMMARY`` (phase A: ``summary`` written), ``FROM_S0`` (phase C: entering states),
+    ``GUARD`` and ``HAS_STATUS`` (the guard, and a ``status`` tensor for its bits),
+    ``TRUNC`` (the chunks' ``log_bound``), ``SPLIT`` (``seg_mult``: the device's split),
+    ``SUMMARY_LAST``."""
+    return dict(USE_H0=h0 is not None, SUMMARY=summary is not None, FROM_S0=s0 is not None,
+                GUARD=guard, HAS_STATUS=guard and status is not None,
+                TRUNC=log_bound is not None, SPLIT=seg_mult is not None,
+                SUMMARY_LAST=summary_last)
+
+
 def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, output=None,
                      final_state=None, scale: float = 1.0, BV: int = 128, num_warps: int = 8,
                      num_stages: int = 2, loop_stages=None, dot_precision: str = "bf16",
                      out_precision: str = "bf16", pdl: bool = False, seg_t: int = 0,
                      summary=None, s0=None, guard: bool = False, status=None,
                      log_bound=None, negligible=None, seg_mult=None, summary_last: bool = False,
-                     defer: bool = False):
+                     log_eps=None, defer: bool = False):
     """Launch :func:`state_walk_t_kernel` once.
 
     Args:
@@ -211,11 +225,14 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         log_bound, negligible: with ``summary``, skip what the decay makes negligible
             (``TRUNC`` in :func:`state_walk_t_kernel`): `[T // 64 + N, HV]` f32 from
             :func:`.intra_chunk.intra_chunk_fwd` and `[S, HV]` int32, written.
+        log_eps: with them, the negligible threshold (a natural log,
+            :attr:`.config.PrefillConfig.log_eps`).
         summary_last: with ``summary``, also each sequence's last segment (skipped by
             default: phase B does not need it; :mod:`.multi_gpu` does).
         guard: check ``cu_seqlens`` on the device and write NaN outputs if it is invalid
             (:mod:`.guard`; not with ``summary``); ``status``: `[1]` int32 for its bits.
-    Returns None, or with ``defer`` the bound launch without launching it.
+    Returns None, or with ``defer`` the bound launch without launching it. The flags that
+    follow from the tensors given: :func:`walk_t_flags`.
     """
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
@@ -227,6 +244,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
     if (log_bound is not None or negligible is not None) and (
             summary is None or log_bound is None or negligible is None):
         raise ValueError("log_bound and negligible go together, with summary (phase A)")
+    if (log_bound is not None) != (log_eps is not None):
+        raise ValueError("log_eps (the negligible threshold) goes with log_bound")
     if guard and summary is not None:
         raise ValueError("guard goes with the outputs, not with summary (phase A)")
     if summary_last and summary is None:
@@ -237,11 +256,11 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
     go = _WALK_T_LAUNCH.bind((units, H, rows // BV), (
         q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output, final_state,
         status, log_bound, negligible, seg_mult, float(scale), T, N), dict(
-        H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, USE_H0=initial_state is not None,
-        DOT_PREC=dot_precision, OUT_PREC=out_precision, SEG_T=int(seg_t),
-        SUMMARY=summary is not None, FROM_S0=s0 is not None, LOOP_STAGES=loop_stages,
-        PDL_WAIT=bool(pdl_opts), GUARD=guard, HAS_STATUS=guard and status is not None,
-        TRUNC=log_bound is not None, SPLIT=seg_mult is not None, SUMMARY_LAST=summary_last,
+        H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, DOT_PREC=dot_precision,
+        OUT_PREC=out_precision, LOG_EPS=log_eps, SEG_T=int(seg_t), LOOP_STAGES=loop_stages,
+        PDL_WAIT=bool(pdl_opts),
+        **walk_t_flags(h0=initial_state, summary=summary, s0=s0, guard=guard, status=status,
+                       log_bound=log_bound, seg_mult=seg_mult, summary_last=summary_last),
         **pdl_opts, num_warps=num_warps, num_stages=num_stages))
     if defer:
         return go

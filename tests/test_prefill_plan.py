@@ -1,0 +1,157 @@
+"""The plan of a prefill call (:mod:`kernels.prefill.plan`): the one place the path is
+chosen, what reads it, its workspace views, its memo, the negligible threshold.
+
+Host rules only (no kernel runs), except one small interpreted call that checks the
+threshold reaches the launches.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+from unittest import mock
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernels.prefill import (DEFAULT_CONFIG, PrefillConfig, gdn_prefill,  # noqa: E402
+                             launch_count_hint, pipeline, plan_fused, prefill_plan)
+from kernels.prefill.plan import (LAUNCHES, PATH_LABELS, WORKSPACE_ALIGN,  # noqa: E402
+                                  workspace_layout)
+from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
+
+CPU = torch.device("cpu")   # the rules assume 132 SMs off CUDA
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("T, N, cp, path, launches", [
+    (6, 1, None, "recurrent", 1),
+    (64, 1, None, "single", 1),
+    (512, 1, None, "walk", 2),
+    (8192, 1, None, "cp", 3),
+    (16384, 1, None, "cp_long", 4),
+    (65536, 1, None, "cp_long_split", 5),
+    (6, 1, True, "cp", 3),               # forced CP: not the recurrent kernel
+    (65536, 1, True, "cp_long_split", 5),   # True: the rule's segments, split included
+    (65536, 1, 64, "cp_long", 4),        # an int fixes the segments: no split (noted)
+    (8192, 1, False, "walk", 2),
+    (16384, 1, 32, "cp_long", 4),        # the rule would not split here either: no note
+])
+def test_plan_paths_and_launches(T, N, cp, path, launches):
+    p = prefill_plan(T, N, 8, 128, CPU, cp)
+    assert (p.path, p.launches) == (path, launches)
+    assert p.launches == LAUNCHES[p.launch_key]["kernels"]
+    assert (p.BV, p.seg_chunks) == plan_fused(T, N, 8, 128, CPU, cp)
+    hint = launch_count_hint("fused", T=T, N=N, device="cpu", cp=cp)
+    assert hint["kernels"] == launches
+    assert bool(p.note) is (cp == 64)
+    if p.note:   # the split a forced segment size turns off is said, not silent
+        assert "does not split" in p.note and p.note in hint["note"]
+
+
+def test_plan_is_remembered_and_graph_plans_the_bucket():
+    assert prefill_plan(512, 1, 8, 128, CPU) is prefill_plan(512, 1, 8, 128, "cpu")
+    assert prefill_plan(6, 1, 8, 128, CPU, True) is not prefill_plan(6, 1, 8, 128, CPU, 1)
+    g = prefill_plan(100, 3, 8, 128, CPU, graph=True)
+    assert (g.T, g.N, g.path) == (128, 4, "single")
+    assert prefill_plan(6, 1, 8, 128, CPU, graph=True).path == "recurrent"   # the call's T
+    assert prefill_plan(30, 1, 8, 128, CPU, graph=True).path == "single"
+    with pytest.raises(ValueError, match="cp"):
+        prefill_plan(64, 1, 8, 128, CPU, cp=-1)
+    with pytest.raises(ValueError, match="cp"):
+        prefill_plan(64, 1, 8, 128, CPU, cp=2.0)
+
+
+def test_plan_table_reads_the_plan(tmp_path):
+    """Notebook 04's ``plan.csv``: the plan's path in words, tile, segments, launches."""
+    from kernels.experiments.prefill_scaling import plan_table
+    lens = {"T6": [6], "T64": [64], "2048": [2048], "8192": [8192], "65536": [65536],
+            "2x300": [300, 300]}
+    run = mock.Mock(state=dict(shape=GDNShape(4, 8, 128), shapes=list(lens.items())),
+                    device="cpu")
+    df = plan_table(run)
+    assert list(df.columns) == ["lens", "T", "N", "path", "BV", "seg_chunks", "segments",
+                                "launches"]
+    assert df.path.tolist() == ["recurrent", "one launch", "walk", "chained CP",
+                                "long CP, split on the device", "walk"]
+    assert df.launches.tolist() == [1, 1, 2, 3, 5, 2]
+    assert df.segments.tolist() == [0, 0, 0, 8, 16, 0]
+    assert set(PATH_LABELS.values()) >= set(df.path)
+    run.write_csv.assert_called_once()
+
+
+@pytest.mark.parametrize("T, N, seg, long, split, solve", [
+    (6, 1, 0, False, False, "batched"),
+    (200, 3, 0, False, False, "blocks"),
+    (8192, 1, 16, False, False, "batched"),
+    (16384, 1, 16, True, False, "blocks"),
+    (65536 + 5, 3, 64, True, True, "batched"),
+])
+def test_workspace_views_do_not_overlap(T, N, seg, long, split, solve):
+    """One allocation per call: the views are disjoint, aligned, inside the buffer, and
+    the bytes of intermediates are the layout's."""
+    layout = workspace_layout(T, N, 8, 128, seg, long, split, "compact", solve)
+    spans = sorted((off, off + n) for _, _, _, off, n in layout)
+    assert all(a1 <= b0 for (_, a1), (b0, _) in zip(spans, spans[1:]))
+    assert all(off % WORKSPACE_ALIGN == 0 for off, _ in spans)
+    for _, dtype, shape, _, n in layout:
+        assert n == torch.Size(shape).numel() * dtype.itemsize
+    names = [v[0] for v in layout]
+    assert ("s0" in names) is long and ("seg_mult" in names) is split
+    assert ("scratch" in names) is (solve == "blocks")
+
+
+def test_workspace_is_one_allocation():
+    """A fused call's intermediates are views of one buffer of the plan's size."""
+    for T in (64, 8192, 65536):   # one launch, chained CP, long CP with the split
+        plan = prefill_plan(T, 1, 8, 128, CPU)
+        ws = pipeline._workspace(plan, CPU)
+        base = {t.untyped_storage().data_ptr() for t in ws.values()}
+        assert len(base) == 1 and ws["Tb"].untyped_storage().nbytes() == plan.nbytes
+        assert set(ws) == {v[0] for v in plan.layout}
+        pad = WORKSPACE_ALIGN * len(plan.layout)
+        assert plan.workspace_bytes <= plan.nbytes < plan.workspace_bytes + pad
+        for name, dtype, shape, off, n in plan.layout:   # each view where the layout says
+            t = ws[name]
+            assert (t.dtype, tuple(t.shape), t.is_contiguous()) == (dtype, shape, True)
+            assert t.data_ptr() - min(base) == off and t.numel() * t.element_size() == n
+    assert ws["summary"].shape == (65536 // 2048 + 1, 8, 256, 128)   # half-segment slots
+
+
+def test_negligible_threshold_is_the_config():
+    """``log_eps`` is a config field (default -20), and the plan hands it to every kernel
+    that drops negligible terms; nothing else in kernels/prefill defines it."""
+    assert DEFAULT_CONFIG.log_eps == -20.0
+    cfg = PrefillConfig(log_eps=-30.0)
+    chained = prefill_plan(8192, 1, 8, 128, CPU, None, cfg)
+    assert chained.phase_a["log_eps"] == chained.phase_c["log_eps"] == -30.0
+    split = prefill_plan(65536, 1, 8, 128, CPU, None, cfg)
+    assert split.phase_a["log_eps"] == split.split_args["log_eps"] == -30.0
+    with pytest.raises(ValueError, match="log_eps"):
+        PrefillConfig(log_eps=0.5)
+    for f in (ROOT / "kernels" / "prefill").glob("*.py"):
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):   # no kernel default or literal for LOG_EPS
+            if isinstance(node, ast.arg) and node.arg == "LOG_EPS":
+                assert f.name == "chunk_index.py" or node.annotation is not None
+        assert "= -20.0" not in f.read_text() or f.name == "config.py", f.name
+
+
+def test_log_eps_reaches_the_launches():
+    """A chained-CP call hands the config's threshold to both phases."""
+    x = make_prefill_inputs([130], GDNShape(1, 2, 16), seed=0)
+    cfg = PrefillConfig(log_eps=-25.0)
+    with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
+        gdn_prefill(**x, variant="fused", cp=1, config=cfg)
+    assert [c.kwargs["log_eps"] for c in walk.call_args_list] == [-25.0, -25.0]
+
+
+def test_prefill_imports_no_experiment():
+    """Imports run downward: nothing in kernels/prefill imports kernels/experiments."""
+    for f in (ROOT / "kernels" / "prefill").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any("experiments" in n for n in names), f.name
