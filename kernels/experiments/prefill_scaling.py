@@ -330,12 +330,14 @@ def run_split_costs(run: Run) -> pd.DataFrame:
             segs[seg0] = True
         inputs, ref = _inputs(run, lab, lens)
         for seg, default in sorted(segs.items(), reverse=True):
-            call = (lambda c=seg, **x: gdn_prefill(**x, variant="fused", cp=c))
+            # the rule's own row runs the rule (cp=None: its split chosen on the device too)
+            cp = None if default else seg
+            call = (lambda c=cp, **x: gdn_prefill(**x, variant="fused", cp=c))
             g = gate_call(call, inputs, ref, run.device)
             fn = (lambda f=call, x=inputs: f(**x))
             row = dict(lens=lab, T=T, N=N, segments=int(-(-chunks // seg)), seg_chunks=seg,
                        path=prefill_plan(T, N, sh.num_v_heads, sh.head_dim, run.device,
-                                         cp=seg).label, default=default,
+                                         cp=cp).label, default=default,
                        status=g["status"], max_abs_err=g["max_abs_err"], method=method,
                        median_us=float("nan"), p20_us=float("nan"), p80_us=float("nan"),
                        gpu=run.gpu)
