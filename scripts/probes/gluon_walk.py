@@ -1,0 +1,334 @@
+"""Probe: the long path's phase C as a warp-specialized Gluon kernel (a producer warp
+loading by TMA ahead of two state warpgroups), against the Triton phase C on the same
+inputs. Question: can the outputs' work (``q``, ``Aqk`` loads, two output products, the
+``o`` store) hide behind the state chain? Prediction and decision rule:
+docs/notes/long_context.md, "Gluon walk probe: prediction".
+
+What phase C does (:func:`kernels.prefill.state_walk_t.state_walk_t_kernel` with
+``FROM_S0``, one program per (segment slot, value head), the state held transposed,
+``S^T`` ``[V, K]`` f32, rows split over two warpgroups of 64). Per chunk of ``BT = 64``
+tokens ``t0 .. t0+63`` of head ``h`` (q/k head ``h // G``), with ``gc`` the chunk's
+cumulative log decay ``[BT]`` and ``gl`` its last row's value::
+
+    X    = S^T k^T                                  [64, K] x [K, BT]     (chain)
+    R    = v^T - X diag(exp(gc))                    [64, BT]
+    N    = R Tb^T                                   [64, BT] x [BT, BT]   (chain)
+    o^T  = (S^T q^T) diag(scale exp(gc)) + N Aqk^T  two products          (outputs; scale is
+                                                                           in the stored Aqk)
+    S^T <- exp(gl) S^T + (N diag(exp(gl - gc))) k   [64, BT] x [BT, K]    (chain)
+
+with every product's operands rounded to bf16 (``S``, ``R``, ``N``, the decayed ``N``) and
+f32 accumulation, as the Triton walk's ``"bf16"`` precisions. ``Tb``, ``scale * Aqk``,
+``gc`` are the intra-chunk kernel's (``[T, HV, 64]`` bf16, ``[T, HV]`` f32); the entering
+state ``s0`` ``[slots, HV, V, K]`` comes from phase B; the unit's last chunk step writes
+``o`` ``[T, HV, V]`` bf16 rows and, for the sequence's last unit, the final state
+``ht`` ``[1, HV, V, K]``.
+
+The Gluon kernel (``gluon_walk_kernel``, Triton 3.6 API; one program per (slot, head),
+one sequence):
+
+* producer partition (1 warp): per chunk, into stage ``i % STAGES`` behind the stage's
+  ``empty`` barrier, TMA loads of ``k``, ``q`` (``[64, K]``), ``v`` (two ``[64, 64]``
+  halves, one per warpgroup), ``Tb``, ``Aqk`` (``[64, 64]``); the stage's ``ready``
+  barrier counts the bytes;
+* two state partitions (4 warps each: the default partition and a worker), warpgroup
+  ``W`` owning rows ``64 W .. 64 W + 63`` of ``S^T`` in registers: per chunk it issues
+  ``X`` and ``S^T q^T`` together (asynchronous ``wgmma``, ``S`` from registers) and waits
+  for ``X`` only; ``N``; then the state update and ``N Aqk^T`` together, waiting for the
+  state update only. The previous chunk's output product is retired by the next chunk's
+  first wait, and its ``o`` tile goes out (registers -> shared memory -> TMA store,
+  double-buffered) while ``N``'s product runs; the stage goes back to the producer there.
+  The two warpgroups are independent (no row of ``S^T`` feeds another), so their chains
+  interleave on the SM's tensor cores without an explicit ping-pong barrier.
+
+Modes (torch only outside ``--compile``; the GPU host has torch 2.11 + triton 3.6)::
+
+    python3 scripts/probes/gluon_walk.py --compile [--json F]   # CPU: sm_90a compile, report
+    PYTHONPATH=$PWD python3 scripts/probes/gluon_walk.py --check --time --out $OUT
+
+``--check``: for each length (131,072 and 32,768 tokens, one sequence, the generator's
+inputs, ``kernels.spec.make_prefill_inputs(seed=0)``) one ``gdn_prefill`` call records
+phase C's launch (its inputs: ``Tb``, ``Aqk``, ``gc``, ``s0``, the split), then the Gluon
+kernel runs on the same inputs; gates: its ``o`` and final state against the Triton
+phase C's (max abs difference) and against the chunked float32 reference of the whole
+call (contest rule, :func:`kernels.checks.check_outputs`). ``--time`` (only for lengths
+whose gate passed): both phase C kernels alone, CUPTI kernel durations
+(:func:`kernels.bench.anatomy.kernel_times`, warm L2, the method of the notes' per-kernel
+numbers) and ``cupti_cold`` (:func:`kernels.bench.timing.time_fn`), plus the whole call's
+per-kernel times. One JSON line per measurement on stdout and in
+``$OUT/gluon_walk_<sha>.jsonl``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                              tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+BT = 64            # chunk size (the pipeline's)
+STAGES = 2         # load stages in shared memory (66 KB each)
+PRODUCER_REGS = 24  # registers of the producer warp (setmaxnreg)
+STATE_REGS = 240    # registers of the worker state warpgroup
+
+
+@gluon.jit
+def _producer(k_desc, q_desc, v_desc, tb_desc, aq_desc, k_s, q_s, v0_s, v1_s, tb_s, aq_s,
+              ready, empty, ubos, n_c, i_h, i_hk, K: gl.constexpr, V: gl.constexpr,
+              BT: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: chunk ``i``'s tiles into stage ``i % STAGES`` once both state
+    warpgroups released it (``empty``); ``ready`` completes when the bytes have landed."""
+    NBYTES: gl.constexpr = 2 * (2 * BT * K + BT * V + 2 * BT * BT)
+    for i in range(n_c):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        bar = ready.index(s)
+        t0 = (ubos + i * BT).to(gl.int32)
+        mbarrier.expect(bar, NBYTES)
+        tma.async_copy_global_to_shared(k_desc, [t0, i_hk * K], bar, k_s.index(s))
+        tma.async_copy_global_to_shared(v_desc, [t0, i_h * V], bar, v0_s.index(s))
+        tma.async_copy_global_to_shared(v_desc, [t0, i_h * V + V // 2], bar, v1_s.index(s))
+        tma.async_copy_global_to_shared(tb_desc, [t0, i_h * BT], bar, tb_s.index(s))
+        tma.async_copy_global_to_shared(q_desc, [t0, i_hk * K], bar, q_s.index(s))
+        tma.async_copy_global_to_shared(aq_desc, [t0, i_h * BT], bar, aq_s.index(s))
+
+
+@gluon.jit
+def _store_o(o_desc, o_s, O, j, t0, col):
+    """The ``[64 rows of S^T, BT]`` tile ``O`` (f32) as bf16 ``o`` rows ``t0 ..`` columns
+    ``col ..``: through shared-memory buffer ``j`` (the store issued two chunks ago from it
+    must have read it), then a TMA store."""
+    buf = o_s.index(j)
+    tma.store_wait(1)
+    buf.store(gl.permute(O.to(gl.bfloat16), (1, 0)))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [t0, col], buf)
+
+
+@gluon.jit
+def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off, ubos,
+              ueos, n_c, i_h, scale, last, W: gl.constexpr, H: gl.constexpr,
+              K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr):
+    """Rows ``64 W ..`` of ``S^T`` over the unit's chunks (see the module docstring):
+    products asynchronous, waits only where the chain needs a result."""
+    R: gl.constexpr = V // 2
+    acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, K, 16])
+    acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, BT, 16])
+    a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
+    a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
+    cols_t: gl.constexpr = gl.SliceLayout(0, acc_t)
+
+    o_r = W * R + gl.arange(0, R, layout=gl.SliceLayout(1, acc_k))
+    o_k = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
+    p_rows = o_r[:, None] * K + o_k[None, :]
+    S = gl.load(s0 + s_off + p_rows)                      # [R, K] f32, S^T rows
+    o_t = gl.arange(0, BT, layout=cols_t)
+    zero_t = gl.zeros([R, BT], gl.float32, acc_t)
+    for i in range(n_c):
+        s = i % STAGES
+        t0 = ubos + i * BT
+        m_t = t0 + o_t < ueos
+        b_gc = gl.load(gc + (t0 + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_gl = gl.load(gc + (gl.minimum(t0 + BT, ueos) - 1) * H + i_h)
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        k_i = k_s.index(s)
+        Sb = gl.convert_layout(S.to(gl.bfloat16), a_t)
+        X = warpgroup_mma(Sb, k_i.permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        OQ = warpgroup_mma(Sb, q_s.index(s).permute((1, 0)), zero_t, use_acc=False,
+                           is_async=True)
+        X = warpgroup_mma_wait(1, deps=[X])                # S^T q^T stays in flight
+        vt = v_s.index(s).permute((1, 0)).load(acc_t)     # v^T [R, BT]
+        Rb = gl.convert_layout((vt.to(gl.float32) - X * gl.exp(b_gc)[None, :])
+                               .to(gl.bfloat16), a_t)
+        N = warpgroup_mma(Rb, tb_s.index(s).permute((1, 0)), zero_t, use_acc=False,
+                          is_async=True)
+        N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
+        Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
+        Nb = gl.convert_layout(N.to(gl.bfloat16), a_t)
+        O = warpgroup_mma(Nb, aq_s.index(s).permute((1, 0)),
+                          OQ * (scale * gl.exp(b_gc))[None, :], is_async=True)
+        S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
+        O, Nb = warpgroup_mma_wait(1, deps=[O, Nb])
+        # the chunk's outputs leave while the state update runs
+        _store_o(o_desc, o_s, O, i % 2, t0.to(gl.int32), i_h * V + W * R)
+        # retired here: an accumulator in flight across the loop's back edge makes ptxas
+        # serialise every wgmma of the loop (C7514)
+        S, Db = warpgroup_mma_wait(0, deps=[S, Db])
+        mbarrier.arrive(empty.index(s))                   # the stage's last reader is done
+    tma.store_wait(0)
+    if last:
+        gl.store(ht + i_h * (V * K) + p_rows, S)
+
+
+@gluon.jit
+def _state_wg0(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off,
+               ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr, K: gl.constexpr,
+               V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr):
+    _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off, ubos,
+              ueos, n_c, i_h, scale, last, 0, H, K, V, BT, STAGES)
+
+
+@gluon.jit
+def _state_wg1(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off,
+               ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr, K: gl.constexpr,
+               V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr):
+    _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off, ubos,
+              ueos, n_c, i_h, scale, last, 1, H, K, V, BT, STAGES)
+
+
+@gluon.jit
+def gluon_walk_kernel(k_desc, q_desc, v_desc, tb_desc, aq_desc, o_desc, gc, s0, ht, seg_mult,
+                      scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
+                      V: gl.constexpr, BT: gl.constexpr, SEG_T: gl.constexpr,
+                      SPLIT: gl.constexpr, STAGES: gl.constexpr,
+                      STATE_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """Phase C of one sequence of ``T`` tokens: program ``(slot, head)`` walks the unit of
+    ``SEG_T`` tokens (``SEG_T * seg_mult[0]`` with ``SPLIT``; the slots between units and
+    past the end return) from ``s0[slot, head]``; ``num_warps = 4`` (the first state
+    warpgroup) plus a 4-warp state worker and a 1-warp load worker."""
+    i_s = gl.program_id(0)
+    i_h = gl.program_id(1)
+    m = 1
+    if SPLIT:
+        m = gl.load(seg_mult)
+    ubos = i_s * SEG_T
+    ueos = gl.minimum(ubos + SEG_T * m, T)
+    if ((i_s > 0) & (ubos >= T)) | (i_s % m != 0):
+        return
+    n_c = gl.cdiv(ueos - ubos, BT)
+    last = ueos >= T
+    s_off = (i_s * H + i_h).to(gl.int64) * (V * K)
+
+    k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], k_desc.layout)
+    q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], q_desc.layout)
+    v0_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, V // 2], v_desc.layout)
+    v1_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, V // 2], v_desc.layout)
+    tb_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], tb_desc.layout)
+    aq_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], aq_desc.layout)
+    o0_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, V // 2], o_desc.layout)
+    o1_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, V // 2], o_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(STAGES):
+        mbarrier.init(ready.index(j), count=1)
+        mbarrier.init(empty.index(j), count=2)   # one arrival per state warpgroup
+
+    gl.warp_specialize([
+        (_state_wg0, (gc, s0, ht, o_desc, k_s, q_s, v0_s, tb_s, aq_s, o0_s, ready, empty,
+                      s_off, ubos, ueos, n_c, i_h, scale, last, H, K, V, BT, STAGES)),
+        (_state_wg1, (gc, s0, ht, o_desc, k_s, q_s, v1_s, tb_s, aq_s, o1_s, ready, empty,
+                      s_off, ubos, ueos, n_c, i_h, scale, last, H, K, V, BT, STAGES)),
+        (_producer, (k_desc, q_desc, v_desc, tb_desc, aq_desc, k_s, q_s, v0_s, v1_s, tb_s,
+                     aq_s, ready, empty, ubos, n_c, i_h, i_h // G, K, V, BT, STAGES)),
+    ], [4, 1], [STATE_REGS, PRODUCER_REGS])
+
+
+def _layouts(K: int, V: int):
+    """Shared-memory layouts of the TMA tiles: ``k``/``q`` ``[64, K]``, the others
+    ``[64, 64]`` (``v`` and ``o`` per warpgroup half)."""
+    return (gl.NVMMASharedLayout.get_default_for([BT, K], gl.bfloat16),
+            gl.NVMMASharedLayout.get_default_for([BT, V // 2], gl.bfloat16),
+            gl.NVMMASharedLayout.get_default_for([BT, BT], gl.bfloat16))
+
+
+def _constexprs(H, G, K, V, seg_t, split, stages):
+    return dict(H=H, G=G, K=K, V=V, BT=BT, SEG_T=seg_t, SPLIT=split, STAGES=stages,
+                STATE_REGS=STATE_REGS, PRODUCER_REGS=PRODUCER_REGS)
+
+
+def compile_sm90(T=131072, H=8, HQ=4, D=128, seg_t=4096, split=True, stages=STAGES, cc=90):
+    """Compile ``gluon_walk_kernel`` for ``sm_<cc>`` without a GPU (or torch): the
+    signature the launch would specialise on, from stand-in tensors. Returns
+    ``(compiled, report)`` (registers, spills and shared memory from the cubin)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    class _Dtype:
+        is_floating_point = True
+
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return "torch." + self.name
+
+    class _Tensor:   # what the specialiser reads of a torch tensor
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = list(shape), _Dtype(dtype)
+
+        def data_ptr(self):
+            return 1 << 20
+
+        def stride(self):
+            st, acc = [], 1
+            for d in reversed(self.shape):
+                st.append(acc)
+                acc *= d
+            return tuple(reversed(st))
+
+    K = V = D
+    lk, lv, lt = _layouts(K, V)
+
+    def desc(shape, block, layout):
+        t = _Tensor(shape, "bfloat16")
+        return TensorDescriptor(t, t.shape, list(t.stride()), block, layout)
+
+    args = dict(k_desc=desc([T, HQ * K], [BT, K], lk), q_desc=desc([T, HQ * K], [BT, K], lk),
+                v_desc=desc([T, H * V], [BT, V // 2], lv), tb_desc=desc([T, H * BT], [BT, BT], lt),
+                aq_desc=desc([T, H * BT], [BT, BT], lt), o_desc=desc([T, H * V], [BT, V // 2], lv),
+                gc=_Tensor([T, H], "float32"), s0=_Tensor([1, H, V, K], "float32"),
+                ht=_Tensor([1, H, V, K], "float32"), seg_mult=_Tensor([1], "int32"))
+    fn = gluon_walk_kernel
+    names = [p.name for p in fn.params]
+    const = _constexprs(H, H // HQ, K, V, seg_t, split, stages)
+    sig, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in const:
+            sig[n] = "constexpr"
+        elif n == "scale":
+            sig[n] = "fp32"
+        elif n == "T":
+            sig[n] = "i32"
+        else:
+            sig[n] = mangle_type(args[n])
+            if sig[n].startswith("*"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    consts = {(names.index(n),): v for n, v in const.items()}
+    src = GluonASTSource(fn, sig, consts, attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=dict(num_warps=4))
+    # ptxas again on Triton's PTX, verbose: spills per thread and the wgmma warnings
+    # (C7514: wgmmas serialised; C7517: a wait injected) that say the overlap was lost
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    arch = "sm_90a" if cc == 90 else f"sm_{cc}"
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "k.ptx"), "w") as f:
+            f.write(ck.asm["ptx"])
+        res = subprocess.run([ptxas, f"-arch={arch}", "-v", os.path.join(d, "k.ptx"), "-o",
+                              os.path.join(d, "k.cubin")], capture_output=True, text=True)
+    log = res.stdout + res.stderr
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                  log)
+    report = dict(triton=triton.__version__, arch=arch, T=T, seg_t=seg_t, split=split,
+                  stages=stages, num_warps=ck.metadata.num_warps,
+                  launch_regs=int(re.search(r"\.maxnreg (\d+)", ck.asm["ptx"]).group(1)),
+                  setmaxnreg=[int(x) for x in re.findall(
+                      r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ck.asm["ptx"])],
+                  stack_bytes=int(m.group(1)), spill_store_bytes=int(m.group(2)),
+                  spill_load_bytes=int(m.group(3)), shared_bytes=int(ck.metadata.shared),
+                  wgmma_instructions=ck.asm["ptx"].count("wgmma.mma_async"),
+                  ptxas_warnings=sorted(set(re.findall(r"\((C7\d+)\)", log))))
+    return ck, report
