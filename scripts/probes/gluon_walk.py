@@ -332,3 +332,194 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, seg_t=4096, split=True, stages=STAG
                   wgmma_instructions=ck.asm["ptx"].count("wgmma.mma_async"),
                   ptxas_warnings=sorted(set(re.findall(r"\((C7\d+)\)", log))))
     return ck, report
+
+
+def gluon_phase_c(rec: dict, o, ht, stages: int = STAGES):
+    """Launch ``gluon_walk_kernel`` on a recorded phase C (:func:`record_phase_c`), writing
+    ``o`` ``[T, HV, V]`` bf16 and ``ht`` ``[1, HV, V, K]`` f32. Returns None."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    q, k, v, tb, aq, gc = rec["q"], rec["k"], rec["v"], rec["tb"], rec["aq"], rec["gc"]
+    T, HQ, K = k.shape
+    H, V = v.shape[1], v.shape[2]
+    if rec["cu_seqlens"].numel() != 2:
+        raise ValueError("the probe walks one sequence (cu_seqlens of 2 entries)")
+    if K != 128 or V != 128:
+        raise ValueError(f"the probe is written for D = 128, got K={K}, V={V}")
+    lk, lv, lt = _layouts(K, V)
+
+    def desc(t, cols, block, layout):
+        t2 = t.view(T, cols)
+        return TensorDescriptor(t2, list(t2.shape), list(t2.stride()), block, layout)
+
+    seg_mult = rec["seg_mult"]
+    s0 = rec["s0"]
+    slots = s0.shape[0]
+    gluon_walk_kernel[(slots, H)](
+        desc(k, HQ * K, [BT, K], lk), desc(q, HQ * K, [BT, K], lk),
+        desc(v, H * V, [BT, V // 2], lv), desc(tb, H * BT, [BT, BT], lt),
+        desc(aq, H * BT, [BT, BT], lt), desc(o, H * V, [BT, V // 2], lv),
+        gc, s0, ht, seg_mult if seg_mult is not None else s0, float(rec["scale"]), T,
+        num_warps=4, **_constexprs(H, H // HQ, K, V, rec["seg_t"], seg_mult is not None,
+                                   stages))
+
+
+def record_phase_c(x: dict) -> dict:
+    """One ``gdn_prefill`` call on inputs ``x`` with phase C's launch recorded: its inputs
+    (``q, k, v, tb, aq, gc, cu_seqlens, s0, seg_mult, seg_t, scale``), ``go`` (the bound
+    Triton launch, to rerun it alone) and the call's outputs ``o``, ``ht``. Raises if the
+    call did not take the long path."""
+    from kernels.prefill import gdn_prefill, pipeline
+
+    orig = pipeline.state_walk_t_fwd
+    rec = {}
+
+    def recording(q, k, v, tb, aq, gc, cu_seqlens, **kw):
+        go = orig(q, k, v, tb, aq, gc, cu_seqlens, **kw)
+        if kw.get("s0") is not None:
+            rec.update(q=q, k=k, v=v, tb=tb, aq=aq, gc=gc, cu_seqlens=cu_seqlens,
+                       s0=kw["s0"], seg_mult=kw.get("seg_mult"), seg_t=kw["seg_t"],
+                       scale=kw["scale"], go=go)
+        return go
+
+    pipeline.state_walk_t_fwd = recording
+    try:
+        o, ht = gdn_prefill(**x)
+    finally:
+        pipeline.state_walk_t_fwd = orig
+    if "go" not in rec:
+        raise RuntimeError("the call took no long-path phase C (too short?)")
+    rec.update(o=o, ht=ht)
+    return rec
+
+
+def _finish_or_exit(what: str, timeout_s: float, emit) -> None:
+    """Wait for the GPU up to ``timeout_s``; a kernel still running then is taken for a
+    deadlock (a barrier phase wrong): report and leave the process (nothing else frees the
+    GPU from a hung kernel)."""
+    import time
+
+    import torch
+
+    ev = torch.cuda.Event()
+    ev.record()
+    t0 = time.time()
+    while not ev.query():
+        if time.time() - t0 > timeout_s:
+            emit(dict(kind="hang", what=what, waited_s=timeout_s))
+            os._exit(3)
+        time.sleep(0.01)
+
+
+def run_gpu(lengths, check: bool, time_it: bool, out_dir: str, stages_list) -> int:
+    """The ``--check`` / ``--time`` modes (module docstring). Returns the exit status: 1 if
+    a gate failed."""
+    import torch
+
+    from kernels.bench.anatomy import kernel_times
+    from kernels.bench.timing import time_fn
+    from kernels.checks import check_outputs
+    from kernels.prefill import gdn_prefill
+    from kernels.reference import prefill_reference_chunked
+    from kernels.spec import make_prefill_inputs
+
+    sha = os.environ.get("GDN_GIT_SHA", "dev")[:7]
+    gpu = torch.cuda.get_device_name()
+    path = os.path.join(out_dir, f"gluon_walk_{sha}.jsonl")
+    out = open(path, "w")
+    import triton
+
+    def emit(row):
+        row = dict(row, gpu=gpu, sha=sha, triton=triton.__version__, torch=torch.__version__)
+        print(json.dumps(row), flush=True)
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+
+    status = 0
+    for T in lengths:
+        x = make_prefill_inputs([T], seed=0, device="cuda", with_state=True)
+        rec = record_phase_c(x)
+        torch.cuda.synchronize()
+        info = dict(T=T, seg_t=rec["seg_t"], slots=rec["s0"].shape[0],
+                    seg_mult=int(rec["seg_mult"][0]) if rec["seg_mult"] is not None else None)
+        ref = prefill_reference_chunked(**x) if check else None
+        if check:
+            r = check_outputs((rec["o"], rec["ht"]), tuple(ref))
+            emit(dict(info, kind="gate", impl="triton (the call)", ok=bool(r.ok),
+                      max_abs=float(r.max_abs_err), rel_l2=float(r.rel_l2_err)))
+        impls = {"triton": rec["go"]}
+        for st in stages_list:
+            o = torch.full_like(rec["o"], float("nan"))
+            ht = torch.full_like(rec["ht"], float("nan"))
+            fn = (lambda o=o, ht=ht, st=st: gluon_phase_c(rec, o, ht, st))   # noqa: E731
+            name = f"gluon_s{st}"
+            try:
+                fn()
+                _finish_or_exit(name, 30.0, emit)
+            except Exception as e:   # noqa: BLE001 -- report, go on with the others
+                emit(dict(info, kind="error", impl=name, error=f"{type(e).__name__}: {e}"[:400]))
+                status = 1
+                continue
+            ok = True
+            if check:
+                r = check_outputs((o, ht), tuple(ref))
+                d_o = (o.float() - rec["o"].float()).abs().max().item()
+                d_h = (ht - rec["ht"]).abs().max().item()
+                ok = bool(r.ok)
+                emit(dict(info, kind="gate", impl=name, ok=ok, max_abs=float(r.max_abs_err),
+                          rel_l2=float(r.rel_l2_err), vs_triton_o_max_abs=d_o,
+                          vs_triton_state_max_abs=d_h))
+                status |= 0 if ok else 1
+            if ok:
+                impls[name] = fn
+        if time_it:
+            for name, fn in impls.items():
+                kt = kernel_times(fn, calls=5)
+                cold = time_fn(fn, "cupti_cold", rep=20, warmup=3)
+                emit(dict(info, kind="time", impl=name, phase_c_us=float(kt["median_us"][0]),
+                          p20_us=float(kt["p20_us"][0]), p80_us=float(kt["p80_us"][0]),
+                          cupti_cold_us=cold.median_us, method="kernel_times (CUPTI, warm "
+                          "L2, eager) median of 5; cupti_cold median of 20"))
+            kt = kernel_times(lambda: gdn_prefill(**x), calls=3)
+            emit(dict(info, kind="time", impl="triton call (per kernel)",
+                      kernels={f"{k.role}|{k.kernel[:24]}": round(k.median_us, 1)
+                               for k in kt.itertuples()}))
+        del x, rec, ref, impls
+        torch.cuda.empty_cache()
+    out.close()
+    return status
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--compile", action="store_true",
+                    help="compile for sm_90a without a GPU and report (no torch needed)")
+    ap.add_argument("--json", default=None, help="--compile: write the reports here")
+    ap.add_argument("--check", action="store_true", help="gate the kernel (GPU)")
+    ap.add_argument("--time", action="store_true", help="time both phase C kernels (GPU)")
+    ap.add_argument("--lengths", default="131072,32768")
+    ap.add_argument("--stages", default="2,3", help="the Gluon kernel's load stages to run")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    a = ap.parse_args(argv)
+    stages = [int(s) for s in a.stages.split(",")]
+    if a.compile:
+        rows = []
+        for T, seg_t, split in ((131072, 4096, True), (32768, 2048, False)):
+            for st in stages:
+                try:
+                    rows.append(compile_sm90(T=T, seg_t=seg_t, split=split, stages=st)[1])
+                except Exception as e:   # noqa: BLE001 -- report every configuration
+                    rows.append(dict(T=T, stages=st, error=f"{type(e).__name__}: {e}"[:400]))
+                print(json.dumps(rows[-1]), flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return int(any("error" in r or r["spill_store_bytes"] or r["ptxas_warnings"]
+                       for r in rows))
+    if not (a.check or a.time):
+        ap.error("pick --compile, or --check and/or --time (GPU)")
+    return run_gpu([int(t) for t in a.lengths.split(",")], a.check, a.time, a.out, stages)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
