@@ -20,9 +20,9 @@ cumulative log decay ``[BT]`` and ``gl`` its last row's value::
 with every product's operands rounded to bf16 (``S``, ``R``, ``N``, the decayed ``N``) and
 f32 accumulation, as the Triton walk's ``"bf16"`` precisions. ``Tb``, ``scale * Aqk``,
 ``gc`` are the intra-chunk kernel's (``[T, HV, 64]`` bf16, ``[T, HV]`` f32); the entering
-state ``s0`` ``[slots, HV, V, K]`` comes from phase B; the unit's last chunk step writes
-``o`` ``[T, HV, V]`` bf16 rows and, for the sequence's last unit, the final state
-``ht`` ``[1, HV, V, K]``.
+state ``s0`` ``[slots, HV, V, K]`` comes from phase B; each chunk writes its rows of
+``o`` ``[T, HV, V]`` bf16, and the sequence's last unit the final state ``ht``
+``[1, HV, V, K]``.
 
 The Gluon kernel (``gluon_walk_kernel``, Triton 3.6 API; one program per (slot, head),
 one sequence):
@@ -32,14 +32,20 @@ one sequence):
   halves, one per warpgroup), ``Tb``, ``Aqk`` (``[64, 64]``); the stage's ``ready``
   barrier counts the bytes;
 * two state partitions (4 warps each: the default partition and a worker), warpgroup
-  ``W`` owning rows ``64 W .. 64 W + 63`` of ``S^T`` in registers: per chunk it issues
-  ``X`` and ``S^T q^T`` together (asynchronous ``wgmma``, ``S`` from registers) and waits
-  for ``X`` only; ``N``; then the state update and ``N Aqk^T`` together, waiting for the
-  state update only. The previous chunk's output product is retired by the next chunk's
-  first wait, and its ``o`` tile goes out (registers -> shared memory -> TMA store,
-  double-buffered) while ``N``'s product runs; the stage goes back to the producer there.
-  The two warpgroups are independent (no row of ``S^T`` feeds another), so their chains
-  interleave on the SM's tensor cores without an explicit ping-pong barrier.
+  ``W`` owning rows ``64 W .. 64 W + 63`` of ``S^T`` in registers; per chunk, with
+  asynchronous ``wgmma`` (``S``, ``R``, ``N`` from registers): ``X`` and ``S^T q^T``
+  issued together, wait for ``X``; ``N``; then ``N Aqk^T`` and the state update issued
+  together, wait for the output product, store the ``o`` tile (registers -> shared
+  memory -> TMA, double-buffered) and load the next chunk's ``gc`` while the state update
+  runs; wait for it, release the stage. Everything is retired at the end of the step: an
+  accumulator in flight across the loop's back edge makes ptxas serialise every ``wgmma``
+  of the loop (warning C7514). The two warpgroups are independent (no row of ``S^T``
+  feeds another), so their chains interleave on the SM's tensor cores without an
+  explicit ping-pong barrier.
+
+Variants (:data:`VARIANTS`): 2 or 3 load stages; the chain alone (no ``q``, ``Aqk``,
+output products, ``o``) for the Gluon chain's own step time. The probe walks one sequence
+with ``D = 128`` (the contest's) and no ``cu_seqlens`` guard.
 
 Modes (torch only outside ``--compile``; the GPU host has torch 2.11 + triton 3.6)::
 
@@ -48,11 +54,12 @@ Modes (torch only outside ``--compile``; the GPU host has torch 2.11 + triton 3.
 
 ``--check``: for each length (131,072 and 32,768 tokens, one sequence, the generator's
 inputs, ``kernels.spec.make_prefill_inputs(seed=0)``) one ``gdn_prefill`` call records
-phase C's launch (its inputs: ``Tb``, ``Aqk``, ``gc``, ``s0``, the split), then the Gluon
-kernel runs on the same inputs; gates: its ``o`` and final state against the Triton
-phase C's (max abs difference) and against the chunked float32 reference of the whole
-call (contest rule, :func:`kernels.checks.check_outputs`). ``--time`` (only for lengths
-whose gate passed): both phase C kernels alone, CUPTI kernel durations
+phase C's launch (its inputs: ``Tb``, ``Aqk``, ``gc``, ``s0``, the split), then each Gluon
+variant runs on the same inputs into NaN-filled outputs; gates: the call's and each
+variant's ``o`` and final state against the chunked float32 reference of the whole call
+(contest rule, :func:`kernels.checks.check_outputs`; the state alone for the chain-only
+variant), and the max abs difference to the Triton phase C's. ``--time`` (gates first;
+only what passed is timed): the phase C kernels alone, CUPTI kernel durations
 (:func:`kernels.bench.anatomy.kernel_times`, warm L2, the method of the notes' per-kernel
 numbers) and ``cupti_cold`` (:func:`kernels.bench.timing.time_fn`), plus the whole call's
 per-kernel times. One JSON line per measurement on stdout and in
@@ -135,12 +142,12 @@ def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, 
     S = gl.load(s0 + s_off + p_rows)                      # [R, K] f32, S^T rows
     o_t = gl.arange(0, BT, layout=cols_t)
     zero_t = gl.zeros([R, BT], gl.float32, acc_t)
+    # each chunk's gc (and its last row) is loaded during the previous chunk's state update
+    b_gc = gl.load(gc + (ubos + o_t) * H + i_h, mask=ubos + o_t < ueos, other=0.0)
+    b_gl = gl.load(gc + (gl.minimum(ubos + BT, ueos) - 1) * H + i_h)
     for i in range(n_c):
         s = i % STAGES
         t0 = ubos + i * BT
-        m_t = t0 + o_t < ueos
-        b_gc = gl.load(gc + (t0 + o_t) * H + i_h, mask=m_t, other=0.0)
-        b_gl = gl.load(gc + (gl.minimum(t0 + BT, ueos) - 1) * H + i_h)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         k_i = k_s.index(s)
         Sb = gl.convert_layout(S.to(gl.bfloat16), a_t)
@@ -170,6 +177,9 @@ def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, 
             N, Rb, Sb = warpgroup_mma_wait(0, deps=[N, Rb, Sb])
             Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
             S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
+        t1 = t0 + BT
+        b_gc = gl.load(gc + (t1 + o_t) * H + i_h, mask=t1 + o_t < ueos, other=0.0)
+        b_gl = gl.load(gc + (gl.minimum(t1 + BT, ueos) - 1) * H + i_h, mask=t1 < ueos)
         # retired here: an accumulator in flight across the loop's back edge makes ptxas
         # serialise every wgmma of the loop (C7514)
         S, Db = warpgroup_mma_wait(0, deps=[S, Db])
