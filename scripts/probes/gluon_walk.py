@@ -78,10 +78,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-BT = 64            # chunk size (the pipeline's)
-STAGES = 2         # load stages in shared memory (66 KB each)
-PRODUCER_REGS = 24  # registers of the producer warp (setmaxnreg)
-STATE_REGS = 240    # registers of the worker state warpgroup
+BT = 64             # chunk size (the pipeline's)
+STAGES = 2          # default load stages in shared memory (64 KB each)
+PRODUCER_REGS = 24  # registers per thread of the producer's warpgroup (setmaxnreg)
+STATE_REGS = 240    # of the worker state warpgroup; the default one gets the rest (240)
 
 
 @gluon.jit
