@@ -89,7 +89,7 @@ def sweep_config_name(bv: int, num_warps: int) -> str:
 def targets(params: dict) -> List[dict]:
     """The profiled targets: ``label, impl, config`` and the ``target`` dict
     for :func:`kernels.bench.ncu.run_ncu`."""
-    from kernels.contest.loader import SOLUTION_PREFIX, SolutionError, read_solution
+    from kernels.contest.formats import SOLUTION_PREFIX, SolutionError, read_solution
 
     B = params["B"]
     out = []
