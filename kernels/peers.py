@@ -79,9 +79,13 @@ Triton interpreter and is reported available (about 2 s per call at B=1,
 growing linearly with B: fine for smoke tests, useless for timing); FLA's
 chunked prefill does not run there and is unavailable.
 
-Availability never raises: :func:`decode_impls` / :func:`prefill_impls` return
-an :class:`Unavailable` (falsy, with ``.reason``) for a peer that cannot run
-here - not installed, no GPU, wrong architecture, import error.
+Availability never raises: :func:`peer_impls` (:func:`decode_impls` /
+:func:`prefill_impls`) returns an :class:`Unavailable` (falsy, with ``.reason``) for a
+peer that cannot run here - not installed, no GPU, wrong architecture, import error.
+
+:data:`PEERS` is the one table of peers (name, op, builder, label, package, worker):
+adding a peer is its builder and a row there; the notebooks take them through
+:mod:`kernels.registry`.
 """
 from __future__ import annotations
 
@@ -462,16 +466,20 @@ PEERS = (
     Peer("flashinfer", "prefill", _flashinfer_prefill, "flashinfer", _FLASHINFER),
     Peer("torch", "prefill", _torch_prefill, "torch", _TORCH),
 )
-_BY_KEY = {(p.op, p.name): p for p in PEERS}
 DECODE_PEERS = tuple(p.name for p in PEERS if p.op == "decode")
 PREFILL_PEERS = tuple(p.name for p in PEERS if p.op == "prefill")
 #: Prefill peers the notebooks run in :mod:`kernels.peers_worker` (tilelang's own site).
 WORKER_PEERS = tuple(p.name for p in PEERS if p.worker)
 
 
+def _peer(op: str, name: str):
+    """The row of :data:`PEERS` of ``op`` peer ``name`` (None if unknown)."""
+    return next((p for p in PEERS if p.op == op and p.name == name), None)
+
+
 def prefill_label(name: str) -> str:
     """The label of prefill peer ``name`` in tables and legends (the name if unknown)."""
-    peer = _BY_KEY.get(("prefill", name))
+    peer = _peer("prefill", name)
     return peer.label if peer else name
 
 
@@ -481,7 +489,7 @@ def peer_impls(op: str, names: Iterable[str]) -> Dict[str, Impl]:
         names = (names,)
     out: Dict[str, Impl] = {}
     for name in names:
-        peer = _BY_KEY.get((op, name))
+        peer = _peer(op, name)
         if peer is None:
             known = ", ".join(p.name for p in PEERS if p.op == op)
             out[name] = Unavailable(name, f"unknown {op} peer {name!r}; known: {known}")
@@ -509,7 +517,7 @@ def peer_version(name: str, op: str = "prefill") -> str:
     """The installed version of the package behind peer ``name`` (or why there is none)."""
     from .packages import package_version
 
-    peer = _BY_KEY.get((op, name))
+    peer = _peer(op, name)
     return "" if peer is None else package_version(peer.package)
 
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
+from .contest.formats import SOLUTION_PREFIX
+
 __all__ = ["KINDS", "Impl", "ours", "peers", "solutions", "resolve", "gate",
-           "is_solution", "solution_entries", "solution_provenance"]
+           "is_solution", "solution_entries"]
 
 KINDS = ("ours", "peer", "worker", "solution")
-_PREFIX = "solution:"   # kernels.contest.formats.SOLUTION_PREFIX (not imported: no torch here)
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,8 +40,8 @@ class Impl:
 
     ``label``: its row in tables and legends (unique in a notebook, but for the variants of
     one peer). ``kind``: one of :data:`KINDS`. ``op``: ``decode`` or ``prefill``. ``name``:
-    what it is called where it comes from (ours' entry or variant, the peer's
-    :mod:`kernels.peers` name, the solution's path). ``fn``: the callable in this process
+    what it is called where it comes from (``ours``, the peer's :mod:`kernels.peers` name,
+    the solution's path). ``fn``: the callable in this process
     (ours, peer), or the handle of a worker (``worker``, ``solution``: ``fn.run(...)`` gates
     and times there); ``None`` when unavailable, then ``reason`` says why in one line.
     ``variant``: ours' variant or config, or how a peer is called (``default``,
@@ -89,17 +90,19 @@ def peers(names: Iterable[str], op: str, *, in_process: bool = False,
     worker's (a section that calls its implementations here). ``variants``: ``{name:
     ((variant, peer name), ...)}``, one peer gated and timed as several of
     :mod:`kernels.peers`' (FlashInfer's decode with and without its state copy)."""
-    from .peers import WORKER_PEERS, peer_impls, prefill_label
+    from .peers import PEERS, peer_impls
 
+    rows = {p.name: p for p in PEERS if p.op == op}
+    worker = {p.name for p in rows.values() if p.worker}
     names = list(names)
     if in_process:
-        bad = [n for n in names if n in WORKER_PEERS]
+        bad = [n for n in names if n in worker]
         if bad:
             raise ValueError(f"{bad} run in the peer worker, not in this process")
     calls = [(n, v, p) for n in names for v, p in (variants or {}).get(n, (("default", n),))]
-    local = [p for _, _, p in calls if p not in WORKER_PEERS]
+    local = [p for _, _, p in calls if p not in worker]
     found: Dict[str, object] = dict(peer_impls(op, local)) if local else {}
-    remote = [p for _, _, p in calls if p in WORKER_PEERS]
+    remote = [p for _, _, p in calls if p in worker]
     if remote:
         from .peers_worker import remote_prefill_impls
 
@@ -107,8 +110,8 @@ def peers(names: Iterable[str], op: str, *, in_process: bool = False,
     out = []
     for n, v, p in calls:
         fn = found[p]
-        label = prefill_label(n) if op == "prefill" else n
-        kind = "worker" if p in WORKER_PEERS else "peer"
+        label = rows[n].label if n in rows else n
+        kind = "worker" if p in worker else "peer"
         out.append(Impl(label, kind, op, p, fn if fn else None,
                         "" if fn else fn.reason, variant=v))
     return out
@@ -116,7 +119,7 @@ def peers(names: Iterable[str], op: str, *, in_process: bool = False,
 
 def is_solution(entry) -> bool:
     """Whether an ``impls`` entry names a solution (``solution:<path>``)."""
-    return isinstance(entry, str) and entry.startswith(_PREFIX)
+    return isinstance(entry, str) and entry.startswith(SOLUTION_PREFIX)
 
 
 def solution_entries(params: Mapping) -> tuple:
@@ -142,12 +145,6 @@ def solutions(params: Mapping, op: str, taken: Iterable[str] = ()) -> List[Impl]
                         handle if handle else None, "" if handle else handle.reason,
                         info=info))
     return out
-
-
-def solution_provenance(impls: Iterable[Impl]) -> List[dict]:
-    """The provenance rows of the solutions among ``impls`` (the runner's summary reads
-    them: origin, language, build, or the reason one was unavailable)."""
-    return [dict(r.info) for r in impls if r.kind == "solution"]
 
 
 def resolve(params: Mapping, op: str, *, ours_of: Callable[[str], Optional[List[Impl]]],

@@ -174,11 +174,11 @@ def _ours(config):
     return functools.partial(gdn_decode, config=config)
 
 
-def resolve_impls(run: Run) -> List[Impl]:
+def resolve_impls(params: dict) -> List[Impl]:
     """Every implementation of ``impls`` (:mod:`kernels.registry`), then the decode
-    solutions of ``impls`` and ``solutions``, each in a worker of its own (recorded in the
-    provenance). Ours is one record per entry (its configs are chosen per B); a peer of
-    :data:`PEER_VARIANTS` is one record per variant."""
+    solutions of ``impls`` and ``solutions``, each in a worker of its own. Ours is one
+    record per entry (its configs are chosen per B); a peer of :data:`PEER_VARIANTS` is one
+    record per variant."""
     def ours_of(entry):
         if entry in ("ours-adaptive", "ours-fla-like") or entry.startswith("ours:"):
             from kernels.decode import gdn_decode
@@ -186,13 +186,9 @@ def resolve_impls(run: Run) -> List[Impl]:
             return [registry.Impl(entry, "ours", "decode", "ours", gdn_decode, variant=entry)]
         return None
 
-    impls = registry.resolve(run.params, "decode", ours_of=ours_of,
-                             known_ours="ours-adaptive, ours-fla-like, ours:<config>",
-                             variants=PEER_VARIANTS)
-    sols = registry.solution_provenance(impls)
-    if sols:
-        run.extra_provenance["solutions"] = sols
-    return impls
+    return registry.resolve(params, "decode", ours_of=ours_of,
+                            known_ours="ours-adaptive, ours-fla-like, ours:<config>",
+                            variants=PEER_VARIANTS)
 
 
 # --------------------------------------------------------------------------- 1. gate
@@ -208,7 +204,8 @@ def run_gate(run: Run) -> pd.DataFrame:
     from kernels.decode import FLA_LIKE, DecodeConfig, config_for
 
     p = run.params
-    impls = resolve_impls(run)
+    impls = resolve_impls(p)
+    run.record_solutions(impls)
     grid = config_grid_from_params(p)
     run.state["grid"] = grid
     rows = []

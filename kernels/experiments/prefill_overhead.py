@@ -134,25 +134,21 @@ def _inputs(run: Run, label: str, lens):
     return run.state["inputs"][label], run.state["refs"][label]
 
 
-def resolve_impls(run: Run) -> Dict[str, Impl]:
-    """``label → Impl`` (:mod:`kernels.registry`) in plotting order: ours (one per variant
-    of ``variants``), the peers, the solutions."""
+def resolve_impls(params: dict) -> List[Impl]:
+    """The implementations (:mod:`kernels.registry`) in plotting order: ours (one per
+    variant of ``variants``), the peers, the solutions."""
     def ours_of(entry):
         if entry != "ours":
             return None
         from kernels.prefill import VARIANTS, make_prefill_impl
 
-        bad = [v for v in run.params["variants"] if v not in VARIANTS]
+        bad = [v for v in params["variants"] if v not in VARIANTS]
         if bad:
             raise ValueError(f"unknown variant {bad[0]!r}; known: {', '.join(VARIANTS)}")
         return [registry.ours(f"ours-{v}", lambda v=v: make_prefill_impl(v), op="prefill",
-                              variant=v) for v in run.params["variants"]]
+                              variant=v) for v in params["variants"]]
 
-    impls = registry.resolve(run.params, "prefill", ours_of=ours_of, known_ours="ours")
-    sols = registry.solution_provenance(impls)
-    if sols:
-        run.extra_provenance["solutions"] = sols
-    return {r.label: r for r in impls}
+    return registry.resolve(params, "prefill", ours_of=ours_of, known_ours="ours")
 
 
 # --------------------------------------------------------------------------- 1. gate
@@ -164,8 +160,8 @@ def run_gate(run: Run) -> pd.DataFrame:
     The reference is a token loop: long shapes take seconds on a GPU and far
     longer on the CPU, so CPU profiles use tiny shapes.
     """
-    impls = resolve_impls(run)
-    run.state["impls"] = impls
+    impls = run.state["impls"] = {r.label: r for r in resolve_impls(run.params)}
+    run.record_solutions(impls.values())
     rows = []
     for lab, lens in progress(run.state["shapes"], f"gate: {plural(len(impls), 'implementation')} per shape",
                               "shape"):

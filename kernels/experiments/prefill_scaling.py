@@ -142,9 +142,7 @@ def start(params: dict) -> Run:
     for name, fn in run.state["impls"].items():
         if not fn:
             run.skip(f"{label_of(name)} (all shapes)", fn.reason)
-    sols = registry.solution_provenance(impls)
-    if sols:
-        run.extra_provenance["solutions"] = sols
+    run.record_solutions(impls)
     remote = [r.fn for r in impls if r and r.kind == "worker"]
     if remote:
         run.extra_provenance["peer_worker"] = remote[0].worker.status([])["_python"]
