@@ -124,7 +124,7 @@ class Unavailable:
         return f"Unavailable({self.name!r}, {self.reason!r})"
 
 
-Impl = Union[Callable, Unavailable]
+PeerFn = Union[Callable, Unavailable]
 
 
 class _Missing(Exception):
@@ -483,11 +483,11 @@ def prefill_label(name: str) -> str:
     return peer.label if peer else name
 
 
-def peer_impls(op: str, names: Iterable[str]) -> Dict[str, Impl]:
+def peer_impls(op: str, names: Iterable[str]) -> Dict[str, PeerFn]:
     """``{name: callable or Unavailable}`` for the ``op`` peers ``names`` (never raises)."""
     if isinstance(names, str):
         names = (names,)
-    out: Dict[str, Impl] = {}
+    out: Dict[str, PeerFn] = {}
     for name in names:
         peer = _peer(op, name)
         if peer is None:
@@ -503,12 +503,12 @@ def peer_impls(op: str, names: Iterable[str]) -> Dict[str, Impl]:
     return out
 
 
-def decode_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, Impl]:
+def decode_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, PeerFn]:
     """``{name: callable or Unavailable}`` for decode peers (see the module docstring)."""
     return peer_impls("decode", names)
 
 
-def prefill_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, Impl]:
+def prefill_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, PeerFn]:
     """``{name: callable or Unavailable}`` for prefill peers (see the module docstring)."""
     return peer_impls("prefill", names)
 
