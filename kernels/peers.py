@@ -433,8 +433,9 @@ def _torch_prefill() -> Callable:
 class Peer:
     """One peer: its ``name`` in ``impls`` lists, ``op``, ``build`` (returns the callable,
     raises :class:`_Missing` with the reason it cannot run here), ``label`` in tables and
-    legends, the ``package`` (module) whose version provenance reports and
-    whether the notebooks run it in :mod:`kernels.peers_worker` (``worker``)."""
+    legends, the ``package`` (module) whose version :func:`peer_version` reports, and
+    whether the notebooks run it in :mod:`kernels.peers_worker` (``worker``: prefill peers,
+    which that worker serves)."""
 
     name: str
     op: str
