@@ -86,10 +86,9 @@ def build_call(impl: str, op: str = "decode", *, B: int = 64, lens=(512,), confi
 
         fn = make_prefill_impl(variant)
         return lambda: fn(**inputs)
-    from kernels import peers
+    from kernels.peers import peer_impls
 
-    impls = peers.decode_impls([impl]) if op == "decode" else peers.prefill_impls([impl])
-    fn = impls[impl]
+    fn = peer_impls(op, [impl])[impl]   # built here, worker peers too: the process is ncu's
     if not fn:
         raise RuntimeError(f"{impl} ({op}) unavailable: {fn.reason}")
     return lambda: fn(**inputs)

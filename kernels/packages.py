@@ -16,6 +16,7 @@ DISTRIBUTIONS = {
     "triton": ("triton", "pytorch-triton"),
     "fla": ("fla-core", "flash-linear-attention"),
     "flashinfer": ("flashinfer-python", "flashinfer"),
+    "flash_qla": ("flash-qla",),
 }
 
 

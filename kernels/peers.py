@@ -79,9 +79,13 @@ Triton interpreter and is reported available (about 2 s per call at B=1,
 growing linearly with B: fine for smoke tests, useless for timing); FLA's
 chunked prefill does not run there and is unavailable.
 
-Availability never raises: :func:`decode_impls` / :func:`prefill_impls` return
-an :class:`Unavailable` (falsy, with ``.reason``) for a peer that cannot run
-here - not installed, no GPU, wrong architecture, import error.
+Availability never raises: :func:`peer_impls` (:func:`decode_impls` /
+:func:`prefill_impls`) returns an :class:`Unavailable` (falsy, with ``.reason``) for a
+peer that cannot run here - not installed, no GPU, wrong architecture, import error.
+
+:data:`PEERS` is the one table of peers (name, op, builder, label, package, worker):
+adding a peer is its builder and a row there; the notebooks take them through
+:mod:`kernels.registry`.
 """
 from __future__ import annotations
 
@@ -89,7 +93,8 @@ import contextlib
 import importlib.util
 import inspect
 import os
-from typing import Callable, Dict, Iterable, Optional, Union
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Union
 
 import torch
 import torch.nn.functional as F
@@ -97,23 +102,9 @@ import torch.nn.functional as F
 from .reference import decode_reference, prefill_reference
 from .spec import resolve_scale
 
-__all__ = ["Unavailable", "DECODE_PEERS", "PREFILL_PEERS", "WORKER_PEERS", "PREFILL_LABELS",
-           "decode_impls", "prefill_impls", "peer_status", "prefill_gates", "prefill_label"]
-
-DECODE_PEERS = ("fla", "flashinfer", "flashinfer_inplace", "flashinfer_bf16_inplace",
-                "flashinfer_mtp_inplace", "torch")
-PREFILL_PEERS = ("fla", "fla_recurrent", "fla_flashqla", "flashqla", "flashinfer", "torch")
-#: Prefill peers the notebooks run in :mod:`kernels.peers_worker` (tilelang's own site).
-WORKER_PEERS = ("flashqla", "fla_flashqla")
-#: How tables and legends name each prefill peer ("FLA" alone would be ambiguous).
-PREFILL_LABELS = {"fla": "fla (triton)", "fla_recurrent": "fla (fused recurrent)",
-                  "fla_flashqla": "fla (flashqla backend)",
-                  "flashqla": "flashqla", "flashinfer": "flashinfer", "torch": "torch"}
-
-
-def prefill_label(name: str) -> str:
-    """The label of prefill peer ``name`` in tables and legends (the name if unknown)."""
-    return PREFILL_LABELS.get(name, name)
+__all__ = ["Unavailable", "Peer", "PEERS", "DECODE_PEERS", "PREFILL_PEERS", "WORKER_PEERS",
+           "decode_impls", "prefill_impls", "peer_impls", "peer_status", "peer_version",
+           "prefill_gates", "prefill_label"]
 
 
 class Unavailable:
@@ -133,7 +124,7 @@ class Unavailable:
         return f"Unavailable({self.name!r}, {self.reason!r})"
 
 
-Impl = Union[Callable, Unavailable]
+PeerFn = Union[Callable, Unavailable]
 
 
 class _Missing(Exception):
@@ -438,35 +429,74 @@ def _torch_prefill() -> Callable:
     return torch_prefill
 
 
-_DECODE_BUILDERS = {
-    "fla": _fla_decode,
-    "flashinfer": lambda: _flashinfer_decode(copy_state=True),
-    "flashinfer_inplace": lambda: _flashinfer_decode(copy_state=False),
-    "flashinfer_bf16_inplace": _flashinfer_bf16_decode,
-    "flashinfer_mtp_inplace": _flashinfer_mtp_decode,
-    "torch": _torch_decode,
-}
-_PREFILL_BUILDERS = {
-    "fla": _fla_prefill,
-    "fla_recurrent": _fla_recurrent_prefill,
-    "fla_flashqla": lambda: _fla_prefill(flashqla=True),
-    "flashqla": _flashqla_prefill,
-    "flashinfer": _flashinfer_prefill,
-    "torch": _torch_prefill,
-}
+@dataclass(frozen=True)
+class Peer:
+    """One peer: its ``name`` in ``impls`` lists, ``op``, ``build`` (returns the callable,
+    raises :class:`_Missing` with the reason it cannot run here), ``label`` in tables and
+    legends, the ``package`` (module) whose version :func:`peer_version` reports, and
+    whether the notebooks run it in :mod:`kernels.peers_worker` (``worker``: prefill peers,
+    which that worker serves)."""
+
+    name: str
+    op: str
+    build: Callable[[], Callable]
+    label: str
+    package: str
+    worker: bool = False
 
 
-def _build(builders: dict, names, op: str) -> Dict[str, Impl]:
+_FLA, _FLASHINFER, _FLASH_QLA, _TORCH = "fla", "flashinfer", "flash_qla", "torch"
+
+#: Every peer: adding one is a builder above and a row here (docs/architecture.md).
+PEERS = (
+    Peer("fla", "decode", _fla_decode, "fla", _FLA),
+    Peer("flashinfer", "decode", lambda: _flashinfer_decode(copy_state=True), "flashinfer",
+         _FLASHINFER),
+    Peer("flashinfer_inplace", "decode", lambda: _flashinfer_decode(copy_state=False),
+         "flashinfer_inplace", _FLASHINFER),
+    Peer("flashinfer_bf16_inplace", "decode", _flashinfer_bf16_decode,
+         "flashinfer_bf16_inplace", _FLASHINFER),
+    Peer("flashinfer_mtp_inplace", "decode", _flashinfer_mtp_decode, "flashinfer_mtp_inplace",
+         _FLASHINFER),
+    Peer("torch", "decode", _torch_decode, "torch", _TORCH),
+    Peer("fla", "prefill", _fla_prefill, "fla (triton)", _FLA),
+    Peer("fla_recurrent", "prefill", _fla_recurrent_prefill, "fla (fused recurrent)", _FLA),
+    Peer("fla_flashqla", "prefill", lambda: _fla_prefill(flashqla=True),
+         "fla (flashqla backend)", _FLASH_QLA, worker=True),
+    Peer("flashqla", "prefill", _flashqla_prefill, "flashqla", _FLASH_QLA, worker=True),
+    Peer("flashinfer", "prefill", _flashinfer_prefill, "flashinfer", _FLASHINFER),
+    Peer("torch", "prefill", _torch_prefill, "torch", _TORCH),
+)
+DECODE_PEERS = tuple(p.name for p in PEERS if p.op == "decode")
+PREFILL_PEERS = tuple(p.name for p in PEERS if p.op == "prefill")
+#: Prefill peers the notebooks run in :mod:`kernels.peers_worker` (tilelang's own site).
+WORKER_PEERS = tuple(p.name for p in PEERS if p.worker)
+
+
+def _peer(op: str, name: str):
+    """The row of :data:`PEERS` of ``op`` peer ``name`` (None if unknown)."""
+    return next((p for p in PEERS if p.op == op and p.name == name), None)
+
+
+def prefill_label(name: str) -> str:
+    """The label of prefill peer ``name`` in tables and legends (the name if unknown)."""
+    peer = _peer("prefill", name)
+    return peer.label if peer else name
+
+
+def peer_impls(op: str, names: Iterable[str]) -> Dict[str, PeerFn]:
+    """``{name: callable or Unavailable}`` for the ``op`` peers ``names`` (never raises)."""
     if isinstance(names, str):
         names = (names,)
-    out: Dict[str, Impl] = {}
+    out: Dict[str, PeerFn] = {}
     for name in names:
-        if name not in builders:
-            out[name] = Unavailable(name, f"unknown {op} peer {name!r}; known: "
-                                          f"{', '.join(builders)}")
+        peer = _peer(op, name)
+        if peer is None:
+            known = ", ".join(p.name for p in PEERS if p.op == op)
+            out[name] = Unavailable(name, f"unknown {op} peer {name!r}; known: {known}")
             continue
         try:
-            out[name] = builders[name]()
+            out[name] = peer.build()
         except _Missing as e:
             out[name] = Unavailable(name, str(e))
         except Exception as e:  # a peer must never take the caller down
@@ -474,24 +504,22 @@ def _build(builders: dict, names, op: str) -> Dict[str, Impl]:
     return out
 
 
-def decode_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, Impl]:
+def decode_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, PeerFn]:
     """``{name: callable or Unavailable}`` for decode peers (see the module docstring)."""
-    return _build(_DECODE_BUILDERS, names, "decode")
+    return peer_impls("decode", names)
 
 
-def prefill_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, Impl]:
+def prefill_impls(names: Iterable[str] = ("fla", "flashinfer", "torch")) -> Dict[str, PeerFn]:
     """``{name: callable or Unavailable}`` for prefill peers (see the module docstring)."""
-    return _build(_PREFILL_BUILDERS, names, "prefill")
+    return peer_impls("prefill", names)
 
 
-def _version(name: str) -> str:
+def peer_version(name: str, op: str = "prefill") -> str:
+    """The installed version of the package behind peer ``name`` (or why there is none)."""
     from .packages import package_version
 
-    if name.startswith("flashinfer"):
-        return package_version("flashinfer")
-    if name in ("flashqla", "fla_flashqla"):
-        return package_version("flash_qla", ("flash-qla",))
-    return package_version(name)
+    peer = _peer(op, name)
+    return "" if peer is None else package_version(peer.package)
 
 
 def peer_status():
@@ -499,9 +527,8 @@ def peer_status():
     import pandas as pd
 
     rows = []
-    for op, impls in (("decode", decode_impls(DECODE_PEERS)),
-                      ("prefill", prefill_impls(PREFILL_PEERS))):
-        for name, fn in impls.items():
+    for op in ("decode", "prefill"):
+        for name, fn in peer_impls(op, [p.name for p in PEERS if p.op == op]).items():
             rows.append(dict(impl=name, op=op, available=bool(fn),
-                             reason="" if fn else fn.reason, version=_version(name)))
+                             reason="" if fn else fn.reason, version=peer_version(name, op)))
     return pd.DataFrame(rows, columns=["impl", "op", "available", "reason", "version"])

@@ -32,8 +32,10 @@ Protocol: one JSON request per line on the worker's stdin, one JSON response per
 its stdout (the worker moves everything else its libraries print to stderr). Requests:
 ``{"op": "status", "names": [...]}``, ``{"op": "run", "name", "data", "device", "methods",
 "rep", "warmup", "timeline", "trace"}``, ``{"op": "quit"}``. A response carries ``"ok":
-true`` or ``"ok": false, "error": ...``. ``--peers-module`` names the module whose
-``prefill_impls`` builds the peers (default :mod:`kernels.peers`; the tests use a fake).
+true`` or ``"ok": false, "error": ...``. ``--serve module:function`` names the hook that
+builds what the worker serves, ``function(names) -> {name: (callable or Unavailable,
+version)}``: :func:`prefill_peers` (the default), the solutions' hook in
+:mod:`kernels.contest.remote`, a fake in the tests.
 """
 from __future__ import annotations
 
@@ -49,10 +51,13 @@ import threading
 from pathlib import Path
 from typing import Dict, Iterable, Optional
 
-__all__ = ["SITE_ENV", "worker_env", "PeerWorker", "RemotePeer", "remote_prefill_impls",
-           "close_workers", "release_cached_memory", "main"]
+__all__ = ["SITE_ENV", "PREFILL_PEERS_HOOK", "worker_env", "PeerWorker", "RemotePeer",
+           "remote_prefill_impls", "prefill_peers", "close_workers", "release_cached_memory",
+           "main"]
 
 SITE_ENV = "GDN_QLA_SITE"
+#: The hook of the FlashQLA peers' worker (:func:`prefill_peers`).
+PREFILL_PEERS_HOOK = "kernels.peers_worker:prefill_peers"
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -76,9 +81,9 @@ class WorkerError(RuntimeError):
 class PeerWorker:
     """One worker process (started on the first request); see the module docstring."""
 
-    def __init__(self, peers_module: str = "kernels.peers", site: Optional[str] = None,
+    def __init__(self, serve: str = PREFILL_PEERS_HOOK, site: Optional[str] = None,
                  python: Optional[str] = None, timeout_s: float = 1800.0):
-        self.peers_module = peers_module
+        self.serve = serve
         self.site = site
         self.python = python or sys.executable
         self.timeout_s = timeout_s
@@ -95,7 +100,7 @@ class PeerWorker:
         if site and not Path(site).is_dir():
             raise WorkerError(f"{SITE_ENV}={site} is not a folder (see docs/gpu_host.md)")
         self.proc = subprocess.Popen(
-            [self.python, "-m", "kernels.peers_worker", "--peers-module", self.peers_module],
+            [self.python, "-m", "kernels.peers_worker", "--serve", self.serve],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             cwd=str(_REPO_ROOT), env=worker_env(site), bufsize=1)
         self._drainer = threading.Thread(target=self._drain, args=(self.proc.stderr,),
@@ -254,17 +259,17 @@ def close_workers() -> None:
 atexit.register(close_workers)
 
 
-def remote_prefill_impls(names: Iterable[str], *, peers_module: str = "kernels.peers"
+def remote_prefill_impls(names: Iterable[str], *, serve: str = PREFILL_PEERS_HOOK
                          ) -> Dict[str, object]:
     """``{name: RemotePeer or kernels.peers.Unavailable}`` from one shared worker (started
     here; the reason of a worker that cannot start becomes every peer's reason)."""
     from .peers import Unavailable
 
     names = list(names)
-    key = (peers_module, os.environ.get(SITE_ENV))
+    key = (serve, os.environ.get(SITE_ENV))
     worker = _WORKERS.get(key)
     if worker is None:
-        worker = _WORKERS[key] = PeerWorker(peers_module)
+        worker = _WORKERS[key] = PeerWorker(serve)
     try:
         st = worker.status(names)
     except WorkerError as e:
@@ -287,18 +292,27 @@ def remote_prefill_impls(names: Iterable[str], *, peers_module: str = "kernels.p
 # --------------------------------------------------------------------------- worker side
 
 
-def _serve(peers_module: str, out) -> None:
+def prefill_peers(names: Iterable[str]) -> Dict[str, tuple]:
+    """The peer worker's hook: ``{name: (callable or Unavailable, version)}`` of the prefill
+    peers ``names`` (:func:`kernels.peers.prefill_impls`)."""
+    from .peers import peer_version, prefill_impls
+
+    return {n: (fn, peer_version(n)) for n, fn in prefill_impls(list(names)).items()}
+
+
+def _serve(hook: str, out) -> None:
     import importlib
 
     import torch
 
-    mod = importlib.import_module(peers_module)
+    module, function = hook.split(":")
+    serve = getattr(importlib.import_module(module), function)
     built: dict = {}
     loaded: dict = {}
 
     def impl(name):
         if name not in built:
-            built[name] = mod.prefill_impls([name])[name]
+            built[name] = serve([name])[name]
         return built[name]
 
     def answer(obj):
@@ -319,10 +333,9 @@ def _serve(peers_module: str, out) -> None:
 
                 peers = {}
                 for n in req["names"]:
-                    fn = impl(n)
-                    ver = getattr(mod, "_version", None)
+                    fn, version = impl(n)
                     peers[n] = dict(available=bool(fn), reason="" if fn else fn.reason,
-                                    version=ver(n) if ver else "")
+                                    version=version)
                 peers["_python"] = dict(
                     executable=sys.executable, torch=torch.__version__,
                     tilelang=package_version("tilelang"),
@@ -330,7 +343,7 @@ def _serve(peers_module: str, out) -> None:
                     tvm_ffi=package_version("tvm_ffi", ("apache-tvm-ffi",)))
                 answer({"ok": True, "peers": peers})
             elif op == "run":
-                answer(dict(ok=True, **_run(req, impl(req["name"]), loaded)))
+                answer(dict(ok=True, **_run(req, impl(req["name"])[0], loaded)))
             else:
                 answer({"ok": False, "error": f"unknown op {op!r}"})
         except Exception as e:  # the worker reports and keeps serving
@@ -394,8 +407,9 @@ def main(argv=None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m kernels.peers_worker",
-                                 description="serve prefill peers over stdin/stdout (JSON lines)")
-    ap.add_argument("--peers-module", default="kernels.peers")
+                                 description="serve implementations over stdin/stdout (JSON lines)")
+    ap.add_argument("--serve", default=PREFILL_PEERS_HOOK,
+                    help="module:function building what the worker serves")
     args = ap.parse_args(argv)
     # a fatal signal (abort, segfault) prints the Python stack to stderr: the reason's tail
     faulthandler.enable()
@@ -403,7 +417,7 @@ def main(argv=None) -> int:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    _serve(args.peers_module, out)
+    _serve(args.serve, out)
     return 0
 
 

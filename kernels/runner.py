@@ -510,7 +510,7 @@ def _plan(args) -> tuple:
 
 def _solution_paths(text: str) -> List[tuple]:
     """``--solutions a.json,dir/`` -> ``[(absolute path, SolutionSource)]``, each read (not
-    run: :func:`kernels.contest.loader.read_solution`); a missing or malformed one is an
+    run: :func:`kernels.contest.formats.read_solution`); a missing or malformed one is an
     error before any notebook starts."""
     out = []
     for item in (x.strip() for x in str(text or "").split(",")):
@@ -520,7 +520,7 @@ def _solution_paths(text: str) -> List[tuple]:
         if not path.exists():
             raise RunnerError(f"--solutions: {item} does not exist (a solution JSON or a "
                               "starter-kit folder)")
-        from .contest.loader import SolutionError, read_solution
+        from .contest.formats import SolutionError, read_solution
 
         try:
             out.append((str(path), read_solution(path)))

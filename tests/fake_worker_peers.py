@@ -1,4 +1,4 @@
-"""A peers module for the peer-worker tests (``--peers-module tests.fake_worker_peers``):
+"""A worker hook for the peer-worker tests (``--serve tests.fake_worker_peers:fake_peers``):
 ``good`` is the float32 reference, ``bad`` returns outputs off by 1, ``missing`` is
 unavailable, ``crash`` raises, ``where`` reports the worker's PYTHONPATH in its reason."""
 import os
@@ -22,7 +22,8 @@ def _crash(**kw):
     raise ValueError("fake peer failure")
 
 
-def prefill_impls(names):
+def fake_peers(names):
+    """``{name: (callable or Unavailable, version)}``, the worker hook's contract."""
     out = {}
     for n in names:
         if n == "good":
@@ -35,8 +36,4 @@ def prefill_impls(names):
             out[n] = Unavailable(n, "PYTHONPATH=" + os.environ.get("PYTHONPATH", ""))
         else:
             out[n] = Unavailable(n, f"fake: no peer {n!r}")
-    return out
-
-
-def _version(name):
-    return "fake-1.0"
+    return {n: (fn, "fake-1.0") for n, fn in out.items()}

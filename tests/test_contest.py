@@ -466,7 +466,7 @@ def test_wheel_script_pins_the_commit_evaluate_requires():
 # --------------------------------------------------------------------------- arguments
 
 def test_check_arguments(tmp_path):
-    """The contest's own rules on top of kernels.contest.loader.read_solution (whose
+    """The contest's own rules on top of kernels.contest.formats.read_solution (whose
     errors tests/test_solutions.py checks): its two definitions only, unique names."""
     from kernels.contest.evaluate import check_arguments, solutions_for
 

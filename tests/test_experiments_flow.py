@@ -56,8 +56,10 @@ def test_decode_flow_with_fake_gpu_methods(tmp_path, monkeypatch):
     def broken(*args, **kw):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(dx, "resolve_impls", lambda run: {
-        "flashinfer": fi_copy, "flashinfer_inplace": fi_inplace, "torch": broken})
+    from kernels import peers
+
+    fakes = {"flashinfer": fi_copy, "flashinfer_inplace": fi_inplace, "torch": broken}
+    monkeypatch.setattr(peers, "peer_impls", lambda op, names: {n: fakes[n] for n in names})
     calls = []
     monkeypatch.setattr(timing, "time_fn", _fake_time(calls))
     monkeypatch.setattr(common, "method_available",

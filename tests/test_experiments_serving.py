@@ -181,7 +181,7 @@ def test_serving_flow_with_fake_peers(tmp_path, monkeypatch):
         return out, state
 
     monkeypatch.setattr(sv, "_case_fn", lambda run, case, B: (
-        ("default", fake_peer, True) if case.label != "ours" else
+        ("default", fake_peer, True, "") if case.label != "ours" else
         _real_case_fn(run, case, B)))
     calls = []
 

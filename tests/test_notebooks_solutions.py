@@ -72,7 +72,7 @@ def test_contest_shape_solutions_pass_in_the_smoke_profile(solution_run):
 
 def test_summary_names_what_failed_and_the_exit_status_says_so(solution_run):
     from kernels import runner
-    from kernels.contest.loader import read_solution
+    from kernels.contest.formats import read_solution
 
     proc, out, sols = solution_run
     summary = proc.stdout[proc.stdout.index("== summary"):]

@@ -10,7 +10,7 @@ from kernels.reference import prefill_reference
 from kernels.spec import GDNShape, make_prefill_inputs
 
 SMALL = GDNShape(2, 4, 16)
-FAKE = "tests.fake_worker_peers"
+FAKE = "tests.fake_worker_peers:fake_peers"
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_errors_are_reported_and_the_worker_keeps_serving(worker):
 def test_remote_impls_and_site(monkeypatch, tmp_path, data):
     monkeypatch.setenv(peers_worker.SITE_ENV, str(tmp_path))
     try:
-        impls = peers_worker.remote_prefill_impls(["good", "where"], peers_module=FAKE)
+        impls = peers_worker.remote_prefill_impls(["good", "where"], serve=FAKE)
         good, where = impls["good"], impls["where"]
         assert isinstance(good, peers_worker.RemotePeer) and good and good.remote
         assert isinstance(where, Unavailable)
@@ -86,7 +86,7 @@ def test_remote_impls_and_site(monkeypatch, tmp_path, data):
     finally:
         peers_worker.close_workers()
     monkeypatch.setenv(peers_worker.SITE_ENV, str(tmp_path / "absent"))
-    missing = peers_worker.remote_prefill_impls(["good"], peers_module=FAKE)["good"]
+    missing = peers_worker.remote_prefill_impls(["good"], serve=FAKE)["good"]
     assert not missing and "is not a folder" in missing.reason
 
 
@@ -150,7 +150,7 @@ def test_worker_frees_its_cache_after_each_run(monkeypatch, data):
     calls = []
     monkeypatch.setattr(peers_worker, "release_cached_memory", lambda: calls.append("release"))
     inputs, ref = data
-    impls = fake_worker_peers.prefill_impls(["good", "bad", "crash"])
+    impls = {n: fn for n, (fn, _) in fake_worker_peers.fake_peers(["good", "bad", "crash"]).items()}
     for name, status in (("good", "pass"), ("bad", "fail"), ("crash", "error")):
         calls.clear()
         loaded = dict(path="already-loaded", inputs=inputs, ref=ref)

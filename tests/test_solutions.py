@@ -1,4 +1,4 @@
-"""kernels.contest.loader / .remote: flashinfer-bench solutions as implementations.
+"""kernels.contest: flashinfer-bench solutions as implementations (read, built, adapted, in workers).
 
 CPU (Triton interpreter host): python-language solutions from a starter-kit folder and a
 JSON, destination-passing and value-returning, ``module:function``, every load error,
@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from kernels.checks import check_outputs
-from kernels.contest.loader import SolutionError, load_solution, read_solution, torch_settings
+from kernels.contest.formats import SolutionError, read_solution
+from kernels.contest.loader import load_solution
+from kernels.contest.scope import torch_settings
 from kernels.reference import decode_reference, prefill_reference
 from kernels.spec import make_decode_inputs, make_prefill_inputs
 
@@ -394,8 +396,8 @@ def test_decode_notebook_gates_and_times_solutions(tmp_path):
     assert [s["label"] for s in run.extra_provenance["solutions"]] == ["fixture-py-decode",
                                                                      "fixture-abort"]
     run.finish()
-    for s in run.state["solutions"].values():
-        s.worker.close(kill=True)
+    for s in run.state["solutions"].values():   # kernels.registry records
+        s.fn.worker.close(kill=True)
 
 
 def test_ncu_target_and_notebook03_targets_take_solutions():

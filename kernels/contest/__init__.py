@@ -7,9 +7,15 @@ flashinfer-bench itself.
 - :mod:`.solution`     our solutions (and the FlashInfer baseline's) in its format
 - :mod:`.evaluate`     the contest's flashinfer-bench build on them, the baseline and
                        other solutions (GPU): contest scores, per-workload table, traces
-- :mod:`.loader`       any solution (JSON, starter-kit folder, ``module:function``) as an
-                       implementation in our calling convention: :func:`load_solution`;
-                       ``read_solution``, the one reader (also :mod:`.evaluate`'s)
+- :mod:`.formats`      reading a solution JSON or starter-kit folder: ``read_solution``,
+                       the one reader (also :mod:`.evaluate`'s)
+- :mod:`.build`        one builder per language and binding (python/triton import, CUDA
+                       through TVM-FFI or torch's ``cpp_extension``; others refused)
+- :mod:`.scope`        the solution's modules and torch settings kept to it
+- :mod:`.adapter`      the callable in our calling convention (arguments, destination
+                       passing)
+- :mod:`.loader`       any solution (JSON, starter-kit folder, one already read,
+                       ``module:function``) through those: :func:`load_solution`
 - :mod:`.remote`       third-party solutions in worker processes of their own (notebooks)
 
 Command line (``python -m kernels.contest``)::

@@ -48,7 +48,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .bundle import PACKAGE_DIR
 from .definitions import OP_TYPE, OPS, definition, definition_name, workload_inputs, workloads
-from .loader import read_solution
+from .formats import read_solution
 from .solution import AUTHOR, PREFILL_VARIANTS, baseline_solution, solution
 
 __all__ = ["evaluate", "check_arguments", "check_environment", "contest_scores",

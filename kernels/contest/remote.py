@@ -4,9 +4,9 @@ A solution is code we did not write: it may abort, fault (an illegal address poi
 CUDA context), hang, or change process-wide torch settings at import. The notebooks
 therefore load each one (:func:`kernels.contest.loader.load_solution`, unscoped: the
 process is the solution's) in its own worker, reusing the peer worker's process and
-protocol (:class:`kernels.peers_worker.PeerWorker`; this module is the worker's
-``--peers-module``, whose ``prefill_impls`` hook, named by that protocol, serves solutions
-of either op)::
+protocol (:class:`kernels.peers_worker.PeerWorker`, served by :func:`solution_impls`). The
+solution is read once, here: the worker receives what was read
+(:meth:`kernels.contest.formats.SolutionSource.as_dict`), not the path::
 
     sols = remote_solutions(["solution:a.json"], ["dir/"], op="decode")  # label -> ...
     res = sols["a"].run("64", inputs, reference, device="cuda", methods=["graph"], rep=50)
@@ -22,32 +22,21 @@ without ``GDN_QLA_SITE`` (tilelang's site): it sees this process's packages.
 from __future__ import annotations
 
 import atexit
+import json
 import signal
 from pathlib import Path
 from typing import Dict, Iterable, List
 
 from ..peers_worker import PeerWorker, RemotePeer, WorkerError
-from .loader import SOLUTION_PREFIX, SolutionError, read_solution
+from .formats import SOLUTION_PREFIX, SolutionError, SolutionSource, read_solution
 
 __all__ = ["SOLUTION_TIMEOUT_S", "SolutionWorker", "RemoteSolution", "remote_solutions",
-           "solution_entries", "is_solution", "describe", "prefill_impls"]
+           "describe", "solution_impls"]
 
 #: Seconds a solution's worker may take to answer one request (a CUDA build at load, one
 #: gate, or one timing run) before it is killed and the request reported as a hang.
 SOLUTION_TIMEOUT_S = 600.0
-_MODULE = "kernels.contest.remote"
-
-
-def is_solution(entry: str) -> bool:
-    """Whether an ``impls`` entry names a solution (``solution:<path>``)."""
-    return isinstance(entry, str) and entry.startswith(SOLUTION_PREFIX)
-
-
-def solution_entries(params: dict) -> tuple:
-    """``(explicit, added)``: the ``solution:`` entries of ``params["impls"]`` and the
-    paths of ``params["solutions"]`` (what ``make run SOLUTIONS=...`` passes)."""
-    explicit = [e for e in params.get("impls", []) if is_solution(e)]
-    return explicit, list(params.get("solutions") or [])
+_HOOK = "kernels.contest.remote:solution_impls"
 
 
 # --------------------------------------------------------------------------- parent side
@@ -58,7 +47,7 @@ class SolutionWorker(PeerWorker):
     when the process was killed, the signal."""
 
     def __init__(self, label: str, timeout_s: float = SOLUTION_TIMEOUT_S):
-        super().__init__(_MODULE, site="", timeout_s=timeout_s)
+        super().__init__(_HOOK, site="", timeout_s=timeout_s)
         self.label = label
 
     def request(self, msg: dict) -> dict:
@@ -143,7 +132,7 @@ def remote_solutions(explicit: Iterable[str], added: Iterable[str] = (), *, op: 
     out: Dict[str, object] = {}
     todo = [(e, True) for e in explicit] + [(e, False) for e in added]
     for entry, must in todo:
-        path = entry[len(SOLUTION_PREFIX):] if is_solution(entry) else entry
+        path = entry[len(SOLUTION_PREFIX):] if entry.startswith(SOLUTION_PREFIX) else entry
         origin = str(Path(path).expanduser().resolve())
         try:
             src = read_solution(path, op if must else None)
@@ -155,7 +144,7 @@ def remote_solutions(explicit: Iterable[str], added: Iterable[str] = (), *, op: 
                   f"this {op} notebook")
             continue
         label = _unique(src.name, taken)
-        key = f"{op}|{Path(path).resolve()}"
+        key = json.dumps(src.as_dict())
         worker = SolutionWorker(label, timeout_s)
         atexit.register(worker.close)
         try:
@@ -175,30 +164,27 @@ def remote_solutions(explicit: Iterable[str], added: Iterable[str] = (), *, op: 
 
 # --------------------------------------------------------------------------- worker side
 
-_LOADED: Dict[str, object] = {}
-
-
-def prefill_impls(names: Iterable[str]) -> Dict[str, object]:
-    """The peer worker's hook: ``{"<op>|<path>": SolutionImpl or Unavailable}``, loaded
-    unscoped (this process is the solution's)."""
+def solution_impls(names: Iterable[str]) -> Dict[str, tuple]:
+    """The solution worker's hook: ``{name: (SolutionImpl or Unavailable, build)}`` where
+    ``name`` is a read solution (:meth:`SolutionSource.as_dict` as JSON), loaded unscoped
+    (this process is the solution's)."""
     from ..peers import Unavailable
     from .loader import load_solution
 
     out = {}
     for name in names:
-        op, path = name.split("|", 1)
+        src = SolutionSource.from_dict(json.loads(name))
         try:
-            out[name] = _LOADED[name] = load_solution(path, op, scoped=False)
+            fn = load_solution(src, scoped=False)
         except Exception as e:  # reported as the solution's reason
-            out[name] = Unavailable(name, f"{type(e).__name__}: {e}")
+            out[name] = (Unavailable(src.name, f"{type(e).__name__}: {e}"), "")
+        else:
+            out[name] = (fn, _build_info(fn))
     return out
 
 
-def _version(name: str) -> str:
+def _build_info(fn) -> str:
     """What the worker's status reports as the 'version': language and build."""
-    fn = _LOADED.get(name)
-    if fn is None:
-        return ""
     how = fn.language + (f"/{fn.binding}" if fn.binding else "")
     if fn.build_s is not None:
         how += (f", built in {fn.build_s:.1f} s" if not fn.cached

@@ -288,6 +288,14 @@ class Run:
                 rows.append(dict(base, **t))
         return rows
 
+    def record_solutions(self, impls) -> None:
+        """Put the solutions among ``impls`` (:mod:`kernels.registry` records) in the
+        provenance: origin, language and build, or why one was unavailable (the runner's
+        summary matches them to ``--solutions`` by origin)."""
+        rows = [dict(r.info) for r in impls if r.kind == "solution"]
+        if rows:
+            self.extra_provenance["solutions"] = rows
+
     def worker_result(self, fn, key: str, inputs: dict, reference, what: str,
                       **kw) -> Optional[dict]:
         """``fn.run(...)`` of an implementation in a worker process (a peer or a solution,

@@ -41,8 +41,10 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from kernels import registry
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import CPU_WALL, method_available, time_each
+from kernels.registry import Impl
 
 from .common import (COMMON_PARAMS, Param, Run, batch_axis, collect_params as _collect,
                      figure_legend, fmt_us, fmt_x, host_table, method_title, new_figure, plural,
@@ -63,8 +65,7 @@ SEED_ADAPTIVE_CROSSOVER_B = 16  # seed, B200, after per-batch num_warps
 SEED_SPEEDUP = {1: 1.30, 64: 1 / 1.43}  # seed, B200: fla-recurrent vs FlashInfer (>1: faster)
 CONTEST_METHOD = "cupti_cold"
 FLA_LIKE_NAME = "BV8-w1-s1-t1"  # kernels.decode.FLA_LIKE.name
-PEERS = ("fla", "flashinfer", "torch")
-# How each peer is gated and timed: (config label, kernels.peers name). FlashInfer
+# How a peer is gated and timed: (config label, kernels.peers name). FlashInfer
 # updates the state in place; its ``flashinfer`` adapter copies the state first
 # (a full extra read + write of it), ``flashinfer_inplace`` is the kernel alone.
 # Both are gated; the in-place one is timed (on its own copy of the inputs), so
@@ -173,44 +174,21 @@ def _ours(config):
     return functools.partial(gdn_decode, config=config)
 
 
-def resolve_impls(run: Run) -> Dict[str, object]:
-    """``label → callable`` for the requested peers; unavailable ones are
-    reported (:meth:`Run.skip`) and map to their ``Unavailable`` object."""
-    from kernels.contest.remote import is_solution
+def resolve_impls(params: dict) -> List[Impl]:
+    """Every implementation of ``impls`` (:mod:`kernels.registry`), then the decode
+    solutions of ``impls`` and ``solutions``, each in a worker of its own. Ours is one
+    record per entry (its configs are chosen per B); a peer of :data:`PEER_VARIANTS` is one
+    record per variant."""
+    def ours_of(entry):
+        if entry in ("ours-adaptive", "ours-fla-like") or entry.startswith("ours:"):
+            from kernels.decode import gdn_decode
 
-    peers = [n for n in run.params["impls"] if n in PEERS]
-    unknown = [n for n in run.params["impls"]
-               if n not in PEERS and n not in ("ours-adaptive", "ours-fla-like")
-               and not n.startswith("ours:") and not is_solution(n)]
-    if unknown:
-        raise ValueError(f"unknown impls {unknown}; known: ours-adaptive, ours-fla-like, "
-                         f"ours:<config>, {', '.join(PEERS)}, solution:<path>")
-    out = {}
-    if peers:
-        from kernels.peers import decode_impls
+            return [registry.Impl(entry, "ours", "decode", "ours", gdn_decode, variant=entry)]
+        return None
 
-        names = [n for p in peers for _, n in PEER_VARIANTS.get(p, (("default", p),))]
-        out.update(decode_impls(tuple(names)))
-    return out
-
-
-def resolve_solutions(run: Run) -> Dict[str, object]:
-    """``label -> RemoteSolution or Unavailable`` for the ``solution:`` entries of ``impls``
-    and the decode ones of ``solutions``, each in a worker of its own (recorded in the
-    provenance)."""
-    from kernels.contest.remote import describe, remote_solutions, solution_entries
-
-    explicit, added = solution_entries(run.params)
-    if not (explicit or added):
-        return {}
-    taken = {n for n in run.params["impls"] if not n.startswith("solution:")}
-    sols = remote_solutions(explicit, added, op="decode", taken=taken)
-    run.extra_provenance["solutions"] = describe(sols)
-    return sols
-
-
-def _peer_candidates(label: str):
-    return PEER_VARIANTS.get(label, (("default", label),))
+    return registry.resolve(params, "decode", ours_of=ours_of,
+                            known_ours="ours-adaptive, ours-fla-like, ours:<config>",
+                            variants=PEER_VARIANTS)
 
 
 # --------------------------------------------------------------------------- 1. gate
@@ -226,17 +204,21 @@ def run_gate(run: Run) -> pd.DataFrame:
     from kernels.decode import FLA_LIKE, DecodeConfig, config_for
 
     p = run.params
-    peers = resolve_impls(run)
+    impls = resolve_impls(p)
+    run.record_solutions(impls)
     grid = config_grid_from_params(p)
     run.state["grid"] = grid
     rows = []
-    sols = run.state["solutions"] = resolve_solutions(run)
-    n_impls = len([n for n in p["impls"] if not n.startswith("solution:")]) + len(sols)
+    peers = run.state["peers"] = {}   # label -> the records of its variants
+    for r in impls:
+        if r.kind in ("peer", "worker"):
+            peers.setdefault(r.label, []).append(r)
+    sols = run.state["solutions"] = {r.label: r for r in impls if r.kind == "solution"}
+    ours = [r.label for r in impls if r.kind == "ours"]
+    n_impls = len(ours) + len(peers) + len(sols)
     for B in progress(p["batch_sizes"], f"gate: {plural(n_impls, 'implementation')} per B", "B"):
         inputs, ref = _inputs(run, B)
-        for label in p["impls"]:
-            if label.startswith("solution:"):
-                continue
+        for label in unique_in_order([r.label for r in impls if r.kind != "solution"]):
             if label == "ours-adaptive":
                 cands = grid or [config_for(B).fit(p["head_dim"])]
             elif label == "ours-fla-like":
@@ -244,32 +226,30 @@ def run_gate(run: Run) -> pd.DataFrame:
             elif label.startswith("ours:"):
                 cands = [DecodeConfig.from_name(label.split(":", 1)[1])]
             else:
-                cands = list(_peer_candidates(label))
-            for cfg in cands:
-                if isinstance(cfg, tuple):  # a peer: (config label, peers name)
-                    cname, fn = cfg[0], peers.get(cfg[1])
+                cands = peers[label]
+            for cand in cands:
+                if isinstance(cand, Impl):   # a peer's variant
+                    cname, fn, reason = cand.variant, cand.fn, cand.reason
                 else:
-                    cname, fn = cfg.name, _ours(cfg)
+                    cname, fn, reason = cand.name, _ours(cand), ""
                 base = dict(label=label, impl=impl_of(label), B=B, config=cname, gpu=run.gpu)
                 if not fn:
-                    rows.append(dict(base, status=UNAVAILABLE, ok=False,
-                                     reason=getattr(fn, "reason", "not available")))
+                    rows.append(dict(base, status=UNAVAILABLE, ok=False, reason=reason))
                     continue
                 row = gate_call(fn, inputs, ref, run.device)
                 if cname == "inplace" and row["status"] == PASS:
                     row["reason"] = "updates the state in place by design (restored after the check)"
                 rows.append(dict(base, **row))
-        for label, fn in sols.items():   # each in its worker: a crash is this row's outcome
+        for label, rec in sols.items():   # each in its worker: a crash is this row's outcome
             base = dict(label=label, impl="solution", B=B, config="default", gpu=run.gpu)
-            if not fn:
-                rows.append(dict(base, status=UNAVAILABLE, ok=False, reason=fn.reason))
+            if not rec:
+                rows.append(dict(base, status=UNAVAILABLE, ok=False, reason=rec.reason))
                 continue
             try:
-                rows.append(dict(base, **fn.run(f"B{B}", inputs, ref, device=run.device)["gate"]))
+                rows.append(dict(base, **registry.gate(rec, f"B{B}", inputs, ref, run.device)))
             except Exception as e:
                 rows.append(dict(base, status=ERROR, ok=False, reason=short_reason(e)))
     gate = pd.DataFrame(rows)
-    run.state["peers"] = peers
     for label, g in gate[gate.status == UNAVAILABLE].groupby("label"):
         run.skip(f"{label} (all B)", str(g.reason.iloc[0]))
     bad = gate[gate.status.isin([FAIL, ERROR])]
@@ -493,10 +473,10 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                     cname, fn, call_inputs = cfg.name, _ours(cfg), inputs
                     g = g[g.config == cname]
                 else:  # a peer: its last passing variant (flashinfer: in place)
-                    passing = [(c, n) for c, n in _peer_candidates(label)
-                               if ((g.config == c) & (g.status == PASS)).any()]
-                    cname, pname = passing[-1] if passing else ("default", label)
-                    fn = peers.get(pname)
+                    passing = [r for r in peers.get(label, [])
+                               if ((g.config == r.variant) & (g.status == PASS)).any()]
+                    cname = passing[-1].variant if passing else "default"
+                    fn = passing[-1].fn if passing else None
                     g = g[g.config == cname]
                     # an in-place peer gets its own copy of the inputs
                     call_inputs = dict(inputs, state=inputs["state"].clone()) \
@@ -533,13 +513,13 @@ def _time_solutions(run: Run, gate: pd.DataFrame, methods: List[str], B: int, in
     copy of the inputs to the worker per B, not one per method, since a B = 512 state is
     268 MB each way."""
     p, rows = run.params, []
-    for label, fn in run.state.get("solutions", {}).items():
+    for label, rec in run.state.get("solutions", {}).items():
         g = gate[(gate.label == label) & (gate.B == B)]
         if g.empty or g.status.iloc[0] != PASS:
             if not g.empty and g.status.iloc[0] != UNAVAILABLE:
                 run.skip(f"{label} B={B}", f"gate {g.status.iloc[0]}")
             continue
-        res = run.worker_result(fn, f"B{B}", inputs, ref, f"{label} B={B}",
+        res = run.worker_result(rec.fn, f"B{B}", inputs, ref, f"{label} B={B}",
                                 methods=list(methods), rep=p["repetitions"],
                                 warmup=p["warmup"])
         if res:

@@ -130,7 +130,8 @@ def _case_inputs(run: Run, case: Case, B: int) -> dict:
 
 
 def _case_fn(run: Run, case: Case, B: int):
-    """The callable of ``case`` (its config name, fn, in place?) or an Unavailable."""
+    """``(config name, callable or None, in place?, reason it is unavailable)`` of
+    ``case``: ours, or the peer's record (:mod:`kernels.registry`)."""
     from kernels.decode import config_for, gdn_decode
 
     peer = SERVING_IMPLS[case.label]
@@ -138,13 +139,13 @@ def _case_fn(run: Run, case: Case, B: int):
         cfg = config_for(B).fit(run.params["head_dim"])
         return cfg.name, functools.partial(gdn_decode, config=cfg,
                                            intermediate_states=case.intermediate), \
-            case.layout == "pooled"
+            case.layout == "pooled", ""
     peers = run.state.setdefault("serving_peers", {})
     if peer not in peers:
-        from kernels.peers import decode_impls
+        from kernels import registry
 
-        peers.update(decode_impls((peer,)))
-    return "default", peers[peer], True
+        peers[peer] = registry.peers([peer], "decode")[0]
+    return "default", peers[peer].fn, True, peers[peer].reason
 
 
 def case_floor_us(case: Case, B: int, shape, bw: float) -> float:
@@ -181,13 +182,12 @@ def run_serving(run: Run, copy_bw: float) -> Dict[str, pd.DataFrame]:
                       f"({method})", "B"):
         for case in sorted(cases, key=lambda c: (c.layout, c.T, c.state_dtype)):
             inputs = _case_inputs(run, case, B)
-            cname, fn, inplace = _case_fn(run, case, B)
+            cname, fn, inplace, reason = _case_fn(run, case, B)
             base = dict(label=case.label, impl=case.label.split("_")[0], case=case.name,
                         layout=case.layout, T=case.T, state_dtype=case.state_dtype,
                         intermediate=case.intermediate, B=B, config=cname, gpu=run.gpu)
             if not fn:
-                gate_rows.append(dict(base, status=UNAVAILABLE, ok=False,
-                                      reason=getattr(fn, "reason", "not available")))
+                gate_rows.append(dict(base, status=UNAVAILABLE, ok=False, reason=reason))
                 continue
             ref = decode_reference(**inputs, intermediate_states=case.intermediate)
             # in-place implementations run on their own copy of the state

@@ -89,14 +89,15 @@ def sweep_config_name(bv: int, num_warps: int) -> str:
 def targets(params: dict) -> List[dict]:
     """The profiled targets: ``label, impl, config`` and the ``target`` dict
     for :func:`kernels.bench.ncu.run_ncu`."""
-    from kernels.contest.loader import SOLUTION_PREFIX, SolutionError, read_solution
+    from kernels.contest.formats import SOLUTION_PREFIX, SolutionError, read_solution
+    from kernels.registry import is_solution, solution_entries
 
     B = params["B"]
     out = []
-    sols = [e for e in params["impls"] if e.startswith(SOLUTION_PREFIX)]
-    sols += [SOLUTION_PREFIX + e for e in params.get("solutions") or []]
-    for impl in [e for e in params["impls"] if not e.startswith(SOLUTION_PREFIX)] + sols:
-        if impl.startswith(SOLUTION_PREFIX):
+    explicit, added = solution_entries(params)
+    sols = explicit + [SOLUTION_PREFIX + e for e in added]
+    for impl in [e for e in params["impls"] if not is_solution(e)] + sols:
+        if is_solution(impl):
             try:
                 src = read_solution(impl)
             except SolutionError as e:

@@ -355,7 +355,7 @@ class _Ranks:
         returns this rank's ``(output slice, final state or None)``)."""
         import torch.distributed as dist
 
-        from kernels.peers import prefill_impls
+        from kernels import registry
         from kernels.prefill import gdn_prefill
         from kernels.prefill.multi_gpu import prefill_multi_gpu
 
@@ -374,8 +374,8 @@ class _Ranks:
                 out.append(("ours (multi_gpu)", W, lambda: prefill_multi_gpu(
                     **mine, bounds=bounds, group=dist.group.WORLD), "output, final state"))
         if "fla (triton)" in want:
-            fla = prefill_impls(["fla"])["fla"]
-            out.append(("fla (triton)", 1, (lambda: fla(**x)) if fla else fla.reason,
+            fla = registry.peers(["fla"], "prefill", in_process=True)[0]
+            out.append(("fla (triton)", 1, (lambda: fla.fn(**x)) if fla else fla.reason,
                         "output, final state"))
         if "fla cp_context" in want and W > 1:
             out.append(("fla cp_context", W, _fla_cp(mine, x["cu_seqlens"], x["state"]),

@@ -40,8 +40,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from kernels import registry
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import time_each
+from kernels.registry import Impl
 from kernels.spec import lens_label, parse_shape
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_us, fmt_x,
@@ -52,7 +54,6 @@ STEM = "02_prefill_launch_overhead"
 #: The steps of the waterfall, in order; the token-recurrent variant joins the table after them.
 WATERFALL_VARIANTS = ("unfused", "fused_gates", "no_sync", "graph", "fused")
 DEFAULT_VARIANTS = WATERFALL_VARIANTS + ("recurrent",)
-PEERS = ("fla", "fla_recurrent", "fla_flashqla", "flashqla", "flashinfer")
 SEED_IDLE_FRAC = 0.93   # seed: 93 % of prefill wall time GPU idle (T=6; GPU not stated)
 SEED_LAUNCHES = 51      # seed: kernel launches per forward pass
 SEED_GAP_VS_FI = 8.3    # seed, B200 CUPTI: fla-chunk 1536 µs vs fi-baseline 185 µs
@@ -133,60 +134,21 @@ def _inputs(run: Run, label: str, lens):
     return run.state["inputs"][label], run.state["refs"][label]
 
 
-def resolve_impls(run: Run) -> Dict[str, Tuple[str, str, object]]:
-    """``label → (impl, variant, callable or Unavailable)`` in plotting order."""
-    from kernels.contest.remote import describe, is_solution, remote_solutions, solution_entries
-
-    p = run.params
-    unknown = [n for n in p["impls"] if n != "ours" and n not in PEERS and not is_solution(n)]
-    if unknown:
-        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}, "
-                         "solution:<path>")
-    out = {}
-    if "ours" in p["impls"]:
+def resolve_impls(params: dict) -> List[Impl]:
+    """The implementations (:mod:`kernels.registry`) in plotting order: ours (one per
+    variant of ``variants``), the peers, the solutions."""
+    def ours_of(entry):
+        if entry != "ours":
+            return None
         from kernels.prefill import VARIANTS, make_prefill_impl
 
-        for v in p["variants"]:
-            if v not in VARIANTS:
-                raise ValueError(f"unknown variant {v!r}; known: {', '.join(VARIANTS)}")
-            try:
-                fn = make_prefill_impl(v)
-            except Exception as e:
-                fn = _Unavailable(f"ours-{v}", short_reason(e))
-            out[f"ours-{v}"] = ("ours", v, fn)
-    peers = [n for n in p["impls"] if n in PEERS]
-    if peers:
-        from kernels.peers import WORKER_PEERS, prefill_impls, prefill_label
-        from kernels.peers_worker import remote_prefill_impls
+        bad = [v for v in params["variants"] if v not in VARIANTS]
+        if bad:
+            raise ValueError(f"unknown variant {bad[0]!r}; known: {', '.join(VARIANTS)}")
+        return [registry.ours(f"ours-{v}", lambda v=v: make_prefill_impl(v), op="prefill",
+                              variant=v) for v in params["variants"]]
 
-        local = [n for n in peers if n not in WORKER_PEERS]
-        remote = [n for n in peers if n in WORKER_PEERS]
-        found = dict(prefill_impls(tuple(local))) if local else {}
-        if remote:
-            found.update(remote_prefill_impls(remote))
-        for name in peers:
-            out[prefill_label(name)] = (name, "default", found[name])
-    explicit, added = solution_entries(p)
-    if explicit or added:
-        sols = remote_solutions(explicit, added, op="prefill", taken=out)
-        run.extra_provenance["solutions"] = describe(sols)
-        out.update({label: ("solution", "default", fn) for label, fn in sols.items()})
-    return out
-
-
-def _gate(run: Run, fn, lab: str, inputs, ref) -> dict:
-    """:func:`gate_call`, or the peer worker's gate for a peer that runs there."""
-    if getattr(fn, "remote", False):
-        return fn.run(lab, inputs, ref, device=run.device)["gate"]
-    return gate_call(fn, inputs, ref, run.device)
-
-
-class _Unavailable:
-    def __init__(self, name, reason):
-        self.name, self.reason = name, reason
-
-    def __bool__(self):
-        return False
+    return registry.resolve(params, "prefill", ours_of=ours_of, known_ours="ours")
 
 
 # --------------------------------------------------------------------------- 1. gate
@@ -198,21 +160,20 @@ def run_gate(run: Run) -> pd.DataFrame:
     The reference is a token loop: long shapes take seconds on a GPU and far
     longer on the CPU, so CPU profiles use tiny shapes.
     """
-    impls = resolve_impls(run)
-    run.state["impls"] = impls
+    impls = run.state["impls"] = {r.label: r for r in resolve_impls(run.params)}
+    run.record_solutions(impls.values())
     rows = []
     for lab, lens in progress(run.state["shapes"], f"gate: {plural(len(impls), 'implementation')} per shape",
                               "shape"):
         inputs, ref = _inputs(run, lab, lens)
-        for label, (impl, variant, fn) in impls.items():
-            base = dict(label=label, impl=impl, variant=variant, lens=lab, T=sum(lens),
+        for label, rec in impls.items():
+            base = dict(label=label, impl=rec.impl, variant=rec.variant, lens=lab, T=sum(lens),
                         N=len(lens), gpu=run.gpu)
-            if not fn:
-                rows.append(dict(base, status=UNAVAILABLE, ok=False,
-                                 reason=getattr(fn, "reason", "not available")))
+            if not rec:
+                rows.append(dict(base, status=UNAVAILABLE, ok=False, reason=rec.reason))
                 continue
             try:
-                rows.append(dict(base, **_gate(run, fn, lab, inputs, ref)))
+                rows.append(dict(base, **registry.gate(rec, lab, inputs, ref, run.device)))
             except Exception as e:  # a peer worker that dies is reported like a failing call
                 rows.append(dict(base, status=ERROR, ok=False, reason=short_reason(e)))
     gate = pd.DataFrame(rows)
@@ -296,13 +257,14 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     for lab, lens in progress(run.state["shapes"], f"timelines + timing ({', '.join(methods)}) "
                               f"of {plural(n_timed, 'implementation')} per shape", "shape"):
         inputs, _ = _inputs(run, lab, lens)
-        for label, (impl, variant, fn) in impls.items():
+        for label, rec in impls.items():
+            impl, variant, fn = rec.impl, rec.variant, rec.fn
             g = gate[(gate.label == label) & (gate.lens == lab)]
             if g.empty or g.status.iloc[0] != PASS:
                 if not g.empty and g.status.iloc[0] != UNAVAILABLE:
                     run.skip(f"{label} lens={lab}", f"gate {g.status.iloc[0]}")
                 continue
-            if getattr(fn, "remote", False):
+            if rec.where == "worker":
                 rows += _measure_remote(run, fn, label, impl, variant, lab, lens, inputs,
                                         methods, gantt_label)
                 continue
@@ -570,21 +532,18 @@ def crossover_points(params: dict) -> List[Tuple[str, str, List[int]]]:
     return out
 
 
-def _crossover_impls(run: Run):
-    """``[(label, impl, variant, callable or Unavailable)]``: ours recurrent, chunked and
-    as dispatched (:data:`CROSSOVER_OURS`), then ``crossover_peers`` (local peers only)."""
-    from kernels.peers import WORKER_PEERS, prefill_impls, prefill_label
+def _crossover_impls(run: Run) -> List[Impl]:
+    """Ours recurrent, chunked and as dispatched (:data:`CROSSOVER_OURS`), then
+    ``crossover_peers`` (peers of this process only)."""
     from kernels.prefill import PrefillConfig, make_prefill_impl
 
-    names = run.params["crossover_peers"]
-    bad = [n for n in names if n not in PEERS or n in WORKER_PEERS]
-    if bad:
-        raise ValueError(f"crossover_peers: {bad} not supported (peers of this process: "
-                         f"{', '.join(n for n in PEERS if n not in WORKER_PEERS)})")
-    out = [(lab, "ours", v, make_prefill_impl(v, **({"config": PrefillConfig(**o)} if o else {})))
-           for lab, v, o in CROSSOVER_OURS]
-    found = prefill_impls(tuple(names)) if names else {}
-    return out + [(prefill_label(n), n, "default", found[n]) for n in names]
+    out = [registry.ours(lab, lambda v=v, o=o: make_prefill_impl(
+        v, **({"config": PrefillConfig(**o)} if o else {})), op="prefill", variant=v)
+        for lab, v, o in CROSSOVER_OURS]
+    try:
+        return out + registry.peers(run.params["crossover_peers"], "prefill", in_process=True)
+    except ValueError as e:
+        raise ValueError(f"crossover_peers: {e}") from None
 
 
 def run_crossover(run: Run) -> pd.DataFrame:
@@ -606,10 +565,12 @@ def run_crossover(run: Run) -> pd.DataFrame:
     for series, lab, lens in progress(points, f"recurrent vs chunked: gate + timing ({method}) "
                                       f"of {plural(len(impls), 'implementation')} per point", "point"):
         inputs, ref = _inputs(run, lab, lens)
-        for label, impl, variant, fn in impls:
+        for rec in impls:
+            label, fn = rec.label, rec.fn
             row = dict(series=series, lens=lab, T=sum(lens), N=len(lens), longest=max(lens),
-                       label=label, impl=impl, variant=variant, method=method, gpu=run.gpu)
-            if not fn:
+                       label=label, impl=rec.impl, variant=rec.variant, method=method,
+                       gpu=run.gpu)
+            if not rec:
                 rows.append(dict(row, status=UNAVAILABLE))
                 continue
             g = gate_call(fn, inputs, ref, run.device)
@@ -625,7 +586,7 @@ def run_crossover(run: Run) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=CROSSOVER_COLUMNS)
     for label, g in df[df.status == UNAVAILABLE].groupby("label", sort=False):
         run.skip(f"{label} (recurrent-vs-chunked section)",
-                 str(next(f.reason for lb, _, _, f in impls if lb == label)))
+                 next(r.reason for r in impls if r.label == label))
     run.write_csv(df.drop(columns=["method", "median_us", "p20_us", "p80_us", "n"]),
                   "recurrent_gate")
     if df.median_us.notna().any():

@@ -33,13 +33,15 @@ GPU-only steps print why they are skipped on the CPU (the smoke profile runs the
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import pandas as pd
 
+from kernels import registry
 from kernels.bench.gate import PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import method_available, time_each, time_fn
+from kernels.registry import Impl
 from kernels.report import TARGET_RATIO, ratio_table
 from kernels.spec import parse_shape
 from kernels.stress_inputs import GATE_SETS, with_gates
@@ -49,7 +51,6 @@ from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_
 from .prefill_overhead import gate_summary, plot_gate_errors  # noqa: F401
 
 STEM = "04_prefill_scaling"
-PEERS = ("fla", "fla_flashqla", "flashqla", "flashinfer")
 #: Issue 18's growth target: from 131,072 tokens on, ours grows no faster than the token
 #: count, with 5 % slack (<= 8.4x for 8x).
 GROWTH_FROM_T = 131072
@@ -132,20 +133,17 @@ def start(params: dict) -> Run:
 
     run = start_run(STEM, params)
     shape = GDNShape(params["num_q_heads"], params["num_v_heads"], params["head_dim"])
+    impls = resolve_impls(params)
+    # name -> the callable, the worker's handle (.run), or the unavailable record (.reason)
     run.state.update(shape=shape, shapes=[parse_shape(s) for s in params["shapes"]],
-                     impls=resolve_impls(params), inputs={}, refs={})
-    run.state["solution_labels"] = [n for n in run.state["impls"]
-                                    if n not in params["impls"] and n != "ours"]
+                     impls={(r.label if r.kind == "solution" else r.name): (r.fn if r else r)
+                            for r in impls}, inputs={}, refs={})
+    run.state["solution_labels"] = [r.label for r in impls if r.kind == "solution"]
     for name, fn in run.state["impls"].items():
         if not fn:
             run.skip(f"{label_of(name)} (all shapes)", fn.reason)
-    from kernels.contest.remote import RemoteSolution, describe
-
-    sols = {n: f for n, f in run.state["impls"].items() if n in run.state["solution_labels"]}
-    if sols:
-        run.extra_provenance["solutions"] = describe(sols)
-    remote = [fn for fn in run.state["impls"].values()
-              if getattr(fn, "remote", False) and not isinstance(fn, RemoteSolution)]
+    run.record_solutions(impls)
+    remote = [r.fn for r in impls if r and r.kind == "worker"]
     if remote:
         run.extra_provenance["peer_worker"] = remote[0].worker.status([])["_python"]
     print(f"shape: HQ={shape.num_q_heads} HV={shape.num_v_heads} D={shape.head_dim}; "
@@ -153,36 +151,18 @@ def start(params: dict) -> Run:
     return run
 
 
-def resolve_impls(params: dict) -> Dict[str, object]:
-    """``name -> callable, RemotePeer or Unavailable``, in the order of ``impls``; then
-    the solutions (``solution:<path>`` entries and ``solutions``), keyed by their names."""
-    from kernels.contest.remote import is_solution, remote_solutions, solution_entries
-    from kernels.peers import WORKER_PEERS, prefill_impls
-    from kernels.peers_worker import remote_prefill_impls
+def resolve_impls(params: dict) -> List[Impl]:
+    """The implementations of ``impls`` (:mod:`kernels.registry`) in their order, ``ours``
+    the fused pipeline; then the solutions (``solution:<path>`` entries and ``solutions``)."""
+    def ours_of(entry):
+        if entry != "ours":
+            return None
+        from kernels.prefill import make_prefill_impl
 
-    unknown = [n for n in params["impls"] if n != "ours" and n not in PEERS
-               and not is_solution(n)]
-    if unknown:
-        raise ValueError(f"unknown impls {unknown}; known: ours, {', '.join(PEERS)}, "
-                         "solution:<path>")
-    local = [n for n in params["impls"] if n in PEERS and n not in WORKER_PEERS]
-    remote = [n for n in params["impls"] if n in WORKER_PEERS]
-    found = dict(prefill_impls(local)) if local else {}
-    if remote:
-        found.update(remote_prefill_impls(remote))
-    out = {}
-    for n in params["impls"]:
-        if n == "ours":
-            from kernels.prefill import make_prefill_impl
+        return [registry.ours("ours", lambda: make_prefill_impl("fused"), op="prefill",
+                              variant="fused")]
 
-            out[n] = make_prefill_impl("fused")
-        elif not is_solution(n):
-            out[n] = found[n]
-    explicit, added = solution_entries(params)
-    if explicit or added:
-        taken = set(out) | {label_of(n) for n in out}
-        out.update(remote_solutions(explicit, added, op="prefill", taken=taken))
-    return out
+    return registry.resolve(params, "prefill", ours_of=ours_of, known_ours="ours")
 
 
 def _inputs(run: Run, label: str, lens):
