@@ -207,26 +207,6 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
                                     + (f"; {plan_note}" if plan_note else ""))
     key = fused_key if variant == "fused" else variant
     out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
-    notes = {
-        "unfused": "8 torch gate ops + cumsum, intra, walk with inline outputs; cu_seqlens "
-                   "read on host twice (validation, chunk table) and the table copied back",
-        "fused_gates": "gates+cumsum, intra, walk with inline outputs; host-built chunk "
-                       "table as unfused",
-        "no_sync": "gates+cumsum, intra, walk with inline outputs (+ guard); device-side "
-                   "chunk lookup",
-        "fused": "intra (+gates, cumsum) and walk with inline outputs (+ guard)",
-        "fused+cp": "intra (+gates, cumsum) and walk with inline outputs; CP: segment "
-                    "summaries, then the walk chaining them (+ guard)",
-        "fused+cp_long": "intra (+gates, cumsum); long CP: transposed segment summaries, "
-                         "combine, transposed walk from the entering states (+ guard)",
-        "fused+cp_long_split": "intra (+gates, cumsum); the split chosen on the device from "
-                               "the gates; long CP: transposed segment summaries, combine, "
-                               "transposed walk from the entering states (+ guard)",
-        "fused+single": "one kernel: intra (+gates, cumsum) with walker programs (+ guard)",
-        "fused+recurrent": "one kernel: the token-recurrent kernel (gates, state walked token "
-                           "by token, outputs, guard) for T <= recurrent_max_T",
-        "recurrent": "one kernel: the token-recurrent kernel (gates, state walked token by "
-                     "token, outputs, guard)",
-    }
-    out["note"] = notes[key] + (f"; {plan_note}" if plan_note and variant == "fused" else "")
+    if plan_note and variant == "fused":
+        out["note"] += f"; {plan_note}"
     return out

@@ -56,26 +56,49 @@ from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunk
 from .intra_chunk import STORAGE
 
 __all__ = ["Plan", "prefill_plan", "call_plan", "plan_key", "MAX_PLANS", "LAUNCHES",
-           "PATH_LABELS", "bucket_of", "intra_kwargs", "workspace_layout", "WORKSPACE_ALIGN",
-           "fitted_config", "clear_plan_cache"]
+           "PATH_LABELS", "launch_key", "bucket_of", "intra_kwargs", "workspace_layout",
+           "WORKSPACE_ALIGN", "fitted_config", "clear_plan_cache"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
 #: ``cu_seqlens``, :mod:`.guard`, is inside the last kernel) (``kernels``: GPU kernels incl.
-#: torch ops; ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device). Keys:
-#: the variants, and ``fused+<path>`` for the paths of :func:`prefill_plan` (``fused``:
-#: the walk).
+#: torch ops; ``copies``: memcpy D2H / H2D; ``syncs``: host waits for the device; ``note``:
+#: what they are). Keys: the variants, and ``fused+<path>`` for the paths of
+#: :func:`prefill_plan` (``fused``: the walk; :func:`launch_key`).
 LAUNCHES = {
-    "unfused": dict(kernels=11, triton=3, torch_ops=8, copies=3, syncs=2),
-    "fused_gates": dict(kernels=3, triton=3, torch_ops=0, copies=3, syncs=2),
-    "no_sync": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
-    "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0),
-    "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
-    "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0),
-    "fused+cp_long": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0),
-    "fused+cp_long_split": dict(kernels=5, triton=5, torch_ops=0, copies=0, syncs=0),
-    "fused+recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
-    "recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0),
+    "unfused": dict(kernels=11, triton=3, torch_ops=8, copies=3, syncs=2, note=(
+        "8 torch gate ops + cumsum, intra, walk with inline outputs; cu_seqlens read on "
+        "host twice (validation, chunk table) and the table copied back")),
+    "fused_gates": dict(kernels=3, triton=3, torch_ops=0, copies=3, syncs=2, note=(
+        "gates+cumsum, intra, walk with inline outputs; host-built chunk table as unfused")),
+    "no_sync": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0, note=(
+        "gates+cumsum, intra, walk with inline outputs (+ guard); device-side chunk lookup")),
+    "fused": dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, note=(
+        "intra (+gates, cumsum) and walk with inline outputs (+ guard)")),
+    "fused+single": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0, note=(
+        "one kernel: intra (+gates, cumsum) with walker programs (+ guard)")),
+    "fused+cp": dict(kernels=3, triton=3, torch_ops=0, copies=0, syncs=0, note=(
+        "intra (+gates, cumsum) and walk with inline outputs; CP: segment summaries, then "
+        "the walk chaining them (+ guard)")),
+    "fused+cp_long": dict(kernels=4, triton=4, torch_ops=0, copies=0, syncs=0, note=(
+        "intra (+gates, cumsum); long CP: transposed segment summaries, combine, transposed "
+        "walk from the entering states (+ guard)")),
+    "fused+cp_long_split": dict(kernels=5, triton=5, torch_ops=0, copies=0, syncs=0, note=(
+        "intra (+gates, cumsum); the split chosen on the device from the gates; long CP: "
+        "transposed segment summaries, combine, transposed walk from the entering states "
+        "(+ guard)")),
+    "fused+recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0, note=(
+        "one kernel: the token-recurrent kernel (gates, state walked token by token, "
+        "outputs, guard) for T <= recurrent_max_T")),
+    "recurrent": dict(kernels=1, triton=1, torch_ops=0, copies=0, syncs=0, note=(
+        "one kernel: the token-recurrent kernel (gates, state walked token by token, "
+        "outputs, guard)")),
 }
+
+
+def launch_key(path: str) -> str:
+    """The key of :data:`LAUNCHES` of a ``fused`` call taking ``path``."""
+    return "fused" if path == "walk" else "fused+" + path
+
 
 #: Each path in words (notebook 04's ``plan.csv``).
 PATH_LABELS = {"recurrent": "recurrent", "single": "one launch", "walk": "walk",
@@ -155,7 +178,7 @@ class Plan:
     @property
     def launch_key(self) -> str:
         """This path's key of :data:`LAUNCHES`."""
-        return "fused" if self.path == "walk" else "fused+" + self.path
+        return launch_key(self.path)
 
 
 def bucket_of(T: int, N: int):
@@ -286,7 +309,7 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
     prec = dict(dot_precision=cfg.precision, out_precision=cfg.precision)
     trigger = "start" if cfg.pdl else ""
     kw = dict(path=path, T=T, N=N, HV=HV, D=D, BV=BV, seg_chunks=seg, split=split,
-              launches=LAUNCHES["fused" if path == "walk" else "fused+" + path]["kernels"],
+              launches=LAUNCHES[launch_key(path)]["kernels"],
               log_eps=cfg.log_eps, note=note, config=cfg,
               intra=dict(intra_kwargs(cfg), pdl_trigger=trigger))
     if not seg:
