@@ -26,11 +26,21 @@ alternative, a scan over ranks (rank ``r`` waits for ``r - 1``'s end state, send
 ``W - 1`` serial hops of half the bytes), has the same bytes at two ranks and a serial
 chain beyond; notebook 05 measures the collective against the link's bandwidth.
 
-No host sync beyond the collective: which sequence a rank's first and last tokens belong to
-is found on the device (entries of ``cu_seqlens`` at or below them, counted). Final states: row ``n`` of the returned state is
-sequence ``n``'s on the rank that holds its last token (an empty sequence: the rank holding
-the token at its position, the last rank at ``T``), zero on the others, so a sum
-all-reduce over the group assembles all of them.
+The host path: everything that follows from host ints (the segments, every launch's
+arguments, the workspace's views) is a :class:`RankPlan`, remembered per key
+(:func:`rank_plan`); the call's intermediates, the rank's indices, the exchange's buffers and
+the entering states are views of one allocation; everything derived from ``cu_seqlens`` (the
+clamped boundaries, the pieces' sequences, the final states to drop, the guard's verdict) is
+one launch of :func:`rank_index_kernel`, and the entering states one copy
+(:func:`enter_state_kernel`); every launch is bound before the first. So a rank's call is
+its Triton launches and, with more than one rank, the all-gather, on rank ``r > 0`` ``r``
+``baddbmm`` of the fold (cuBLAS, as before: the same bits), and one ``masked_fill_`` of the
+final states; no host sync beyond the collective (numbers: docs/notes/long_context.md,
+"the host path of a rank's call").
+
+Final states: row ``n`` of the returned state is sequence ``n``'s on the rank that holds its
+last token (an empty sequence: the rank holding the token at its position, the last rank at
+``T``), zero on the others, so a sum all-reduce over the group assembles all of them.
 
 Bad input: metadata and the partition are checked on the host before anything is launched
 (a ``TypeError``/``ValueError`` naming the argument); the values of ``cu_seqlens`` on the
