@@ -57,8 +57,7 @@ from .intra_chunk import STORAGE
 
 __all__ = ["Plan", "prefill_plan", "call_plan", "plan_key", "MAX_PLANS", "LAUNCHES",
            "PATH_LABELS", "bucket_of", "intra_kwargs", "workspace_layout", "layout_views",
-           "WORKSPACE_ALIGN",
-           "fitted_config", "clear_plan_cache"]
+           "WORKSPACE_ALIGN", "fitted_config", "clear_plan_cache"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
 #: ``cu_seqlens``, :mod:`.guard`, is inside the last kernel) (``kernels``: GPU kernels incl.
