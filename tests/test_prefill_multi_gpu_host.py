@@ -147,3 +147,20 @@ def test_call_host_work(fake_rank1, with_state, monkeypatch):
                and "allgather" not in op]
     assert sorted(compute) == ["baddbmm", "masked_fill_"], rec.ops
     assert sum("allgather" in op for op in rec.ops) == 1, rec.ops   # the exchange
+
+
+def test_workspace_layout_extra_views():
+    """The plan's hook for the rank's buffers: ``extra`` views follow the one-GPU ones,
+    which stay as they were, each at a multiple of the alignment."""
+    from kernels.prefill.plan import WORKSPACE_ALIGN, layout_views, workspace_layout
+
+    base = workspace_layout(1000, 3, 8, 128, 4, True)
+    extra = (("cu_local", torch.int64, (4,)), ("drop", torch.bool, (3, 1, 1, 1)))
+    got = workspace_layout(1000, 3, 8, 128, 4, True, extra=extra)
+    assert got[:len(base)] == base
+    assert [(v[0], v[1], v[2], v[4]) for v in got[len(base):]] == [
+        ("cu_local", torch.int64, (4,), 32), ("drop", torch.bool, (3, 1, 1, 1), 3)]
+    assert all(v[3] % WORKSPACE_ALIGN == 0 for v in got) and got[-1][3] > base[-1][3]
+    nbytes, views = layout_views(got)
+    assert nbytes % WORKSPACE_ALIGN == 0 and nbytes >= got[-1][3] + got[-1][4]
+    assert views[-1] == ("drop", torch.bool, (3, 1, 1, 1), (1, 1, 1, 1), got[-1][3])
