@@ -26,11 +26,21 @@ alternative, a scan over ranks (rank ``r`` waits for ``r - 1``'s end state, send
 ``W - 1`` serial hops of half the bytes), has the same bytes at two ranks and a serial
 chain beyond; notebook 05 measures the collective against the link's bandwidth.
 
-No host sync beyond the collective: which sequence a rank's first and last tokens belong to
-is found on the device (entries of ``cu_seqlens`` at or below them, counted). Final states: row ``n`` of the returned state is
-sequence ``n``'s on the rank that holds its last token (an empty sequence: the rank holding
-the token at its position, the last rank at ``T``), zero on the others, so a sum
-all-reduce over the group assembles all of them.
+The host path: everything that follows from host ints (the segments, every launch's
+arguments, the workspace's views) is a :class:`RankPlan`, remembered per key
+(:func:`rank_plan`); the call's intermediates, the rank's indices, the exchange's buffers and
+the entering states are views of one allocation; everything derived from ``cu_seqlens`` (the
+clamped boundaries, the pieces' sequences, the final states to drop, the guard's verdict) is
+one launch of :func:`rank_index_kernel`, and the entering states one copy
+(:func:`enter_state_kernel`); every launch is bound before the first. So a rank's call is
+its Triton launches and, with more than one rank, the all-gather, on rank ``r > 0`` ``r``
+``baddbmm`` of the fold (cuBLAS, as before: the same bits), and one ``masked_fill_`` of the
+final states; no host sync beyond the collective (numbers: docs/notes/long_context.md,
+"the host path of a rank's call").
+
+Final states: row ``n`` of the returned state is sequence ``n``'s on the rank that holds its
+last token (an empty sequence: the rank holding the token at its position, the last rank at
+``T``), zero on the others, so a sum all-reduce over the group assembles all of them.
 
 Bad input: metadata and the partition are checked on the host before anything is launched
 (a ``TypeError``/``ValueError`` naming the argument); the values of ``cu_seqlens`` on the
@@ -40,6 +50,7 @@ and final state of every rank is NaN.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 from .. import interpret
@@ -52,15 +63,19 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ..spec import resolve_scale, validate_prefill_inputs  # noqa: E402
-from .chunk_index import BT, num_slots, seq_bounds  # noqa: E402
+from .chunk_index import BT, cu_status, seq_bounds  # noqa: E402
 from .context_parallel import cp_long_segment_chunks, segment_combine_t_fwd  # noqa: E402
 from .dots import mm  # noqa: E402
 from .intra_chunk import intra_chunk_fwd  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
-from .plan import fitted_config, intra_kwargs  # noqa: E402
+from .pipeline import _workspace  # noqa: E402
+from .plan import (MAX_PLANS, fitted_config, intra_kwargs, layout_views,  # noqa: E402
+                   workspace_layout)
 from .state_walk_t import state_walk_t_fwd  # noqa: E402
 
-__all__ = ["prefill_multi_gpu", "even_bounds", "exchange_bytes", "piece_compose_kernel"]
+__all__ = ["prefill_multi_gpu", "even_bounds", "exchange_bytes", "piece_compose_kernel",
+           "rank_index_kernel", "enter_state_kernel", "RankPlan", "rank_plan",
+           "clear_rank_plans"]
 
 
 def even_bounds(T: int, world_size: int, align: int = BT) -> list:
@@ -131,12 +146,97 @@ def piece_compose_kernel(
     tl.store(out + (i_h * (K + V) + o_r[:, None]) * K + o_k[None, :], b_z)
 
 
+@triton.jit(do_not_specialize=["t0", "t1", "T", "T_r", "N"])
+def rank_index_kernel(
+    cu,             # [N+1] int32/int64 the global boundaries
+    cu_local,       # [N+1] int64 out: clamp(cu - t0, 0, T_r); [0] = -1 if GUARD finds cu invalid
+    meta,           # [4] int64 out (PIECES): last piece's sequence, 1 if it starts here,
+                    # first piece's sequence, 1 if it continues from an earlier rank
+    drop,           # [N] bool out (PIECES): the sequence's final state is not this rank's
+    t0, t1, T, T_r, N,
+    GUARD: tl.constexpr,        # cu_seqlens unchecked on the host: the device guard's input
+    PIECES: tl.constexpr,       # more than one rank: meta and drop
+    BLOCK: tl.constexpr,
+):
+    """One program: every index a rank's call derives from ``cu_seqlens``, in one launch
+    (no host sync): the clamped boundaries, which sequences hold the rank's first and last
+    tokens (entries of ``cu`` at or below them, counted) and whether the pieces start or
+    continue here, and the sequences whose final state another rank holds (a sequence's
+    final state belongs to the rank of its last token; an empty one's, to the rank of the
+    token at its position, the last rank at ``T``). An invalid ``cu`` (``GUARD``): ``cu_local[0] =
+    -1``, which fails the walk's guard (:mod:`.guard`: every output NaN), and no final state
+    is dropped (they are NaN)."""
+    bad = 0
+    if GUARD:
+        bad = tl.where(cu_status(cu, N, T, BLOCK) != 0, 1, 0)
+    n_first = 0
+    n_last = 0
+    for i0 in range(0, N + 1, BLOCK):
+        o_i = i0 + tl.arange(0, BLOCK)
+        m = o_i <= N
+        c = tl.load(cu + o_i, mask=m, other=0).to(tl.int64)
+        loc = tl.minimum(tl.maximum(c - t0, 0), T_r)
+        if GUARD:
+            loc = tl.where(o_i == 0, -bad, loc)
+        tl.store(cu_local + o_i, loc, mask=m)
+        if PIECES:
+            n_first += tl.sum(((c <= t0) & m).to(tl.int32), axis=0)
+            n_last += tl.sum(((c <= t1 - 1) & m).to(tl.int32), axis=0)
+            c1 = tl.load(cu + o_i + 1, mask=o_i < N, other=0).to(tl.int64)
+            key = tl.where(c1 > c, c1 - 1, tl.minimum(c, T - 1))
+            here = (key >= t0) & (key < t1)
+            if GUARD:
+                here = here | (bad != 0)
+            tl.store(drop + o_i, ~here, mask=o_i < N)
+    if PIECES:
+        n_first = tl.minimum(tl.maximum(n_first - 1, 0), N - 1)
+        n_last = tl.minimum(tl.maximum(n_last - 1, 0), N - 1)
+        start_first = tl.load(cu + n_first).to(tl.int64)
+        start_last = tl.load(cu + n_last).to(tl.int64)
+        tl.store(meta, n_last.to(tl.int64))
+        tl.store(meta + 1, (start_last >= t0).to(tl.int64))
+        tl.store(meta + 2, n_first.to(tl.int64))
+        tl.store(meta + 3, (start_first < t0).to(tl.int64))
+
+
+@triton.jit
+def enter_state_kernel(
+    h0,             # [N, H, V, K] f32 initial states, k-last, or None (zeros)
+    s_t,            # [H, V, K] f32 the state entering the rank's first piece (the fold)
+    meta,           # [4] int64 (rank_index_kernel): [2] the first piece's sequence,
+                    # [3] 1 if it continues from an earlier rank
+    out,            # [N, H, V, K] f32 out: the initial states phase B starts from
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BR: tl.constexpr,           # rows per step
+    USE_H0: tl.constexpr,
+):
+    """One program per ``(sequence, head)``: copies its initial state (or zeros), or
+    ``s_t`` for the first piece's sequence where that piece continues a sequence from an
+    earlier rank (a copy: the bits of the fold and of ``h0`` pass unchanged)."""
+    i_n, i_h = tl.program_id(0), tl.program_id(1)
+    take = (tl.load(meta + 2) == i_n) & (tl.load(meta + 3) != 0)
+    o_k = tl.arange(0, K)
+    base = (i_n.to(tl.int64) * H + i_h) * (V * K)
+    for r0 in range(0, V, BR):
+        o_rk = (r0 + tl.arange(0, BR))[:, None] * K + o_k[None, :]
+        b = tl.load(s_t + i_h * (V * K) + o_rk)
+        if USE_H0:
+            b = tl.where(take, b, tl.load(h0 + base + o_rk))
+        else:
+            b = tl.where(take, b, 0.0)
+        tl.store(out + base + o_rk, b)
+
+
 #: torch's all-gather into one tensor (``all_gather_single`` from torch 2.12; the older name
 #: before it, which 2.12 deprecates).
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 _COMPOSE_LAUNCH = FastLaunch(piece_compose_kernel)
+_INDEX_LAUNCH = FastLaunch(rank_index_kernel)
+_ENTER_LAUNCH = FastLaunch(enter_state_kernel)
 
 
 def _check_bounds(bounds, world: int, rank: int, T_r: int) -> Tuple[int, int, int]:
@@ -154,6 +254,131 @@ def _check_bounds(bounds, world: int, rank: int, T_r: int) -> Tuple[int, int, in
         raise ValueError(f"q must hold rank {rank}'s bounds[{rank + 1}] - bounds[{rank}] = "
                          f"{t1 - t0} tokens, got {T_r}")
     return t0, t1, bounds[-1]
+
+
+@dataclass(frozen=True, eq=False)
+class RankPlan:
+    """What one rank's call does, from host ints only (:func:`rank_plan`, remembered per
+    key): the long path's segments on the rank's slice and every launch's arguments but
+    the tensors and the scale, and the one workspace allocation (the call's intermediates,
+    the rank's indices, the exchange's buffers, the entering states; the views of
+    :func:`.plan.workspace_layout` plus the rank's own, cut by :func:`.pipeline._workspace`).
+
+    Attributes:
+        rank, world, t0, t1, T, N, HV, D: the call's partition and shape (``T``: all ranks').
+        seg_t: tokens per segment of the rank's long path.
+        intra: keyword arguments of :func:`.intra_chunk.intra_chunk_fwd`; phase_a, phase_c
+            of :func:`.state_walk_t.state_walk_t_fwd`; phase_b of
+            :func:`.context_parallel.segment_combine_t_fwd`.
+        index, compose, enter: ``(grid, keyword arguments)`` of :func:`rank_index_kernel`,
+            :func:`piece_compose_kernel`, :func:`enter_state_kernel` (the latter two None
+            where unused: one rank; rank 0).
+        folds: ``(F, M, out)`` view names of each earlier rank's step of the fold
+            (``out``: where that step's ``baddbmm`` writes).
+        nbytes, views: the workspace (:func:`.plan.layout_views`).
+    """
+
+    rank: int
+    world: int
+    t0: int
+    t1: int
+    T: int
+    N: int
+    HV: int
+    D: int
+    seg_t: int
+    intra: dict
+    phase_a: dict
+    phase_b: dict
+    phase_c: dict
+    index: tuple
+    compose: Optional[tuple]
+    enter: Optional[tuple]
+    folds: tuple
+    nbytes: int
+    views: tuple
+
+
+#: Rank plans by key (:func:`rank_plan`; at most :data:`.plan.MAX_PLANS`, then forgotten).
+_RANK_PLANS: dict = {}
+#: Zero states ``[HV, D, D]`` f32 per (device, HV, D): the fold's start (never written).
+_ZEROS: dict = {}
+
+
+def rank_plan(T_r: int, N: int, HV: int, D: int, rank: int, world: int, t0: int, T: int,
+              config, use_h0: bool, guard: bool) -> RankPlan:
+    """The :class:`RankPlan` of rank ``rank`` of ``world`` holding tokens ``[t0, t0 + T_r)``
+    of a call of ``T`` tokens in ``N`` sequences (``use_h0``: initial states given;
+    ``guard``: ``cu_seqlens`` unchecked on the host), remembered on exactly these."""
+    key = (T_r, N, HV, D, rank, world, t0, T, config, use_h0, guard)
+    try:
+        plan = _RANK_PLANS.get(key)
+    except TypeError:   # an unhashable config: fitted_config says why
+        plan = None
+    if plan is None:
+        plan = _rank_plan(*key[:8], fitted_config(config, D), use_h0, guard)
+        if len(_RANK_PLANS) >= MAX_PLANS:
+            _RANK_PLANS.clear()
+        _RANK_PLANS[key] = plan
+    return plan
+
+
+def _rank_plan(T_r, N, HV, D, rank, world, t0, T, cfg, use_h0, guard) -> RankPlan:
+    f32 = torch.float32
+    seg = cp_long_segment_chunks(T_r, -(-N // world))
+    seg_t = seg * BT
+    bv = min(128, D)
+    kw = dict(dot_precision=cfg.precision, BV=bv, num_warps=8 if bv >= 128 else 4,
+              out_precision=cfg.precision, seg_t=seg_t)
+    extra = [("cu_local", torch.int64, (N + 1,))]
+    pieces = world > 1
+    if pieces:
+        extra += [("meta", torch.int64, (4,)), ("drop", torch.bool, (N, 1, 1, 1)),
+                  ("mine", f32, (HV, 2 * D, D)), ("zs", f32, (world * HV, 2 * D, D))]
+    if rank > 0:
+        extra += [("h0", f32, (N, HV, D, D))]
+        extra += [(f"fold{i}", f32, (HV, D, D)) for i in range(min(rank, 2))]
+    layout = workspace_layout(T_r, N, HV, D, seg, True, False, cfg.storage, cfg.solve,
+                              extra=tuple(extra))
+    nbytes, views = layout_views(layout)
+    folds = []
+    if rank > 0:   # [M_r ; F_r] of each earlier rank: views into the all-gather's output
+        zs = next(v[4] for v in views if v[0] == "zs")
+        step = (2 * D * D, D, 1)
+        for r in range(rank):
+            at = zs + r * HV * 2 * D * D
+            views += ((f"F{r}", f32, (HV, D, D), step, at + D * D),
+                      (f"M{r}", f32, (HV, D, D), step, at))
+            folds.append((f"F{r}", f"M{r}", f"fold{r % 2}"))
+    bz = min(16, D)
+    return RankPlan(
+        rank=rank, world=world, t0=t0, t1=t0 + T_r, T=T, N=N, HV=HV, D=D, seg_t=seg_t,
+        intra=intra_kwargs(cfg),
+        phase_a=dict(kw, num_stages=3, loop_stages=3, log_eps=cfg.log_eps,
+                     summary_last=pieces),
+        phase_b=dict(seg_t=seg_t, T=T_r, BV=min(16, D)),
+        phase_c=dict(kw, num_stages=2, loop_stages=2, guard=guard),
+        index=((1,), dict(GUARD=guard, PIECES=pieces, BLOCK=1024)),
+        compose=((HV, 2 * D // bz), dict(H=HV, K=D, V=D, BV=bz, SEG_T=seg_t, USE_H0=use_h0,
+                                         DOT_PREC=cfg.cp_chain_precision, num_warps=4))
+        if pieces else None,
+        enter=((N, HV), dict(H=HV, K=D, V=D, BR=min(16, D), USE_H0=use_h0, num_warps=4))
+        if rank > 0 else None,
+        folds=tuple(folds), nbytes=nbytes, views=views)
+
+
+def clear_rank_plans() -> None:
+    """Forget every rank plan and cached zero state (the rules' constants changed)."""
+    _RANK_PLANS.clear()
+    _ZEROS.clear()
+
+
+def _zeros(device, HV: int, D: int) -> torch.Tensor:
+    key = (device, HV, D)
+    z = _ZEROS.get(key)
+    if z is None:
+        z = _ZEROS[key] = torch.zeros(HV, D, D, dtype=torch.float32, device=device)
+    return z
 
 
 def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
@@ -193,69 +418,50 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
         if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != T:
             raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at "
                              f"bounds[-1] = {T}, got {cu.tolist()[:16]}")
-    cfg = fitted_config(config, shape.head_dim)
-    scale = resolve_scale(scale, shape.head_dim)
     HV, D, T_r, N = shape.num_v_heads, shape.head_dim, t1 - t0, cu_seqlens.numel() - 1
+    p = rank_plan(T_r, N, HV, D, rank, world, t0, T, config, state is not None,
+                  not check_values)
+    scale = resolve_scale(scale, D)
     dev = q.device
-
-    # the rank's boundaries, on the device; an invalid global cu_seqlens fails the guard
-    cu = cu_seqlens.to(torch.int64)
-    cu_local = (cu - t0).clamp_(0, T_r)
-    guard = not check_values
-    if guard:
-        bad = ((cu[0] != 0) | (cu[-1] != T) | (cu[1:] < cu[:-1]).any()
-               | ((cu < 0) | (cu > T)).any())
-        cu_local[0] = -bad.to(torch.int64)   # cu_local[0] != 0: the walk's guard NaN-fills
-
-    seg_t = cp_long_segment_chunks(T_r, -(-N // world)) * BT
-    S = num_slots(T_r, N, seg_t)
-    bv = min(128, D)
-    kw = dict(scale=scale, dot_precision=cfg.precision, BV=bv, num_warps=8 if bv >= 128 else 4,
-              out_precision=cfg.precision, seg_t=seg_t)
-    lb = torch.empty(num_slots(T_r, N), HV, dtype=torch.float32, device=dev)
-    tb, gc, aq = intra_chunk_fwd(k, v, cu_local, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                                 scale=scale, log_bound=lb, **intra_kwargs(cfg))
-    summ = torch.empty(S, HV, 2 * D, D, dtype=torch.float32, device=dev)
-    negl = torch.empty(S, HV, dtype=torch.int32, device=dev)
-    state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, summary=summ, num_stages=3, loop_stages=3,
-                     log_bound=lb, negligible=negl, log_eps=cfg.log_eps,
-                     summary_last=world > 1, **kw)
-
-    h0 = state
-    if world > 1:
-        # the sequences holding this rank's first and last token (global == local index)
-        seqs = (torch.stack([(cu <= t0).sum(), (cu <= t1 - 1).sum()]) - 1).clamp_(0, N - 1)
-        starts = cu.index_select(0, seqs)
-        n_first = seqs[:1]
-        meta = torch.stack([seqs[1], (starts[1] >= t0).to(torch.int64)])
-        mine = torch.empty(HV, 2 * D, D, dtype=torch.float32, device=dev)
-        bz = min(16, D)
-        _COMPOSE_LAUNCH.bind((HV, 2 * D // bz), (summ, negl, state, meta, cu_local, mine, T_r),
-                             dict(H=HV, K=D, V=D, BV=bz, SEG_T=seg_t, USE_H0=state is not None,
-                                  DOT_PREC=cfg.cp_chain_precision, num_warps=4))()
-        zs = torch.empty(world * HV, 2 * D, D, dtype=torch.float32, device=dev)
-        _all_gather(zs, mine, group=group)   # (concatenated: gloo and nccl)
-        zs = zs.view(world, HV, 2 * D, D)
-        if rank > 0:
-            s_t = torch.zeros(HV, D, D, dtype=torch.float32, device=dev)
-            for r in range(rank):   # S^T = S^T M_r^T + F_r^T
-                s_t = torch.baddbmm(zs[r, :, D:], s_t, zs[r, :, :D])
-            base = state if state is not None else torch.zeros(N, HV, D, D, device=dev)
-            cont = (starts[0] < t0).reshape(1, 1, 1)
-            enter = torch.where(cont, s_t, base.index_select(0, n_first)[0])
-            h0 = base.index_copy(0, n_first, enter[None])
-
-    s0 = torch.empty(S, HV, D, D, dtype=torch.float32, device=dev)
+    ws = _workspace(p, dev)
     o = torch.empty(T_r, HV, D, dtype=torch.bfloat16, device=dev)
     ht = torch.empty(N, HV, D, D, dtype=torch.float32, device=dev)
-    segment_combine_t_fwd(summ, s0, negl, cu_local, h0, seg_t=seg_t, T=T_r, BV=min(16, D))
-    state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, s0=s0, output=o, final_state=ht,
-                     num_stages=2, loop_stages=2, guard=guard, **kw)
-    if world > 1:
-        # keep the sequences ending here: the last token's rank (an empty one: its position's)
-        key = torch.where(cu[1:] > cu[:-1], cu[1:] - 1, cu[:-1].clamp(max=T - 1))
-        ends_here = (key >= t0) & (key < t1)
-        if guard:
-            ends_here = ends_here | bad
-        ht.masked_fill_(~ends_here.reshape(N, 1, 1, 1), 0.0)
+    cu_local, meta, summ, negl, s0 = (ws["cu_local"], ws.get("meta"), ws["summary"],
+                                      ws["negligible"], ws["s0"])
+    tb, gc, aq, lb = ws["Tb"], ws["gc"], ws["Aqk"], ws["log_bound"]
+    # every launch bound before the first (the host time between launches is what the
+    # device waits for); the indices on the device, from cu_seqlens, in one launch
+    go_index = _INDEX_LAUNCH.bind(p.index[0], (cu_seqlens, cu_local, meta, ws.get("drop"),
+                                               t0, t1, T, T_r, N), p.index[1])
+    go_intra = intra_chunk_fwd(k, v, cu_local, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                               scale=scale, log_bound=lb, out=(tb, gc, aq, ws.get("scratch")),
+                               defer=True, **p.intra)[3]
+    go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, summary=summ, log_bound=lb,
+                            negligible=negl, scale=scale, defer=True, **p.phase_a)
+    h0 = ws["h0"] if p.enter is not None else state
+    go_b = segment_combine_t_fwd(summ, s0, negl, cu_local, h0, defer=True, **p.phase_b)
+    go_c = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, s0=s0, output=o, final_state=ht,
+                            scale=scale, defer=True, **p.phase_c)
+    if p.compose is not None:
+        mine, zs = ws["mine"], ws["zs"]
+        go_compose = _COMPOSE_LAUNCH.bind(p.compose[0], (summ, negl, state, meta, cu_local,
+                                                         mine, T_r), p.compose[1])
+    if p.enter is not None:
+        s_t = ws[p.folds[-1][2]]
+        go_enter = _ENTER_LAUNCH.bind(p.enter[0], (state, s_t, meta, h0), p.enter[1])
+    go_index()
+    go_intra()
+    go_a()
+    if p.compose is not None:
+        go_compose()
+        _all_gather(zs, mine, group=group)   # (concatenated: gloo and nccl)
+        if p.enter is not None:
+            s_t = _zeros(dev, HV, D)
+            for f, m, out in p.folds:   # S^T = S^T M_r^T + F_r^T over the earlier ranks
+                s_t = torch.baddbmm(ws[f], s_t, ws[m], out=ws[out])
+            go_enter()
+    go_b()
+    go_c()
+    if p.compose is not None:
+        ht.masked_fill_(ws["drop"], 0.0)
     return o, ht

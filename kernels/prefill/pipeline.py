@@ -259,7 +259,8 @@ def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
 
 def _workspace(plan: Plan, device) -> dict:
     """The plan's intermediates as views of one allocation (:func:`.plan.workspace_layout`),
-    by name: a float32 buffer, viewed once per other dtype, cut by ``as_strided``."""
+    by name: a float32 buffer, viewed once per other dtype, cut by ``as_strided``. ``plan``:
+    anything with a plan's ``nbytes`` and ``views`` (also :mod:`.multi_gpu`'s rank plans)."""
     buf = torch.empty(plan.nbytes // 4, dtype=torch.float32, device=device)
     base, out = {torch.float32: buf}, {}
     for name, dtype, shape, strides, offset in plan.views:

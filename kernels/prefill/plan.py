@@ -57,6 +57,7 @@ from .intra_chunk import STORAGE
 
 __all__ = ["Plan", "prefill_plan", "call_plan", "plan_key", "MAX_PLANS", "LAUNCHES",
            "PATH_LABELS", "launch_key", "bucket_of", "intra_kwargs", "workspace_layout",
+           "layout_views",
            "WORKSPACE_ALIGN", "fitted_config", "clear_plan_cache"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
@@ -344,9 +345,8 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
                                **prec))
     if path != "recurrent":
         layout = workspace_layout(T, N, HV, D, seg, long, split, cfg.storage, cfg.solve)
-        kw.update(layout=layout, nbytes=_aligned_end(layout), views=tuple(
-            (name, dt, shape, _strides(shape), off // dt.itemsize)
-            for name, dt, shape, off, _ in layout))
+        nbytes, views = layout_views(layout)
+        kw.update(layout=layout, nbytes=nbytes, views=views)
     return Plan(**kw)
 
 
@@ -371,7 +371,7 @@ def _walk_args(T, N, HV, D, BV, device, n_sm, cfg, prec) -> tuple:
 
 def workspace_layout(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
                      long: bool = False, split: bool = False, storage: str = "compact",
-                     solve: str = "batched") -> tuple:
+                     solve: str = "batched", extra: tuple = ()) -> tuple:
     """The intermediates of one ``fused`` call (outputs excluded) as views of one buffer:
     ``(name, dtype, shape, byte offset, bytes)``, each at a multiple of
     :data:`WORKSPACE_ALIGN`.
@@ -382,7 +382,8 @@ def workspace_layout(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
     ``[S, HV, D, 2D]`` f32 (``[S, HV, 2D, D]`` on the long path, ``long``), the segments'
     flags ``[S, HV]`` int32, on the long path the entering states ``[S, HV, D, D]`` and,
     where the device chooses the split (``split``: ``S`` counts half-segment slots), the
-    segments per sequence ``[N]`` int32."""
+    segments per sequence ``[N]`` int32; then ``extra``, more views ``(name, dtype,
+    shape)`` (:mod:`.multi_gpu`'s rank buffers)."""
     views = [("gc", torch.float32, (T, HV)), ("Tb", STORAGE[storage], (T, HV, BT)),
              ("Aqk", STORAGE[storage], (T, HV, BT))]
     if solve == "blocks":
@@ -396,12 +397,21 @@ def workspace_layout(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
             views.append(("s0", torch.float32, (S, HV, D, D)))
         if split:
             views.append(("seg_mult", torch.int32, (N,)))
+    views += list(extra)
     out, off = [], 0
     for name, dtype, shape in views:
         n = _nbytes(dtype, shape)
         out.append((name, dtype, shape, off, n))
         off += -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
     return tuple(out)
+
+
+def layout_views(layout) -> tuple:
+    """``(nbytes, views)`` of a :func:`workspace_layout`: the one allocation's bytes and each
+    view as ``(name, dtype, shape, strides, element offset)`` (what a call cuts the buffer
+    with: :func:`.pipeline.fused_launches`, :mod:`.multi_gpu`)."""
+    return _aligned_end(layout), tuple((name, dt, shape, _strides(shape), off // dt.itemsize)
+                                       for name, dt, shape, off, _ in layout)
 
 
 def _nbytes(dtype, shape) -> int:

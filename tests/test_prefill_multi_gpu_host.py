@@ -1,0 +1,166 @@
+"""The host path of one rank's :func:`kernels.prefill.multi_gpu.prefill_multi_gpu` call: the
+rank's indices (one kernel) against the torch expressions they replace, the entering
+states' copy, the rank plan remembered per key, and a call's host work (no host sync, one
+workspace allocation besides the outputs) on torch's ``fake`` process group (no peer: the
+all-gather returns at once). Correctness across ranks: ``tests/test_prefill_multi_gpu.py``.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from kernels import interpret  # noqa: E402
+from kernels.prefill import multi_gpu  # noqa: E402
+from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _torch_indices(cu, t0, t1, T, guard):
+    """What the rank derived from ``cu_seqlens`` with torch ops before the index kernel."""
+    N = cu.numel() - 1
+    cu = cu.to(torch.int64)
+    cu_local = (cu - t0).clamp_(0, t1 - t0)
+    bad = torch.zeros((), dtype=torch.bool)
+    if guard:
+        bad = ((cu[0] != 0) | (cu[-1] != T) | (cu[1:] < cu[:-1]).any()
+               | ((cu < 0) | (cu > T)).any())
+        cu_local[0] = -bad.to(torch.int64)
+    seqs = (torch.stack([(cu <= t0).sum(), (cu <= t1 - 1).sum()]) - 1).clamp_(0, N - 1)
+    starts = cu.index_select(0, seqs)
+    meta = torch.stack([seqs[1], (starts[1] >= t0).to(torch.int64), seqs[0],
+                        (starts[0] < t0).to(torch.int64)])
+    key = torch.where(cu[1:] > cu[:-1], cu[1:] - 1, cu[:-1].clamp(max=T - 1))
+    drop = ~(((key >= t0) & (key < t1)) | bad)
+    return cu_local, meta, drop
+
+
+@pytest.mark.parametrize("cu, bounds", [
+    ([0, 100, 100, 250, 320], [0, 150, 320]),
+    ([0, 40, 370, 390], [0, 100, 260, 390]),
+    ([0, 64, 64, 128, 128, 192], [0, 64, 128, 192]),
+    ([0, 70, 100], [0, 64, 128]),              # ends short of T
+    ([5, 3, 900, 128], [0, 64, 128]),          # decreasing, out of range
+])
+@pytest.mark.parametrize("guard", [True, False])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_rank_index_kernel_matches_torch(cu, bounds, guard, dtype):
+    cu_t = torch.tensor(cu, dtype=dtype, device=DEV)
+    N, T = len(cu) - 1, bounds[-1]
+    for r in range(len(bounds) - 1):
+        t0, t1 = bounds[r], bounds[r + 1]
+        want = _torch_indices(cu_t.cpu(), t0, t1, T, guard)
+        cu_local = torch.full((N + 1,), 7, dtype=torch.int64, device=DEV)
+        meta = torch.full((4,), 7, dtype=torch.int64, device=DEV)
+        drop = torch.ones(N, dtype=torch.bool, device=DEV)
+        multi_gpu.rank_index_kernel[(1,)](cu_t, cu_local, meta, drop, t0, t1, T, t1 - t0, N,
+                                          GUARD=guard, PIECES=True, BLOCK=4)  # BLOCK < N + 1
+        for name, got, w in zip(("cu_local", "meta", "drop"), (cu_local, meta, drop), want):
+            assert torch.equal(got.cpu(), w), f"{name}, rank {r}: {got.tolist()} != {w.tolist()}"
+
+
+@pytest.mark.parametrize("use_h0", [True, False])
+@pytest.mark.parametrize("take", [0, 1])
+def test_enter_state_kernel_copies(use_h0, take):
+    N, H, D = 3, 2, 16
+    h0 = torch.randn(N, H, D, D, device=DEV)
+    h0[0, 0, 0, 0] = -0.0
+    s_t = torch.randn(H, D, D, device=DEV)
+    s_t[1, 2, 3] = -0.0
+    meta = torch.tensor([0, 0, 1, take], dtype=torch.int64, device=DEV)
+    out = torch.full((N, H, D, D), float("nan"), device=DEV)
+    multi_gpu.enter_state_kernel[(N, H)](h0 if use_h0 else None, s_t, meta, out, H=H, K=D,
+                                         V=D, BR=8, USE_H0=use_h0)
+    want = h0.clone() if use_h0 else torch.zeros_like(h0)
+    if take:
+        want[1] = s_t
+    assert torch.equal(out.view(torch.int32), want.view(torch.int32))   # bits (signed zeros)
+
+
+def test_rank_plan_remembered_per_key():
+    multi_gpu.clear_rank_plans()
+    args = (4096, 2, 8, 128, 1, 2, 4096, 8192, None, False, True)
+    p = multi_gpu.rank_plan(*args)
+    assert multi_gpu.rank_plan(*args) is p
+    assert multi_gpu.rank_plan(*args[:-1], False) is not p
+    assert p.seg_t == 4 * 64 and p.enter is not None   # 64 chunks, one sequence per rank
+    assert [f[:2] for f in p.folds] == [("F0", "M0")]
+    names = [v[0] for v in p.views]
+    assert len(names) == len(set(names)) and {"cu_local", "zs", "h0", "F0", "M0"} <= set(names)
+    with pytest.raises(TypeError, match="config"):
+        multi_gpu.rank_plan(*args[:8], "fast", False, True)
+
+
+class _Record(TorchDispatchMode):
+    """The aten ops of a call; a host sync (``.item()``, ``int(t)``, ``.tolist()``) raises."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("_local_scalar_dense", "_to_copy"):
+            raise AssertionError(f"host sync or copy in the call path: {func}")
+        self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def fake_rank1():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=1, world_size=2, store=FakeStore())
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("with_state", [True, False])
+def test_call_host_work(fake_rank1, with_state, monkeypatch):
+    """Rank 1 of 2 (the fold and the entering states included): no host sync, one
+    workspace allocation besides the two outputs; the second call plans nothing. (Under
+    the interpreter the recorded call's launches are no-ops: the interpreter's own copies
+    of the arguments are not the call's.)"""
+    x = make_prefill_inputs([100, 150], GDNShape(1, 2, 16), seed=0, device=DEV,
+                            with_state=with_state)
+    bounds = [0, 128, 250]
+    mine = {n: (t[128:] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+    multi_gpu.clear_rank_plans()
+    multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
+    assert len(multi_gpu._RANK_PLANS) == 1
+    if interpret.INTERPRET:
+        from triton.runtime import interpreter
+
+        monkeypatch.setattr(interpreter.InterpretedFunction, "run", lambda *a, **k: None)
+    with _Record() as rec:
+        multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
+    assert len(multi_gpu._RANK_PLANS) == 1
+    allocs = [op for op in rec.ops if op in ("empty", "empty_like", "empty_strided", "zeros")]
+    assert allocs == ["empty"] * 3, rec.ops           # the workspace, output, final state
+    compute = [op for op in rec.ops if op not in ("empty", "as_strided", "view", "detach")
+               and "allgather" not in op]
+    assert sorted(compute) == ["baddbmm", "masked_fill_"], rec.ops
+    assert sum("allgather" in op for op in rec.ops) == 1, rec.ops   # the exchange
+
+
+def test_workspace_layout_extra_views():
+    """The plan's hook for the rank's buffers: ``extra`` views follow the one-GPU ones,
+    which stay as they were, each at a multiple of the alignment."""
+    from kernels.prefill.plan import WORKSPACE_ALIGN, layout_views, workspace_layout
+
+    base = workspace_layout(1000, 3, 8, 128, 4, True)
+    extra = (("cu_local", torch.int64, (4,)), ("drop", torch.bool, (3, 1, 1, 1)))
+    got = workspace_layout(1000, 3, 8, 128, 4, True, extra=extra)
+    assert got[:len(base)] == base
+    assert [(v[0], v[1], v[2], v[4]) for v in got[len(base):]] == [
+        ("cu_local", torch.int64, (4,), 32), ("drop", torch.bool, (3, 1, 1, 1), 3)]
+    assert all(v[3] % WORKSPACE_ALIGN == 0 for v in got) and got[-1][3] > base[-1][3]
+    nbytes, views = layout_views(got)
+    assert nbytes % WORKSPACE_ALIGN == 0 and nbytes >= got[-1][3] + got[-1][4]
+    assert views[-1] == ("drop", torch.bool, (3, 1, 1, 1), (1, 1, 1, 1), got[-1][3])
