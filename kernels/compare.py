@@ -23,6 +23,7 @@ Importing this module imports neither torch nor matplotlib.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from dataclasses import dataclass
@@ -288,6 +289,17 @@ def plot_notebook(spec: NotebookSpec, sets, labels):
 
 # --------------------------------------------------------------------------- driver
 
+def run_of(root: Path, stem: str) -> str:
+    """``commit (date)`` of the run behind ``root/stem`` from its ``provenance.json``: two
+    runs of different commits may differ in method as well as in GPU, so the summary
+    names both."""
+    path = Path(root) / stem / "provenance.json"
+    if not path.exists():
+        return "no provenance"
+    p = json.loads(path.read_text())
+    return f"`{str(p.get('git_sha', '?'))[:7]}` ({str(p.get('timestamp', '?'))[:10]})"
+
+
 def compare(a: Path, b: Path, out: Path, *, log=print) -> Dict[str, Optional[Path]]:
     """Compare result sets ``a`` and ``b`` into ``out``; returns {stem: png or None (skipped)}."""
     import matplotlib.pyplot as plt
@@ -325,7 +337,8 @@ def compare(a: Path, b: Path, out: Path, *, log=print) -> Dict[str, Optional[Pat
                  f"min {r.min():.3g}, max {r.max():.3g}" if len(r) else
                  f"{len(table)} matching rows ({len(da)} in A, {len(db)} in B); no ratios")
         log(f"{spec.stem}: {stats} -> {png}")
-        summary += [f"## {spec.stem}", "", stats, "", f"![{spec.stem}]({png.name})", "",
+        runs = f"Runs: A {run_of(a, spec.stem)}, B {run_of(b, spec.stem)}."
+        summary += [f"## {spec.stem}", "", stats, "", runs, "", f"![{spec.stem}]({png.name})", "",
                     f"Table: [{spec.stem}_ratios.md]({spec.stem}_ratios.md) "
                     f"([csv]({spec.stem}_ratios.csv))", ""]
         done[spec.stem] = png

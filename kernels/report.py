@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 
 import pandas as pd
 
-__all__ = ["decode_targets", "prefill_targets", "TARGET_RATIO", "ratio_table", "scaling_targets",
+__all__ = ["decode_targets", "decode_methods", "replay_targets", "prefill_targets", "TARGET_RATIO", "ratio_table", "scaling_targets",
            "render", "main"]
 
 PEERS = ("fla", "flashinfer")
@@ -51,6 +51,58 @@ def decode_targets(folder: Path) -> pd.DataFrame:
     out["ours / best peer"] = out["ours (adaptive)"] / best_peer
     out["met"] = out["ours (adaptive)"] <= out["target"]
     return out.reset_index()
+
+
+#: Timing methods of notebook 01, in the order the methods table shows them.
+DECODE_METHODS = ("cupti_cold", "graph", "event", "host")
+
+
+def decode_methods(folder: Path, label: str = "ours-adaptive") -> pd.DataFrame:
+    """Per B: ``label``'s median under each timing method of notebook 01 (three GPU-time
+    methods and ``host``, µs of host time per eager call), the bare-launch floor of
+    ``host`` (one empty Triton kernel launched in the same run), ours' host time over it,
+    and the implementation with the lowest host time at that B."""
+    d = pd.read_csv(folder / "01_decode_crossover" / "decode_times.csv")
+    ours = d[d.label == label].pivot_table(index="B", columns="method", values="median_us")
+    out = pd.DataFrame({m: ours.get(m) for m in DECODE_METHODS if m in ours.columns})
+    host = d[d.method == "host"]
+    if not host.empty:
+        out["bare launch"] = host.groupby("B").floor_us.first()
+        out["host / bare"] = out["host"] / out["bare launch"]
+        low = host.loc[host.groupby("B").median_us.idxmin()].set_index("B")
+        out["lowest host"] = low.label + " " + low.median_us.map(lambda x: f"{x:.1f}")
+    return out.reset_index()
+
+
+#: Replay decode targets per generated token, as a ratio to the standard step: the best
+#: ``L`` no slower at B = 1, ≤ 0.65 × at B = 64 and 512; speculative T = 4 ≤ 0.6 ×.
+REPLAY_TARGET = {"replay": {1: 1.0, 64: 0.65, 512: 0.65}, "replay_spec": {1: 0.6, 64: 0.6, 512: 0.6}}
+
+
+def replay_targets(folder: Path) -> pd.DataFrame:
+    """Per state dtype, B (1, 64, 512) and call kind (one token; speculative T = 4 with the
+    notebook's acceptance pattern): the standard step, the replay's best ``L`` and its time
+    per generated token, their ratio against the target, and the fraction of the replay's
+    own byte floor it reaches (notebook 01's replay section)."""
+    d = pd.read_csv(folder / "01_decode_crossover" / "replay_times.csv")
+    rows = []
+    for dname in dict.fromkeys(d.state_dtype):
+        for kind, std_kind in (("replay", "standard"), ("replay_spec", "standard_spec")):
+            for B, target in REPLAY_TARGET[kind].items():
+                at = d[(d.B == B) & (d.state_dtype == dname)]
+                std, rep = at[at.kind == std_kind], at[at.kind == kind]
+                if std.empty or rep.empty:
+                    continue
+                best = rep.loc[rep.us_per_token.idxmin()]
+                s0 = float(std.us_per_token.iloc[0])
+                rows.append({"state": dname, "B": B, "call": "T=4 spec" if kind == "replay_spec"
+                             else "T=1", "standard": s0, "best L": int(best.L),
+                             "replay": float(best.us_per_token),
+                             "replay / standard": float(best.us_per_token) / s0,
+                             "target": target,
+                             "met": float(best.us_per_token) / s0 <= target,
+                             "of own floor": float(best.frac_of_floor)})
+    return pd.DataFrame(rows)
 
 
 def prefill_targets(folder: Path) -> pd.DataFrame:
@@ -254,6 +306,23 @@ def render(root: Path, gpus: List[str]) -> str:
                   f"Target met at {int(dec.met.sum())} of {len(dec)} batch sizes. "
                   "Target = max(0.9 × faster peer, floor / 0.95); floor = state bytes / "
                   "copy bandwidth measured in the same run.", ""]
+        meth = decode_methods(folder)
+        if "host" in meth.columns:
+            parts += [f"#### Decode timing methods and host time, {gpu} — ours (adaptive), µs, "
+                      "median", "", _md(meth), "",
+                      "`cupti_cold`: cold L2, CUPTI span; `graph`: warm L2, enough calls per "
+                      "replay that the launch cost is amortised; `event`: CUDA events with the "
+                      "host held back by a spin kernel; `host`: µs of host time per eager call "
+                      "(no sync), against one bare Triton launch in the same run "
+                      "([instruments](design.md#measuring)).", ""]
+        if (folder / "01_decode_crossover" / "replay_times.csv").exists():
+            rep = replay_targets(folder)
+            parts += [f"#### Replay decode, {gpu} — µs per generated token, `graph` replay "
+                      "(warm L2)", "", _md(rep), "",
+                      f"Target met at {int(rep.met.sum())} of {len(rep)} points. `of own "
+                      "floor`: the replay's bytes per token (checkpoint read, write-back every "
+                      "L tokens, ring) over the copy bandwidth, divided by its time "
+                      "([serving decode](serving_decode.md)).", ""]
         if (folder / "02_prefill_launch_overhead" / "prefill_times.csv").exists():
             pre = prefill_targets(folder)
             parts += [f"#### Prefill, {gpu} — µs, `graph` replay (warm L2); eager `fused` "

@@ -2,7 +2,8 @@
 import pandas as pd
 import pytest
 
-from kernels.report import decode_targets, main, prefill_targets, scaling_targets
+from kernels.report import (decode_methods, decode_targets, main, prefill_targets, replay_targets,
+                            scaling_targets)
 
 
 def _write(tmp_path):
@@ -51,6 +52,37 @@ def test_update_rewrites_only_the_block(tmp_path):
     s = doc.read_text()
     assert s.startswith("intro\n") and s.endswith("outro\n") and "STALE-TABLE" not in s
     assert "| 64 |" in s and "Decode, gpu-x" in s
+
+
+def test_decode_methods_host_against_the_bare_launch(tmp_path):
+    gpu = _write(tmp_path)
+    path = gpu / "01_decode_crossover" / "decode_times.csv"
+    d = pd.read_csv(path)
+    host = [dict(impl="ours", config="c", B=B, method="host", median_us=h, p20_us=h, p80_us=h,
+                 floor_us=10.0, label=label)
+            for label, hs in (("ours-adaptive", (30.0, 25.0)), ("fla", (90.0, 20.0)))
+            for B, h in zip((1, 64), hs)]
+    pd.concat([d, pd.DataFrame(host)]).to_csv(path, index=False)
+    m = decode_methods(gpu).set_index("B")
+    assert m.loc[1, "cupti_cold"] == 2.0 and m.loc[1, "host"] == 30.0
+    assert m.loc[1, "host / bare"] == pytest.approx(3.0) and m.loc[64, "bare launch"] == 10.0
+    assert m.loc[1, "lowest host"] == "ours-adaptive 30.0"
+    assert m.loc[64, "lowest host"] == "fla 20.0"
+
+
+def test_replay_targets_best_L_against_the_standard_step(tmp_path):
+    gpu = _write(tmp_path)
+    rows = []
+    for B, std, reps in ((64, 10.0, {1: 12.0, 4: 6.0}), (512, 100.0, {1: 120.0, 4: 70.0})):
+        rows.append(dict(kind="standard", L=0, B=B, state_dtype="float32", us_per_token=std,
+                         frac_of_floor=1.0))
+        rows += [dict(kind="replay", L=L, B=B, state_dtype="float32", us_per_token=t,
+                      frac_of_floor=0.5) for L, t in reps.items()]
+    pd.DataFrame(rows).to_csv(gpu / "01_decode_crossover" / "replay_times.csv", index=False)
+    r = replay_targets(gpu).set_index("B")
+    assert list(r.index) == [64, 512] and (r["best L"] == 4).all()
+    assert r.loc[64, "replay / standard"] == pytest.approx(0.6) and bool(r.loc[64, "met"])
+    assert r.loc[512, "replay / standard"] == pytest.approx(0.7) and not bool(r.loc[512, "met"])
 
 
 def test_scaling_targets_against_the_fastest_peer(tmp_path):
