@@ -10,6 +10,14 @@
 #   gpu_qla_part N      stash .gpuqla/part-0N in /root/qlaparts (machine must stay warm)
 #   gpu_qla_unpack      join, check SHA256SUMS, pip-install the wheels into /root/qlasite and
 #                       export GDN_QLA_SITE (FlashQLA's own site: kernels/peers_worker.py)
+#   gpu_step NAME DIR CMD...
+#                       (inside a driver started with setsid) run CMD, log to
+#                       /root/steps/NAME.log, then tar DIR to /root/steps/NAME.tar and mark
+#                       NAME done (rc in NAME.rc), whatever CMD's status
+#   gpu_collect [SECONDS]
+#                       wait (default 540 s) until some step is done and not yet collected,
+#                       or the driver wrote /root/steps/ALL; copy every such step's tar and
+#                       log to $OUT, print their status and the running step's log tail
 # The bundle pieces are built from ../shared/gpu-host/build-bundles.sh output
 # (see docs/gpu_host.md); they are git-ignored and carried with each call.
 SITE=/root/gpusite
@@ -52,4 +60,41 @@ gpu_qla_unpack() {
       && touch "$QLA_SITE/.qla" || { echo "FlashQLA site not installed" >&2; return 1; }
   fi
   export GDN_QLA_SITE=$QLA_SITE
+}
+
+# A run longer than a call goes in a driver script started with setsid (the machine keeps
+# it running between calls, and goes back 30 s after a call ends): each of its steps is
+# tarred as it finishes, and each later call collects what finished, so a machine lost
+# between calls loses only the step in flight (docs/gpu_host.md, "Runs longer than a call").
+STEPS=/root/steps
+gpu_step() {
+  local name=$1 dir=$2; shift 2
+  mkdir -p "$STEPS"
+  echo "$(date -u +%T) start" > "$STEPS/$name.log"
+  "$@" >> "$STEPS/$name.log" 2>&1
+  echo $? > "$STEPS/$name.rc"
+  echo "$(date -u +%T) end, rc $(cat "$STEPS/$name.rc")" >> "$STEPS/$name.log"
+  [ -e "$dir" ] && tar cf "$STEPS/$name.tar" --exclude='*.ncu-rep' -C "$(dirname "$dir")" "$(basename "$dir")"
+  touch "$STEPS/$name.done"
+}
+gpu_collect() {
+  local limit=${1:-540} waited=0 d n
+  mkdir -p "$STEPS" "${OUT:?}"
+  while :; do
+    for d in "$STEPS"/*.done; do
+      [ -e "$d" ] && [ ! -e "${d%.done}.got" ] && break 2
+    done
+    [ -e "$STEPS/ALL" ] && break
+    [ "$waited" -ge "$limit" ] && break
+    sleep 5; waited=$((waited + 5))
+  done
+  for d in "$STEPS"/*.done; do
+    [ -e "$d" ] || continue
+    n=${d%.done}
+    [ -e "$n.got" ] && continue
+    cp "$n.log" "$OUT/" 2>/dev/null; [ -e "$n.tar" ] && cp "$n.tar" "$OUT/"
+    echo "collected $(basename "$n"): rc $(cat "$n.rc")"; touch "$n.got"
+  done
+  [ -e "$STEPS/ALL" ] && echo "driver finished" || \
+    for n in "$STEPS"/*.log; do [ -e "${n%.log}.done" ] || { echo "running: $(basename "${n%.log}")"; tail -n 5 "$n"; }; done
 }
