@@ -106,53 +106,52 @@ def gdn_replay_kernel(
     i_v, i_bh = i_p % NV, i_p // NV
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_hq = i_hv // G
-    B = tl.num_programs(0) // (HV * NV)
 
-    # -- which state and ring row; what is wrong with it ------------------------------
+    # -- which state and ring row; the checkpoint's rows issued first -----------------------
+    # The rows' load needs only the slot, not the ring header: header, rows and (once the
+    # header is back) the ring are in flight together. A dropped sequence's rows are read
+    # (a live slot: in bounds) but reach nothing: its outputs are overwritten, stores masked.
+    o_v = (i_v * BV + tl.arange(0, BV)).to(tl.int64)
+    o_k = tl.arange(0, D)
+    cols = tl.arange(0, TP)
     if POOLED:
         i_raw = tl.load(idx + i_b).to(tl.int64)
         live = (i_raw >= 0) & (i_raw < P)
         i_s = tl.where(live, i_raw, 0)
-        rep = slot_repeated(idx, i_b, i_raw, B, P, 128)
-        bad = rep | (i_raw >= P)
-        if HAS_STATUS:
-            if i_p == 0:   # SLOT_REPEATED (16) | SLOT_PAST_POOL (32)
-                tl.store(status, any_slot_repeated(idx, B, P, 16) * 16
-                         + any_slot_past_pool(idx, B, P, 128) * 32)
     else:
         i_s = i_b.to(tl.int64)
         live = i_b >= 0
-        bad = i_b < 0
+    p_h = h + (i_s * HV + i_hv) * (D * D) + o_v[:, None] * D + o_k[None, :]
+    if POOLED:
+        b_row = tl.load(p_h, mask=live, other=0.0).to(tl.float32)         # [BV, D] row_0
+    else:
+        b_row = tl.load(p_h).to(tl.float32)
     start = tl.load(rhead + i_s * 2, mask=live, other=0)
     n = tl.load(rhead + i_s * 2 + 1, mask=live, other=0)
-    ring_ok = (start >= 0) & (start < C) & (n >= 0) & (n <= NMAX)
-    if HAS_ROLLBACK:
-        r = tl.load(rback + i_b).to(tl.int32)
-        ring_ok = ring_ok & (r >= 0) & (r <= n)
-        n = n - r
-    bad = bad | (live & ~ring_ok)
-    keep = live & ~bad
-    n = tl.where(keep, n, 0)
-    start = tl.where(keep, start, 0)
-    flush = n + T > L                       # the ring cannot take this call's tokens
 
-    o_v = (i_v * BV + tl.arange(0, BV)).to(tl.int64)
-    o_k = tl.arange(0, D)
-    cols = tl.arange(0, TP)
-    p_h = h + (i_s * HV + i_hv) * (D * D) + o_v[:, None] * D + o_k[None, :]
-    b_row = tl.load(p_h, mask=keep, other=0.0).to(tl.float32)            # [BV, D] row_0
-
-    # -- this call's tokens: keys, scaled queries, gates ---------------------------------
+    # -- this call's tokens: keys, scaled queries, values, gates (independent of the ring) --
     o_bt = i_b * T + cols
     m_t = cols < T
     b_K = tl.load(k + (o_bt[:, None] * HQ + i_hq) * D + o_k[None, :], mask=m_t[:, None],
                   other=0.0).to(tl.float32)                              # [TP, D]
     b_Q = tl.load(q + (o_bt[:, None] * HQ + i_hq) * D + o_k[None, :], mask=m_t[:, None],
                   other=0.0).to(tl.float32) * scale
+    b_V = tl.load(v + (o_bt[None, :] * HV + i_hv) * D + o_v[:, None], mask=m_t[None, :],
+                  other=0.0).to(tl.float32)                              # [BV, TP]
     b_x = (tl.load(a + o_bt * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
            + tl.load(dt_bias + i_hv))
     b_g = -tl.exp(tl.load(A_log + i_hv)) * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
     b_beta = tl.sigmoid(tl.load(b + o_bt * HV + i_hv, mask=m_t, other=0.0).to(tl.float32))
+
+    # -- the header: what is wrong with it ----------------------------------------------
+    ring_ok = (start >= 0) & (start < C) & (n >= 0) & (n <= NMAX)
+    if HAS_ROLLBACK:
+        r = tl.load(rback + i_b).to(tl.int32)
+        ring_ok = ring_ok & (r >= 0) & (r <= n)
+        n = n - r
+    readable = live & ring_ok               # the ring's entries may be read (in bounds)
+    n = tl.where(readable, n, 0)
+    start = tl.where(readable, start, 0)
 
     # -- the ring, all live entries at once (one round of loads, not n dependent ones) ----
     o_r = tl.arange(0, NP)
@@ -163,6 +162,30 @@ def gdn_replay_kernel(
     b_Ur = tl.load(ru + ((i_s * C + pos_r[None, :]) * HV + i_hv) * D + o_v[:, None],
                    mask=m_r[None, :], other=0.0)                         # [BV, NP] u_i
     b_gr = tl.load(rg + (i_s * C + pos_r) * HV + i_hv, mask=m_r, other=0.0)   # [NP] g_i
+
+    # -- which sequences run; the header handed on as soon as this program has read it ----
+    if POOLED:
+        B = tl.num_programs(0) // (HV * NV)
+        rep = slot_repeated(idx, i_b, i_raw, B, P, 128)   # while the loads are in flight
+        if HAS_STATUS:
+            if i_p == 0:   # SLOT_REPEATED (16) | SLOT_PAST_POOL (32)
+                tl.store(status, any_slot_repeated(idx, B, P, 16) * 16
+                         + any_slot_past_pool(idx, B, P, 128) * 32)
+        bad = rep | (i_raw >= P) | (live & ~ring_ok)
+    else:
+        bad = ~ring_ok
+    keep = live & ~bad
+    flush = n + T > L                       # the ring cannot take this call's tokens
+    # arrival: keep depends on the header's values, so this program has read the header
+    # when its atomic issues; the last to arrive rewrites it now (every other program has
+    # read it too), and the atomic's round trip overlaps the rows' stream instead of
+    # ending the program
+    arrived = tl.atomic_add(rcount + i_s, 1, mask=keep)
+    last = keep & (arrived == HV * NV - 1)
+    tl.store(rhead + i_s * 2, tl.where(flush, (start + n) % C, start), mask=last)
+    tl.store(rhead + i_s * 2 + 1, tl.where(flush, T, n + T), mask=last)
+    tl.store(rcount + i_s, 0, mask=last)
+
     b_Gn = tl.sum(b_gr, axis=0)                                          # G_n
     b_UW = b_Ur * tl.where(m_r, tl.exp(b_Gn - tl.cumsum(b_gr, axis=0)), 0.0)[None, :]
     b_dn = tl.exp(b_Gn)                                                  # exp(G_n)
@@ -200,24 +223,16 @@ def gdn_replay_kernel(
         beta_t = _elt(b_beta, cols, t)
         k_t = tl.sum(tl.where(cols[:, None] == t, b_K, 0.0), axis=0)
         kq = tl.sum(b_Q * k_t[None, :], axis=1)                          # <k_t, q_j> [TP]
-        b_v = tl.load(v + (i_bt * HV + i_hv) * D + o_v).to(tl.float32)
-        u_t = beta_t * (b_v - dec_t * _col(acck, cols, t))
+        u_t = beta_t * (_col(b_V, cols, t) - dec_t * _col(acck, cols, t))
         b_o = dec_t * _col(accq, cols, t) + u_t * _elt(kq, cols, t)
         b_o = tl.where(bad, float("nan"), tl.where(keep, b_o, 0.0))
         tl.store(o + (i_bt * HV + i_hv) * D + o_v, b_o.to(o.dtype.element_ty))
         tl.store(ru + ((i_s * C + pos) * HV + i_hv) * D + o_v, u_t, mask=keep)
         tl.store(rk + ((i_s * C + pos) * HQ + i_hq) * D + o_k,
-                 tl.load(k + (i_bt * HQ + i_hq) * D + o_k), mask=w_k)
+                 k_t.to(rk.dtype.element_ty), mask=w_k)     # bf16 -> f32 -> bf16: exact
         tl.store(rg + (i_s * C + pos) * HV + i_hv, _elt(b_g, cols, t), mask=w_g)
         if t + 1 < T:   # this token enters the later tokens' numbers like a ring token
             kk = tl.sum(b_K * k_t[None, :], axis=1)
             later = cols[None, :] > t
             acck = tl.where(later, dec_t * acck + u_t[:, None] * kk[None, :], acck)
             accq = tl.where(later, dec_t * accq + u_t[:, None] * kq[None, :], accq)
-
-    # -- the header: rewritten by the sequence's last program, after all have read it ----
-    arrived = tl.atomic_add(rcount + i_s, 1, mask=keep)
-    last = keep & (arrived == HV * NV - 1)
-    tl.store(rhead + i_s * 2, tl.where(flush, (start + n) % C, start), mask=last)
-    tl.store(rhead + i_s * 2 + 1, tl.where(flush, T, n + T), mask=last)
-    tl.store(rcount + i_s, 0, mask=last)
