@@ -205,12 +205,16 @@ def gdn_replay_kernel(
         accq = tl.where(cols[None, :] == t, cq[:, None], accq)
 
     if flush:   # row_n becomes the checkpoint; the ring restarts at this call's tokens
+        # k_i and u_i again from L1/L2 as vectors of the rows' own layout, with scalar
+        # weights: the [BV, D] rows never change layout (b_Kr's and b_UW's layouts differ)
         b_row = b_dn * b_row
-        for i in tl.static_range(NP):   # k_i again from L1/L2: fewer registers than b_Kr's
-            k_i = tl.load(rk + ((i_s * C + (start + i) % C) * HQ + i_hq) * D + o_k,
-                          mask=i < n, other=0.0).to(tl.float32)            # [D]
-            w_i = tl.sum(tl.where(o_r[None, :] == i, b_UW, 0.0), axis=1)     # [BV] (0 if i >= n)
-            b_row += w_i[:, None] * k_i[None, :]
+        for i in tl.static_range(NP):
+            pos_i = (i_s * C + (start + i) % C).to(tl.int64)
+            k_i = tl.load(rk + (pos_i * HQ + i_hq) * D + o_k, mask=i < n,
+                          other=0.0).to(tl.float32)                      # [D]
+            u_i = tl.load(ru + (pos_i * HV + i_hv) * D + o_v, mask=i < n, other=0.0)  # [BV]
+            w_i = tl.exp(b_Gn - _elt(tl.cumsum(b_gr, axis=0), o_r, i))  # exp(G_n - G_i)
+            b_row += (w_i * u_i)[:, None] * k_i[None, :]                 # 0 if i >= n
         tl.store(p_h, b_row.to(h.dtype.element_ty), mask=keep)
 
     # -- the new tokens, in order ----------------------------------------------------------
