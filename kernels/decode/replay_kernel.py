@@ -108,8 +108,8 @@ def gdn_replay_kernel(
     i_hq = i_hv // G
 
     # -- which state and ring row; the checkpoint's rows issued first -----------------------
-    # The rows' load needs only the slot, not the ring header: header, rows and (once the
-    # header is back) the ring are in flight together. A dropped sequence's rows are read
+    # The rows' load needs only the slot, not the ring header: rows and header are in
+    # flight together, the ring once the header is back. A dropped sequence's rows are read
     # (a live slot: in bounds) but reach nothing: its outputs are overwritten, stores masked.
     o_v = (i_v * BV + tl.arange(0, BV)).to(tl.int64)
     o_k = tl.arange(0, D)
@@ -126,10 +126,8 @@ def gdn_replay_kernel(
         b_row = tl.load(p_h, mask=live, other=0.0).to(tl.float32)         # [BV, D] row_0
     else:
         b_row = tl.load(p_h).to(tl.float32)
-    start = tl.load(rhead + i_s * 2, mask=live, other=0)
-    n = tl.load(rhead + i_s * 2 + 1, mask=live, other=0)
 
-    # -- this call's tokens: keys, scaled queries, values, gates (independent of the ring) --
+    # -- this call's tokens: keys, scaled queries, values, raw gates (not the ring's) ----
     o_bt = i_b * T + cols
     m_t = cols < T
     b_K = tl.load(k + (o_bt[:, None] * HQ + i_hq) * D + o_k[None, :], mask=m_t[:, None],
@@ -138,15 +136,26 @@ def gdn_replay_kernel(
                   other=0.0).to(tl.float32) * scale
     b_V = tl.load(v + (o_bt[None, :] * HV + i_hv) * D + o_v[:, None], mask=m_t[None, :],
                   other=0.0).to(tl.float32)                              # [BV, TP]
-    b_x = (tl.load(a + o_bt * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-           + tl.load(dt_bias + i_hv))
-    b_g = -tl.exp(tl.load(A_log + i_hv)) * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
-    b_beta = tl.sigmoid(tl.load(b + o_bt * HV + i_hv, mask=m_t, other=0.0).to(tl.float32))
+    b_a = tl.load(a + o_bt * HV + i_hv, mask=m_t, other=0.0)            # raw gates [TP]
+    b_b = tl.load(b + o_bt * HV + i_hv, mask=m_t, other=0.0)
+    b_A, b_dt = tl.load(A_log + i_hv), tl.load(dt_bias + i_hv)
+    if HAS_ROLLBACK:
+        r = tl.load(rback + i_b).to(tl.int32)
+
+    # a scheduling fence (no memory is shared through it): without it ptxas (sm_90) issues
+    # the header's load first and waits for it before the rows' loads (the ring's address
+    # math hoisted above them), i.e. header and rows one after the other again; the gate
+    # math comes after it so that no wait for a load precedes the header's load either
+    tl.debug_barrier()
+    start = tl.load(rhead + i_s * 2, mask=live, other=0)
+    n = tl.load(rhead + i_s * 2 + 1, mask=live, other=0)
+    b_x = b_a.to(tl.float32) + b_dt
+    b_g = -tl.exp(b_A) * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))   # log decay
+    b_beta = tl.sigmoid(b_b.to(tl.float32))
 
     # -- the header: what is wrong with it ----------------------------------------------
     ring_ok = (start >= 0) & (start < C) & (n >= 0) & (n <= NMAX)
     if HAS_ROLLBACK:
-        r = tl.load(rback + i_b).to(tl.int32)
         ring_ok = ring_ok & (r >= 0) & (r <= n)
         n = n - r
     readable = live & ring_ok               # the ring's entries may be read (in bounds)
@@ -176,11 +185,13 @@ def gdn_replay_kernel(
         bad = ~ring_ok
     keep = live & ~bad
     flush = n + T > L                       # the ring cannot take this call's tokens
-    # arrival: keep depends on the header's values, so this program has read the header
-    # when its atomic issues; the last to arrive rewrites it now (every other program has
-    # read it too), and the atomic's round trip overlaps the rows' stream instead of
-    # ending the program
-    arrived = tl.atomic_add(rcount + i_s, 1, mask=keep)
+    # arrival: keep depends on the header's values, so a program's atomic issues only
+    # once its header load has returned; the last to arrive rewrites the header (every
+    # other program of the sequence has read it). Relaxed: that data dependency is the
+    # ordering needed (an acq_rel atomic waits first for every load in flight, the rows'
+    # included); placed here its round trip runs beside the rows' load, not after the
+    # outputs' stores as at the end of the program
+    arrived = tl.atomic_add(rcount + i_s, 1, mask=keep, sem="relaxed")
     last = keep & (arrived == HV * NV - 1)
     tl.store(rhead + i_s * 2, tl.where(flush, (start + n) % C, start), mask=last)
     tl.store(rhead + i_s * 2 + 1, tl.where(flush, T, n + T), mask=last)
