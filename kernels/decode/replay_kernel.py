@@ -26,16 +26,23 @@ step on those numbers::
 and ``(k_t, g_t, u_t)`` is appended to the ring; later tokens of the call take it like
 a ring token. The state rows are read once and **not written**, unless the ring cannot
 take the call's ``T`` tokens (``n + T > L``): then ``row_n`` (``n`` rank-1 updates of the
-rows, the keys read again from L1/L2 rather than held) is written back as the new
-checkpoint, and the ring restarts with this call's tokens. The last call's tokens are
+rows, keys and residuals read again from L1/L2 in the rows' layout) is written back as
+the new checkpoint, and the ring restarts with this call's tokens. The last call's tokens are
 therefore always in the ring: rolling back ``r`` of them (speculative drafts rejected)
 is ``n -= r``, done at the start of the next call (``rollback``).
 
 The ring is circular with ``C = max(L, max_tokens) + max_tokens`` entries (header
 ``start``, ``n <= max(L, max_tokens)`` per sequence): this call's tokens go to
 positions ``start + n ... start + n + T - 1`` (mod ``C``), never onto an entry another
-program of the sequence may still read. The header is rewritten by the sequence's last program to finish (an arrival counter per
-sequence, ``atomic_add``, reset to 0 by that program), after every program has read it.
+program of the sequence may still read. The header is rewritten by the sequence's last
+program to have read it (an arrival counter per sequence, ``atomic_add`` as soon as the
+header is read, reset to 0 by that program).
+
+Order of a program's memory traffic (what its time is made of): the checkpoint rows and
+this call's tokens are loaded first, the header after them (they need only the slot),
+the ring once the header is back; the arrival's round trip runs beside the rows' load.
+Then the rows' two reductions, the write-back if any, and the stores: one round of
+loads before the rows are used, not header -> rows -> ... -> arrival in a row.
 
 Bad input the host did not check (no sync on CUDA): a negative slot is padding (zeros
 out, nothing read or written); a slot ``>= P``, a live slot named twice, a ring header
