@@ -104,7 +104,7 @@ def gdn_replay_kernel(
     NMAX,         # most live entries of a valid header, max(L, max tokens per call)
     C,            # ring capacity (entries), NMAX + max tokens per call
     T: tl.constexpr, TP: tl.constexpr, HQ: tl.constexpr, HV: tl.constexpr,
-    D: tl.constexpr, BV: tl.constexpr, NP: tl.constexpr,
+    D: tl.constexpr, BV: tl.constexpr, NP: tl.constexpr, NW: tl.constexpr,
     POOLED: tl.constexpr, HAS_ROLLBACK: tl.constexpr, HAS_STATUS: tl.constexpr,
 ):
     NV: tl.constexpr = D // BV
@@ -154,8 +154,12 @@ def gdn_replay_kernel(
     # math hoisted above them), i.e. header and rows one after the other again; the gate
     # math comes after it so that no wait for a load precedes the header's load either
     tl.debug_barrier()
-    start = tl.load(rhead + i_s * 2, mask=live, other=0)
-    n = tl.load(rhead + i_s * 2 + 1, mask=live, other=0)
+    # the header, one copy per thread, reduced over the program: every thread's own load
+    # has returned before any thread has start and n (the arrival below relies on it; a
+    # scalar load would let one warp arrive while another's load is still in flight)
+    o_th = tl.arange(0, 32 * NW)
+    start = tl.min(tl.load(rhead + i_s * 2 + 0 * o_th, mask=live, other=0), axis=0)
+    n = tl.min(tl.load(rhead + i_s * 2 + 1 + 0 * o_th, mask=live, other=0), axis=0)
     b_x = b_a.to(tl.float32) + b_dt
     b_g = -tl.exp(b_A) * tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))   # log decay
     b_beta = tl.sigmoid(b_b.to(tl.float32))
@@ -192,12 +196,12 @@ def gdn_replay_kernel(
         bad = ~ring_ok
     keep = live & ~bad
     flush = n + T > L                       # the ring cannot take this call's tokens
-    # arrival: keep depends on the header's values, so a program's atomic issues only
-    # once its header load has returned; the last to arrive rewrites the header (every
-    # other program of the sequence has read it). Relaxed: that data dependency is the
-    # ordering needed (an acq_rel atomic waits first for every load in flight, the rows'
-    # included); placed here its round trip runs beside the rows' load, not after the
-    # outputs' stores as at the end of the program
+    # arrival: keep depends on the header's values as every thread of the program loaded
+    # them (the reduction above), so a program's atomic issues only once all its header
+    # loads have returned; the last to arrive rewrites the header (every other program of
+    # the sequence has read it). Relaxed: that data dependency is the ordering needed (an
+    # acq_rel atomic waits first for every load in flight, the rows' included); placed
+    # here its round trip runs beside the rows' load, not after the outputs' stores
     arrived = tl.atomic_add(rcount + i_s, 1, mask=keep, sem="relaxed")
     last = keep & (arrived == HV * NV - 1)
     tl.store(rhead + i_s * 2, tl.where(flush, (start + n) % C, start), mask=last)
