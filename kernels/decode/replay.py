@@ -225,7 +225,7 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
         rollback if rollback is not None else q, status,
         resolve_scale(scale, d), state.shape[0], ring.L, ring.max_live, ring.capacity,
         T=T, TP=triton.next_power_of_2(T), HQ=hq, HV=hv, D=d, BV=bv,
-        NP=triton.next_power_of_2(ring.max_live), POOLED=pooled,
+        NP=triton.next_power_of_2(ring.max_live), NW=cfg.num_warps, POOLED=pooled,
         HAS_ROLLBACK=rollback is not None, HAS_STATUS=status is not None,
         num_warps=cfg.num_warps)
     return o, state
