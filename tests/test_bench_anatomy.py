@@ -76,3 +76,21 @@ def test_sm90_resources_of_a_prefill_call(interpret):
     df = sm90.compile_resources(launches)
     assert list(df.columns) == sm90.RESOURCE_COLUMNS and (df.error == "").all(), df.error
     assert (df.regs > 0).all() and (df.programs_per_sm >= 1).all() and (df.shared > 0).all()
+
+
+def test_distinct_launches_keep_constexpr_values_apart():
+    """Two launches that differ only in a constexpr's value compile to two kernels (two rows);
+    launches that differ only in a runtime int's value compile to one."""
+    from kernels.bench.sm90 import _key
+
+    base = dict(module="kernels.decode.replay_kernel", name="gdn_replay_kernel", grid=[8],
+                options={"num_warps": 1},
+                args={"P": {"t": "int", "v": 64}, "BV": {"t": "int", "v": 16},
+                      "scale": {"t": "float", "v": 0.088}})
+
+    def variant(**args):
+        return dict(base, args={**base["args"], **{k: {"t": "int", "v": v} for k, v in args.items()}})
+
+    assert _key(variant(BV=16)) != _key(variant(BV=32))          # constexpr
+    assert _key(variant(P=64)) == _key(variant(P=128))            # runtime int
+    assert _key(variant(P=64)) != _key(variant(P=2 ** 40))        # ... of another width

@@ -126,9 +126,34 @@ def programs_per_sm(regs: int, shared: int, num_warps: int, limits: dict = SM90_
     return int(max(0, min(by_regs, by_shared, limits["threads"] // threads, limits["programs"])))
 
 
+def _constexprs(launch: dict) -> set:
+    """Names of the launched kernel's ``tl.constexpr`` parameters (from its signature, so the
+    same under the interpreter and on a GPU)."""
+    import importlib
+    import inspect
+
+    f = getattr(importlib.import_module(launch["module"]), launch["name"], None)
+    f = getattr(f, "fn", f)
+    try:
+        params = inspect.signature(f).parameters
+    except (TypeError, ValueError):
+        return set()
+    return {n for n, p in params.items() if "constexpr" in str(p.annotation)}
+
+
 def _key(launch: dict) -> str:
-    args = {n: ({k: v for k, v in d.items() if k != "v"} if d["t"] in ("int", "float") else d)
-            for n, d in launch["args"].items()}
+    """What the compiled kernel depends on: a constexpr's value, a runtime int's width (not
+    its value: ints are not specialised), a float's type, each tensor's dtype and alignment."""
+    const = _constexprs(launch)
+
+    def arg(name, d):
+        if name in const or d["t"] not in ("int", "float"):
+            return d
+        if d["t"] == "int":
+            return {"t": "int", "w": 32 if -2 ** 31 <= d["v"] < 2 ** 31 else 64}
+        return {"t": "float"}
+
+    args = {n: arg(n, d) for n, d in launch["args"].items()}
     return json.dumps([launch["module"], launch["name"], args, launch["options"]], sort_keys=True)
 
 
