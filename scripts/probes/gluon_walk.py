@@ -44,12 +44,19 @@ one sequence):
   explicit ping-pong barrier.
 
 Variants (:data:`VARIANTS`): 2 or 3 load stages; the chain alone (no ``q``, ``Aqk``,
-output products, ``o``) for the Gluon chain's own step time. The probe walks one sequence
-with ``D = 128`` (the contest's) and no ``cu_seqlens`` guard.
+output products, ``o``) for the Gluon chain's own step time; ``Aqk`` formed on chip
+(``onchip_s2``, 2 stages): the producer loads no ``Aqk``; each state warpgroup issues
+``q k^T`` for half of the next chunk's keys behind its state update, retires it with the
+update, applies the causal mask, decay and scale as the intra-chunk kernel does and stores
+its half of ``Aqk^T`` to shared memory (:func:`_form_aqk`; the first chunk's before the
+loop); the output product waits for both halves on a count-2 mbarrier. The probe walks one
+sequence with ``D = 128`` (the contest's) and no ``cu_seqlens`` guard.
 
 Modes (torch only outside ``--compile``; the GPU host has torch 2.11 + triton 3.6)::
 
     python3 scripts/probes/gluon_walk.py --compile [--json F]   # CPU: sm_90a compile, report
+    PYTHONPATH=$PWD TRITON_INTERPRET=1 python3 scripts/probes/gluon_walk.py --emulate \
+        --lengths 700                                           # CPU: emulation vs Triton
     PYTHONPATH=$PWD python3 scripts/probes/gluon_walk.py --check --time --out $OUT
 
 ``--check``: for each length (131,072 and 32,768 tokens, one sequence, the generator's
@@ -390,7 +397,8 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, seg_t=4096, split=True, stages=STAG
 
     args = dict(k_desc=desc([T, HQ * K], [BT, K], lk), q_desc=desc([T, HQ * K], [BT, K], lk),
                 v_desc=desc([T, H * V], [BT, V // 2], lv), tb_desc=desc([T, H * BT], [BT, BT], lt),
-                aq_desc=None if onchip else desc([T, H * BT], [BT, BT], lt), o_desc=desc([T, H * V], [BT, V // 2], lv),
+                aq_desc=None if onchip else desc([T, H * BT], [BT, BT], lt),
+                o_desc=desc([T, H * V], [BT, V // 2], lv),
                 gc=_Tensor([T, H], "float32"), s0=_Tensor([1, H, V, K], "float32"),
                 ht=_Tensor([1, H, V, K], "float32"), seg_mult=_Tensor([1], "int32"))
     fn = gluon_walk_kernel
