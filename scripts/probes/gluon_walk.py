@@ -44,12 +44,19 @@ one sequence):
   explicit ping-pong barrier.
 
 Variants (:data:`VARIANTS`): 2 or 3 load stages; the chain alone (no ``q``, ``Aqk``,
-output products, ``o``) for the Gluon chain's own step time. The probe walks one sequence
-with ``D = 128`` (the contest's) and no ``cu_seqlens`` guard.
+output products, ``o``) for the Gluon chain's own step time; ``Aqk`` formed on chip
+(``onchip_s2``, 2 stages): the producer loads no ``Aqk``; each state warpgroup issues
+``q k^T`` for half of the next chunk's keys behind its state update, retires it with the
+update, applies the causal mask, decay and scale as the intra-chunk kernel does and stores
+its half of ``Aqk^T`` to shared memory (:func:`_form_aqk`; the first chunk's before the
+loop); the output product waits for both halves on a count-2 mbarrier. The probe walks one
+sequence with ``D = 128`` (the contest's) and no ``cu_seqlens`` guard.
 
 Modes (torch only outside ``--compile``; the GPU host has torch 2.11 + triton 3.6)::
 
     python3 scripts/probes/gluon_walk.py --compile [--json F]   # CPU: sm_90a compile, report
+    PYTHONPATH=$PWD TRITON_INTERPRET=1 python3 scripts/probes/gluon_walk.py --emulate \
+        --lengths 700                                           # CPU: emulation vs Triton
     PYTHONPATH=$PWD python3 scripts/probes/gluon_walk.py --check --time --out $OUT
 
 ``--check``: for each length (131,072 and 32,768 tokens, one sequence, the generator's
@@ -87,11 +94,14 @@ STATE_REGS = 240    # of the worker state warpgroup; the default one gets the re
 @gluon.jit
 def _producer(k_desc, q_desc, v_desc, tb_desc, aq_desc, k_s, q_s, v0_s, v1_s, tb_s, aq_s,
               ready, empty, ubos, n_c, i_h, i_hk, K: gl.constexpr, V: gl.constexpr,
-              BT: gl.constexpr, STAGES: gl.constexpr, OUTPUTS: gl.constexpr):
+              BT: gl.constexpr, STAGES: gl.constexpr, OUTPUTS: gl.constexpr,
+              AQK_ONCHIP: gl.constexpr):
     """One warp: chunk ``i``'s tiles into stage ``i % STAGES`` once both state
     warpgroups released it (``empty``); ``ready`` completes when the bytes have landed
-    (``q`` and ``Aqk`` only with ``OUTPUTS``)."""
-    NBYTES: gl.constexpr = 2 * (BT * K + BT * V + BT * BT + (BT * K + BT * BT if OUTPUTS else 0))
+    (``q`` only with ``OUTPUTS``, ``Aqk`` only with ``OUTPUTS`` and not ``AQK_ONCHIP``)."""
+    AQ_LOAD: gl.constexpr = OUTPUTS and not AQK_ONCHIP
+    NBYTES: gl.constexpr = 2 * (BT * K + BT * V + BT * BT + (BT * K if OUTPUTS else 0)
+                                + (BT * BT if AQ_LOAD else 0))
     for i in range(n_c):
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
@@ -104,6 +114,7 @@ def _producer(k_desc, q_desc, v_desc, tb_desc, aq_desc, k_s, q_s, v0_s, v1_s, tb
         tma.async_copy_global_to_shared(tb_desc, [t0, i_h * BT], bar, tb_s.index(s))
         if OUTPUTS:
             tma.async_copy_global_to_shared(q_desc, [t0, i_hk * K], bar, q_s.index(s))
+        if AQ_LOAD:
             tma.async_copy_global_to_shared(aq_desc, [t0, i_h * BT], bar, aq_s.index(s))
 
 
@@ -120,18 +131,58 @@ def _store_o(o_desc, o_s, O, j, t0, col):
 
 
 @gluon.jit
-def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off, ubos,
-              ueos, n_c, i_h, scale, last, W: gl.constexpr, H: gl.constexpr,
+def _issue_qk(q_s, k_s, ready, c, zero_h, W: gl.constexpr, BT: gl.constexpr,
+              STAGES: gl.constexpr):
+    """``AQK_ONCHIP``: once chunk ``c``'s tiles have landed, issue (asynchronous) ``q k^T``
+    for warpgroup ``W``'s keys ``BT/2 W ..``: ``[BT queries, BT/2 keys]``."""
+    HB: gl.constexpr = BT // 2
+    s = c % STAGES
+    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+    return warpgroup_mma(q_s.index(s), k_s.index(s).slice(W * HB, HB).permute((1, 0)), zero_h,
+                         use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _form_aqk(gc, QK, aqt, bar, t0, ueos, i_h, scale, W: gl.constexpr, H: gl.constexpr,
+              BT: gl.constexpr, L: gl.constexpr):
+    """``AQK_ONCHIP``: warpgroup ``W``'s half of the chunk's ``scale * Aqk`` from its
+    ``q k^T`` half ``QK`` (``[BT queries, BT/2 keys]``, keys ``BT/2 W ..``, layout ``L``),
+    as the intra-chunk kernel stores it: ``bf16(scale * (q_i . k_j) exp(min(gc_i - gc_j,
+    0)))`` for ``j <= i``, else 0 (``gc`` 0 past the unit's end, where TMA gave zero
+    ``q``, ``k`` rows); stored transposed into rows ``BT/2 W ..`` of the shared ``Aqk^T``
+    tile ``aqt`` (the output product's B operand), then ``bar`` is arrived on (it completes
+    with both warpgroups' halves)."""
+    HB: gl.constexpr = BT // 2
+    o_i = gl.arange(0, BT, layout=gl.SliceLayout(1, L))
+    o_j = W * HB + gl.arange(0, HB, layout=gl.SliceLayout(0, L))
+    g_i = gl.load(gc + (t0 + o_i) * H + i_h, mask=t0 + o_i < ueos, other=0.0)
+    g_j = gl.load(gc + (t0 + o_j) * H + i_h, mask=t0 + o_j < ueos, other=0.0)
+    A = QK * gl.exp(gl.minimum(g_i[:, None] - g_j[None, :], 0.0))
+    A = gl.where(o_i[:, None] >= o_j[None, :], A, 0.0)
+    aqt.slice(W * HB, HB).store(gl.permute((scale * A).to(gl.bfloat16), (1, 0)))
+    fence_async_shared()
+    mbarrier.arrive(bar)
+
+
+@gluon.jit
+def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, aq_ready,
+              s_off, ubos, ueos, n_c, i_h, scale, last, W: gl.constexpr, H: gl.constexpr,
               K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
-              OUTPUTS: gl.constexpr):
+              OUTPUTS: gl.constexpr, AQK_ONCHIP: gl.constexpr):
     """Rows ``64 W ..`` of ``S^T`` over the unit's chunks (see the module docstring):
     products asynchronous, waits only where the chain needs a result. Without
-    ``OUTPUTS`` the chain alone (no ``q``, ``Aqk``, output products or ``o``)."""
+    ``OUTPUTS`` the chain alone (no ``q``, ``Aqk``, output products or ``o``). With
+    ``AQK_ONCHIP`` the warpgroup forms its half of the chunk's ``scale * Aqk`` (keys
+    ``BT/2 W ..``, :func:`_form_aqk`) while ``R Tb^T`` runs, and the output product waits
+    for both halves (``aq_ready``) instead of a loaded tile."""
     R: gl.constexpr = V // 2
+    HB: gl.constexpr = BT // 2
     acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, K, 16])
     acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, BT, 16])
+    acc_h: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, HB, 16])
     a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
     a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
     cols_t: gl.constexpr = gl.SliceLayout(0, acc_t)
@@ -142,9 +193,14 @@ def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, 
     S = gl.load(s0 + s_off + p_rows)                      # [R, K] f32, S^T rows
     o_t = gl.arange(0, BT, layout=cols_t)
     zero_t = gl.zeros([R, BT], gl.float32, acc_t)
+    zero_h = gl.zeros([BT, HB], gl.float32, acc_h)
     # each chunk's gc (and its last row) is loaded during the previous chunk's state update
     b_gc = gl.load(gc + (ubos + o_t) * H + i_h, mask=ubos + o_t < ueos, other=0.0)
     b_gl = gl.load(gc + (gl.minimum(ubos + BT, ueos) - 1) * H + i_h)
+    if AQK_ONCHIP:   # the first chunk's half of Aqk (each later one during the step before)
+        QK = warpgroup_mma_wait(0, deps=[_issue_qk(q_s, k_s, ready, 0, zero_h, W, BT, STAGES)])
+        _form_aqk(gc, QK, aq_s.index(0), aq_ready.index(0), ubos, ueos, i_h, scale, W, H, BT,
+                  acc_h)
     for i in range(n_c):
         s = i % STAGES
         t0 = ubos + i * BT
@@ -167,12 +223,22 @@ def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, 
             N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
             Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
             Nb = gl.convert_layout(N.to(gl.bfloat16), a_t)
-            O = warpgroup_mma(Nb, aq_s.index(s).permute((1, 0)),
-                              OQ * (scale * gl.exp(b_gc))[None, :], is_async=True)
+            if AQK_ONCHIP:
+                # both halves (formed during the previous step, or before the loop)
+                mbarrier.wait(aq_ready.index(s), (i // STAGES) & 1)
+                aq_b = aq_s.index(s)                         # Aqk^T [keys, queries]
+            else:
+                aq_b = aq_s.index(s).permute((1, 0))         # loaded as Aqk [queries, keys]
+            O = warpgroup_mma(Nb, aq_b, OQ * (scale * gl.exp(b_gc))[None, :], is_async=True)
             S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
             O, Nb = warpgroup_mma_wait(1, deps=[O, Nb])
             # the chunk's outputs leave while the state update runs
             _store_o(o_desc, o_s, O, i % 2, t0.to(gl.int32), i_h * V + W * R)
+            if AQK_ONCHIP:
+                # the next chunk's q k^T half behind the state update (the last chunk: its
+                # own again, not stored); retired with it below
+                c = gl.minimum(i + 1, n_c - 1)
+                QK = _issue_qk(q_s, k_s, ready, c, zero_h, W, BT, STAGES)
         else:
             N, Rb, Sb = warpgroup_mma_wait(0, deps=[N, Rb, Sb])
             Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
@@ -182,7 +248,13 @@ def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, 
         b_gl = gl.load(gc + (gl.minimum(t1 + BT, ueos) - 1) * H + i_h, mask=t1 < ueos)
         # retired here: an accumulator in flight across the loop's back edge makes ptxas
         # serialise every wgmma of the loop (C7514)
-        S, Db = warpgroup_mma_wait(0, deps=[S, Db])
+        if AQK_ONCHIP:
+            S, Db, QK = warpgroup_mma_wait(0, deps=[S, Db, QK])
+            if i + 1 < n_c:
+                _form_aqk(gc, QK, aq_s.index(c % STAGES), aq_ready.index(c % STAGES), t1,
+                          ueos, i_h, scale, W, H, BT, acc_h)
+        else:
+            S, Db = warpgroup_mma_wait(0, deps=[S, Db])
         mbarrier.arrive(empty.index(s))                   # the stage's last reader is done
     tma.store_wait(0)
     if last:
@@ -190,21 +262,23 @@ def _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, 
 
 
 @gluon.jit
-def _state_wg0(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off,
-               ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr, K: gl.constexpr,
+def _state_wg0(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, aq_ready,
+               s_off, ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr, K: gl.constexpr,
                V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
-               OUTPUTS: gl.constexpr):
-    _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off, ubos,
-              ueos, n_c, i_h, scale, last, 0, H, K, V, BT, STAGES, OUTPUTS)
+               OUTPUTS: gl.constexpr, AQK_ONCHIP: gl.constexpr):
+    _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, aq_ready,
+              s_off, ubos, ueos, n_c, i_h, scale, last, 0, H, K, V, BT, STAGES, OUTPUTS,
+              AQK_ONCHIP)
 
 
 @gluon.jit
-def _state_wg1(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off,
-               ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr, K: gl.constexpr,
+def _state_wg1(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, aq_ready,
+               s_off, ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr, K: gl.constexpr,
                V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
-               OUTPUTS: gl.constexpr):
-    _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, s_off, ubos,
-              ueos, n_c, i_h, scale, last, 1, H, K, V, BT, STAGES, OUTPUTS)
+               OUTPUTS: gl.constexpr, AQK_ONCHIP: gl.constexpr):
+    _state_wg(gc, s0, ht, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, aq_ready,
+              s_off, ubos, ueos, n_c, i_h, scale, last, 1, H, K, V, BT, STAGES, OUTPUTS,
+              AQK_ONCHIP)
 
 
 @gluon.jit
@@ -212,11 +286,13 @@ def gluon_walk_kernel(k_desc, q_desc, v_desc, tb_desc, aq_desc, o_desc, gc, s0, 
                       scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
                       V: gl.constexpr, BT: gl.constexpr, SEG_T: gl.constexpr,
                       SPLIT: gl.constexpr, STAGES: gl.constexpr, OUTPUTS: gl.constexpr,
-                      STATE_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                      AQK_ONCHIP: gl.constexpr, STATE_REGS: gl.constexpr,
+                      PRODUCER_REGS: gl.constexpr):
     """Phase C of one sequence of ``T`` tokens: program ``(slot, head)`` walks the unit of
     ``SEG_T`` tokens (``SEG_T * seg_mult[0]`` with ``SPLIT``; the slots between units and
     past the end return) from ``s0[slot, head]``; ``num_warps = 4`` (the first state
-    warpgroup) plus a 4-warp state worker and a 1-warp load worker."""
+    warpgroup) plus a 4-warp state worker and a 1-warp load worker. With ``AQK_ONCHIP``
+    ``aq_desc`` is None: ``Aqk`` is formed on chip (:func:`_form_aqk`)."""
     i_s = gl.program_id(0)
     i_h = gl.program_id(1)
     m = 1
@@ -235,23 +311,28 @@ def gluon_walk_kernel(k_desc, q_desc, v_desc, tb_desc, aq_desc, o_desc, gc, s0, 
     v0_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, V // 2], v_desc.layout)
     v1_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, V // 2], v_desc.layout)
     tb_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], tb_desc.layout)
-    aq_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], aq_desc.layout)
+    # Aqk (loaded) or Aqk^T (formed on chip): Tb's shape, dtype and so its TMA layout
+    aq_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], tb_desc.layout)
     o0_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, V // 2], o_desc.layout)
     o1_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, V // 2], o_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    aq_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=1)
-        mbarrier.init(empty.index(j), count=2)   # one arrival per state warpgroup
+        mbarrier.init(empty.index(j), count=2)      # one arrival per state warpgroup
+        mbarrier.init(aq_ready.index(j), count=2)   # AQK_ONCHIP: one per half of Aqk
 
     gl.warp_specialize([
         (_state_wg0, (gc, s0, ht, o_desc, k_s, q_s, v0_s, tb_s, aq_s, o0_s, ready, empty,
-                      s_off, ubos, ueos, n_c, i_h, scale, last, H, K, V, BT, STAGES, OUTPUTS)),
+                      aq_ready, s_off, ubos, ueos, n_c, i_h, scale, last, H, K, V, BT, STAGES,
+                      OUTPUTS, AQK_ONCHIP)),
         (_state_wg1, (gc, s0, ht, o_desc, k_s, q_s, v1_s, tb_s, aq_s, o1_s, ready, empty,
-                      s_off, ubos, ueos, n_c, i_h, scale, last, H, K, V, BT, STAGES, OUTPUTS)),
+                      aq_ready, s_off, ubos, ueos, n_c, i_h, scale, last, H, K, V, BT, STAGES,
+                      OUTPUTS, AQK_ONCHIP)),
         (_producer, (k_desc, q_desc, v_desc, tb_desc, aq_desc, k_s, q_s, v0_s, v1_s, tb_s,
                      aq_s, ready, empty, ubos, n_c, i_h, i_h // G, K, V, BT, STAGES,
-                     OUTPUTS)),
+                     OUTPUTS, AQK_ONCHIP)),
     ], [4, 1], [STATE_REGS, PRODUCER_REGS])
 
 
@@ -263,14 +344,14 @@ def _layouts(K: int, V: int):
             gl.NVMMASharedLayout.get_default_for([BT, BT], gl.bfloat16))
 
 
-def _constexprs(H, G, K, V, seg_t, split, stages, outputs):
+def _constexprs(H, G, K, V, seg_t, split, stages, outputs, onchip):
     return dict(H=H, G=G, K=K, V=V, BT=BT, SEG_T=seg_t, SPLIT=split, STAGES=stages,
-                OUTPUTS=outputs,
+                OUTPUTS=outputs, AQK_ONCHIP=onchip,
                 STATE_REGS=STATE_REGS, PRODUCER_REGS=PRODUCER_REGS)
 
 
 def compile_sm90(T=131072, H=8, HQ=4, D=128, seg_t=4096, split=True, stages=STAGES,
-                 outputs=True, cc=90):
+                 outputs=True, onchip=False, cc=90):
     """Compile ``gluon_walk_kernel`` for ``sm_<cc>`` without a GPU (or torch): the
     signature the launch would specialise on, from stand-in tensors. Returns
     ``(compiled, report)`` (registers, spills and shared memory from the cubin)."""
@@ -316,12 +397,14 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, seg_t=4096, split=True, stages=STAG
 
     args = dict(k_desc=desc([T, HQ * K], [BT, K], lk), q_desc=desc([T, HQ * K], [BT, K], lk),
                 v_desc=desc([T, H * V], [BT, V // 2], lv), tb_desc=desc([T, H * BT], [BT, BT], lt),
-                aq_desc=desc([T, H * BT], [BT, BT], lt), o_desc=desc([T, H * V], [BT, V // 2], lv),
+                aq_desc=None if onchip else desc([T, H * BT], [BT, BT], lt),
+                o_desc=desc([T, H * V], [BT, V // 2], lv),
                 gc=_Tensor([T, H], "float32"), s0=_Tensor([1, H, V, K], "float32"),
                 ht=_Tensor([1, H, V, K], "float32"), seg_mult=_Tensor([1], "int32"))
     fn = gluon_walk_kernel
     names = [p.name for p in fn.params]
-    const = _constexprs(H, H // HQ, K, V, seg_t, split, stages, outputs)
+    const = _constexprs(H, H // HQ, K, V, seg_t, split, stages, outputs, onchip)
+    const.update({n: None for n, a in args.items() if a is None})   # specialised away
     sig, attrs = {}, {}
     for i, n in enumerate(names):
         if n in const:
@@ -350,7 +433,7 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, seg_t=4096, split=True, stages=STAG
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                   log)
     report = dict(triton=triton.__version__, arch=arch, T=T, seg_t=seg_t, split=split,
-                  stages=stages, outputs=outputs, num_warps=ck.metadata.num_warps,
+                  stages=stages, outputs=outputs, onchip=onchip, num_warps=ck.metadata.num_warps,
                   launch_regs=int(re.search(r"\.maxnreg (\d+)", ck.asm["ptx"]).group(1)),
                   setmaxnreg=[int(x) for x in re.findall(
                       r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ck.asm["ptx"])],
@@ -361,15 +444,20 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, seg_t=4096, split=True, stages=STAG
     return ck, report
 
 
-#: The Gluon variants the GPU run gates and times: (load stages, outputs). ``chain_s2``
-#: walks the state alone (no ``q``, ``Aqk``, output products, ``o``): the Gluon chain's
-#: own step time, against the Triton chain's ~2.5 us per step.
-VARIANTS = {"s2": (2, True), "s3": (3, True), "chain_s2": (2, False)}
+#: The Gluon variants the GPU run gates and times: (load stages, outputs, Aqk formed on
+#: chip). ``chain_s2`` walks the state alone (no ``q``, ``Aqk``, output products, ``o``):
+#: the Gluon chain's own step time, against the Triton chain's ~2.5 us per step.
+#: ``onchip_s2`` never reads the stored ``Aqk``: each state warpgroup forms half of it from
+#: the ``q``, ``k`` tiles and ``gc`` (:func:`_form_aqk`).
+VARIANTS = {"s2": (2, True, False), "s3": (3, True, False), "chain_s2": (2, False, False),
+            "onchip_s2": (2, True, True)}
 
 
-def gluon_phase_c(rec: dict, o, ht, stages: int = STAGES, outputs: bool = True):
+def gluon_phase_c(rec: dict, o, ht, stages: int = STAGES, outputs: bool = True,
+                  onchip: bool = False):
     """Launch ``gluon_walk_kernel`` on a recorded phase C (:func:`record_phase_c`), writing
-    ``o`` ``[T, HV, V]`` bf16 (with ``outputs``) and ``ht`` ``[1, HV, V, K]`` f32."""
+    ``o`` ``[T, HV, V]`` bf16 (with ``outputs``) and ``ht`` ``[1, HV, V, K]`` f32; with
+    ``onchip`` the recorded ``Aqk`` is not passed (the kernel forms it)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     q, k, v, tb, aq, gc = rec["q"], rec["k"], rec["v"], rec["tb"], rec["aq"], rec["gc"]
@@ -391,10 +479,10 @@ def gluon_phase_c(rec: dict, o, ht, stages: int = STAGES, outputs: bool = True):
     gluon_walk_kernel[(slots, H)](
         desc(k, HQ * K, [BT, K], lk), desc(q, HQ * K, [BT, K], lk),
         desc(v, H * V, [BT, V // 2], lv), desc(tb, H * BT, [BT, BT], lt),
-        desc(aq, H * BT, [BT, BT], lt), desc(o, H * V, [BT, V // 2], lv),
+        None if onchip else desc(aq, H * BT, [BT, BT], lt), desc(o, H * V, [BT, V // 2], lv),
         gc, s0, ht, seg_mult if seg_mult is not None else s0, float(rec["scale"]), T,
         num_warps=4, **_constexprs(H, H // HQ, K, V, rec["seg_t"], seg_mult is not None,
-                                   stages, outputs))
+                                   stages, outputs, onchip))
 
 
 def record_phase_c(x: dict) -> dict:
@@ -424,6 +512,107 @@ def record_phase_c(x: dict) -> dict:
         raise RuntimeError("the call took no long-path phase C (too short?)")
     rec.update(o=o, ht=ht)
     return rec
+
+
+def emulate_phase_c(rec: dict, onchip: bool = False):
+    """torch emulation of ``gluon_walk_kernel``'s per-program algorithm on a recorded phase
+    C (same units, split, TMA zero fill past ``T``, bf16 roundings, f32 products): returns
+    ``(o, ht, aqk_max_abs)``, ``o`` NaN where the kernel writes nothing. With ``onchip``
+    ``Aqk`` is formed from the ``q``, ``k`` tiles and ``gc`` as :func:`_form_aqk` does, and
+    ``aqk_max_abs`` is its largest difference to the recorded (intra-chunk) ``Aqk``."""
+    import math
+
+    import torch
+
+    q, k, v, tb, aq, gc, s0 = (rec[n] for n in ("q", "k", "v", "tb", "aq", "gc", "s0"))
+    T, HQ, K = k.shape
+    H, V = v.shape[1], v.shape[2]
+    o = torch.full((T, H, V), float("nan"))
+    ht = torch.full((1, H, V, K), float("nan"))
+    m = int(rec["seg_mult"][0]) if rec["seg_mult"] is not None else 1
+    scale, seg_t, aq_err = rec["scale"], rec["seg_t"], 0.0
+
+    def bf(t):
+        return t.to(torch.bfloat16).float()
+
+    for i_s in range(s0.shape[0]):
+        ubos = i_s * seg_t
+        ueos = min(ubos + seg_t * m, T)
+        if (i_s > 0 and ubos >= T) or i_s % m != 0:
+            continue
+        for h in range(H):
+            hk = h // (H // HQ)
+            S = s0[i_s, h].float().cpu()                  # S^T [V, K]
+            for i in range(math.ceil((ueos - ubos) / BT)):
+                t0 = ubos + i * BT
+                rows = torch.arange(t0, t0 + BT)
+                ok = rows < T                              # TMA zero fill past T
+
+                def tile(t, col0, ncol):
+                    z = torch.zeros(BT, ncol)
+                    z[ok] = t.reshape(T, -1)[rows[ok], col0:col0 + ncol].float().cpu()
+                    return z
+
+                kk, qq, vv = tile(k, hk * K, K), tile(q, hk * K, K), tile(v, h * V, V)
+                TB, AQ = tile(tb, h * BT, BT), tile(aq, h * BT, BT)
+                g = torch.zeros(BT)
+                g[rows < ueos] = gc[rows[rows < ueos], h].float().cpu()
+                g_l = float(gc[min(t0 + BT, ueos) - 1, h])
+                if onchip:
+                    A = (qq @ kk.T) * torch.exp(torch.clamp(g[:, None] - g[None, :], max=0.0))
+                    A = bf(scale * torch.tril(A))
+                    aq_err = max(aq_err, (A - AQ)[ok].abs().max().item())
+                    AQ = A
+                Sb = bf(S)
+                X, OQ = Sb @ kk.T, Sb @ qq.T
+                N = bf(vv.T - X * g.exp()[None, :]) @ TB.T
+                Db = bf(N * torch.exp(g_l - g)[None, :])
+                O = bf(N) @ AQ.T + OQ * (scale * g.exp())[None, :]
+                S = S * math.exp(g_l) + Db @ kk
+                o[rows[ok], h] = bf(O.T[ok])
+            if ueos >= T:
+                ht[0, h] = S
+    return o, ht, aq_err
+
+
+def run_emulate(lengths) -> int:
+    """``--emulate`` (CPU, the Triton kernels under the interpreter): a long path forced at
+    a small shape (``GDNShape(2, 4, 128)``, one sequence, segments of 2 chunks, with and
+    without the device split) and each ``Aqk`` mode's emulation (:func:`emulate_phase_c`)
+    against the recorded Triton phase C; one JSON line per case. Returns 1 if one differs
+    by more than the bf16 roundings allow (``o`` 1e-2, state 1e-3)."""
+    from unittest import mock
+
+    from kernels.prefill import plan as plan_mod
+    from kernels.spec import GDNShape, make_prefill_inputs
+
+    status = 0
+    for T in lengths:
+        for split in (False, True):
+            x = make_prefill_inputs([T], GDNShape(2, 4, 128), seed=0, with_state=True)
+            rules = dict(cp_long=lambda T, N: True, cp_segment_chunks=lambda *a: 2,
+                         cp_split=lambda seg: split)
+            with mock.patch.multiple(plan_mod, **rules):
+                plan_mod.clear_plan_cache()
+                try:
+                    rec = record_phase_c(x)
+                finally:
+                    plan_mod.clear_plan_cache()
+            for onchip in (False, True):
+                o, ht, aq_err = emulate_phase_c(rec, onchip)
+                row = dict(T=T, split=split, seg_t=rec["seg_t"], slots=rec["s0"].shape[0],
+                           seg_mult=(rec["seg_mult"].tolist() if rec["seg_mult"] is not None
+                                     else None), aqk="onchip" if onchip else "loaded",
+                           o_max_abs=(o - rec["o"].float()).abs().nan_to_num(float("inf"))
+                           .max().item(),
+                           state_max_abs=(ht - rec["ht"]).abs().max().item(),
+                           o_scale=rec["o"].float().abs().max().item())
+                if onchip:
+                    row["aqk_vs_intra_max_abs"] = aq_err
+                ok = row["o_max_abs"] <= 1e-2 and row["state_max_abs"] <= 1e-3
+                status |= 0 if ok else 1
+                print(json.dumps(dict(row, ok=ok)), flush=True)
+    return status
 
 
 def _finish_or_exit(what: str, timeout_s: float, emit) -> None:
@@ -508,11 +697,11 @@ def run_gpu(lengths, time_it: bool, out_dir: str, variants) -> int:
         if r.ok:
             impls["triton"] = rec["go"]
         for var in variants:
-            st, outputs = VARIANTS[var]
+            st, outputs, onchip = VARIANTS[var]
             o = torch.full_like(rec["o"], float("nan"))
             ht = torch.full_like(rec["ht"], float("nan"))
-            fn = (lambda o=o, ht=ht, st=st, w=outputs:                    # noqa: E731
-                  gluon_phase_c(rec, o, ht, st, w))
+            fn = (lambda o=o, ht=ht, st=st, w=outputs, a=onchip:          # noqa: E731
+                  gluon_phase_c(rec, o, ht, st, w, a))
             name = f"gluon_{var}"
             try:
                 fn()
@@ -553,6 +742,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="compile for sm_90a without a GPU and report (no torch needed)")
     ap.add_argument("--json", default=None, help="--compile: write the reports here")
+    ap.add_argument("--emulate", action="store_true",
+                    help="CPU: the torch emulation against the Triton phase C (interpreter)")
     ap.add_argument("--check", action="store_true", help="gate the kernels (GPU)")
     ap.add_argument("--time", action="store_true",
                     help="gate, then time the phase C kernels that passed (GPU)")
@@ -568,10 +759,11 @@ def main(argv=None) -> int:
         rows = []
         for T, seg_t, split in ((131072, 4096, True), (32768, 2048, False)):
             for var in variants:
-                st, outputs = VARIANTS[var]
+                st, outputs, onchip = VARIANTS[var]
                 try:
                     rows.append(dict(variant=var, **compile_sm90(
-                        T=T, seg_t=seg_t, split=split, stages=st, outputs=outputs)[1]))
+                        T=T, seg_t=seg_t, split=split, stages=st, outputs=outputs,
+                        onchip=onchip)[1]))
                 except Exception as e:   # noqa: BLE001 -- report every configuration
                     rows.append(dict(T=T, variant=var, error=f"{type(e).__name__}: {e}"[:400]))
                 print(json.dumps(rows[-1]), flush=True)
@@ -580,8 +772,10 @@ def main(argv=None) -> int:
                 json.dump(rows, f, indent=1)
         return int(any("error" in r or r["spill_store_bytes"] or r["ptxas_warnings"]
                        for r in rows))
+    if a.emulate:
+        return run_emulate([int(t) for t in a.lengths.split(",")])
     if not (a.check or a.time):
-        ap.error("pick --compile, or --check and/or --time (GPU)")
+        ap.error("pick --compile, --emulate, or --check and/or --time (GPU)")
     return run_gpu([int(t) for t in a.lengths.split(",")], a.time, a.out, variants)
 
 
