@@ -38,6 +38,7 @@ import pandas as pd
 
 from kernels.bench.gate import FAIL, PASS
 from kernels.bench.timing import CPU_WALL, method_available, time_each
+from kernels.report import replay_target
 
 from .common import (Param, Run, batch_axis, figure_legend, fmt_us, fmt_x, new_figure, progress,
                      unique_in_order)
@@ -458,7 +459,7 @@ def plot_replay_times(times: pd.DataFrame, spec: bool = False, accept=()):
                 vals += list(r.values)
     batch_axis(ar, Bs)
     ar.axhline(1.0, color="k", lw=0.8)
-    target = 0.6 if spec else 0.65
+    target = replay_target("replay_spec" if spec else "replay", 64)
     ar.axhline(target, color="k", lw=0.8, ls=":")
     ar.text(0.02, target, f"target {target}×", transform=ar.get_yaxis_transform(), fontsize=7,
             va="bottom")
@@ -574,8 +575,8 @@ def replay_markdown(times: pd.DataFrame, gate: pd.DataFrame, drift: pd.DataFrame
         Bs = sorted(int(b) for b in times.B.unique())
         for dname in unique_in_order(times.state_dtype):
             for B in unique_in_order([Bs[0], *(b for b in (64, 512) if b in Bs)]):
-                for std_kind, rk, target in (("standard", "replay", 1.0 if B == 1 else 0.65),
-                                             ("standard_spec", "replay_spec", 0.6)):
+                for std_kind, rk in (("standard", "replay"), ("standard_spec", "replay_spec")):
+                    target = replay_target(rk, B)
                     s = times[(times.B == B) & (times.state_dtype == dname)
                               & (times.kind == std_kind)]
                     best = _best(times[times.kind == rk], rk, B, dname)
