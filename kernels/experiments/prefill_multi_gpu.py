@@ -23,10 +23,16 @@ smoke profile). :func:`run_ranks` runs everything in one start of the ranks:
    final states, so the notebook's inputs have no initial state by default and FLA's gate
    checks its outputs only).
 
-Timing (method ``cuda_events``): the ranks meet at a barrier, then each records CUDA events
-around one eager call; the call's time is the slowest rank's; median, p20, p80 over
-``repetitions`` calls after ``warmup``. On the CPU the host clock (``cpu_wall``: the
-interpreter, plumbing only). Results on GPUs go to ``<output_root>/<W>x-<gpu-slug>/``
+Timing (method ``head_start_events``, the GPU time of the call): the ranks meet at a
+barrier, then each enqueues a head-start spin (:mod:`kernels.bench.spin`, longer than the
+call's host time) and records CUDA events around one eager call behind it, so the host has
+enqueued the whole call, collective included, before its stream reaches the start event;
+the events then see the GPU's work and the waits inside the collective for the other rank,
+not the Python launch path. The call's time is the slowest rank's; median, p20, p80 over
+``repetitions`` calls after ``warmup``. Beside it, ``host_us``: the host µs of the same
+eager call (no synchronisation inside; the slowest rank's median) -- where it exceeds the
+GPU time an eager caller would wait on the host instead. On the CPU the host clock
+(``cpu_wall``: the interpreter, plumbing only). Results on GPUs go to ``<output_root>/<W>x-<gpu-slug>/``
 (``W`` GPUs), with both GPUs and the link between them in the provenance.
 """
 from __future__ import annotations
@@ -78,7 +84,12 @@ PARAMS = COMMON_PARAMS + (
 )
 
 GATE_COLUMNS = ["impl", "gpus", "T", "status", "checked", "max_abs_err", "reason", "gpu"]
-TIMES_COLUMNS = ["impl", "gpus", "T", "method", "median_us", "p20_us", "p80_us", "n", "gpu"]
+TIMES_COLUMNS = ["impl", "gpus", "T", "method", "median_us", "p20_us", "p80_us", "n",
+                 "host_us", "gpu"]
+#: Head start: the spin before each timed call lasts this many times the call's host time
+#: (the slowest rank's fastest untimed call) plus HEAD_START_PAD_US, at most
+#: HEAD_START_MAX_US (a call that synchronises inside cannot be got ahead of anyway).
+HEAD_START_FACTOR, HEAD_START_PAD_US, HEAD_START_MAX_US = 2.0, 50.0, 50000.0
 EXCHANGE_COLUMNS = ["T", "bytes_per_rank", "bytes_received", "exchange_us", "at_link_bw_us",
                     "link_busbw_gbs", "scan_us", "call_us", "share"]
 LINK_COLUMNS = ["what", "bytes_per_rank", "gpus", "method", "median_us", "algbw_gbs",
@@ -217,7 +228,7 @@ class _Ranks:
 
         self.rank, self.world, self.dev, self.spec, self.one = rank, world, dev, spec, one
         self.shape = GDNShape(spec["num_q_heads"], spec["num_v_heads"], spec["head_dim"])
-        self.method = "cuda_events" if spec["cuda"] else "cpu_wall"
+        self.method = "head_start_events" if spec["cuda"] else "cpu_wall"
         self.gate, self.times, self.link, self.skipped = [], [], [], []
         self._skipped_once = set()
 
@@ -238,20 +249,37 @@ class _Ranks:
     # -- timing
     def _time(self, fn, group) -> dict:
         """``repetitions`` calls of ``fn`` after ``warmup``, each between barriers of
-        ``group``; per call the slowest rank's time (µs)."""
+        ``group``; per call the slowest rank's time (µs): on GPUs the events behind a
+        head-start spin (the module's docstring), on the CPU the host clock. ``host_us``:
+        the host µs of each call (the slowest rank's median)."""
         import torch
         import torch.distributed as dist
 
+        cuda = self.spec["cuda"]
+        host = []
         for _ in range(self.spec["warmup"]):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
             fn()
-        us = []
+            host.append((time.perf_counter() - t0) * 1e6)
+        head = 0.0
+        if cuda:
+            from kernels.bench.spin import spin
+
+            fastest = self._reduce([min(host) if host else 0.0], dist.ReduceOp.MAX, group)[0]
+            head = min(HEAD_START_FACTOR * fastest + HEAD_START_PAD_US, HEAD_START_MAX_US)
+        us, host = [], []
         for _ in range(self.spec["repetitions"]):
             dist.barrier(group=group)
-            if self.spec["cuda"]:
+            if cuda:
                 torch.cuda.synchronize()
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                spin(head)
                 a.record()
+                t0 = time.perf_counter()
                 fn()
+                host.append((time.perf_counter() - t0) * 1e6)
                 b.record()
                 b.synchronize()
                 us.append(a.elapsed_time(b) * 1e3)
@@ -259,10 +287,12 @@ class _Ranks:
                 t0 = time.perf_counter()
                 fn()
                 us.append((time.perf_counter() - t0) * 1e6)
+                host.append(us[-1])
         us = np.array(self._reduce(us, dist.ReduceOp.MAX, group))
+        host_us = self._reduce([float(np.median(host))], dist.ReduceOp.MAX, group)[0]
         return dict(method=self.method, median_us=float(np.median(us)),
                     p20_us=float(np.percentile(us, 20)), p80_us=float(np.percentile(us, 80)),
-                    n=len(us))
+                    n=len(us), host_us=host_us)
 
     # -- 1. the link
     def probe(self) -> None:
@@ -474,8 +504,8 @@ def _fla_cp(mine: dict, cu_seqlens, state):
 
 def scaling_table(run: Run, times: pd.DataFrame) -> pd.DataFrame:
     """Per length: ours on one GPU, ours on the run's ``W`` ranks, the speedup and scaling
-    efficiency (speedup / ``W``), FLA on one GPU and with cp_context, and ours against FLA's
-    CP."""
+    efficiency (speedup / ``W``), FLA on one GPU and with cp_context, ours against FLA's
+    CP, and ours' host µs per eager call on one GPU and on ``W``."""
     world = run.state["world"]
     if times.empty or world < 2:
         return pd.DataFrame(columns=["T", "gpus", "speedup", "efficiency"])
@@ -491,6 +521,11 @@ def scaling_table(run: Run, times: pd.DataFrame) -> pd.DataFrame:
     out["speedup"] = out["ours 1 GPU (µs)"] / out[f"ours {world} GPUs (µs)"]
     out["efficiency"] = out["speedup"] / world
     out["fla cp / ours"] = out[f"fla cp_context {world} GPUs (µs)"] / out[f"ours {world} GPUs (µs)"]
+    if "host_us" in times:
+        h = times.pivot_table(index="T", columns=["impl", "gpus"], values="host_us")
+        for impl, gpus, name in (("ours", 1, "ours 1 GPU host (µs)"),
+                                 ("ours (multi_gpu)", world, f"ours {world} GPUs host (µs)")):
+            out[name] = h[(impl, gpus)] if (impl, gpus) in h.columns else np.nan
     out.insert(0, "gpus", world)
     return out.reset_index()
 
@@ -532,7 +567,7 @@ def where(experiment: dict) -> str:
     if ranks.get("backend") == "nccl":
         gpus = experiment.get("gpus") or [experiment.get("gpu", "?")]
         return (f"{W}× {gpus[0]}, link {experiment.get('link', '?')} · "
-                "CUDA events, slowest rank")
+                "GPU time (CUDA events behind a head-start spin), slowest rank")
     return f"{W} gloo processes on the CPU · cpu_wall (interpreter)"
 
 
@@ -629,7 +664,7 @@ def conclusion_markdown(run: Run, dfs: Dict[str, pd.DataFrame]) -> str:
     gpus = run.extra_provenance.get("gpus") or [run.gpu]
     lines = ["### Conclusion", "",
              f"{W} ranks on {', '.join(gpus)} (link: {run.extra_provenance.get('link', 'n/a')}); "
-             f"timing: {'CUDA events around one eager call, slowest rank' if run.on_gpu else 'cpu_wall'}."]
+             f"timing: {'GPU time of one eager call (CUDA events behind a head-start spin), slowest rank' if run.on_gpu else 'cpu_wall'}."]
     failed = gate[gate.status.isin([FAIL, ERROR])]
     lines.append(f"- Gate: {int((gate.status == PASS).sum())} of {len(gate)} pass"
                  + (f"; **failed**: {', '.join(sorted(set(failed.impl)))}" if len(failed) else ""))
@@ -649,9 +684,13 @@ def conclusion_markdown(run: Run, dfs: Dict[str, pd.DataFrame]) -> str:
                      f"{'met' if met else 'not met'} (lowest {fmt_x(worst.speedup)} at "
                      f"{int(worst['T']):,}; efficiency {worst.efficiency:.0%}).")
     for _, r in scaling.iterrows():
+        host = ""
+        if f"ours {W} GPUs host (µs)" in r:
+            host = (f"; host per eager call {fmt_us(r['ours 1 GPU host (µs)'])} → "
+                    f"{fmt_us(r[f'ours {W} GPUs host (µs)'])}")
         lines.append(f"  - {int(r['T']):,}: {fmt_us(r['ours 1 GPU (µs)'])} → "
                      f"{fmt_us(r[f'ours {W} GPUs (µs)'])} ({fmt_x(r.speedup)}); FLA CP "
-                     f"{fmt_us(r[f'fla cp_context {W} GPUs (µs)'])}")
+                     f"{fmt_us(r[f'fla cp_context {W} GPUs (µs)'])}{host}")
     cp = scaling["fla cp / ours"].dropna()
     lines.append("- Faster than FLA's cp_context at every length: "
                  + ("not measured (FLA's CP did not run)" if cp.empty else
