@@ -143,6 +143,27 @@ def prefill_targets(folder: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def prefill_host(folder: Path, label: str = "ours-fused") -> pd.DataFrame:
+    """Per shape of notebook 02: ``label``'s GPU time (``graph``, ``cupti_cold``) and host
+    time per eager call (``host``), the bare-launch floor measured in the same run, ours'
+    host time over it, and the implementation with the lowest host time at that shape.
+    Empty where the run has no ``host`` rows."""
+    p = pd.read_csv(folder / "02_prefill_launch_overhead" / "prefill_times.csv",
+                    dtype={"lens": str})
+    host = p[p.method == "host"]
+    if host.empty:
+        return pd.DataFrame()
+    ours = p[p.label == label].pivot_table(index="lens", columns="method", values="median_us",
+                                           sort=False)
+    order = list(dict.fromkeys(p.lens))
+    out = pd.DataFrame({m: ours.get(m) for m in ("graph", "cupti_cold", "host")}).loc[order]
+    out["bare launch"] = host.groupby("lens").floor_us.first()
+    out["host / bare"] = out["host"] / out["bare launch"]
+    low = host.loc[host.groupby("lens").median_us.idxmin()].set_index("lens")
+    out["lowest host"] = low.label + " " + low.median_us.map(lambda x: f"{x:.1f}")
+    return out.rename_axis("lens").reset_index()
+
+
 def solution_times(folder: Path) -> pd.DataFrame:
     """Solutions loaded from paths (``make run SOLUTIONS=...``) next to ours, per notebook
     and shape: µs, ``cupti_cold`` (notebook 01: ``ours-adaptive``; notebook 02:
@@ -339,6 +360,14 @@ def render(root: Path, gpus: List[str]) -> str:
                       f"Graph-replay target (0.9 × fastest peer) met at {int(pre.met.sum())} of "
                       f"{len(pre)} shapes; eager span ≤ 2 × graph at "
                       f"{int((pre['span / graph'] <= 2).sum())} of {len(pre)}.", ""]
+            ph = prefill_host(folder)
+            if not ph.empty:
+                parts += [f"#### Prefill host time, {gpu} — ours (fused), µs, median", "",
+                          _md(ph), "",
+                          "`host`: µs of host time per eager call (no sync), against one "
+                          "bare Triton launch in the same run; host figures move between "
+                          "host machines, so only a run's own ratios compare "
+                          "([instruments](design.md#measuring)).", ""]
         if (folder / "04_prefill_scaling" / "prefill_scaling.csv").exists():
             sc = scaling_targets(folder)
             parts += [f"#### Long-context prefill (notebook 04), {gpu} — µs, `graph` replay "

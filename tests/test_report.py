@@ -2,7 +2,8 @@
 import pandas as pd
 import pytest
 
-from kernels.report import (decode_methods, decode_targets, main, prefill_targets, replay_targets,
+from kernels.report import (decode_methods, decode_targets, main, prefill_host, prefill_targets,
+                            replay_targets,
                             scaling_targets)
 
 
@@ -188,3 +189,17 @@ def test_solution_and_contest_tables_from_csvs(tmp_path):
     assert t.loc["score", "mine"] == "**0.00**" and t.loc["score", "base"] == "baseline"
     assert run["git_sha"] == "abcdef0123"
     assert contest_table(tmp_path, "prefill")[0].empty
+
+
+def test_prefill_host_against_the_bare_launch(tmp_path):
+    gpu = _write(tmp_path)
+    path = gpu / "02_prefill_launch_overhead" / "prefill_times.csv"
+    d = pd.read_csv(path)
+    assert prefill_host(gpu).empty                     # no host rows: no table
+    host = [dict(impl="x", variant="v", lens="6", T=6, N=1, method="host", median_us=h,
+                 launches=1, label=label, floor_us=15.0)
+            for label, h in (("ours-fused", 45.0), ("flashinfer", 300.0), ("fla", 40.0))]
+    pd.concat([d, pd.DataFrame(host)]).to_csv(path, index=False)
+    h = prefill_host(gpu).set_index("lens").loc["6"]
+    assert h["graph"] == 20.0 and h["cupti_cold"] == 42.0 and h["host"] == 45.0
+    assert h["host / bare"] == pytest.approx(3.0) and h["lowest host"] == "fla 40.0"
