@@ -17,8 +17,9 @@ compute capability of :data:`kernels.gpu_limits.ARCHS` the module
    notebook 02's ``no_sync``, ``fused_gates`` and ``unfused``, and one rank of
    :func:`~kernels.prefill.multi_gpu.prefill_multi_gpu` with its collective stubbed) — on CPU tensors, with the device queries of the launch
    rules answered for that architecture (its SM count, shared memory per block,
-   programmatic dependent launch from sm_90 on) and Triton's ``JITFunction.run``
-   replaced by a recorder, so nothing executes;
+   programmatic dependent launch from sm_90 on, its compute capability: the Gluon phase C
+   of the long paths on sm_90) and Triton's ``JITFunction.run`` (Gluon's too) replaced by
+   a recorder, so nothing executes;
 2. **compiles** each distinct launch (kernel, argument types and specialisation,
    constexprs, ``num_warps`` / ``num_stages`` / ``maxnreg`` / ``launch_pdl``) with
    ``triton.compile(..., target=GPUTarget("cuda", cc, 32))``: pointer arguments 16-byte
@@ -117,6 +118,10 @@ def _describe(fn, args, kwargs) -> Launch:
                 div.append(p.name)
         elif isinstance(v, float):
             sig[p.name] = "fp32"
+        elif hasattr(v, "block_shape") and hasattr(v, "layout"):   # a Gluon TMA descriptor
+            from triton.runtime.jit import mangle_type
+
+            sig[p.name] = mangle_type(v)
         else:
             raise TypeError(f"{fn.__name__}: cannot describe argument {p.name}={v!r}")
     opts = {k: options[k] for k in ("num_warps", "num_stages", "maxnreg", "launch_pdl")
@@ -150,6 +155,7 @@ def _emulating(arch: ArchLimits, record):
     os.environ["GDN_FAST_LAUNCH"] = "0"   # the launch-key cache asks for a CUDA device
     patch(context_parallel, "sm_count", lambda device: arch.n_sm)
     patch(plan, "sm_count", lambda device: arch.n_sm)
+    patch(plan, "device_cc", lambda device: arch.cc)   # the Gluon phase C's rule
     patch(pdl, "_device_ok", lambda device: arch.pdl and pdl._HAVE_GDC
           and pdl._launch_option_known())
     patch(gpu_limits, "device_limits", lambda device: arch)
@@ -283,6 +289,8 @@ def compile_launch(launch: Launch, arch: ArchLimits) -> dict:
     from triton.compiler import ASTSource
 
     fn = launch.fn
+    if fn.is_gluon():   # (the sm_90 phase C: kernels.prefill.state_walk_gluon)
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     names = [p.name for p in fn.params]
     const = {(names.index(n),): v for n, v in launch.constexprs.items()}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in launch.divisible16}
@@ -302,6 +310,7 @@ def compile_launch(launch: Launch, arch: ArchLimits) -> dict:
         row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
         return row
     row["compile_s"] = round(time.perf_counter() - t0, 2)
+    row["num_warps"] = int(ck.metadata.num_warps)   # a Gluon kernel's: its partitions' too
     row.update(_resources(ck))
     row["shared_bytes"] = int(ck.metadata.shared)
     row["uses_pdl"] = "griddepcontrol" in ck.asm["ptx"]

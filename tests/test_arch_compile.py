@@ -32,6 +32,8 @@ DISPATCH_KERNELS = {"gdn_decode_kernel", "gdn_replay_kernel", "intra_chunk_kerne
                     "state_walk_kernel",
                     "state_walk_t_kernel", "segment_combine_t_kernel", "pack_kernel",
                     "unpack_kernel", "recurrent_prefill_kernel", "segment_split_kernel"}
+#: launched on sm_90 only (the long paths' phase C, kernels.prefill.config.walk_gluon_rule)
+SM90_KERNELS = {"state_walk_gluon_kernel"}
 
 
 def test_limits_table():
@@ -96,7 +98,8 @@ def test_every_kernel_compiles_and_fits_every_arch(tmp_path):
         for cc in archs:
             mine = [r for r in doc["rows"] if r["arch"] == cc]
             kernels = {r["kernel"].split(".")[-1] for r in mine}
-            assert kernels == (ALL_KERNELS if scope == "all" else DISPATCH_KERNELS), cc
+            want = (ALL_KERNELS if scope == "all" else DISPATCH_KERNELS)
+            assert kernels == want | (SM90_KERNELS if cc == 90 else set()), cc
             assert all(r["shared_bytes"] <= ARCHS[cc].smem_per_block for r in mine)
             assert all(r["regs"] and r["regs"] * 32 * r["num_warps"] <= 65536 for r in mine)
         rows += doc["rows"]

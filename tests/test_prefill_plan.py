@@ -73,11 +73,12 @@ def test_plan_table_reads_the_plan(tmp_path):
                     device="cpu")
     df = plan_table(run)
     assert list(df.columns) == ["lens", "T", "N", "path", "BV", "seg_chunks", "segments",
-                                "launches"]
+                                "launches", "phase_c"]
     assert df.path.tolist() == ["recurrent", "one launch", "walk", "chained CP",
                                 "long CP, split on the device", "walk"]
     assert df.launches.tolist() == [1, 1, 2, 3, 5, 2]
     assert df.segments.tolist() == [0, 0, 0, 8, 16, 0]
+    assert df.phase_c.tolist() == ["", "", "", "", "triton", ""]   # (CPU: the Triton walk)
     assert set(PATH_LABELS.values()) >= set(df.path)
     run.write_csv.assert_called_once()
 
@@ -155,3 +156,52 @@ def test_prefill_imports_no_experiment():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any("experiments" in n for n in names), f.name
+
+
+@pytest.mark.parametrize("cc, interpreted, have, D, cfg, want", [
+    pytest.param(90, False, True, 128, DEFAULT_CONFIG, True, id="sm90"),
+    pytest.param(None, False, True, 128, DEFAULT_CONFIG, False, id="off-cuda"),
+    pytest.param(90, True, True, 128, DEFAULT_CONFIG, False, id="interpreter"),
+    pytest.param(90, False, False, 128, DEFAULT_CONFIG, False, id="no-gluon"),
+    pytest.param(90, False, True, 64, DEFAULT_CONFIG, False, id="D64"),
+    pytest.param(89, False, True, 128, DEFAULT_CONFIG, False, id="sm89"),
+    pytest.param(100, False, True, 128, DEFAULT_CONFIG, False, id="sm100"),
+    pytest.param(90, False, True, 128, PrefillConfig(precision="bf16x2"), False, id="bf16x2"),
+    pytest.param(90, False, True, 128, PrefillConfig(storage="precise"), False, id="precise"),
+    pytest.param(90, False, True, 128, PrefillConfig(gluon_walk=False), False, id="forced-off"),
+])
+def test_walk_gluon_rule(cc, interpreted, have, D, cfg, want):
+    from kernels.prefill.config import walk_gluon_rule
+    assert walk_gluon_rule(cc, interpreted, have, D, cfg) is want
+
+
+@pytest.mark.parametrize("cc, D, cfg, T, want", [
+    pytest.param(90, 128, None, 16384, True, id="sm90-long"),
+    pytest.param(90, 128, None, 65536, True, id="sm90-long-split"),
+    pytest.param(90, 128, None, 8192, False, id="sm90-chained-cp"),   # not a long path
+    pytest.param(90, 64, None, 16384, False, id="sm90-D64"),
+    pytest.param(90, 128, PrefillConfig(gluon_walk=False), 16384, False, id="sm90-forced-off"),
+    pytest.param(100, 128, None, 16384, False, id="sm100"),
+])
+def test_plan_records_the_phase_c_kernel(cc, D, cfg, T, want):
+    """The plan applies :func:`walk_gluon_rule` with the device's capability (faked here)
+    on the long paths only, and what reads the plan shows it; on the interpreter never."""
+    from kernels.prefill import plan as plan_mod
+    with mock.patch.object(plan_mod, "device_cc", lambda device: cc), \
+            mock.patch.object(plan_mod.interpret, "INTERPRET", False):
+        plan_mod.clear_plan_cache()
+        try:
+            p = prefill_plan(T, 1, 8, D, CPU, config=cfg)
+            hint = launch_count_hint("fused", T=T, N=1, D=D, device="cpu")
+        finally:
+            plan_mod.clear_plan_cache()
+    assert p.phase_c_gluon is want
+    if cfg is None:   # (the hint plans with the default config)
+        assert ("Gluon" in hint["note"]) is want
+    assert p.launches == LAUNCHES[p.launch_key]["kernels"]   # the same launches either way
+    with mock.patch.object(plan_mod, "device_cc", lambda device: cc):
+        plan_mod.clear_plan_cache()
+        try:
+            assert not prefill_plan(T, 1, 8, D, CPU, config=cfg).phase_c_gluon   # interpreter
+        finally:
+            plan_mod.clear_plan_cache()

@@ -498,7 +498,9 @@ def plan_table(run: Run) -> pd.DataFrame:
     (:func:`kernels.prefill.prefill_plan`, host rules, no launch): ``path`` (recurrent, one
     launch, walk, chained CP, long CP, long CP with the split chosen on the device:
     ``seg_chunks`` or half of it), walk tile width ``BV``, ``seg_chunks`` (chunks per CP
-    segment), ``segments`` (per call), ``launches``."""
+    segment), ``segments`` (per call), ``launches``, ``phase_c`` (the long paths' phase C
+    kernel: ``gluon`` on sm_90 where :func:`kernels.prefill.config.walk_gluon_rule` picks it,
+    else ``triton``; empty on the other paths)."""
     from kernels.prefill import prefill_plan
 
     sh = run.state["shape"]
@@ -509,7 +511,9 @@ def plan_table(run: Run) -> pd.DataFrame:
         seg = plan.seg_chunks
         segs = sum(max(-(-n // (seg * 64)), 1) for n in lens if n) if seg else 0
         rows.append(dict(lens=lab, T=T, N=N, path=plan.label, BV=plan.BV, seg_chunks=seg,
-                         segments=segs, launches=plan.launches))
+                         segments=segs, launches=plan.launches,
+                         phase_c=("gluon" if plan.phase_c_gluon else "triton")
+                         if plan.phase_b is not None else ""))
     df = pd.DataFrame(rows)
     run.write_csv(df, "plan")
     return df

@@ -181,7 +181,8 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
     ``triton`` (our Triton kernels), ``torch_ops``, ``copies`` (memcpy D2H/H2D),
     ``syncs`` (host waits on the device), ``graph_launches``, ``cp`` (whether the
     fused walk uses context parallelism for this ``T``/``N``; needs both) and ``note``
-    (with the plan's own note where a forced ``cp`` turned the device's split off).
+    (with the plan's own note where a forced ``cp`` turned the device's split off, and
+    where the long path's phase C is the Gluon walk).
     """
     _impl(variant)
     plan = None
@@ -198,15 +199,18 @@ def launch_count_hint(variant: str, T: Optional[int] = None, N: Optional[int] = 
     else:
         fused_key, plan_note = plan.launch_key, plan.note
         use_cp = False if plan.path == "recurrent" else bool(plan.seg_chunks)
+    gluon_note = ("; phase C: the Gluon walk (sm_90)" if plan is not None and plan.phase_c_gluon
+                  else "")
     if variant == "graph":
         inner = LAUNCHES[fused_key]["kernels"]
         return dict(kernels=2, triton=2, torch_ops=0, copies=0, syncs=0, graph_launches=1,
                     cp=use_cp, note=f"pack kernel + 1 graph replay ({inner} kernels "
                                     "inside) + unpack kernel (checks cu_seqlens); first call "
                                     "per bucket also captures"
-                                    + (f"; {plan_note}" if plan_note else ""))
+                                    + (f"; {plan_note}" if plan_note else "") + gluon_note)
     key = fused_key if variant == "fused" else variant
     out = dict(LAUNCHES[key], graph_launches=0, cp=use_cp)
     if plan_note and variant == "fused":
         out["note"] += f"; {plan_note}"
+    out["note"] += gluon_note if variant == "fused" else ""
     return out

@@ -31,7 +31,7 @@ __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "walk_tile_rule
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS",
            "WALK_3_STAGE_SMEM", "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV",
-           "RECURRENT_MAX_T", "recurrent_rule"]
+           "RECURRENT_MAX_T", "recurrent_rule", "walk_gluon_rule"]
 
 #: ``num_warps`` of the intra-chunk kernel (8 were slower).
 INTRA_WARPS = 4
@@ -87,6 +87,9 @@ class PrefillConfig:
             (the kernels' ``LOG_EPS``; :mod:`.context_parallel`). -20: at most 2e-9 of the
             state, below its float32 rounding (docs/notes/long_context.md, "Prefill v11");
             it decides accuracy, so every kernel reads this one value.
+        gluon_walk: let :func:`walk_gluon_rule` pick the Gluon phase C of the long path
+            where it applies (sm_90); False: always the Triton phase C (the A/B test of
+            the two, ``tests/test_prefill_gluon.py``, and ``scripts/probes/gluon_product.py``).
 
     Measured numbers: docs/notes/prefill.md, "Numbers behind the rules".
     """
@@ -100,6 +103,7 @@ class PrefillConfig:
     single_launch_max_T: int = 128
     recurrent_max_T: int = RECURRENT_MAX_T
     log_eps: float = -20.0
+    gluon_walk: bool = True
 
     def __post_init__(self):
         if self.walk_BV is not None and (not _pow2(self.walk_BV) or self.walk_BV < 16):
@@ -110,8 +114,9 @@ class PrefillConfig:
             if getattr(self, f) not in ok:
                 raise ValueError(f"{f} must be one of {', '.join(map(repr, ok))}, "
                                  f"got {getattr(self, f)!r}")
-        if not isinstance(self.pdl, bool):
-            raise ValueError(f"pdl must be a bool, got {self.pdl!r}")
+        for f in ("pdl", "gluon_walk"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"{f} must be a bool, got {getattr(self, f)!r}")
         for f in ("single_launch_max_T", "recurrent_max_T"):
             x = getattr(self, f)
             if not isinstance(x, int) or isinstance(x, bool) or x < 0:
@@ -150,6 +155,32 @@ def recurrent_rule(T: int, cp, config: PrefillConfig) -> bool:
     ``T <= config.recurrent_max_T`` unless context parallelism is forced (``cp`` True or
     an int)."""
     return not cp and T <= config.recurrent_max_T
+
+
+def walk_gluon_rule(cc: Optional[int], interpreted: bool, have_gluon: bool, D: int,
+                    config: PrefillConfig) -> bool:
+    """Whether the long paths' phase C is the warp-specialized Gluon walk
+    (:mod:`.state_walk_gluon`) instead of the Triton one (:mod:`.state_walk_t`, the path of
+    every other GPU and of the CPU interpreter). All of:
+
+    * ``cc == 90``, the device's compute capability exactly 9.0 (None off CUDA): the kernel
+      is ``wgmma``, TMA and ``setmaxnreg`` code for sm_90a (no ``wgmma`` on sm_100 / sm_120);
+    * not ``interpreted`` (Gluon kernels have no CPU interpreter);
+    * ``have_gluon``: ``triton.experimental.gluon`` imports with the Hopper API the kernel
+      uses (:data:`.state_walk_gluon.HAVE_GLUON`);
+    * head size ``D = K = V = 128`` (two warpgroups of 64 rows of ``S^T``, ``[64, 128]``
+      ``k`` / ``q`` tiles);
+    * the config's ``"compact"`` storage and ``"bf16"`` precision (bf16 ``Tb`` / ``Aqk``
+      tiles for TMA and bf16 products: what the kernel reproduces of the Triton walk), and
+      ``gluon_walk``.
+
+    At launch, the tensors TMA reads and writes must have 16-byte aligned base addresses
+    (every torch allocation has; :func:`.state_walk_gluon.phase_c_fwd` takes the Triton
+    walk for a view that does not). The kernel handles everything else of phase C on the
+    long paths: packed sequences, partial last chunks, the device split, the guard."""
+    return (cc == 90 and not interpreted and have_gluon and D == 128
+            and config.storage == "compact" and config.precision == "bf16"
+            and config.gluon_walk)
 
 
 def intra_maxnreg_rule(solve: str, single: bool = False) -> Optional[int]:

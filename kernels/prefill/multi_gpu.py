@@ -70,7 +70,8 @@ from .intra_chunk import intra_chunk_fwd  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
 from .pipeline import _workspace  # noqa: E402
 from .plan import (MAX_PLANS, fitted_config, intra_kwargs, layout_views,  # noqa: E402
-                   workspace_layout)
+                   phase_c_gluon, workspace_layout)
+from .state_walk_gluon import phase_c_fwd  # noqa: E402
 from .state_walk_t import state_walk_t_fwd  # noqa: E402
 
 __all__ = ["prefill_multi_gpu", "even_bounds", "exchange_bytes", "piece_compose_kernel",
@@ -270,6 +271,8 @@ class RankPlan:
         intra: keyword arguments of :func:`.intra_chunk.intra_chunk_fwd`; phase_a, phase_c
             of :func:`.state_walk_t.state_walk_t_fwd`; phase_b of
             :func:`.context_parallel.segment_combine_t_fwd`.
+        phase_c_gluon: phase C is the Gluon walk (:func:`.plan.phase_c_gluon`; launched
+            through :func:`.state_walk_gluon.phase_c_fwd`).
         index, compose, enter: ``(grid, keyword arguments)`` of :func:`rank_index_kernel`,
             :func:`piece_compose_kernel`, :func:`enter_state_kernel` (the latter two None
             where unused: one rank; rank 0).
@@ -291,6 +294,7 @@ class RankPlan:
     phase_a: dict
     phase_b: dict
     phase_c: dict
+    phase_c_gluon: bool
     index: tuple
     compose: Optional[tuple]
     enter: Optional[tuple]
@@ -306,24 +310,26 @@ _ZEROS: dict = {}
 
 
 def rank_plan(T_r: int, N: int, HV: int, D: int, rank: int, world: int, t0: int, T: int,
-              config, use_h0: bool, guard: bool) -> RankPlan:
+              config, use_h0: bool, guard: bool, device=None) -> RankPlan:
     """The :class:`RankPlan` of rank ``rank`` of ``world`` holding tokens ``[t0, t0 + T_r)``
     of a call of ``T`` tokens in ``N`` sequences (``use_h0``: initial states given;
-    ``guard``: ``cu_seqlens`` unchecked on the host), remembered on exactly these."""
-    key = (T_r, N, HV, D, rank, world, t0, T, config, use_h0, guard)
+    ``guard``: ``cu_seqlens`` unchecked on the host) on ``device`` (the rank's inputs'; it
+    decides phase C's kernel, :func:`.plan.phase_c_gluon`; None: off CUDA), remembered on
+    exactly these."""
+    key = (T_r, N, HV, D, rank, world, t0, T, config, use_h0, guard, device)
     try:
         plan = _RANK_PLANS.get(key)
     except TypeError:   # an unhashable config: fitted_config says why
         plan = None
     if plan is None:
-        plan = _rank_plan(*key[:8], fitted_config(config, D), use_h0, guard)
+        plan = _rank_plan(*key[:8], fitted_config(config, D), use_h0, guard, device)
         if len(_RANK_PLANS) >= MAX_PLANS:
             _RANK_PLANS.clear()
         _RANK_PLANS[key] = plan
     return plan
 
 
-def _rank_plan(T_r, N, HV, D, rank, world, t0, T, cfg, use_h0, guard) -> RankPlan:
+def _rank_plan(T_r, N, HV, D, rank, world, t0, T, cfg, use_h0, guard, device) -> RankPlan:
     f32 = torch.float32
     seg = cp_long_segment_chunks(T_r, -(-N // world))
     seg_t = seg * BT
@@ -358,6 +364,7 @@ def _rank_plan(T_r, N, HV, D, rank, world, t0, T, cfg, use_h0, guard) -> RankPla
                      summary_last=pieces),
         phase_b=dict(seg_t=seg_t, T=T_r, BV=min(16, D)),
         phase_c=dict(kw, num_stages=2, loop_stages=2, guard=guard),
+        phase_c_gluon=phase_c_gluon(device or "cpu", D, cfg),
         index=((1,), dict(GUARD=guard, PIECES=pieces, BLOCK=1024)),
         compose=((HV, 2 * D // bz), dict(H=HV, K=D, V=D, BV=bz, SEG_T=seg_t, USE_H0=use_h0,
                                          DOT_PREC=cfg.cp_chain_precision, num_warps=4))
@@ -420,7 +427,7 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
                              f"bounds[-1] = {T}, got {cu.tolist()[:16]}")
     HV, D, T_r, N = shape.num_v_heads, shape.head_dim, t1 - t0, cu_seqlens.numel() - 1
     p = rank_plan(T_r, N, HV, D, rank, world, t0, T, config, state is not None,
-                  not check_values)
+                  not check_values, q.device)
     scale = resolve_scale(scale, D)
     dev = q.device
     ws = _workspace(p, dev)
@@ -440,8 +447,8 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
                             negligible=negl, scale=scale, defer=True, **p.phase_a)
     h0 = ws["h0"] if p.enter is not None else state
     go_b = segment_combine_t_fwd(summ, s0, negl, cu_local, h0, defer=True, **p.phase_b)
-    go_c = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, s0=s0, output=o, final_state=ht,
-                            scale=scale, defer=True, **p.phase_c)
+    go_c = phase_c_fwd(p.phase_c_gluon, q, k, v, tb, aq, gc, cu_local, s0=s0, output=o,
+                       final_state=ht, scale=scale, defer=True, **p.phase_c)
     if p.compose is not None:
         mine, zs = ws["mine"], ws["zs"]
         go_compose = _COMPOSE_LAUNCH.bind(p.compose[0], (summ, negl, state, meta, cu_local,

@@ -67,6 +67,7 @@ from .intra_chunk import intra_chunk_fwd
 from .plan import Plan, call_plan, fitted_config, intra_kwargs, prefill_plan
 from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
+from .state_walk_gluon import phase_c_fwd
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
@@ -330,7 +331,8 @@ def _cp_long(plan: Plan, ws: dict, q, k, v, cu_seqlens, state, o, ht, scale, go_
     phase B (:func:`.context_parallel.segment_combine_t_fwd`: the serial pass over the
     segments, bf16 products) and phase C (outputs from each segment's entering state,
     ``BV = 128`` with 8 warps: both warpgroups share one load of ``k``, ``q``, ``Tb``,
-    ``Aqk``): 4 launches, about linear in length (numbers against the chained CP:
+    ``Aqk``; on sm_90 the warp-specialized Gluon walk, :attr:`.plan.Plan.phase_c_gluon`):
+    4 launches, about linear in length (numbers against the chained CP:
     docs/notes/long_context.md, "Numbers behind the rules"). Phase A skips what the
     decay makes negligible (``log_bound``, the chunks' log transition bounds from the
     intra-chunk kernel; ``TRUNC`` in :func:`.state_walk_t.state_walk_t_kernel`) and phase B
@@ -346,9 +348,9 @@ def _cp_long(plan: Plan, ws: dict, q, k, v, cu_seqlens, state, o, ht, scale, go_
                             **plan.phase_a)
     go_b = segment_combine_t_fwd(summ, s0, negl, cu_seqlens, state, seg_mult=seg_mult,
                                  defer=True, **plan.phase_b)
-    go_c = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=o, final_state=ht,
-                            guard=guard, status=status, seg_mult=seg_mult, scale=scale,
-                            defer=True, **plan.phase_c)
+    go_c = phase_c_fwd(plan.phase_c_gluon, q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=o,
+                       final_state=ht, guard=guard, status=status, seg_mult=seg_mult,
+                       scale=scale, defer=True, **plan.phase_c)
     go_split = (segment_split_fwd(lb, cu_seqlens, seg_mult, defer=True, **plan.split_args)
                 if seg_mult is not None else None)
     go_intra()

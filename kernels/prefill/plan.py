@@ -28,6 +28,11 @@ path                when                                                        
                     kernel halves them per sequence on the device
 ==================  ===========================================================  ========
 
+On the long paths phase C is the warp-specialized Gluon walk (:mod:`.state_walk_gluon`)
+where :func:`.config.walk_gluon_rule` picks it (sm_90, ``D = 128``, the default
+precisions), else the Triton walk (:mod:`.state_walk_t`); :attr:`Plan.phase_c_gluon`
+records the choice.
+
 ``cp``: None applies the rule; False/0 turns CP off; True forces CP with the rule's
 segments (at least 2 chunks), the device split included where the rule's segments take it;
 an int ``n`` forces segments of ``n`` chunks, which the device then does not split: where
@@ -45,20 +50,21 @@ from typing import Optional, Union
 
 import torch
 
-from .. import interpret
+from .. import gpu_limits, interpret
 from .chunk_index import BT, num_slots
 from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STAGES,
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
-                     recurrent_rule, walk_launch_rule, walk_pipe_skip_rule, walk_tile_rule,
-                     walk_transposed_rule)
+                     recurrent_rule, walk_gluon_rule, walk_launch_rule, walk_pipe_skip_rule,
+                     walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks, cp_split,
                                sm_count, smem_per_block)
 from .intra_chunk import STORAGE
+from .state_walk_gluon import HAVE_GLUON
 
 __all__ = ["Plan", "prefill_plan", "call_plan", "plan_key", "MAX_PLANS", "LAUNCHES",
            "PATH_LABELS", "launch_key", "bucket_of", "intra_kwargs", "workspace_layout",
            "layout_views",
-           "WORKSPACE_ALIGN", "fitted_config", "clear_plan_cache"]
+           "WORKSPACE_ALIGN", "fitted_config", "clear_plan_cache", "device_cc", "phase_c_gluon"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
 #: ``cu_seqlens``, :mod:`.guard`, is inside the last kernel) (``kernels``: GPU kernels incl.
@@ -132,7 +138,8 @@ class Plan:
         walkers: the one-launch path's walker options (``single``), else None.
         phase_a, phase_c: keyword arguments of the CP phases (``cp``: of
             :func:`.state_walk.state_walk_fwd`; long paths: of
-            :func:`.state_walk_t.state_walk_t_fwd`), phase_b of
+            :func:`.state_walk_t.state_walk_t_fwd`, phase C launched through
+            :func:`.state_walk_gluon.phase_c_fwd`), phase_b of
             :func:`.context_parallel.segment_combine_t_fwd`, split_args of
             :func:`.context_parallel.segment_split_fwd` (``cp_long_split``; the phases then
             work on half-segment slots).
@@ -164,6 +171,7 @@ class Plan:
     layout: tuple = ()
     nbytes: int = 0
     views: tuple = ()
+    phase_c_gluon: bool = False
 
     @property
     def label(self) -> str:
@@ -180,6 +188,19 @@ class Plan:
     def launch_key(self) -> str:
         """This path's key of :data:`LAUNCHES`."""
         return launch_key(self.path)
+
+
+def device_cc(device) -> Optional[int]:
+    """The compute capability of a CUDA ``device`` as ``10 * major + minor``; None off
+    CUDA."""
+    device = torch.device(device)
+    return gpu_limits.device_limits(device).cc if device.type == "cuda" else None
+
+
+def phase_c_gluon(device, D: int, config: PrefillConfig) -> bool:
+    """:func:`.config.walk_gluon_rule` for a call on ``device`` with head size ``D``: whether
+    the long path's phase C is the Gluon walk (also :mod:`.multi_gpu`'s rank plans)."""
+    return walk_gluon_rule(device_cc(device), interpret.INTERPRET, HAVE_GLUON, D, config)
 
 
 def bucket_of(T: int, N: int):
@@ -326,7 +347,8 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
         kw.update(phase_a=dict(base, pdl=cfg.pdl, num_stages=3, loop_stages=3,
                                log_eps=cfg.log_eps),
                   phase_b=dict(seg_t=seg_t, T=T, BV=min(16, D)),
-                  phase_c=dict(base, num_stages=2, loop_stages=2))
+                  phase_c=dict(base, num_stages=2, loop_stages=2),
+                  phase_c_gluon=phase_c_gluon(device, D, cfg))
         if split:
             kw["split_args"] = dict(seg_chunks=seg_t // BT, T=T, n_sm=n_sm,
                                     log_eps=cfg.log_eps)

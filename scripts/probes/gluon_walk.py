@@ -489,10 +489,12 @@ def record_phase_c(x: dict) -> dict:
     """One ``gdn_prefill`` call on inputs ``x`` with phase C's launch recorded: its inputs
     (``q, k, v, tb, aq, gc, cu_seqlens, s0, seg_mult, seg_t, scale``), ``go`` (the bound
     Triton launch, to rerun it alone) and the call's outputs ``o``, ``ht``. Raises if the
-    call did not take the long path."""
-    from kernels.prefill import gdn_prefill, pipeline
+    call did not take the long path. The call is forced to the Triton phase C
+    (``PrefillConfig(gluon_walk=False)``; on sm_90 the product's is the Gluon one), whose
+    launch :func:`kernels.prefill.state_walk_gluon.phase_c_fwd` makes."""
+    from kernels.prefill import PrefillConfig, gdn_prefill, state_walk_gluon
 
-    orig = pipeline.state_walk_t_fwd
+    orig = state_walk_gluon.state_walk_t_fwd
     rec = {}
 
     def recording(q, k, v, tb, aq, gc, cu_seqlens, **kw):
@@ -503,11 +505,11 @@ def record_phase_c(x: dict) -> dict:
                        scale=kw["scale"], go=go)
         return go
 
-    pipeline.state_walk_t_fwd = recording
+    state_walk_gluon.state_walk_t_fwd = recording
     try:
-        o, ht = gdn_prefill(**x)
+        o, ht = gdn_prefill(**x, config=PrefillConfig(gluon_walk=False))
     finally:
-        pipeline.state_walk_t_fwd = orig
+        state_walk_gluon.state_walk_t_fwd = orig
     if "go" not in rec:
         raise RuntimeError("the call took no long-path phase C (too short?)")
     rec.update(o=o, ht=ht)
