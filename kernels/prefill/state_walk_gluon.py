@@ -219,14 +219,14 @@ if HAVE_GLUON:
         tma.async_copy_shared_to_global(o_desc, [t0, col], buf)
 
     @gluon.jit
-    def _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
-                  kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, W: gl.constexpr,
-                  H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                  STAGES: gl.constexpr):
-        """Rows ``64 W ..`` of ``S^T`` over the unit's chunks (the module doc): products
-        asynchronous, waits only where the chain needs a result. Everything is retired at
-        the end of the step: an accumulator in flight across the loop's back edge makes
-        ptxas serialise every ``wgmma`` of the loop (warning C7514)."""
+    def _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
+              kfix, ubos, ueos, i_h, scale, W: gl.constexpr, H: gl.constexpr,
+              K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
+              PARTIAL: gl.constexpr):
+        """Chunk ``i`` of the unit for rows ``64 W ..`` of ``S^T``: returns the new ``S``
+        and the next chunk's ``gc`` (all, last row). ``PARTIAL``: the unit's last chunk
+        holds fewer than ``BT`` tokens (the module doc's three measures); the full chunks'
+        step carries none of them (peeled: the loop body stays the probe's)."""
         R: gl.constexpr = V // 2
         acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, K, 16])
@@ -235,58 +235,86 @@ if HAVE_GLUON:
         a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
         a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
         cols_t: gl.constexpr = gl.SliceLayout(0, acc_t)
+        o_t = gl.arange(0, BT, layout=cols_t)
+        zero_t = gl.zeros([R, BT], gl.float32, acc_t)
+        s = i % STAGES
+        t0 = ubos + i * BT
+        n_t = ueos - t0
+        live = o_t < n_t
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        k_i = k_s.index(s)
+        if PARTIAL:
+            _zero_k_rows(k_i, kfix, n_t, W, BT, K)
+        Sb = gl.convert_layout(S.to(gl.bfloat16), a_t)
+        X = warpgroup_mma(Sb, k_i.permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        OQ = warpgroup_mma(Sb, q_s.index(s).permute((1, 0)), zero_t, use_acc=False,
+                           is_async=True)
+        X = warpgroup_mma_wait(1, deps=[X])                # S^T q^T stays in flight
+        vt = v_s.index(s).permute((1, 0)).load(acc_t)     # v^T [R, BT]
+        Rt = vt.to(gl.float32) - X * gl.exp(b_gc)[None, :]
+        if PARTIAL:
+            Rt = gl.where(live[None, :], Rt, 0.0)
+        Rb = gl.convert_layout(Rt.to(gl.bfloat16), a_t)
+        N = warpgroup_mma(Rb, tb_s.index(s).permute((1, 0)), zero_t, use_acc=False,
+                          is_async=True)
+        N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
+        if PARTIAL:
+            N = gl.where(live[None, :], N, 0.0)
+        Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
+        Nb = gl.convert_layout(N.to(gl.bfloat16), a_t)
+        O = warpgroup_mma(Nb, aq_s.index(s).permute((1, 0)),
+                          OQ * (scale * gl.exp(b_gc))[None, :], is_async=True)
+        S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
+        O, Nb = warpgroup_mma_wait(1, deps=[O, Nb])
+        # the chunk's outputs leave while the state update runs
+        if PARTIAL:   # rows t0 + n_t .. belong to the next sequence: a masked store
+            o_ov = (i_h * V + W * R + gl.arange(0, R, layout=gl.SliceLayout(1, acc_t)))[:, None]
+            p_o = o + (t0 + o_t)[None, :].to(gl.int64) * (H * V) + o_ov
+            gl.store(p_o, O.to(gl.bfloat16), mask=live[None, :])
+        else:
+            _store_o(o_desc, o_s, O, i % 2, t0.to(gl.int32), i_h * V + W * R)
+        t1 = t0 + BT
+        b_gc = gl.load(gc + (t1 + o_t) * H + i_h, mask=t1 + o_t < ueos, other=0.0)
+        b_gl = gl.load(gc + (gl.minimum(t1 + BT, ueos) - 1) * H + i_h, mask=t1 < ueos,
+                       other=0.0)
+        S, Db = warpgroup_mma_wait(0, deps=[S, Db])
+        mbarrier.arrive(empty.index(s))                   # the stage's last reader is done
+        return S, b_gc, b_gl
 
+    @gluon.jit
+    def _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
+                  kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, W: gl.constexpr,
+                  H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """Rows ``64 W ..`` of ``S^T`` over the unit's chunks (the module doc): the full
+        chunks, then a partial last one if the unit ends mid-chunk (:func:`_step`).
+        Products asynchronous, waits only where the chain needs a result; everything is
+        retired at the end of each step: an accumulator in flight across the loop's back
+        edge makes ptxas serialise every ``wgmma`` of the loop (warning C7514)."""
+        R: gl.constexpr = V // 2
+        acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, K, 16])
+        acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BT, 16])
+        cols_t: gl.constexpr = gl.SliceLayout(0, acc_t)
         o_r = W * R + gl.arange(0, R, layout=gl.SliceLayout(1, acc_k))
         o_k = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
         p_rows = o_r[:, None] * K + o_k[None, :]
         S = gl.load(s0 + s_off + p_rows)                      # [R, K] f32, rows of S^T
         o_t = gl.arange(0, BT, layout=cols_t)
-        # o^T rows of a partial chunk's masked store: this warpgroup's columns of o
-        o_ov = (i_h * V + W * R + gl.arange(0, R, layout=gl.SliceLayout(1, acc_t)))[:, None]
-        zero_t = gl.zeros([R, BT], gl.float32, acc_t)
         # each chunk's gc (and its last row) is loaded during the previous chunk's update
         b_gc = gl.load(gc + (ubos + o_t) * H + i_h, mask=ubos + o_t < ueos, other=0.0)
         b_gl = gl.load(gc + (gl.minimum(ubos + BT, ueos) - 1) * H + i_h, mask=ubos < ueos,
                        other=0.0)
-        for i in range(n_c):
-            s = i % STAGES
-            t0 = ubos + i * BT
-            n_t = ueos - t0                                    # < BT: the unit's last chunk
-            live = o_t < n_t
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            k_i = k_s.index(s)
-            if n_t < BT:
-                _zero_k_rows(k_i, kfix, n_t, W, BT, K)
-            Sb = gl.convert_layout(S.to(gl.bfloat16), a_t)
-            X = warpgroup_mma(Sb, k_i.permute((1, 0)), zero_t, use_acc=False, is_async=True)
-            OQ = warpgroup_mma(Sb, q_s.index(s).permute((1, 0)), zero_t, use_acc=False,
-                               is_async=True)
-            X = warpgroup_mma_wait(1, deps=[X])                # S^T q^T stays in flight
-            vt = v_s.index(s).permute((1, 0)).load(acc_t)     # v^T [R, BT]
-            Rt = gl.where(live[None, :], vt.to(gl.float32) - X * gl.exp(b_gc)[None, :], 0.0)
-            Rb = gl.convert_layout(Rt.to(gl.bfloat16), a_t)
-            N = warpgroup_mma(Rb, tb_s.index(s).permute((1, 0)), zero_t, use_acc=False,
-                              is_async=True)
-            N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
-            N = gl.where(live[None, :], N, 0.0)
-            Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
-            Nb = gl.convert_layout(N.to(gl.bfloat16), a_t)
-            O = warpgroup_mma(Nb, aq_s.index(s).permute((1, 0)),
-                              OQ * (scale * gl.exp(b_gc))[None, :], is_async=True)
-            S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
-            O, Nb = warpgroup_mma_wait(1, deps=[O, Nb])
-            # the chunk's outputs leave while the state update runs
-            if n_t >= BT:
-                _store_o(o_desc, o_s, O, i % 2, t0.to(gl.int32), i_h * V + W * R)
-            else:   # rows t0 + n_t .. belong to the next sequence: a masked store
-                p_o = o + (t0 + o_t)[None, :].to(gl.int64) * (H * V) + o_ov
-                gl.store(p_o, O.to(gl.bfloat16), mask=live[None, :])
-            t1 = t0 + BT
-            b_gc = gl.load(gc + (t1 + o_t) * H + i_h, mask=t1 + o_t < ueos, other=0.0)
-            b_gl = gl.load(gc + (gl.minimum(t1 + BT, ueos) - 1) * H + i_h, mask=t1 < ueos,
-                           other=0.0)
-            S, Db = warpgroup_mma_wait(0, deps=[S, Db])
-            mbarrier.arrive(empty.index(s))                   # the stage's last reader is done
+        n_full = ((ueos - ubos) // BT).to(gl.int32)
+        for i in range(n_full):
+            S, b_gc, b_gl = _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s, aq_s,
+                                  o_s, ready, empty, kfix, ubos, ueos, i_h, scale, W, H, K,
+                                  V, BT, STAGES, False)
+        if n_full < n_c:
+            S, b_gc, b_gl = _step(n_full, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s,
+                                  aq_s, o_s, ready, empty, kfix, ubos, ueos, i_h, scale, W,
+                                  H, K, V, BT, STAGES, True)
         tma.store_wait(0)
         if last:
             gl.store(ht + ht_off + p_rows, S)
