@@ -142,7 +142,8 @@ def test_negligible_threshold_is_the_config():
 
 def test_log_eps_reaches_the_launches():
     """A chained-CP call hands the config's threshold to both phases."""
-    x = make_prefill_inputs([130], GDNShape(1, 2, 16), seed=0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"   # CPU tensors need the interpreter
+    x = make_prefill_inputs([130], GDNShape(1, 2, 16), seed=0, device=dev)
     cfg = PrefillConfig(log_eps=-25.0)
     with mock.patch.object(pipeline, "state_walk_fwd", wraps=pipeline.state_walk_fwd) as walk:
         gdn_prefill(**x, variant="fused", cp=1, config=cfg)
