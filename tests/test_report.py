@@ -203,3 +203,21 @@ def test_prefill_host_against_the_bare_launch(tmp_path):
     h = prefill_host(gpu).set_index("lens").loc["6"]
     assert h["graph"] == 20.0 and h["cupti_cold"] == 42.0 and h["host"] == 45.0
     assert h["host / bare"] == pytest.approx(3.0) and h["lowest host"] == "fla 40.0"
+
+
+def test_multi_gpu_scaling_table_on_the_results_page(tmp_path):
+    folder = tmp_path / "2x-gpu-x" / "05_prefill_multi_gpu"
+    folder.mkdir(parents=True)
+    pd.DataFrame([dict(T=262144, gpus=2, **{"ours 1 GPU (µs)": 1500.0, "ours 2 GPUs (µs)": 900.0,
+                                              "fla 1 GPU (µs)": 7000.0, "speedup": 1500 / 900,
+                                              "efficiency": 1500 / 1800})]
+                 ).to_csv(folder / "scaling.csv", index=False)
+    pd.DataFrame([dict(impl="ours", gpus=1, T=262144, method="head_start_events",
+                       median_us=1500.0)]).to_csv(folder / "times.csv", index=False)
+    (folder / "provenance.json").write_text('{"git_sha": "abcdef123"}')
+    doc = tmp_path / "results.md"
+    doc.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    main(["--results", str(tmp_path), "--gpus", "none", "--update", "--doc", str(doc)])
+    s = doc.read_text()
+    assert "notebook 05), 2x-gpu-x" in s and "| 262144 | 1500.0 | 900.0 | 1.67 |" in s
+    assert "At `abcdef1`" in s and "head_start_events" in s and "efficiency" not in s
