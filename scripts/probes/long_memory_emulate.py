@@ -197,15 +197,13 @@ def solve_kernel(A: torch.Tensor) -> torch.Tensor:
         Ti8 = mm_prec(mm_prec(eye - D8, eye + P2, "bf16x2"), eye + P4, "bf16x2")
         T0.append(mm_prec(eye - mm_prec(Ti8, A0 - D8, "bf16x2"), Ti8, "bf16x2"))
     Tm = torch.zeros_like(A)
-    Tb = {}
-    for i in range(4):
-        Tb[i, i] = T0[i]
-    tf = "tf32"
+    blocks = {(i, i): T0[i] for i in range(4)}     # (I, J): block (I, J) of Tm
     for d in (1, 2, 3):
         for i in range(d, 4):
-            acc = sum(mm_prec(blk(A, i, i - m), Tb[i - m, i - d], tf) for m in range(1, d + 1))
-            Tb[i, i - d] = -mm_prec(T0[i], acc, tf)
-    for (i, j), b in Tb.items():
+            acc = sum(mm_prec(blk(A, i, i - m), blocks[i - m, i - d], "tf32")
+                      for m in range(1, d + 1))
+            blocks[i, i - d] = -mm_prec(T0[i], acc, "tf32")
+    for (i, j), b in blocks.items():
         Tm[..., i * BC:(i + 1) * BC, j * BC:(j + 1) * BC] = b
     return Tm
 
