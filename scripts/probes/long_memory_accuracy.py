@@ -4,7 +4,9 @@ Notebook 04 (H200, `7a34658`): 32,768 tokens with every head at the slow end of 
 generator's range, ours max abs error 0.0102 (fails atol = rtol = 1e-2; FlashQLA 0.0094
 passes); 131,072 tokens pass (0.0088). For each variant, against the chunked float32
 reference of the same inputs: max abs error, elements outside the tolerance and where the
-worst one sits (token, head; its position inside its long-path segment), and graph time:
+worst one sits (token, head; its position inside its long-path segment), the final state's
+own relative L2 error and elements outside the tolerance (what the CPU emulation
+``scripts/probes/long_memory_emulate.py`` predicts), and graph time:
 
 * ``default``: the default config;
 * ``phaseB_tf32x3``: the segment combine (phase B) with tf32x3 products instead of bf16
@@ -13,17 +15,18 @@ worst one sits (token, head; its position inside its long-path segment), and gra
 * ``precise``: ``PrefillConfig(storage="precise")`` (f32 ``Tb`` / ``Aqk``);
 * ``accurate``: :data:`ACCURATE_CONFIG`.
 
-    PYTHONPATH=$PWD python3 scripts/probes/long_memory_accuracy.py
+    PYTHONPATH=$PWD python3 scripts/probes/long_memory_accuracy.py [T ...]   # 32768 131072
 -> $OUT/long_memory_accuracy_<sha>.jsonl
 """
 import json
 import os
+import sys
 from dataclasses import replace
 
 import torch
 
 from kernels.bench.timing import time_fn
-from kernels.checks import ATOL, RTOL, check_outputs
+from kernels.checks import ATOL, RTOL, check_close, check_outputs
 from kernels.prefill import ACCURATE_CONFIG, DEFAULT_CONFIG, gdn_prefill, plan_fused
 from kernels.prefill import context_parallel as cpmod
 from kernels.reference import prefill_reference_chunked
@@ -48,7 +51,7 @@ VARIANTS = {
     "precise": (replace(DEFAULT_CONFIG, storage="precise"), None),
     "accurate": (ACCURATE_CONFIG, None),
 }
-for T in (32768, 131072):
+for T in [int(a) for a in sys.argv[1:]] or [32768, 131072]:
     for gates in ("every head long memory", "one long-memory head"):
         x = with_gates(make_prefill_inputs([T], seed=0, device="cuda", with_state=True), gates)
         ref = prefill_reference_chunked(**x)
@@ -59,6 +62,7 @@ for T in (32768, 131072):
             fn = lambda: gdn_prefill(**x, config=cfg)   # noqa: E731
             o, ht = fn()
             r = check_outputs((o, ht), tuple(ref))
+            rs = check_close(ht, ref[1], name="new_state")
             diff = (o.float() - ref[0].float()).abs()
             bad = ~((diff <= ATOL) | (diff <= RTOL * ref[0].float().abs()))
             i = int(diff.argmax())
@@ -67,6 +71,7 @@ for T in (32768, 131072):
                        max_abs=float(r.max_abs_err), rel_l2=float(r.rel_l2_err),
                        o_bad=int(bad.sum()), o_max_abs=float(diff.max()),
                        state_max_abs=float((ht.float() - ref[1].float()).abs().max()),
+                       state_rel_l2=float(rs.rel_l2_err), state_bad=int(rs.n_bad),
                        worst_token=t, worst_head=h, seg_tokens=seg * 64,
                        worst_pos_in_segment=t % (seg * 64) if seg else None,
                        worst_ref=float(ref[0].flatten()[i]),
