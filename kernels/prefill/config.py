@@ -31,7 +31,8 @@ __all__ = ["PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "walk_tile_rule
            "intra_maxnreg_rule", "walk_pipe_skip_rule", "walk_transposed_rule",
            "walk_warps_rule", "walk_stages_rule", "walk_launch_rule", "SHORT_WALK_CHUNKS",
            "WALK_3_STAGE_SMEM", "INTRA_WARPS", "SUMMARY_WARPS", "SUMMARY_STAGES", "WALKER_BV",
-           "RECURRENT_MAX_T", "recurrent_rule", "walk_gluon_rule"]
+           "RECURRENT_MAX_T", "recurrent_rule", "walk_gluon_rule", "TAIL_SPLIT_CHUNKS",
+           "tail_split_rule"]
 
 #: ``num_warps`` of the intra-chunk kernel (8 were slower).
 INTRA_WARPS = 4
@@ -50,6 +51,23 @@ WALKER_BV = 64
 #: smallest crossover of that section on the H200 (B=1: 24; a mixed batch of 4: 32), with
 #: the kernel's 8-token blocks (docs/notes/recurrent_prefill.md).
 RECURRENT_MAX_T = 24
+
+
+#: Chunks at the end of each sequence in which the long path's phase C splits the two
+#: products that carry the final state's bf16 error, ``rhs^T Tb^T`` and the state update
+#: (their register operands, the residual and the decayed ``v_new``, as bf16 hi + lo:
+#: ``"bf16x2"``, :mod:`.dots`), where the config's products are ``"bf16"``. The state
+#: forgets what entered before these chunks, so its error is about that of splitting every
+#: chunk's, at a fraction of the cost (the CPU emulation, its spread and the predicted cost:
+#: docs/notes/long_context.md, "Long memory at 32k: which rounding").
+TAIL_SPLIT_CHUNKS = 8
+
+
+def tail_split_rule(config: "PrefillConfig") -> int:
+    """Phase C's split tail (``tail`` of :func:`.state_walk_gluon.phase_c_fwd`):
+    :data:`TAIL_SPLIT_CHUNKS` with ``"bf16"`` products, 0 with ``"bf16x2"`` (every product
+    split already)."""
+    return TAIL_SPLIT_CHUNKS if config.precision == "bf16" else 0
 
 
 def _pow2(x) -> bool:

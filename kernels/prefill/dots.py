@@ -32,23 +32,26 @@ def _split(x):
 
 
 @triton.jit
-def mm(a, b, PREC: tl.constexpr):
-    """``a @ b`` (fp32 result) with precision ``PREC`` (see the module doc)."""
+def mm(a, b, PREC: tl.constexpr, acc=None):
+    """``acc + a @ b`` (fp32; ``acc`` None: zero) with precision ``PREC`` (see the module
+    doc). ``"bf16x2"`` accumulates the partial products in order: ``acc``, then the
+    ``hi`` product(s), then the ``lo`` one(s) (the Gluon phase C's split tail issues its
+    ``wgmma`` in that order)."""
     if PREC == "bf16x2":
         if a.dtype == tl.bfloat16:
             if b.dtype == tl.bfloat16:
-                return tl.dot(a, b)
+                return tl.dot(a, b, acc)
             else:
                 b_hi, b_lo = _split(b)
-                return tl.dot(a, b_lo, tl.dot(a, b_hi))
+                return tl.dot(a, b_lo, tl.dot(a, b_hi, acc))
         else:
             a_hi, a_lo = _split(a)
             if b.dtype == tl.bfloat16:
-                return tl.dot(a_lo, b, tl.dot(a_hi, b))
+                return tl.dot(a_lo, b, tl.dot(a_hi, b, acc))
             else:
                 b_hi, b_lo = _split(b)
-                return tl.dot(a_lo, b_hi, tl.dot(a_hi, b_lo, tl.dot(a_hi, b_hi)))
+                return tl.dot(a_lo, b_hi, tl.dot(a_hi, b_lo, tl.dot(a_hi, b_hi, acc)))
     elif PREC == "bf16":
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)

@@ -64,6 +64,7 @@ import triton.language as tl  # noqa: E402
 
 from ..spec import resolve_scale, validate_prefill_inputs  # noqa: E402
 from .chunk_index import BT, cu_status, seq_bounds  # noqa: E402
+from .config import tail_split_rule  # noqa: E402
 from .context_parallel import cp_long_segment_chunks, segment_combine_t_fwd  # noqa: E402
 from .dots import mm  # noqa: E402
 from .intra_chunk import intra_chunk_fwd  # noqa: E402
@@ -363,7 +364,8 @@ def _rank_plan(T_r, N, HV, D, rank, world, t0, T, cfg, use_h0, guard, device) ->
         phase_a=dict(kw, num_stages=3, loop_stages=3, log_eps=cfg.log_eps,
                      summary_last=pieces),
         phase_b=dict(seg_t=seg_t, T=T_r, BV=min(16, D)),
-        phase_c=dict(kw, num_stages=2, loop_stages=2, guard=guard),
+        phase_c=dict(kw, num_stages=2, loop_stages=2, guard=guard,
+                     tail=tail_split_rule(cfg)),
         phase_c_gluon=phase_c_gluon(device or "cpu", D, cfg),
         index=((1,), dict(GUARD=guard, PIECES=pieces, BLOCK=1024)),
         compose=((HV, 2 * D // bz), dict(H=HV, K=D, V=D, BV=bz, SEG_T=seg_t, USE_H0=use_h0,

@@ -54,8 +54,8 @@ from .. import gpu_limits, interpret
 from .chunk_index import BT, num_slots
 from .config import (DEFAULT_CONFIG, INTRA_WARPS, SHORT_WALK_CHUNKS, SUMMARY_STAGES,
                      SUMMARY_WARPS, WALKER_BV, PrefillConfig, intra_maxnreg_rule,
-                     recurrent_rule, walk_gluon_rule, walk_launch_rule, walk_pipe_skip_rule,
-                     walk_tile_rule, walk_transposed_rule)
+                     recurrent_rule, tail_split_rule, walk_gluon_rule, walk_launch_rule,
+                     walk_pipe_skip_rule, walk_tile_rule, walk_transposed_rule)
 from .context_parallel import (cp_long, cp_long_segment_chunks, cp_segment_chunks, cp_split,
                                sm_count, smem_per_block)
 from .intra_chunk import STORAGE
@@ -347,7 +347,7 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
         kw.update(phase_a=dict(base, pdl=cfg.pdl, num_stages=3, loop_stages=3,
                                log_eps=cfg.log_eps),
                   phase_b=dict(seg_t=seg_t, T=T, BV=min(16, D)),
-                  phase_c=dict(base, num_stages=2, loop_stages=2),
+                  phase_c=dict(base, num_stages=2, loop_stages=2, tail=tail_split_rule(cfg)),
                   phase_c_gluon=phase_c_gluon(device, D, cfg))
         if split:
             kw["split_args"] = dict(seg_chunks=seg_t // BT, T=T, n_sm=n_sm,

@@ -222,11 +222,14 @@ if HAVE_GLUON:
     def _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
               kfix, ubos, ueos, i_h, scale, W: gl.constexpr, H: gl.constexpr,
               K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
-              PARTIAL: gl.constexpr):
+              PARTIAL: gl.constexpr, SPLIT_TAIL: gl.constexpr):
         """Chunk ``i`` of the unit for rows ``64 W ..`` of ``S^T``: returns the new ``S``
         and the next chunk's ``gc`` (all, last row). ``PARTIAL``: the unit's last chunk
         holds fewer than ``BT`` tokens (the module doc's three measures); the full chunks'
-        step carries none of them (peeled: the loop body stays the probe's)."""
+        step carries none of them (peeled: the loop body stays the probe's).
+        ``SPLIT_TAIL``: a chunk of the split tail (the module doc): ``R`` and the decayed
+        ``N`` as bf16 ``hi + lo``, two ``wgmma`` each (``hi`` first, ``lo`` accumulated
+        into its result: the Triton walk's ``"bf16x2"`` order, :func:`.dots.mm`)."""
         R: gl.constexpr = V // 2
         acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, K, 16])
@@ -254,18 +257,36 @@ if HAVE_GLUON:
         Rt = vt.to(gl.float32) - X * gl.exp(b_gc)[None, :]
         if PARTIAL:
             Rt = gl.where(live[None, :], Rt, 0.0)
-        Rb = gl.convert_layout(Rt.to(gl.bfloat16), a_t)
-        N = warpgroup_mma(Rb, tb_s.index(s).permute((1, 0)), zero_t, use_acc=False,
-                          is_async=True)
-        N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
+        tb_t = tb_s.index(s).permute((1, 0))
+        if SPLIT_TAIL:
+            Rh = Rt.to(gl.bfloat16)
+            Rb = gl.convert_layout(Rh, a_t)
+            Rl = gl.convert_layout((Rt - Rh.to(gl.float32)).to(gl.bfloat16), a_t)
+            N = warpgroup_mma(Rb, tb_t, zero_t, use_acc=False, is_async=True)
+            N = warpgroup_mma(Rl, tb_t, N, is_async=True)
+            N, OQ, Rb, Rl, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Rl, Sb])
+        else:
+            Rb = gl.convert_layout(Rt.to(gl.bfloat16), a_t)
+            N = warpgroup_mma(Rb, tb_t, zero_t, use_acc=False, is_async=True)
+            N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
         if PARTIAL:
             N = gl.where(live[None, :], N, 0.0)
-        Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
+        if SPLIT_TAIL:
+            Dt = N * gl.exp(b_gl - b_gc)[None, :]
+            Dh = Dt.to(gl.bfloat16)
+            Db = gl.convert_layout(Dh, a_k)
+            Dl = gl.convert_layout((Dt - Dh.to(gl.float32)).to(gl.bfloat16), a_k)
+        else:
+            Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
         Nb = gl.convert_layout(N.to(gl.bfloat16), a_t)
         O = warpgroup_mma(Nb, aq_s.index(s).permute((1, 0)),
                           OQ * (scale * gl.exp(b_gc))[None, :], is_async=True)
         S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
-        O, Nb = warpgroup_mma_wait(1, deps=[O, Nb])
+        if SPLIT_TAIL:
+            S = warpgroup_mma(Dl, k_i, S, is_async=True)
+            O, Nb = warpgroup_mma_wait(2, deps=[O, Nb])    # both update products in flight
+        else:
+            O, Nb = warpgroup_mma_wait(1, deps=[O, Nb])
         # the chunk's outputs leave while the state update runs
         if PARTIAL:   # rows t0 + n_t .. belong to the next sequence: a masked store
             o_ov = (i_h * V + W * R + gl.arange(0, R, layout=gl.SliceLayout(1, acc_t)))[:, None]
@@ -277,7 +298,10 @@ if HAVE_GLUON:
         b_gc = gl.load(gc + (t1 + o_t) * H + i_h, mask=t1 + o_t < ueos, other=0.0)
         b_gl = gl.load(gc + (gl.minimum(t1 + BT, ueos) - 1) * H + i_h, mask=t1 < ueos,
                        other=0.0)
-        S, Db = warpgroup_mma_wait(0, deps=[S, Db])
+        if SPLIT_TAIL:
+            S, Db, Dl = warpgroup_mma_wait(0, deps=[S, Db, Dl])
+        else:
+            S, Db = warpgroup_mma_wait(0, deps=[S, Db])
         mbarrier.arrive(empty.index(s))                   # the stage's last reader is done
         return S, b_gc, b_gl
 
@@ -285,9 +309,11 @@ if HAVE_GLUON:
     def _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
                   kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, W: gl.constexpr,
                   H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, TAIL: gl.constexpr):
         """Rows ``64 W ..`` of ``S^T`` over the unit's chunks (the module doc): the full
-        chunks, then a partial last one if the unit ends mid-chunk (:func:`_step`).
+        chunks, the split tail's full chunks (``last`` units: their last ``TAIL`` chunks),
+        then a partial last one if the unit ends mid-chunk (:func:`_step`; only a ``last``
+        unit ends mid-chunk, so that step is a tail step wherever ``TAIL > 0``).
         Products asynchronous, waits only where the chain needs a result; everything is
         retired at the end of each step: an accumulator in flight across the loop's back
         edge makes ptxas serialise every ``wgmma`` of the loop (warning C7514)."""
@@ -307,14 +333,23 @@ if HAVE_GLUON:
         b_gl = gl.load(gc + (gl.minimum(ubos + BT, ueos) - 1) * H + i_h, mask=ubos < ueos,
                        other=0.0)
         n_full = ((ueos - ubos) // BT).to(gl.int32)
-        for i in range(n_full):
+        n_main = n_full
+        if TAIL > 0:
+            if last:
+                n_main = gl.maximum(n_c - TAIL, 0)
+        for i in range(n_main):
             S, b_gc, b_gl = _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s, aq_s,
                                   o_s, ready, empty, kfix, ubos, ueos, i_h, scale, W, H, K,
-                                  V, BT, STAGES, False)
+                                  V, BT, STAGES, False, False)
+        if TAIL > 0:
+            for i in range(n_main, n_full):
+                S, b_gc, b_gl = _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s,
+                                      aq_s, o_s, ready, empty, kfix, ubos, ueos, i_h, scale,
+                                      W, H, K, V, BT, STAGES, False, True)
         if n_full < n_c:
             S, b_gc, b_gl = _step(n_full, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s,
                                   aq_s, o_s, ready, empty, kfix, ubos, ueos, i_h, scale, W,
-                                  H, K, V, BT, STAGES, True)
+                                  H, K, V, BT, STAGES, True, TAIL > 0)
         tma.store_wait(0)
         if last:
             gl.store(ht + ht_off + p_rows, S)
@@ -323,17 +358,19 @@ if HAVE_GLUON:
     def _state_wg0(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
                    kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                   STAGES: gl.constexpr):
+                   STAGES: gl.constexpr, TAIL: gl.constexpr):
         _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, kfix,
-                  s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, 0, H, K, V, BT, STAGES)
+                  s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, 0, H, K, V, BT, STAGES,
+                  TAIL)
 
     @gluon.jit
     def _state_wg1(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
                    kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                   STAGES: gl.constexpr):
+                   STAGES: gl.constexpr, TAIL: gl.constexpr):
         _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, kfix,
-                  s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, 1, H, K, V, BT, STAGES)
+                  s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, 1, H, K, V, BT, STAGES,
+                  TAIL)
 
     @gluon.jit(do_not_specialize=["T", "N"])
     def state_walk_gluon_kernel(
@@ -351,7 +388,7 @@ if HAVE_GLUON:
         H: gl.constexpr, G: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
         BT: gl.constexpr, SEG_T: gl.constexpr, SPLIT: gl.constexpr, GUARD: gl.constexpr,
         HAS_STATUS: gl.constexpr, STAGES: gl.constexpr, STATE_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, TAIL: gl.constexpr,
     ):
         """Phase C: program ``(slot, value head)`` walks its unit from ``s0[slot, head]``
         (module doc); ``num_warps = 4`` (the first state warpgroup) plus a 4-warp state
@@ -391,10 +428,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_state_wg0, (gc, s0, ht, o, o_desc, k_s, q_s, v0_s, tb_s, aq_s, o0_s, ready,
                           empty, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, H,
-                          K, V, BT, STAGES)),
+                          K, V, BT, STAGES, TAIL)),
             (_state_wg1, (gc, s0, ht, o, o_desc, k_s, q_s, v1_s, tb_s, aq_s, o1_s, ready,
                           empty, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, H,
-                          K, V, BT, STAGES)),
+                          K, V, BT, STAGES, TAIL)),
             (_producer, (k_desc, q_desc, v_desc, tb_desc, aq_desc, k_s, q_s, v0_s, v1_s,
                          tb_s, aq_s, ready, empty, ubos, n_c, i_h, i_h // G, K, V, BT,
                          STAGES)),
@@ -415,8 +452,8 @@ def tma_ready(*tensors) -> bool:
 
 
 def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_state,
-                         scale: float, seg_t: int, seg_mult=None, guard: bool = False,
-                         status=None, defer: bool = False):
+                         scale: float, seg_t: int, tail: int, seg_mult=None,
+                         guard: bool = False, status=None, defer: bool = False):
     """Launch :func:`state_walk_gluon_kernel` once: phase C of the long path, as
     :func:`.state_walk_t.state_walk_t_fwd` with ``s0`` (and its ``seg_mult``, ``guard``,
     ``status``) launches it.
@@ -427,6 +464,8 @@ def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_s
         s0: `[S, HV, 128, 128]` f32, the entering state per slot of ``seg_t`` tokens
             (``S = T // seg_t + N``). seg_mult: `[N]` int32 (the device split) or None.
         output: `[T, HV, 128]` bf16, written. final_state: `[N, HV, 128, 128]` f32, written.
+        tail: the split tail's chunks (:func:`.config.tail_split_rule`), as the Triton
+            walk's ``tail``.
         guard, status: as the Triton walk's (:mod:`.guard`).
     Returns None, or with ``defer`` the bound launch without launching it.
     """
@@ -437,6 +476,8 @@ def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_s
         raise ValueError(f"the Gluon phase C is written for K = V = {GLUON_D}, got {K}, {V}")
     if tb.dtype != q.dtype or aq.dtype != q.dtype:
         raise ValueError(f"the Gluon phase C reads bf16 Tb and Aqk, got {tb.dtype}, {aq.dtype}")
+    if not isinstance(tail, int) or tail < 0:
+        raise ValueError(f"tail must be an int >= 0, got {tail!r}")
     lk, lv, lt = _layouts(K, V)
 
     def desc(t, cols, block, layout):
@@ -449,7 +490,8 @@ def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_s
             float(scale), T, N)
     kw = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, SEG_T=int(seg_t), SPLIT=seg_mult is not None,
               GUARD=bool(guard), HAS_STATUS=bool(guard) and status is not None,
-              STAGES=STAGES, STATE_REGS=STATE_REGS, PRODUCER_REGS=PRODUCER_REGS, num_warps=4)
+              TAIL=tail, STAGES=STAGES, STATE_REGS=STATE_REGS, PRODUCER_REGS=PRODUCER_REGS,
+              num_warps=4)
     grid = (int(T) // int(seg_t) + N, H)
 
     def go():
@@ -461,19 +503,20 @@ def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_s
 
 
 def phase_c_fwd(gluon: bool, q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_state,
-                scale: float, seg_t: int, seg_mult=None, guard: bool = False, status=None,
-                defer: bool = False, **triton_kw):
+                scale: float, seg_t: int, tail: int, seg_mult=None, guard: bool = False,
+                status=None, defer: bool = False, **triton_kw):
     """Phase C of the long path as planned: the Gluon walk where the plan picked it
     (``gluon``: :func:`.config.walk_gluon_rule`) and TMA can address the tensors
     (:func:`tma_ready`), else :func:`.state_walk_t.state_walk_t_fwd` with ``triton_kw``
-    (the plan's ``phase_c``: tile, warps, stages, precisions). The one place both launch
-    sites (:func:`.pipeline._cp_long`, :mod:`.multi_gpu`) go through."""
+    (the plan's ``phase_c``: tile, warps, stages, precisions); ``tail`` (the split tail,
+    :func:`.config.tail_split_rule`) goes to either. The one place both launch sites
+    (:func:`.pipeline._cp_long`, :mod:`.multi_gpu`) go through."""
     if gluon and tma_ready(q, k, v, tb, aq, output):
         return state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
                                     final_state=final_state, scale=scale, seg_t=seg_t,
-                                    seg_mult=seg_mult, guard=guard, status=status,
+                                    tail=tail, seg_mult=seg_mult, guard=guard, status=status,
                                     defer=defer)
     return state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
-                            final_state=final_state, scale=scale, seg_t=seg_t,
+                            final_state=final_state, scale=scale, seg_t=seg_t, tail=tail,
                             seg_mult=seg_mult, guard=guard, status=status, defer=defer,
                             **triton_kw)

@@ -44,6 +44,44 @@ from .pdl import grid_wait, launch_options  # noqa: E402
 __all__ = ["state_walk_t_kernel", "state_walk_t_fwd", "walk_t_flags"]
 
 
+@triton.jit
+def _chunk_step(q, k, v, tb, aq, gc, o, b_St, t0, ueos, i_h, i_hk, o_bt, o_qk, o_tt, o_vt,
+                m_v, scale, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr,
+                BT: tl.constexpr, V: tl.constexpr, DOT_PREC: tl.constexpr,
+                OUT_PREC: tl.constexpr, SUMMARY: tl.constexpr, SPLIT_TAIL: tl.constexpr):
+    """One chunk (first token ``t0``) of :func:`state_walk_t_kernel`'s walk: stores its
+    outputs (not ``SUMMARY``) and returns the new ``S^T``. ``SPLIT_TAIL``: a chunk of the
+    split tail (:data:`.config.TAIL_SPLIT_CHUNKS`): ``rhs^T Tb^T`` and the state update in
+    ``"bf16x2"``, the update accumulating onto the decayed state, then the ``hi``, then the
+    ``lo`` product (:func:`.dots.mm`; the Gluon phase C issues its ``wgmma`` in that
+    order)."""
+    m_t = o_bt < (ueos - t0)
+    b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
+    b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
+    b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+    b_vt = tl.load(v + (t0 * H + i_h) * V + o_vt, mask=m_t[None, :] & m_v, other=0.0)
+    # rhs^T = v^T - (k S)^T exp(gc): rows past the end are 0 (k, v masked)
+    b_rt = b_vt.to(tl.float32) - mm(b_St, tl.trans(b_k), DOT_PREC) * tl.exp(b_gc)[None, :]
+    b_tb = tl.load(tb + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+    if SPLIT_TAIL:
+        b_nt = mm(b_rt, tl.trans(b_tb), "bf16x2")
+    else:
+        b_nt = mm(b_rt, tl.trans(b_tb), DOT_PREC)          # v_new^T = rhs^T Tb^T
+    if not SUMMARY:
+        b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+        b_aq = tl.load(aq + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
+        b_ot = (mm(b_St, tl.trans(b_q), OUT_PREC) * (scale * tl.exp(b_gc))[None, :]
+                + mm(b_nt, tl.trans(b_aq), OUT_PREC))
+        tl.store(o + (t0 * H + i_h) * V + o_vt, b_ot.to(o.dtype.element_ty),
+                 mask=m_t[None, :])
+    # S'^T = exp(gc_last) S^T + (exp(gc_last - gc) v_new)^T k
+    if SPLIT_TAIL:
+        b_St = mm(b_nt * tl.exp(b_gl - b_gc)[None, :], b_k, "bf16x2", b_St * tl.exp(b_gl))
+    else:
+        b_St = b_St * tl.exp(b_gl) + mm(b_nt * tl.exp(b_gl - b_gc)[None, :], b_k, DOT_PREC)
+    return b_St
+
+
 @triton.jit(do_not_specialize=["T", "N"])
 def state_walk_t_kernel(
     q,              # [T, HQ, K] bf16
@@ -85,6 +123,7 @@ def state_walk_t_kernel(
     TRUNC: tl.constexpr = False,        # SUMMARY: skip what the decay makes negligible
     SPLIT: tl.constexpr = False,        # units of seg_mult[n] slots (set on the device)
     SUMMARY_LAST: tl.constexpr = False,  # SUMMARY: each sequence's last segment too
+    TAIL: tl.constexpr = 0,             # FROM_S0: split tail's chunks (.config.tail_split_rule)
 ):
     """One program per ``(sequence or segment slot, value head, BV state columns)``: walks
     its chunks from ``h0`` / ``s0`` (or zeros) and writes every output row and the final
@@ -152,26 +191,19 @@ def state_walk_t_kernel(
         else:
             # rows of X: from the last chunk whose bound still counts (0 unless it fell)
             c_start = bound_suffix_start(p_lb, n_c, H, LOG_EPS)
-    for i_c in tl.range(c_start, n_c, num_stages=LOOP_STAGES):
-        t0 = ubos + i_c * BT                               # first token of the chunk (int64)
-        m_t = o_bt < (ueos - t0)
-        b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
-        b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
-        b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-        b_vt = tl.load(v + (t0 * H + i_h) * V + o_vt, mask=m_t[None, :] & m_v, other=0.0)
-        # rhs^T = v^T - (k S)^T exp(gc): rows past the end are 0 (k, v masked)
-        b_rt = b_vt.to(tl.float32) - mm(b_St, tl.trans(b_k), DOT_PREC) * tl.exp(b_gc)[None, :]
-        b_tb = tl.load(tb + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
-        b_nt = mm(b_rt, tl.trans(b_tb), DOT_PREC)          # v_new^T = rhs^T Tb^T
-        if not SUMMARY:
-            b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-            b_aq = tl.load(aq + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
-            b_ot = (mm(b_St, tl.trans(b_q), OUT_PREC) * (scale * tl.exp(b_gc))[None, :]
-                    + mm(b_nt, tl.trans(b_aq), OUT_PREC))
-            tl.store(o + (t0 * H + i_h) * V + o_vt, b_ot.to(o.dtype.element_ty),
-                     mask=m_t[None, :])
-        # S'^T = exp(gc_last) S^T + (exp(gc_last - gc) v_new)^T k
-        b_St = b_St * tl.exp(b_gl) + mm(b_nt * tl.exp(b_gl - b_gc)[None, :], b_k, DOT_PREC)
+    n_main = n_c
+    if TAIL > 0:   # (FROM_S0) the unit that writes the final state splits its last chunks
+        if ueos >= eos:
+            n_main = tl.maximum(n_c - TAIL, c_start)
+    for i_c in tl.range(c_start, n_main, num_stages=LOOP_STAGES):
+        b_St = _chunk_step(q, k, v, tb, aq, gc, o, b_St, ubos + i_c * BT, ueos, i_h, i_hk,
+                           o_bt, o_qk, o_tt, o_vt, m_v, scale, H, HQ, K, BT, V,
+                           DOT_PREC, OUT_PREC, SUMMARY, False)
+    if TAIL > 0:
+        for i_c in tl.range(n_main, n_c, num_stages=LOOP_STAGES):
+            b_St = _chunk_step(q, k, v, tb, aq, gc, o, b_St, ubos + i_c * BT, ueos, i_h,
+                               i_hk, o_bt, o_qk, o_tt, o_vt, m_v, scale, H, HQ, K, BT,
+                               V, DOT_PREC, OUT_PREC, SUMMARY, True)
     if SUMMARY:
         tl.store(summ + (i_u * H + i_h).to(tl.int64) * ((K + V) * K) + o_vk, b_St)
     elif ueos >= eos:   # the sequence's last segment (always, without CP)
@@ -201,7 +233,7 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
                      out_precision: str = "bf16", pdl: bool = False, seg_t: int = 0,
                      summary=None, s0=None, guard: bool = False, status=None,
                      log_bound=None, negligible=None, seg_mult=None, summary_last: bool = False,
-                     log_eps=None, defer: bool = False):
+                     log_eps=None, tail: int = 0, defer: bool = False):
     """Launch :func:`state_walk_t_kernel` once.
 
     Args:
@@ -220,6 +252,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
             outputs), or
         s0: `[S, HV, V, K]` f32 entering state per slot (phase C: outputs; each sequence's
             last segment writes ``final_state``).
+        tail: with ``s0``, the last ``tail`` chunks of each sequence's last unit form
+            ``rhs^T Tb^T`` and the state update in ``"bf16x2"`` (:func:`.config.tail_split_rule`).
         seg_mult: `[N]` int32, with ``seg_t``: each sequence's units span that many slots
             of ``seg_t`` tokens (:func:`.context_parallel.segment_split_fwd`).
         log_bound, negligible: with ``summary``, skip what the decay makes negligible
@@ -250,6 +284,8 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         raise ValueError("guard goes with the outputs, not with summary (phase A)")
     if summary_last and summary is None:
         raise ValueError("summary_last goes with summary (phase A)")
+    if not isinstance(tail, int) or tail < 0 or (tail and s0 is None):
+        raise ValueError(f"tail must be an int >= 0, nonzero only with s0 (phase C), got {tail!r}")
     units = (int(T) // seg_t + N) if seg_t else N
     rows = K + V if summary is not None else V
     pdl_opts = launch_options(pdl, k.device)
@@ -258,6 +294,7 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         status, log_bound, negligible, seg_mult, float(scale), T, N), dict(
         H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, DOT_PREC=dot_precision,
         OUT_PREC=out_precision, LOG_EPS=log_eps, SEG_T=int(seg_t), LOOP_STAGES=loop_stages,
+        TAIL=tail,
         PDL_WAIT=bool(pdl_opts),
         **walk_t_flags(h0=initial_state, summary=summary, s0=s0, guard=guard, status=status,
                        log_bound=log_bound, seg_mult=seg_mult, summary_last=summary_last),
