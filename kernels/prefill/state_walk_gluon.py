@@ -252,7 +252,10 @@ if HAVE_GLUON:
         X = warpgroup_mma(Sb, k_i.permute((1, 0)), zero_t, use_acc=False, is_async=True)
         OQ = warpgroup_mma(Sb, q_s.index(s).permute((1, 0)), zero_t, use_acc=False,
                            is_async=True)
-        X = warpgroup_mma_wait(1, deps=[X])                # S^T q^T stays in flight
+        if PARTIAL and SPLIT_TAIL:   # (spills with S^T q^T in flight beside R's halves)
+            X, OQ, Sb = warpgroup_mma_wait(0, deps=[X, OQ, Sb])
+        else:
+            X = warpgroup_mma_wait(1, deps=[X])            # S^T q^T stays in flight
         vt = v_s.index(s).permute((1, 0)).load(acc_t)     # v^T [R, BT]
         Rt = vt.to(gl.float32) - X * gl.exp(b_gc)[None, :]
         if PARTIAL:
@@ -284,7 +287,7 @@ if HAVE_GLUON:
         S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
         if SPLIT_TAIL:
             S = warpgroup_mma(Dl, k_i, S, is_async=True)
-            O, Nb = warpgroup_mma_wait(2, deps=[O, Nb])    # both update products in flight
+            O, Nb = warpgroup_mma_wait(2, deps=[O, Nb])    # the update stays in flight
         else:
             O, Nb = warpgroup_mma_wait(1, deps=[O, Nb])
         # the chunk's outputs leave while the state update runs
