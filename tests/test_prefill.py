@@ -403,6 +403,37 @@ def test_cp_long_path(shape, lens, seg):
         assert torch.equal(x[n], t), n
 
 
+def test_cp_long_split_tail_lowers_the_state_error():
+    """Phase C's split tail (:data:`kernels.prefill.config.TAIL_SPLIT_CHUNKS`), every head
+    long-memory, one sequence of two units (8 chunks, then 2 full and a partial one): the
+    final state is closer to the float32 reference with the default tail and with a
+    2-chunk one than with none (``TAIL_SPLIT_CHUNKS = 0``, read by the plan); the outputs
+    before the tail are bit for bit the tail-less walk's, all of them pass."""
+    from kernels.prefill import config as cfg_mod
+    from kernels.reference import prefill_reference_chunked
+    from kernels.stress_inputs import with_gates
+
+    x = with_gates(make_prefill_inputs([700], GDNShape(1, 1, 32), seed=0, cu_dtype=torch.int32,
+                                       device=DEV), "every head long memory")
+    ref = prefill_reference_chunked(**x)
+    out, err = {}, {}
+    for tail in (0, 2, cfg_mod.TAIL_SPLIT_CHUNKS):
+        with mock.patch.object(cfg_mod, "TAIL_SPLIT_CHUNKS", tail), \
+                _rules(cp_long=lambda T, N: True), \
+                mock.patch.object(pipeline, "phase_c_fwd", wraps=pipeline.phase_c_fwd) as c:
+            out[tail] = gdn_prefill(**x, variant="fused", cp=8)
+        assert c.call_args.kwargs["tail"] == tail
+        assert_ok(out[tail], ref)
+        d = out[tail][1] - ref[1]
+        err[tail] = (d.abs().max().item(), (d.norm() / ref[1].norm()).item())
+    for tail in (2, cfg_mod.TAIL_SPLIT_CHUNKS):
+        assert err[tail][0] < err[0][0] and err[tail][1] < err[0][1], err
+    # the last unit starts at 512: with a 2-chunk tail its chunks from 576 are split
+    assert torch.equal(out[2][0][:576], out[0][0][:576])
+    assert torch.equal(out[cfg_mod.TAIL_SPLIT_CHUNKS][0][:512], out[0][0][:512])
+    assert not torch.equal(out[2][0][576:], out[0][0][576:])
+
+
 def _decay_case(shape, lens, A, k_scale=1.0, seed=0):
     """Inputs of the spec with every head's decay rate ``A`` (``A_log = log A``) and ``k``
     scaled by ``k_scale`` (1: unit norm), and their reference."""

@@ -9,7 +9,9 @@ forced to the Triton one (``PrefillConfig(gluon_walk=False)``) on the long paths
 moderate lengths (segments of 4 chunks): packed sequences ending mid-chunk, an empty one,
 with and without initial states, the device split, the graph variant, a bad
 ``cu_seqlens`` (the guard), a neighbour sequence with non-finite keys, and the rows of
-``o`` outside the walked sequences. ``o`` and the final states must be **bitwise** equal
+``o`` outside the walked sequences, last units longer than the split tail
+(:data:`kernels.prefill.config.TAIL_SPLIT_CHUNKS`). ``o`` and the final states must be
+**bitwise** equal
 (``torch.equal`` on the values): the kernel runs the Triton walk's products on the same
 bf16 operands in the same order (the probe measured a max abs difference of 0.0 on every
 variant, docs/notes/long_context.md), so any difference is a bug, not rounding; both must
@@ -54,7 +56,7 @@ def _phase_c_args(offset: int = 0):
             torch.zeros(T, H, 64, dtype=bf), torch.zeros(T, H, 64, dtype=bf),
             torch.zeros(T, H), torch.tensor([0, T])), dict(
         s0=torch.zeros(3, H, D, D), output=torch.zeros(T, H, D, dtype=bf),
-        final_state=torch.zeros(1, H, D, D), scale=0.1, seg_t=128, defer=True)
+        final_state=torch.zeros(1, H, D, D), scale=0.1, seg_t=128, tail=8, defer=True)
 
 
 @pytest.mark.parametrize("gluon, offset, want", [
@@ -68,6 +70,7 @@ def test_phase_c_fwd_takes_the_planned_kernel(gluon, offset, want):
             mock.patch.object(swg, "state_walk_t_fwd") as t:
         swg.phase_c_fwd(gluon, *args, BV=128, num_warps=8, **kw)
     assert (g.call_count, t.call_count) == ((1, 0) if want == "gluon" else (0, 1))
+    assert (g if want == "gluon" else t).call_args.kwargs["tail"] == 8   # the split tail
     if want == "triton":   # the plan's Triton arguments reach the Triton walk
         assert t.call_args.kwargs["BV"] == 128 and t.call_args.kwargs["s0"] is kw["s0"]
 
@@ -162,17 +165,20 @@ def _ok(out, x):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("lens, with_state, split", [
+@pytest.mark.parametrize("lens, with_state, split, seg", [
     # ends mid-chunk (1000 = 15 * 64 + 40, 37, 2100), an empty sequence, a whole-chunk one
-    pytest.param([1000, 37, 0, 2100, 64], True, False, id="varlen-state"),
-    pytest.param([1000, 37, 0, 2100, 64], False, False, id="varlen-nostate"),
-    pytest.param([3000, 700, 1500, 90], True, True, id="split"),
-    pytest.param([4096], True, False, id="one-sequence"),
+    pytest.param([1000, 37, 0, 2100, 64], True, False, 4, id="varlen-state"),
+    pytest.param([1000, 37, 0, 2100, 64], False, False, 4, id="varlen-nostate"),
+    pytest.param([3000, 700, 1500, 90], True, True, 4, id="split"),
+    pytest.param([4096], True, False, 4, id="one-sequence"),
+    # last units longer than the split tail (bf16 chunks, then the tail's): segments of 16
+    # chunks; the last units of 3000 and 700 tokens hold 15 and 11 chunks (a partial last)
+    pytest.param([3000, 700, 1500, 90], True, False, 16, id="units-past-the-tail"),
 ])
-def test_gluon_phase_c_equals_triton(lens, with_state, split):
+def test_gluon_phase_c_equals_triton(lens, with_state, split, seg):
     x = _inputs(lens, with_state)
     before = {n: t.clone() for n, t in x.items() if torch.is_tensor(t)}
-    with _long(4, split):
+    with _long(seg, split):
         g, t = _both(x, check_values=False)
     _same(g, t)
     _ok(g, x)
@@ -254,7 +260,7 @@ def test_gluon_phase_c_writes_only_its_rows(end):
     swg.state_walk_gluon_fwd(q, k, v, tb, aq, gc, torch.tensor([0, end], dtype=cu.dtype,
                                                                  device=cu.device),
                              s0=kw["s0"], output=out, final_state=hts, scale=kw["scale"],
-                             seg_t=kw["seg_t"], seg_mult=None)
+                             seg_t=kw["seg_t"], tail=kw["tail"], seg_mult=None)
     torch.cuda.synchronize()
     assert bool((out[end:] == 7.0).all()), "rows of the next sequence were written"
     assert torch.equal(out[:end], o[:end]) and torch.equal(hts[0], ht[0])

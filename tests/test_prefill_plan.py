@@ -206,3 +206,18 @@ def test_plan_records_the_phase_c_kernel(cc, D, cfg, T, want):
             assert not prefill_plan(T, 1, 8, D, CPU, config=cfg).phase_c_gluon   # interpreter
         finally:
             plan_mod.clear_plan_cache()
+
+
+@pytest.mark.parametrize("cfg, want", [
+    pytest.param(None, "rule", id="default"),
+    pytest.param(PrefillConfig(precision="bf16x2"), 0, id="bf16x2"),   # every product split
+])
+def test_plan_phase_c_split_tail(cfg, want):
+    """The long path's phase C gets :func:`tail_split_rule`'s tail (the default's bf16
+    products: :data:`TAIL_SPLIT_CHUNKS`; none where every product is split already)."""
+    from kernels.prefill.config import TAIL_SPLIT_CHUNKS, tail_split_rule
+    p = prefill_plan(16384, 1, 8, 128, CPU, config=cfg)
+    assert p.path.startswith("cp_long")
+    assert p.phase_c["tail"] == (TAIL_SPLIT_CHUNKS if want == "rule" else want)
+    assert p.phase_c["tail"] == tail_split_rule(cfg or PrefillConfig())
+    assert "tail" not in p.phase_a
