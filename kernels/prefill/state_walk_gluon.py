@@ -22,7 +22,13 @@ work hides behind the chain (the design of ``scripts/probes/gluon_walk.py``, var
 
 The step is the Triton walk's with ``"bf16"`` precisions (operands ``S``, ``R``, ``N`` and
 the decayed ``N`` rounded to bf16, f32 accumulation, the same products in the same order):
-the outputs and states are the Triton phase C's.
+the outputs and states are the Triton phase C's. So is the split tail: on a sequence's last
+unit the last ``TAIL`` chunks (:func:`.config.tail_split_rule`) split ``R`` and the decayed
+``N`` into bf16 ``hi + lo`` and issue two ``wgmma`` for ``R Tb^T`` and for the state update
+(``hi`` then ``lo`` into the same accumulator, as :func:`.dots.mm` orders ``"bf16x2"``), a
+second loop after the main one (whose body is unchanged); the final state's bf16 error
+comes from those last chunks (docs/notes/long_context.md, "Long memory at 32k: which
+rounding").
 
 Sequences, units and the guard are phase C's: program ``(slot, head)`` finds its sequence
 and unit as :func:`.chunk_index.unit_bounds` does (the binary search over the clamped

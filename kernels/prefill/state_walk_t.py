@@ -24,7 +24,10 @@ warpgroup owns 64 state columns while both share one load of those tiles
 k-last in memory (``[V, K]``, as the contest layout), so ``S^T`` tiles are
 contiguous rows. Roundings: the same bf16 products as the untransposed walk
 with ``"bf16"`` precisions (``S``, ``rhs``, ``v_new``, the decayed ``v_new``
-rounded to bf16 for one product each).
+rounded to bf16 for one product each); in phase C (``FROM_S0``) the last ``TAIL``
+chunks of each sequence's last unit form ``rhs^T Tb^T`` and the state update in
+``"bf16x2"`` (the split tail, :func:`.config.tail_split_rule`: those chunks carry the
+final state's bf16 error), a second chunk loop after the first.
 """
 from __future__ import annotations
 
