@@ -417,17 +417,25 @@ def plot_waterfall(tables: Sequence[pd.DataFrame], gpu: str = ""):
 def plot_time_vs_T(times: pd.DataFrame):
     """Time vs total tokens T (log-log), one line per implementation over the single
     sequences (one colour per implementation in every panel), each multi-sequence shape
-    as a marker of its own (legend), one panel per method."""
+    as a marker of its own (legend), one panel per method, two panels a row."""
     if times is None or times.empty:
         return None
     from matplotlib.lines import Line2D
 
     methods = unique_in_order(times.method)
     labels = unique_in_order(times.label)
-    colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+    if len(labels) <= 10:
+        colors = {lab: f"C{i}" for i, lab in enumerate(labels)}
+    else:   # one colour each beyond the default cycle's ten
+        from matplotlib import colormaps
+        colors = {lab: colormaps["tab20"](i % 20) for i, lab in enumerate(labels)}
     batches = unique_in_order(times[times.N > 1].sort_values("T").lens)
     markers = dict(zip(batches, "xP^vsD*<>p"))
-    fig, axes = new_figure(1, max(1, len(methods)), panel=(5.6, 4.0))
+    ncols = min(2, max(1, len(methods)))         # two panels a row: the legend fits beside
+    nrows = -(-max(1, len(methods)) // ncols)
+    fig, axes = new_figure(nrows, ncols, panel=(4.8, 3.6))
+    for ax in list(axes.flat)[len(methods):]:
+        ax.remove()
     gpu = str(times.gpu.iloc[0]) if len(times) else ""
     for ax, method in zip(axes.flat, methods):
         t = times[times.method == method]
