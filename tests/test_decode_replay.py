@@ -226,3 +226,23 @@ def test_bad_inputs_raise_naming_the_argument_before_writing(make, exc, match):
         gdn_replay_decode(**inp, check_values=True, **kw)
     assert torch.equal(inp["state"], before[0])
     assert torch.equal(ring.head, before[1].head) and torch.equal(ring.u, before[1].u)
+
+
+def test_replay_config_widens_the_table_config_only_where_the_batch_fills_the_gpu():
+    """The replay's default config is the standard step's, widened to REPLAY_MIN_ROWS rows
+    per program (same warps, one tile) once that still gives every SM two programs; off
+    CUDA (no SM count), at small batches and where the table is already as wide it stays."""
+    from kernels.decode import config_for
+    from kernels.decode.replay import REPLAY_MIN_ROWS, replay_config_for
+
+    d, hv = 128, 8
+    std1 = config_for(1).fit(d)                    # the built-in table off GPU: BV8
+    assert std1.BV * std1.V_TILES < REPLAY_MIN_ROWS
+    # B=1: 1 * 8 * 128/16 = 64 programs at 16 rows, fewer than two per SM of 132
+    assert replay_config_for(1, d, hv, "cpu", n_sm=132) == std1
+    wide = replay_config_for(1, d, hv, "cpu", n_sm=32)          # 64 >= 2 * 32: widened
+    assert (wide.BV, wide.V_TILES, wide.num_warps) == (REPLAY_MIN_ROWS, 1, std1.num_warps)
+    assert replay_config_for(1, d, hv, "cpu") == std1            # no SM count: the table's
+    std64 = config_for(64).fit(d)
+    assert std64.BV * std64.V_TILES >= REPLAY_MIN_ROWS
+    assert replay_config_for(64, d, hv, "cpu", n_sm=1) == std64  # already as wide

@@ -18,8 +18,8 @@ folds a ring into its checkpoint (the state "now", float32), e.g. to hand it to 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from dataclasses import dataclass, replace
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import triton
@@ -28,8 +28,45 @@ from ..spec import resolve_scale
 from .config import DecodeConfig
 from .ops import _check_buffer, _check_status, _resolve_config, _validate
 from .replay_kernel import gdn_replay_kernel
+from .table import config_for_device
 
-__all__ = ["ReplayRing", "gdn_replay_decode", "replay_state_bytes"]
+__all__ = ["ReplayRing", "gdn_replay_decode", "replay_config_for", "replay_state_bytes"]
+
+#: Fewest state rows a replay program owns once the batch fills the GPU at that width.
+#: Every program of a value head re-reads its sequence's ring (``L`` keys of ``D``), so the
+#: replay wants fewer, wider programs than the standard step whose table it starts from:
+#: at B=512 (f32, L=4, H200) the table's BV4-w1 took 190 µs per token, BV16-w1 106-117
+#: (docs/notes/decode.md, "Replay config").
+REPLAY_MIN_ROWS = 16
+_replay_picked: Dict[tuple, DecodeConfig] = {}
+
+
+def _sm_count(device) -> int:
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def replay_config_for(batch: int, head_dim: int, num_v_heads: int, device,
+                      n_sm: Optional[int] = None) -> DecodeConfig:
+    """The replay kernel's default config: the standard step's
+    (:func:`kernels.decode.table.config_for_device`), widened to :data:`REPLAY_MIN_ROWS`
+    rows per program (one tile, same warps) when that still gives every SM two programs
+    (``batch * num_v_heads * head_dim / REPLAY_MIN_ROWS >= 2 * n_sm``). ``n_sm``: the
+    device's SM count (None: asked of ``device``; 0 off CUDA, where the table stays).
+    Remembered per argument (every eager call asks)."""
+    key = (batch, head_dim, num_v_heads, str(device), n_sm)
+    cfg = _replay_picked.get(key)
+    if cfg is None:
+        cfg = config_for_device(batch, device, head_dim)
+        sms = _sm_count(device) if n_sm is None else n_sm
+        rows = min(REPLAY_MIN_ROWS, head_dim)
+        if (sms > 0 and cfg.BV * cfg.V_TILES < rows
+                and batch * num_v_heads * (head_dim // rows) >= 2 * sms):
+            cfg = replace(cfg, BV=rows, V_TILES=1)
+        _replay_picked[key] = cfg
+    return cfg
 
 
 @dataclass(frozen=True)
@@ -184,7 +221,8 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
             rejected; ``0 <= rollback[b] <= n``, the last call's tokens are always there).
         config: a :class:`DecodeConfig` or its name; a program owns its
             ``BV * V_TILES`` rows (at most ``D``) with ``num_warps`` warps, the other
-            levers are not used. None: :func:`kernels.decode.config_for` of ``B``.
+            levers are not used. None: :func:`replay_config_for` (the standard step's
+            config, widened where the batch allows).
         check_values: check slot values, the ring headers and ``rollback`` on the host
             (a device-to-host copy). None: True unless on CUDA. Unchecked, a slot
             ``>= P``, a repeated live slot, a corrupt ring header or a rollback outside
@@ -210,7 +248,8 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
     if output is not None:
         _check_buffer("output", output, torch.bfloat16, (B, T, hv, d), q)
     _check_status(status, pooled, q)
-    cfg = _resolve_config(config, B, d, q.device)
+    cfg = (replay_config_for(B, d, hv, q.device) if config is None
+           else _resolve_config(config, B, d, q.device))
     if check_values:
         _check_ring_values(ring, rollback, state_indices)
     bv = min(cfg.BV * cfg.V_TILES, d)

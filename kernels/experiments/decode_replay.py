@@ -61,7 +61,8 @@ PARAMS = (
     Param("replay_method", "str", "graph", "replay: timing method"),
     Param("replay_repetitions", "int", 30, "replay: timed samples per point"),
     Param("replay_config", "str", "auto",
-          "replay: decode config of every call (auto: config_for(B))"),
+          "replay: decode config of every call (auto: each kind's default, the standard "
+          "step config_for(B), the replay replay_config_for)"),
 )
 GATE_COLUMNS = ["kind", "label", "L", "T", "B", "state_dtype", "status", "reason",
                 "max_abs_err", "rel_l2_err", "gpu"]
@@ -157,12 +158,18 @@ def bytes_per_token(kind: str, B: int, shape, dtype, L: int, accept, calls: int)
 # --------------------------------------------------------------------------- gate + time
 
 
-def _config(run: Run, B: int):
+def _config(run: Run, B: int, replay: bool):
+    """The config of a kind at ``B``: ``replay_config`` by name, or with ``auto`` what each
+    call picks by default (the standard step its table's config, the replay
+    :func:`kernels.decode.replay.replay_config_for`)."""
     from kernels.decode import DecodeConfig, config_for
+    from kernels.decode.replay import replay_config_for
 
     name = str(run.params["replay_config"])
-    d = run.params["head_dim"]
-    return config_for(B).fit(d) if name == "auto" else DecodeConfig.from_name(name)
+    if name != "auto":
+        return DecodeConfig.from_name(name)
+    d, hv = run.params["head_dim"], run.params["num_v_heads"]
+    return replay_config_for(B, d, hv, run.device) if replay else config_for(B).fit(d)
 
 
 class _Case:
@@ -178,7 +185,7 @@ class _Case:
         self.K = int(p["replay_calls"])
         self.accept = [int(a) for a in p["replay_accept"]]
         self.T = SPEC_T if kind.endswith("spec") else 1
-        self.cfg = _config(run, B)
+        self.cfg = _config(run, B, kind.startswith("replay"))
         self.steps = data["steps_spec"] if self.T > 1 else data["steps"]
         self.state = data["state0"].to(_dtype(dname), copy=True)
         self.ring = (ReplayRing.empty(B, shape.num_q_heads, shape.num_v_heads, shape.head_dim,
@@ -379,7 +386,7 @@ def run_replay_drift(run: Run) -> pd.DataFrame:
     back = max(int(x) for x in p["replay_L"])     # the checkpoint is at most L tokens behind
     need = {s - j for s in steps for j in range(back + 1) if s - j >= 1}
     ref_out, _, ref_states = decode_steps_reference(**base, record_steps=sorted(need))
-    cfg = _config(run, B)
+    cfg_std, cfg_rep = _config(run, B, False), _config(run, B, True)
     rows = []
     dnames = unique_in_order(DTYPES.get(str(d), str(d)) for d in p["replay_state_dtype"])
     variants = [("standard", 0)] + [("replay", int(L)) for L in p["replay_L"]]
@@ -392,9 +399,9 @@ def run_replay_drift(run: Run) -> pd.DataFrame:
                 step = {n: (x[:, t:t + 1].contiguous() if n in ("q", "k", "v", "a", "b")
                             else x) for n, x in base.items() if n != "state"}
                 if ring is None:
-                    out, _ = gdn_decode(**step, state=state, inplace=True, config=cfg)
+                    out, _ = gdn_decode(**step, state=state, inplace=True, config=cfg_std)
                 else:
-                    out, _ = gdn_replay_decode(**step, state=state, ring=ring, config=cfg)
+                    out, _ = gdn_replay_decode(**step, state=state, ring=ring, config=cfg_rep)
                 if t + 1 not in steps:
                     continue
                 behind = t + 1 - (int(ring.head[0, 1]) if ring is not None else 0)
