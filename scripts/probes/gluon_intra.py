@@ -71,6 +71,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,  # noqa: E402
                                                               tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
 from kernels.prefill.intra_chunk import (BC, OFFDIAG_PRECISION, SOLVE_PRECISION,  # noqa: E402
                                          _band, _store_band, solve_bands)
@@ -105,12 +106,167 @@ def _add(x, y):
     return x + y
 
 
+# -- the fused variant's solve: the product's solve_bands in Gluon ---------------------------
+# Batches [4, 16, 16] (entry I = block (I, I - D) of a block diagonal D) in the layout Triton
+# gives the product's batched products: mma v2, warp I owns entry I. Every product, sum and
+# precision as in :func:`kernels.prefill.intra_chunk.solve_bands` as Triton compiles it
+# (its combine pass folds ``x + dot(..)`` into the dot's accumulator; done here by hand).
+#: mma v2 for ``[4, 16, 16]`` batches, warp ``I`` on entry ``I`` (Triton's choice for them)
+_MMA3 = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
+                                               instr_shape=[1, 16, 8]))
+#: ``[4, 16, 4, 16]`` block view of a ``[64, 64]`` tile (bands out, ``Tb`` in)
+_BAND4 = gl.constexpr(gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 2, 2, 1], [3, 2, 1, 0]))
+#: ``[4, 4, 16, 16]`` of the band shift (entry, source entry, row, column)
+_SHIFT4 = gl.constexpr(gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 1, 4, 1], [3, 2, 1, 0]))
+
+
 @gluon.jit
-def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-           n_prog, n_items, scale, T, W: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
-           K: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr):
-    """Front warpgroup ``W``: this program's items ``i = W, W + 2, ..`` (module doc)."""
+def _ix3(n: gl.constexpr, axis: gl.constexpr, L: gl.constexpr):
+    """``arange(n)`` along ``axis`` of the rank-3 layout ``L``, expanded to rank 3."""
+    if axis == 0:
+        r = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, L)))[:, None, None]
+    elif axis == 1:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, L)))[None, :, None]
+    else:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))[None, None, :]
+    return r
+
+
+@gluon.jit
+def _ix4(n: gl.constexpr, axis: gl.constexpr, L: gl.constexpr):
+    """``arange(n)`` along ``axis`` of the rank-4 layout ``L``, expanded to rank 4."""
+    if axis == 0:
+        r = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+        r = r[:, None, None, None]
+    elif axis == 1:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+        r = r[None, :, None, None]
+    elif axis == 2:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+        r = r[None, None, :, None]
+    else:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+        r = r[None, None, None, :]
+    return r
+
+
+@gluon.jit
+def _split(x):
+    """``(hi, lo)`` bf16 with ``hi + lo`` = ``x`` to ~16 bits (:func:`kernels.prefill.dots._split`)."""
+    hi = x.to(gl.bfloat16)
+    return hi, (x - hi.to(gl.float32)).to(gl.bfloat16)
+
+
+@gluon.jit
+def _mm3(x, y, acc, PREC: gl.constexpr):
+    """``acc + x @ y`` per batch entry (``[4, 16, 16]`` f32, the mma v2 layout):
+    ``"bf16x2"`` hi hi + hi lo + lo hi (the product's order), or one ``"tf32"`` pass."""
+    M: gl.constexpr = _MMA3
+    if PREC == "bf16x2":
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M, k_width=2)
+        b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M, k_width=2)
+        x_hi, x_lo = _split(x)
+        y_hi, y_lo = _split(y)
+        xh = gl.convert_layout(x_hi, a_op)
+        yh = gl.convert_layout(y_hi, b_op)
+        acc = mma_v2(xh, yh, acc)
+        acc = mma_v2(xh, gl.convert_layout(y_lo, b_op), acc)
+        acc = mma_v2(gl.convert_layout(x_lo, a_op), yh, acc)
+    else:
+        gl.static_assert(PREC == "tf32")
+        a_op32: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M, k_width=1)
+        b_op32: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M, k_width=1)
+        acc = mma_v2(gl.convert_layout(x, a_op32), gl.convert_layout(y, b_op32), acc,
+                     input_precision="tf32")
+    return acc
+
+
+@gluon.jit
+def _band4(A4, D: gl.constexpr):
+    """Blocks ``(I, I - D)`` of ``A4`` (``[4, 16, 4, 16]``, the band layout) as ``[4, 16,
+    16]`` in the mma v2 layout, zeros for ``I < D``."""
+    M: gl.constexpr = _MMA3
+    B4: gl.constexpr = _BAND4
+    m = (_ix4(4, 0, B4) - D) == _ix4(4, 2, B4)
+    return gl.convert_layout(gl.sum(gl.where(m, A4, 0.0), axis=2), M)
+
+
+@gluon.jit
+def _shift3(X3, D: gl.constexpr):
+    """``[4, 16, 16]`` whose entry ``I`` is ``X3[I - D]`` (zeros for ``I < D``), the mma v2
+    layout in and out."""
+    M: gl.constexpr = _MMA3
+    P4: gl.constexpr = _SHIFT4
+    x4 = gl.convert_layout(X3, gl.SliceLayout(0, P4))[None, :, :, :]
+    m = (_ix4(4, 0, P4) - D) == _ix4(4, 1, P4)
+    return gl.convert_layout(gl.sum(gl.where(m, x4, 0.0), axis=1), M)
+
+
+@gluon.jit
+def _solve_tb(A, beta, BT: gl.constexpr, PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+    """``Tb = (I + A)^-1 diag(beta)`` of a strictly lower ``[64, 64]`` f32 ``A`` (any
+    layout; ``beta`` ``[64]`` f32, any 1-D layout) as a ``[64, 64]`` f32 tensor, by the
+    product's batched block formulas (:func:`kernels.prefill.intra_chunk.solve_bands`), the
+    blocks above the diagonal zero (``_store_band`` of bands ``-1 .. -3``)."""
+    gl.static_assert(BT == 64)
+    M: gl.constexpr = _MMA3
+    B4: gl.constexpr = _BAND4
+    A4 = gl.convert_layout(gl.reshape(A, [4, 16, 4, 16]), B4)
+    zero = gl.zeros([4, 16, 16], gl.float32, M)
+    r = _ix3(16, 1, M)
+    c = _ix3(16, 2, M)
+    eye = gl.where(r == c, 1.0, 0.0)                           # [1, 16, 16]
+    A0 = _band4(A4, 0)
+    D8 = gl.where((r // 8) == (c // 8), A0, 0.0)
+    P2 = _mm3(D8, D8, zero, PREC)
+    P4 = _mm3(P2, P2, zero, PREC)
+    Ti8 = _mm3(_mm3(eye - D8, eye + P2, zero, PREC), eye + P4, zero, PREC)
+    T0 = _mm3(eye - _mm3(Ti8, A0 - D8, zero, PREC), Ti8, zero, PREC)
+    A1 = _band4(A4, 1)
+    A2 = _band4(A4, 2)
+    A3 = _band4(A4, 3)
+    T1 = -_mm3(T0, _mm3(A1, _shift3(T0, 1), zero, OFF_PREC), zero, OFF_PREC)
+    S2 = _mm3(A1, _shift3(T1, 1), _mm3(A2, _shift3(T0, 2), zero, OFF_PREC), OFF_PREC)
+    T2 = -_mm3(T0, S2, zero, OFF_PREC)
+    S3 = _mm3(A3, _shift3(T0, 3), zero, OFF_PREC)
+    S3 = _mm3(A2, _shift3(T1, 2), S3, OFF_PREC)
+    S3 = _mm3(A1, _shift3(T2, 1), S3, OFF_PREC)
+    T3 = -_mm3(T0, S3, zero, OFF_PREC)
+    # assemble Tm [4, 16, 4, 16] (block row, row, block column, column), columns * beta
+    I4 = _ix4(4, 0, B4)
+    J4 = _ix4(4, 2, B4)
+    L3: gl.constexpr = gl.SliceLayout(2, B4)
+    Tm = gl.where(J4 == I4, gl.convert_layout(T0, L3)[:, :, None, :], 0.0)
+    Tm = gl.where(J4 == I4 - 1, gl.convert_layout(T1, L3)[:, :, None, :], Tm)
+    Tm = gl.where(J4 == I4 - 2, gl.convert_layout(T2, L3)[:, :, None, :], Tm)
+    Tm = gl.where(J4 == I4 - 3, gl.convert_layout(T3, L3)[:, :, None, :], Tm)
+    b4 = gl.convert_layout(gl.reshape(beta, [4, 16]), gl.SliceLayout(0, gl.SliceLayout(1, B4)))
+    return gl.reshape(Tm * b4[None, None, :, :], [BT, BT])
+
+
+@gluon.jit
+def _gates(b_a, b_b, m_g, A_log, dt_bias, h):
+    """Value head ``h``'s ``(gc, beta)`` of a chunk from its ``a``, ``b`` (rows past ``T``:
+    ``g = 0``, ``beta = 0``), as the Triton kernel computes them."""
+    x = b_a.to(gl.float32) + gl.load(dt_bias + h)
+    sp = gl.maximum(x, 0.0) + gl.log(1.0 + gl.exp(-gl.abs(x)))   # gates.softplus
+    b_g = gl.where(m_g, -gl.exp(gl.load(A_log + h)) * sp, 0.0)
+    g_c = gl.associative_scan(b_g, 0, _add)
+    return g_c, gl.where(m_g, 1.0 / (1.0 + gl.exp(-b_b.to(gl.float32))), 0.0)
+
+
+@gluon.jit
+def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+           pid, n_prog, n_items, scale, T, W: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
+           K: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr,
+           TB_OUT: gl.constexpr, SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+    """Front warpgroup ``W``: this program's items ``i = W, W + 2, ..`` (module doc).
+    ``aq_s``: its staging tiles, ``scale Aqk`` of head ``v`` in ``v``, with ``TB_OUT``
+    ``Tb`` in ``2 + v``."""
     HQ: gl.constexpr = H // G
+    # TMA stores per item, issued in one order every item: a buffer's previous store is
+    # done once at most N_ST - 1 stores are pending
+    N_ST: gl.constexpr = 2 * G if TB_OUT else G
     acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BT, 16])
     rows: gl.constexpr = gl.SliceLayout(1, acc)
@@ -151,21 +307,16 @@ def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empt
             if v == 0:
                 S, P = warpgroup_mma_wait(0, deps=[S, P])
                 mbarrier.arrive(empty.index(s))        # both products have read the stage
-            # gates (rows past T: g = 0, beta = 0), as the Triton kernel
-            x = b_a.to(gl.float32) + gl.load(dt_bias + h)
-            sp = gl.maximum(x, 0.0) + gl.log(1.0 + gl.exp(-gl.abs(x)))   # gates.softplus
-            b_g = gl.where(m_g, -gl.exp(gl.load(A_log + h)) * sp, 0.0)
-            g_c = gl.associative_scan(b_g, 0, _add)
+            g_c, beta_g = _gates(b_a, b_b, m_g, A_log, dt_bias, h)
             gl.store(gc + (t0 + o_g) * H + h, g_c, mask=m_g)
-            b_beta = gl.convert_layout(
-                gl.where(m_g, 1.0 / (1.0 + gl.exp(-b_b.to(gl.float32))), 0.0), rows)
+            b_beta = gl.convert_layout(beta_g, rows)
             b_gc = gl.convert_layout(g_c, rows)
             gc_j = gl.convert_layout(g_c, cols)
             decay = gl.exp(gl.minimum(b_gc[:, None] - gc_j[None, :], 0.0))
             # scale * Aqk: bf16 through shared memory buffer v, TMA store (clips at T)
             aqk = gl.where(o_i[:, None] >= o_j[None, :], P * decay, 0.0)
             buf = aq_s.index(v)
-            tma.store_wait(G - 1)       # the store issued from buffer v one item ago is done
+            tma.store_wait(N_ST - 1)    # the store issued from buffer v one item ago is done
             buf.store((scale * aqk).to(gl.bfloat16))
             fence_async_shared()
             tma.async_copy_shared_to_global(aq_desc, [t0, h * BT], buf)
@@ -173,55 +324,87 @@ def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empt
                 A = gl.where(o_i[:, None] > o_j[None, :], S * b_beta[:, None] * decay, 0.0)
                 p_A = A_out + ((t0 + o_i[:, None]) * H + h) * BT + o_j[None, :]
                 gl.store(p_A, A, mask=m_i[:, None])
+        if TB_OUT:
+            # the solve on chip, after both heads' Aqk (Q K^T is dead by then: fewer live
+            # registers through the solve); the gates again (a few ops on 64 values) rather
+            # than kept; Tb through staging tile 2 + v, TMA store
+            for v in gl.static_range(G):
+                h = i_hk * G + v
+                if v == 0:
+                    g_c, beta_g = _gates(b_a0, b_b0, m_g, A_log, dt_bias, h)
+                else:
+                    g_c, beta_g = _gates(b_a1, b_b1, m_g, A_log, dt_bias, h)
+                b_gc = gl.convert_layout(g_c, rows)
+                gc_j = gl.convert_layout(g_c, cols)
+                decay = gl.exp(gl.minimum(b_gc[:, None] - gc_j[None, :], 0.0))
+                b_beta = gl.convert_layout(beta_g, rows)
+                A = gl.where(o_i[:, None] > o_j[None, :], S * b_beta[:, None] * decay, 0.0)
+                tb = _solve_tb(A, beta_g, BT, SOLVE_PREC, OFF_PREC)
+                tbuf = aq_s.index(2 + v)
+                tma.store_wait(N_ST - 1)
+                tbuf.store(tb.to(gl.bfloat16))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(tb_desc, [t0, h * BT], tbuf)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _front0(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-            n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
-            BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr):
-    _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-           n_prog, n_items, scale, T, 0, H, G, K, BT, STAGES, A_OUT)
+def _front0(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+            pid, n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
+            BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
+            SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+    _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+           pid, n_prog, n_items, scale, T, 0, H, G, K, BT, STAGES, A_OUT, TB_OUT, SOLVE_PREC,
+           OFF_PREC)
 
 
 @gluon.jit
-def _front1(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-            n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
-            BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr):
-    _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-           n_prog, n_items, scale, T, 1, H, G, K, BT, STAGES, A_OUT)
+def _front1(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+            pid, n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
+            BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
+            SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+    _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+           pid, n_prog, n_items, scale, T, 1, H, G, K, BT, STAGES, A_OUT, TB_OUT, SOLVE_PREC,
+           OFF_PREC)
 
 
 @gluon.jit(do_not_specialize=["T"])
-def gluon_front_kernel(k_desc, q_desc, aq_desc, a, b, A_log, dt_bias, gc, A_out, scale, T,
-                       H: gl.constexpr, G: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
-                       STAGES: gl.constexpr, A_OUT: gl.constexpr, FRONT_REGS: gl.constexpr,
-                       PRODUCER_REGS: gl.constexpr):
+def gluon_front_kernel(k_desc, q_desc, aq_desc, tb_desc, a, b, A_log, dt_bias, gc, A_out, scale,
+                       T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
+                       STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
+                       SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr,
+                       FRONT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """The intra kernel's front for one sequence of ``T`` tokens (module doc): ``k_desc``,
     ``q_desc`` TMA over ``[T, HQ * K]`` bf16 (box ``[64, K]``), ``aq_desc`` over ``scale *
     Aqk`` ``[T, H * 64]`` bf16 (box ``[64, 64]``); ``a``, ``b`` ``[T, H]`` bf16; ``gc``
-    ``[T, H]`` f32 out; ``A_out`` ``[T, H, 64]`` f32 out (``A_OUT``) or None. ``G <= 2``.
+    ``[T, H]`` f32 out; ``A_out`` ``[T, H, 64]`` f32 out (``A_OUT``) or None; ``tb_desc``
+    over ``Tb`` ``[T, H * 64]`` bf16 (``TB_OUT``: the solve fused in, with the product's
+    precisions ``SOLVE_PREC``, ``OFF_PREC``) or None. ``G <= 2``.
     ``num_warps = 4`` (the first front warpgroup) plus a 4-warp front worker and a 1-warp
     load worker; one program per SM."""
     gl.static_assert(G <= 2)
+    gl.static_assert(not (A_OUT and TB_OUT))
     HQ: gl.constexpr = H // G
+    NBUF: gl.constexpr = 4 if TB_OUT else 2     # staging tiles per front warpgroup
     pid = gl.program_id(0)
     n_prog = gl.num_programs(0)
     n_items = gl.cdiv(T, BT) * HQ
     k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], k_desc.layout)
     q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], q_desc.layout)
-    aq0_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], aq_desc.layout)
-    aq1_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], aq_desc.layout)
+    aq0_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BT, BT], aq_desc.layout)
+    aq1_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BT, BT], aq_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=1)      # the one front warpgroup of the stage
     gl.warp_specialize([
-        (_front0, (a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq0_s, ready, empty,
-                   pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT)),
-        (_front1, (a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq1_s, ready, empty,
-                   pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT)),
+        (_front0, (a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq0_s, ready,
+                   empty, pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT, TB_OUT,
+                   SOLVE_PREC, OFF_PREC)),
+        (_front1, (a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq1_s, ready,
+                   empty, pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT, TB_OUT,
+                   SOLVE_PREC, OFF_PREC)),
         (_producer, (k_desc, q_desc, k_s, q_s, ready, empty, pid, n_prog, n_items, HQ, K, BT,
                      STAGES)),
     ], [4, 1], [FRONT_REGS, PRODUCER_REGS])
@@ -233,15 +416,17 @@ def _layouts(K: int):
             gl.NVMMASharedLayout.get_default_for([BT, BT], gl.bfloat16))
 
 
-def _constexprs(H, G, K, a_out):
-    return dict(H=H, G=G, K=K, BT=BT, STAGES=STAGES, A_OUT=a_out, FRONT_REGS=FRONT_REGS,
-                PRODUCER_REGS=PRODUCER_REGS)
+def _constexprs(H, G, K, extra):
+    return dict(H=H, G=G, K=K, BT=BT, STAGES=STAGES, A_OUT=extra == "A", TB_OUT=extra == "Tb",
+                SOLVE_PREC=SOLVE_PRECISION["batched"], OFF_PREC=OFFDIAG_PRECISION["batched"],
+                FRONT_REGS=FRONT_REGS, PRODUCER_REGS=PRODUCER_REGS)
 
 
-def compile_sm90(T=131072, H=8, HQ=4, D=128, a_out=False, cc=90):
+def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, cc=90):
     """Compile ``gluon_front_kernel`` for ``sm_<cc>`` without a GPU (or torch), as
     ``scripts/probes/gluon_walk.py`` does. Returns ``(compiled, report)`` (registers,
-    spills, shared memory, ptxas ``wgmma`` warnings)."""
+    spills, shared memory, ptxas ``wgmma`` warnings). ``extra``: the variant's further
+    output (:data:`VARIANTS`)."""
     import re
     import subprocess
     import tempfile
@@ -283,13 +468,14 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, a_out=False, cc=90):
 
     args = dict(k_desc=desc([T, HQ * K], [BT, K], lk), q_desc=desc([T, HQ * K], [BT, K], lk),
                 aq_desc=desc([T, H * BT], [BT, BT], lt),
+                tb_desc=desc([T, H * BT], [BT, BT], lt) if extra == "Tb" else None,
                 a=_Tensor([T, H], "bfloat16"), b=_Tensor([T, H], "bfloat16"),
                 A_log=_Tensor([H], "float32"), dt_bias=_Tensor([H], "float32"),
                 gc=_Tensor([T, H], "float32"),
-                A_out=_Tensor([T, H, BT], "float32") if a_out else None)
+                A_out=_Tensor([T, H, BT], "float32") if extra == "A" else None)
     fn = gluon_front_kernel
     names = [p.name for p in fn.params]
-    const = _constexprs(H, H // HQ, K, a_out)
+    const = _constexprs(H, H // HQ, K, extra)
     const.update({n: None for n, x in args.items() if x is None})   # specialised away
     sig, attrs = {}, {}
     for i, n in enumerate(names):
@@ -316,7 +502,7 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, a_out=False, cc=90):
     log = res.stdout + res.stderr
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                   log)
-    report = dict(triton=triton.__version__, arch=arch, T=T, a_out=a_out,
+    report = dict(triton=triton.__version__, arch=arch, T=T, extra=extra,
                   num_warps=ck.metadata.num_warps,
                   launch_regs=int(re.search(r"\.maxnreg (\d+)", ck.asm["ptx"]).group(1)),
                   setmaxnreg=[int(x) for x in re.findall(
@@ -328,14 +514,16 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, a_out=False, cc=90):
     return ck, report
 
 
-#: The Gluon variants: whether ``A`` is written (for :func:`solve_kernel`).
-VARIANTS = {"front": False, "front_a": True}
+#: The Gluon variants by their output beyond ``scale Aqk`` and ``gc``: none, ``A`` (f32, for
+#: :func:`solve_kernel`), or ``Tb`` (bf16, the solve fused in).
+VARIANTS = {"front": None, "front_a": "A", "fused": "Tb"}
 
 
-def gluon_front(x: dict, aq, gc, A_out=None, n_prog=None):
+def gluon_front(x: dict, aq, gc, A_out=None, tb=None, n_prog=None):
     """Launch ``gluon_front_kernel`` on inputs ``x`` (one sequence), writing ``aq`` ``[T, HV,
     64]`` bf16 (``scale * Aqk``), ``gc`` ``[T, HV]`` f32 and, if given, ``A_out`` ``[T,
-    HV, 64]`` f32. ``n_prog``: programs (default: one per SM)."""
+    HV, 64]`` f32 or ``tb`` ``[T, HV, 64]`` bf16 (``Tb``, the solve fused in; not both).
+    ``n_prog``: programs (default: one per SM)."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -346,6 +534,8 @@ def gluon_front(x: dict, aq, gc, A_out=None, n_prog=None):
         raise ValueError("the probe runs one sequence (cu_seqlens of 2 entries)")
     if H // HQ > 2:
         raise ValueError(f"the probe's front handles G <= 2 value heads per q/k head, got {H // HQ}")
+    if A_out is not None and tb is not None:
+        raise ValueError("A_out and tb: one variant writes one of them")
     lk, lt = _layouts(K)
 
     def desc(t, cols, block, layout):
@@ -355,8 +545,10 @@ def gluon_front(x: dict, aq, gc, A_out=None, n_prog=None):
     n_prog = n_prog or torch.cuda.get_device_properties(k.device).multi_processor_count
     gluon_front_kernel[(n_prog,)](
         desc(k, HQ * K, [BT, K], lk), desc(q, HQ * K, [BT, K], lk), desc(aq, H * BT, [BT, BT], lt),
-        x["a"], x["b"], x["A_log"], x["dt_bias"], gc, A_out, _scale(x), T,
-        num_warps=4, **_constexprs(H, H // HQ, K, A_out is not None))
+        None if tb is None else desc(tb, H * BT, [BT, BT], lt),
+        x["a"], x["b"], x["A_log"], x["dt_bias"], gc, A_out, _scale(x), T, num_warps=4,
+        **_constexprs(H, H // HQ, K, "A" if A_out is not None else "Tb" if tb is not None
+                      else None))
 
 
 def _scale(x: dict) -> float:
@@ -662,7 +854,7 @@ def main(argv=None) -> int:
         rows = []
         for var in variants:
             try:
-                rows.append(dict(variant=var, **compile_sm90(a_out=VARIANTS[var])[1]))
+                rows.append(dict(variant=var, **compile_sm90(extra=VARIANTS[var])[1]))
             except Exception as e:   # noqa: BLE001 -- report every configuration
                 rows.append(dict(variant=var, error=f"{type(e).__name__}: {e}"[:600]))
             print(json.dumps(rows[-1]), flush=True)
