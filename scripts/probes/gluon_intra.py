@@ -3,8 +3,9 @@
 Triton form on its ``A``. Question: does the non-solve work run at its byte rate once it is
 pipelined by TMA and done once per q/k head, and what is the solve's own cost? Design,
 prediction and decision rule: docs/notes/long_context.md, "Gluon intra-chunk probe:
-prediction". This is a partial kernel: it tests the design's first claim (the front at its
-bytes), not the second (a solve hidden behind it).
+prediction". The variants ``front``, ``front_a`` test the design's first claim (the front
+at its bytes); ``fused`` tests the second (the solve done on chip, hidden behind the front):
+docs/notes/long_context.md, "Gluon intra-chunk probe, fused solve: prediction".
 
 What the intra-chunk kernel (:func:`kernels.prefill.intra_chunk.intra_chunk_kernel`, raw
 gates) computes per chunk of ``BT = 64`` tokens ``t0 ..`` and value head ``h`` (q/k head
@@ -30,7 +31,11 @@ per *item* (chunk, q/k head) for the ``G`` value heads that share it.
   the gates computed while they run (the cumulative sum by ``associative_scan``), the stage
   released, then per value head ``scale Aqk`` (registers -> shared memory -> TMA store,
   two buffers), ``gc`` and, with ``A_OUT``, ``A`` in f32 (the ``"blocks"`` solve's
-  ``[T, HV, 64]`` scratch layout) for :func:`solve_kernel`.
+  ``[T, HV, 64]`` scratch layout) for :func:`solve_kernel`; with ``TB_OUT`` (``fused``),
+  after both heads' ``Aqk``, per value head ``A`` and its solve in the same warpgroup
+  (``_solve_tb``: the product's ``solve_bands`` ported, ``[4, 16, 16]`` block batches in
+  ``mma`` v2 with warp ``I`` on block ``I``, the product's precisions and accumulation
+  order), ``Tb`` through shared memory and a TMA store like ``Aqk``.
 
 ``solve_kernel`` (Triton): per (chunk, value head), ``A`` and ``b`` in, the product's
 :func:`~kernels.prefill.intra_chunk.solve_bands` and ``_store_band`` (imported), ``Tb``
@@ -43,7 +48,8 @@ Modes (the GPU host has torch 2.11 + triton 3.6)::
     python3 scripts/probes/gluon_intra.py --compile [--json F]    # CPU: sm_90a compile, report
     PYTHONPATH=$PWD TRITON_INTERPRET=1 python3 scripts/probes/gluon_intra.py --emulate
                                          # CPU: the front's torch emulation + solve_kernel
-                                         # (interpreter) against the Triton intra kernel
+                                         # (interpreter) and the fused solve's torch
+                                         # emulation against the Triton intra kernel
     PYTHONPATH=$PWD python3 scripts/probes/gluon_intra.py --check --time --out $OUT
 
 ``--check`` (GPU): for each length (131,072, 32,768 and 4,133 tokens -- the last ends
@@ -78,6 +84,7 @@ from kernels.prefill.intra_chunk import (BC, OFFDIAG_PRECISION, SOLVE_PRECISION,
 
 BT = 64             # chunk size (the pipeline's)
 STAGES = 4          # k, q load stages (32 KB each); even: front warpgroup W owns stages = W mod 2
+                    # (a variant may take fewer: VARIANTS)
 PRODUCER_REGS = 24  # registers per thread of the producer's warpgroup (setmaxnreg)
 FRONT_REGS = 240    # of the worker front warpgroup; the default one gets the rest (240)
 
@@ -152,7 +159,8 @@ def _ix4(n: gl.constexpr, axis: gl.constexpr, L: gl.constexpr):
 
 @gluon.jit
 def _split(x):
-    """``(hi, lo)`` bf16 with ``hi + lo`` = ``x`` to ~16 bits (:func:`kernels.prefill.dots._split`)."""
+    """``(hi, lo)`` bf16 with ``hi + lo`` = ``x`` to ~16 bits (as
+    :func:`kernels.prefill.dots._split`)."""
     hi = x.to(gl.bfloat16)
     return hi, (x - hi.to(gl.float32)).to(gl.bfloat16)
 
@@ -383,6 +391,7 @@ def gluon_front_kernel(k_desc, q_desc, aq_desc, tb_desc, a, b, A_log, dt_bias, g
     ``num_warps = 4`` (the first front warpgroup) plus a 4-warp front worker and a 1-warp
     load worker; one program per SM."""
     gl.static_assert(G <= 2)
+    gl.static_assert(STAGES % 2 == 0)   # front warpgroup W owns the stages = W mod 2
     gl.static_assert(not (A_OUT and TB_OUT))
     HQ: gl.constexpr = H // G
     NBUF: gl.constexpr = 4 if TB_OUT else 2     # staging tiles per front warpgroup
@@ -416,17 +425,17 @@ def _layouts(K: int):
             gl.NVMMASharedLayout.get_default_for([BT, BT], gl.bfloat16))
 
 
-def _constexprs(H, G, K, extra):
-    return dict(H=H, G=G, K=K, BT=BT, STAGES=STAGES, A_OUT=extra == "A", TB_OUT=extra == "Tb",
+def _constexprs(H, G, K, extra, stages):
+    return dict(H=H, G=G, K=K, BT=BT, STAGES=stages, A_OUT=extra == "A", TB_OUT=extra == "Tb",
                 SOLVE_PREC=SOLVE_PRECISION["batched"], OFF_PREC=OFFDIAG_PRECISION["batched"],
                 FRONT_REGS=FRONT_REGS, PRODUCER_REGS=PRODUCER_REGS)
 
 
-def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, cc=90):
+def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, stages=STAGES, cc=90):
     """Compile ``gluon_front_kernel`` for ``sm_<cc>`` without a GPU (or torch), as
     ``scripts/probes/gluon_walk.py`` does. Returns ``(compiled, report)`` (registers,
     spills, shared memory, ptxas ``wgmma`` warnings). ``extra``: the variant's further
-    output (:data:`VARIANTS`)."""
+    output and ``stages`` its load stages (:data:`VARIANTS`)."""
     import re
     import subprocess
     import tempfile
@@ -475,7 +484,7 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, cc=90):
                 A_out=_Tensor([T, H, BT], "float32") if extra == "A" else None)
     fn = gluon_front_kernel
     names = [p.name for p in fn.params]
-    const = _constexprs(H, H // HQ, K, extra)
+    const = _constexprs(H, H // HQ, K, extra, stages)
     const.update({n: None for n, x in args.items() if x is None})   # specialised away
     sig, attrs = {}, {}
     for i, n in enumerate(names):
@@ -502,7 +511,7 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, cc=90):
     log = res.stdout + res.stderr
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                   log)
-    report = dict(triton=triton.__version__, arch=arch, T=T, extra=extra,
+    report = dict(triton=triton.__version__, arch=arch, T=T, extra=extra, stages=stages,
                   num_warps=ck.metadata.num_warps,
                   launch_regs=int(re.search(r"\.maxnreg (\d+)", ck.asm["ptx"]).group(1)),
                   setmaxnreg=[int(x) for x in re.findall(
@@ -514,16 +523,18 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, cc=90):
     return ck, report
 
 
-#: The Gluon variants by their output beyond ``scale Aqk`` and ``gc``: none, ``A`` (f32, for
-#: :func:`solve_kernel`), or ``Tb`` (bf16, the solve fused in).
-VARIANTS = {"front": None, "front_a": "A", "fused": "Tb"}
+#: The Gluon variants: ``(extra, stages)``, the output beyond ``scale Aqk`` and ``gc`` (none,
+#: ``A`` f32 for :func:`solve_kernel`, or ``Tb`` bf16: the solve fused in) and the ``k``, ``q``
+#: load stages. ``fused_s2``: one stage per front warpgroup (its next item's tiles load during
+#: its solve), 32 KB of shared memory less than ``fused``'s ~224 KB of the 227 KB allowed.
+VARIANTS = {"front": (None, 4), "front_a": ("A", 4), "fused": ("Tb", 4), "fused_s2": ("Tb", 2)}
 
 
-def gluon_front(x: dict, aq, gc, A_out=None, tb=None, n_prog=None):
+def gluon_front(x: dict, aq, gc, A_out=None, tb=None, stages=STAGES, n_prog=None):
     """Launch ``gluon_front_kernel`` on inputs ``x`` (one sequence), writing ``aq`` ``[T, HV,
     64]`` bf16 (``scale * Aqk``), ``gc`` ``[T, HV]`` f32 and, if given, ``A_out`` ``[T,
     HV, 64]`` f32 or ``tb`` ``[T, HV, 64]`` bf16 (``Tb``, the solve fused in; not both).
-    ``n_prog``: programs (default: one per SM)."""
+    ``stages``: ``k``, ``q`` load stages (even); ``n_prog``: programs (default: one per SM)."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -548,7 +559,7 @@ def gluon_front(x: dict, aq, gc, A_out=None, tb=None, n_prog=None):
         None if tb is None else desc(tb, H * BT, [BT, BT], lt),
         x["a"], x["b"], x["A_log"], x["dt_bias"], gc, A_out, _scale(x), T, num_warps=4,
         **_constexprs(H, H // HQ, K, "A" if A_out is not None else "Tb" if tb is not None
-                      else None))
+                      else None, stages))
 
 
 def _scale(x: dict) -> float:
@@ -666,7 +677,8 @@ def gate_front(x: dict, ref_gc, ref_aq, gc, aq, A=None) -> dict:
 
 
 def gate_tb(A, b, tb, ref_tb) -> dict:
-    """``Tb`` from :func:`solve_kernel` on ``A`` against the Triton intra kernel's: within
+    """``Tb`` (from :func:`solve_kernel` on ``A``, or the fused variant's, whose ``A`` is
+    torch's f32 one from the same inputs) against the Triton intra kernel's: within
     2e-2 abs (the two ``A`` differ in their last bits and the solve's entries reach ~10;
     bf16 ``Tb`` itself rounds at 2^-8 relative), and against the float64 inverse of the
     same ``A``: no further from it than the Triton ``Tb`` is (plus 1e-3), so the first
@@ -691,15 +703,81 @@ def gate_tb(A, b, tb, ref_tb) -> dict:
     d_ex = (tb.double() - ex).abs().nan_to_num(float("inf")).max().item()
     d_ref_ex = (ref_tb.double() - ex).abs().max().item()
     row = dict(tb_max_abs=d.max().item(), tb_vs_exact=d_ex, triton_tb_vs_exact=d_ref_ex,
-               tb_scale=ref_tb.float().abs().max().item())
+               tb_scale=ref_tb.float().abs().max().item(),
+               tb_bitwise=bool(torch.equal(tb, ref_tb)),
+               tb_equal_frac=float((tb == ref_tb).float().mean()))
     return dict(row, ok=row["tb_max_abs"] <= 2e-2 and d_ex <= d_ref_ex + 1e-3)
+
+
+def fused_emulation(A, b):
+    """torch, step for step the fused variant's solve (``_solve_tb``): ``A`` ``[T, HV, 64]``
+    f32 (strictly lower per chunk) and ``b`` in, ``Tb`` ``[T, HV, 64]`` f32 out (the
+    caller rounds it to bf16). The same block views (``[4, 16, 4, 16]`` of a chunk's tile,
+    entry ``I`` of band ``D`` = block ``(I, I - D)``), shifts, hi / lo splits, accumulation
+    order (the folded sums) and assembly with ``beta`` on the columns; the products in f32
+    where the GPU's ``mma`` rounds to tf32 and accumulates in its own order. A check of the
+    scheme's indexing against the Triton solve on the CPU, not of the Gluon code itself."""
+    import torch
+
+    T, H = A.shape[0], A.shape[1]
+    n_c = -(-T // BT)
+    pad = n_c * BT - T
+    Ac = torch.nn.functional.pad(A.float(), (0, 0, 0, 0, 0, pad))
+    Ac = Ac.view(n_c, BT, H, BT).permute(0, 2, 1, 3)              # [n_c, H, 64, 64]
+    beta = torch.nn.functional.pad(torch.sigmoid(b.float()), (0, 0, 0, pad))
+    beta = beta.view(n_c, BT, H).permute(0, 2, 1)                 # [n_c, H, 64]
+    A4 = Ac.reshape(n_c, H, 4, 16, 4, 16)
+    o4 = torch.arange(4)
+
+    def band(D):    # [n_c, H, 4, 16, 16]: entry I = block (I, I - D), zeros for I < D
+        m = ((o4[:, None] - D) == o4[None, :]).float()              # [I, J]
+        return torch.einsum("ij,chirjs->chirs", m, A4)
+
+    def shift(X, D):   # entry I = X[I - D], zeros for I < D
+        m = ((o4[:, None] - D) == o4[None, :]).float()
+        return torch.einsum("im,chmrs->chirs", m, X)
+
+    def split(x):
+        hi = x.to(torch.bfloat16).float()
+        return hi, (x - hi).to(torch.bfloat16).float()
+
+    def mm(x, y, acc, prec):
+        if prec == "bf16x2":
+            xh, xl = split(x)
+            yh, yl = split(y)
+            return ((acc + xh @ yh) + xh @ yl) + xl @ yh
+        return acc + x @ y
+
+    P, O = SOLVE_PRECISION["batched"], OFFDIAG_PRECISION["batched"]
+    z = torch.zeros(n_c, H, 4, 16, 16)
+    o16 = torch.arange(16)
+    eye = (o16[:, None] == o16[None, :]).float()
+    A0 = band(0)
+    D8 = torch.where((o16[:, None] // 8) == (o16[None, :] // 8), A0, 0.0)
+    P2 = mm(D8, D8, z, P)
+    P4 = mm(P2, P2, z, P)
+    Ti8 = mm(mm(eye - D8, eye + P2, z, P), eye + P4, z, P)
+    T0 = mm(eye - mm(Ti8, A0 - D8, z, P), Ti8, z, P)
+    A1, A2, A3 = band(1), band(2), band(3)
+    T1 = -mm(T0, mm(A1, shift(T0, 1), z, O), z, O)
+    T2 = -mm(T0, mm(A1, shift(T1, 1), mm(A2, shift(T0, 2), z, O), O), z, O)
+    S3 = mm(A1, shift(T2, 1), mm(A2, shift(T1, 2), mm(A3, shift(T0, 3), z, O), O), O)
+    T3 = -mm(T0, S3, z, O)
+    Tm = torch.zeros(n_c, H, 4, 16, 4, 16)
+    for D, TD in enumerate((T0, T1, T2, T3)):
+        m = ((o4[:, None] - D) == o4[None, :])[:, None, :, None]    # [I, 1, J, 1]
+        Tm = torch.where(m, TD[:, :, :, :, None, :], Tm)
+    Tb = (Tm * beta.view(n_c, H, 1, 1, 4, 16)).reshape(n_c, H, BT, BT)
+    return Tb.permute(0, 2, 1, 3).reshape(n_c * BT, H, BT)[:T]
 
 
 def run_emulate(lengths) -> int:
     """``--emulate`` (CPU, interpreter): the front's torch emulation (:func:`front_reference`
     with the Triton ``gc``) and :func:`solve_kernel` on its ``A`` against the Triton intra
-    kernel at a small shape; checks the gates and the solve kernel, not the Gluon code
-    (which runs only on the GPU). One JSON line per length; returns 1 if a gate fails."""
+    kernel at a small shape, and the fused variant's solve in torch (:func:`fused_emulation`)
+    on the same ``A``; checks the gates, the solve kernel and the fused solve's scheme, not
+    the Gluon code (which runs only on the GPU). One JSON line per length; returns 1 if a
+    gate fails."""
     import torch
 
     from kernels.spec import make_prefill_inputs
@@ -726,7 +804,9 @@ def run_emulate(lengths) -> int:
             else:
                 g = gate_tb(A, x["b"], tb, ref_tb)
                 row.update({f"solve_{k}": v for k, v in g.items()})
-        ok = row["ok"] and row["solve_ok"] and row["copy_ok"]
+        tb = fused_emulation(A, x["b"]).to(torch.bfloat16)
+        row.update({f"fused_{k}": v for k, v in gate_tb(A, x["b"], tb, ref_tb).items()})
+        ok = row["ok"] and row["solve_ok"] and row["copy_ok"] and row["fused_ok"]
         status |= 0 if ok else 1
         print(json.dumps(dict(row, all_ok=ok)), flush=True)
     return status
@@ -779,11 +859,13 @@ def run_gpu(lengths, time_it: bool, out_dir: str, variants) -> int:
         impls = {"triton_intra": lambda: triton_intra(x, lb)}
         A_front = None
         for var in variants:
-            a_out = VARIANTS[var]
+            extra, stages = VARIANTS[var]
             gc = torch.full_like(ref_gc, float("nan"))
             aq = torch.full_like(ref_aq, float("nan"))
-            A = torch.full((T, H, BT), float("nan"), device="cuda") if a_out else None
-            fn = lambda gc=gc, aq=aq, A=A: gluon_front(x, aq, gc, A)   # noqa: E731
+            A = torch.full((T, H, BT), float("nan"), device="cuda") if extra == "A" else None
+            tb = torch.full_like(ref_tb, float("nan")) if extra == "Tb" else None
+            fn = (lambda gc=gc, aq=aq, A=A, tb=tb, st=stages:                   # noqa: E731
+                  gluon_front(x, aq, gc, A, tb, st))
             name = f"gluon_{var}"
             try:
                 fn()
@@ -793,11 +875,14 @@ def run_gpu(lengths, time_it: bool, out_dir: str, variants) -> int:
                 status = 1
                 continue
             r = gate_front(x, ref_gc, ref_aq, gc, aq, A)
+            if tb is not None:   # Tb against the Triton one and the inverse of torch's f32 A
+                r_tb = gate_tb(front_reference(x, ref_gc)[0], x["b"], tb, ref_tb)
+                r = dict(r, **r_tb, ok=r["ok"] and r_tb["ok"])
             emit(dict(info, kind="gate", impl=name, **r))
             status |= 0 if r["ok"] else 1
             if r["ok"]:
                 impls[name] = fn
-                if a_out:
+                if extra == "A":
                     A_front = A
         if A_front is not None:   # the solve in Triton form on the Gluon front's A
             for copy in (False, True):
@@ -854,7 +939,8 @@ def main(argv=None) -> int:
         rows = []
         for var in variants:
             try:
-                rows.append(dict(variant=var, **compile_sm90(extra=VARIANTS[var])[1]))
+                extra, stages = VARIANTS[var]
+                rows.append(dict(variant=var, **compile_sm90(extra=extra, stages=stages)[1]))
             except Exception as e:   # noqa: BLE001 -- report every configuration
                 rows.append(dict(variant=var, error=f"{type(e).__name__}: {e}"[:600]))
             print(json.dumps(rows[-1]), flush=True)
