@@ -173,13 +173,12 @@ def _mm3(x, y, acc, PREC: gl.constexpr):
     if PREC == "bf16x2":
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M, k_width=2)
         b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M, k_width=2)
-        x_hi, x_lo = _split(x)
-        y_hi, y_lo = _split(y)
-        xh = gl.convert_layout(x_hi, a_op)
-        yh = gl.convert_layout(y_hi, b_op)
-        acc = mma_v2(xh, yh, acc)
-        acc = mma_v2(xh, gl.convert_layout(y_lo, b_op), acc)
-        acc = mma_v2(gl.convert_layout(x_lo, a_op), yh, acc)
+        # split after the conversion (the split is elementwise): one conversion per operand
+        x_hi, x_lo = _split(gl.convert_layout(x, a_op))
+        y_hi, y_lo = _split(gl.convert_layout(y, b_op))
+        acc = mma_v2(x_hi, y_hi, acc)
+        acc = mma_v2(x_hi, y_lo, acc)
+        acc = mma_v2(x_lo, y_hi, acc)
     else:
         gl.static_assert(PREC == "tf32")
         a_op32: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M, k_width=1)
