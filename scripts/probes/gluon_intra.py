@@ -3,8 +3,9 @@
 Triton form on its ``A``. Question: does the non-solve work run at its byte rate once it is
 pipelined by TMA and done once per q/k head, and what is the solve's own cost? Design,
 prediction and decision rule: docs/notes/long_context.md, "Gluon intra-chunk probe:
-prediction". This is a partial kernel: it tests the design's first claim (the front at its
-bytes), not the second (a solve hidden behind it).
+prediction". The variants ``front``, ``front_a`` test the design's first claim (the front
+at its bytes); ``fused`` tests the second (the solve done on chip, hidden behind the front):
+docs/notes/long_context.md, "Gluon intra-chunk probe, fused solve: prediction".
 
 What the intra-chunk kernel (:func:`kernels.prefill.intra_chunk.intra_chunk_kernel`, raw
 gates) computes per chunk of ``BT = 64`` tokens ``t0 ..`` and value head ``h`` (q/k head
@@ -30,7 +31,11 @@ per *item* (chunk, q/k head) for the ``G`` value heads that share it.
   the gates computed while they run (the cumulative sum by ``associative_scan``), the stage
   released, then per value head ``scale Aqk`` (registers -> shared memory -> TMA store,
   two buffers), ``gc`` and, with ``A_OUT``, ``A`` in f32 (the ``"blocks"`` solve's
-  ``[T, HV, 64]`` scratch layout) for :func:`solve_kernel`.
+  ``[T, HV, 64]`` scratch layout) for :func:`solve_kernel`; with ``TB_OUT`` (``fused``),
+  after both heads' ``Aqk``, per value head ``A`` and its solve in the same warpgroup
+  (``_solve_tb``: the product's ``solve_bands`` ported, ``[4, 16, 16]`` block batches in
+  ``mma`` v2 with warp ``I`` on block ``I``, the product's precisions and accumulation
+  order), ``Tb`` through shared memory and a TMA store like ``Aqk``.
 
 ``solve_kernel`` (Triton): per (chunk, value head), ``A`` and ``b`` in, the product's
 :func:`~kernels.prefill.intra_chunk.solve_bands` and ``_store_band`` (imported), ``Tb``
@@ -43,7 +48,8 @@ Modes (the GPU host has torch 2.11 + triton 3.6)::
     python3 scripts/probes/gluon_intra.py --compile [--json F]    # CPU: sm_90a compile, report
     PYTHONPATH=$PWD TRITON_INTERPRET=1 python3 scripts/probes/gluon_intra.py --emulate
                                          # CPU: the front's torch emulation + solve_kernel
-                                         # (interpreter) against the Triton intra kernel
+                                         # (interpreter) and the fused solve's torch
+                                         # emulation against the Triton intra kernel
     PYTHONPATH=$PWD python3 scripts/probes/gluon_intra.py --check --time --out $OUT
 
 ``--check`` (GPU): for each length (131,072, 32,768 and 4,133 tokens -- the last ends
@@ -71,12 +77,14 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,  # noqa: E402
                                                               tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # noqa: E402
 
 from kernels.prefill.intra_chunk import (BC, OFFDIAG_PRECISION, SOLVE_PRECISION,  # noqa: E402
                                          _band, _store_band, solve_bands)
 
 BT = 64             # chunk size (the pipeline's)
 STAGES = 4          # k, q load stages (32 KB each); even: front warpgroup W owns stages = W mod 2
+                    # (a variant may take fewer: VARIANTS)
 PRODUCER_REGS = 24  # registers per thread of the producer's warpgroup (setmaxnreg)
 FRONT_REGS = 240    # of the worker front warpgroup; the default one gets the rest (240)
 
@@ -105,12 +113,175 @@ def _add(x, y):
     return x + y
 
 
+# -- the fused variant's solve: the product's solve_bands in Gluon ---------------------------
+# Batches [4, 16, 16] (entry I = block (I, I - D) of a block diagonal D) in the layout Triton
+# gives the product's batched products: mma v2, warp I owns entry I. Every product, sum and
+# precision as in :func:`kernels.prefill.intra_chunk.solve_bands` as Triton compiles it
+# (its combine pass folds ``x + dot(..)`` into the dot's accumulator; done here by hand).
+#: mma v2 for ``[4, 16, 16]`` batches, warp ``I`` on entry ``I`` (Triton's choice for them)
+_MMA3 = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
+                                               instr_shape=[1, 16, 8]))
+#: ``[4, 16, 4, 16]`` block view of a ``[64, 64]`` tile (bands out, ``Tb`` in)
+_BAND4 = gl.constexpr(gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 2, 2, 1], [3, 2, 1, 0]))
+#: ``[4, 4, 16, 16]`` of the band shift (entry, source entry, row, column)
+_SHIFT4 = gl.constexpr(gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 1, 4, 1], [3, 2, 1, 0]))
+
+
 @gluon.jit
-def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-           n_prog, n_items, scale, T, W: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
-           K: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr):
-    """Front warpgroup ``W``: this program's items ``i = W, W + 2, ..`` (module doc)."""
+def _ix3(n: gl.constexpr, axis: gl.constexpr, L: gl.constexpr):
+    """``arange(n)`` along ``axis`` of the rank-3 layout ``L``, expanded to rank 3."""
+    if axis == 0:
+        r = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, L)))[:, None, None]
+    elif axis == 1:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, L)))[None, :, None]
+    else:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, L)))[None, None, :]
+    return r
+
+
+@gluon.jit
+def _ix4(n: gl.constexpr, axis: gl.constexpr, L: gl.constexpr):
+    """``arange(n)`` along ``axis`` of the rank-4 layout ``L``, expanded to rank 4."""
+    if axis == 0:
+        r = gl.arange(0, n, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+        r = r[:, None, None, None]
+    elif axis == 1:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L))))
+        r = r[None, :, None, None]
+    elif axis == 2:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L))))
+        r = r[None, None, :, None]
+    else:
+        r = gl.arange(0, n, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L))))
+        r = r[None, None, None, :]
+    return r
+
+
+@gluon.jit
+def _split(x):
+    """``(hi, lo)`` bf16 with ``hi + lo`` = ``x`` to ~16 bits (as
+    :func:`kernels.prefill.dots._split`)."""
+    hi = x.to(gl.bfloat16)
+    return hi, (x - hi.to(gl.float32)).to(gl.bfloat16)
+
+
+@gluon.jit
+def _mm3(x, y, acc, PREC: gl.constexpr):
+    """``acc + x @ y`` per batch entry (``[4, 16, 16]`` f32, the mma v2 layout):
+    ``"bf16x2"`` hi hi + hi lo + lo hi (the product's order), or one ``"tf32"`` pass."""
+    M: gl.constexpr = _MMA3
+    if PREC == "bf16x2":
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M, k_width=2)
+        b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M, k_width=2)
+        # split after the conversion (the split is elementwise): one conversion per operand
+        x_hi, x_lo = _split(gl.convert_layout(x, a_op))
+        y_hi, y_lo = _split(gl.convert_layout(y, b_op))
+        acc = mma_v2(x_hi, y_hi, acc)
+        acc = mma_v2(x_hi, y_lo, acc)
+        acc = mma_v2(x_lo, y_hi, acc)
+    else:
+        gl.static_assert(PREC == "tf32")
+        a_op32: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M, k_width=1)
+        b_op32: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M, k_width=1)
+        acc = mma_v2(gl.convert_layout(x, a_op32), gl.convert_layout(y, b_op32), acc,
+                     input_precision="tf32")
+    return acc
+
+
+@gluon.jit
+def _band4(A4, D: gl.constexpr):
+    """Blocks ``(I, I - D)`` of ``A4`` (``[4, 16, 4, 16]``, the band layout) as ``[4, 16,
+    16]`` in the mma v2 layout, zeros for ``I < D``."""
+    M: gl.constexpr = _MMA3
+    B4: gl.constexpr = _BAND4
+    m = (_ix4(4, 0, B4) - D) == _ix4(4, 2, B4)
+    return gl.convert_layout(gl.sum(gl.where(m, A4, 0.0), axis=2), M)
+
+
+@gluon.jit
+def _shift3(X3, D: gl.constexpr):
+    """``[4, 16, 16]`` whose entry ``I`` is ``X3[I - D]`` (zeros for ``I < D``), the mma v2
+    layout in and out."""
+    M: gl.constexpr = _MMA3
+    P4: gl.constexpr = _SHIFT4
+    x4 = gl.convert_layout(X3, gl.SliceLayout(0, P4))[None, :, :, :]
+    m = (_ix4(4, 0, P4) - D) == _ix4(4, 1, P4)
+    return gl.convert_layout(gl.sum(gl.where(m, x4, 0.0), axis=1), M)
+
+
+@gluon.jit
+def _solve_tb(A, beta, BT: gl.constexpr, PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+    """``Tb = (I + A)^-1 diag(beta)`` of a strictly lower ``[64, 64]`` f32 ``A`` (any
+    layout; ``beta`` ``[64]`` f32, any 1-D layout) as a ``[64, 64]`` f32 tensor, by the
+    product's batched block formulas (:func:`kernels.prefill.intra_chunk.solve_bands`), the
+    blocks above the diagonal zero (``_store_band`` of bands ``-1 .. -3``). ``PREC``
+    ``"copy"``: no solve, ``A diag(beta)`` through the same bands and assembly (the
+    ``fused_copy`` timing baseline)."""
+    gl.static_assert(BT == 64)
+    M: gl.constexpr = _MMA3
+    B4: gl.constexpr = _BAND4
+    A4 = gl.convert_layout(gl.reshape(A, [4, 16, 4, 16]), B4)
+    zero = gl.zeros([4, 16, 16], gl.float32, M)
+    r = _ix3(16, 1, M)
+    c = _ix3(16, 2, M)
+    eye = gl.where(r == c, 1.0, 0.0)                           # [1, 16, 16]
+    A0 = _band4(A4, 0)
+    A1 = _band4(A4, 1)
+    A2 = _band4(A4, 2)
+    A3 = _band4(A4, 3)
+    if PREC == "copy":
+        T0 = A0
+        T1 = A1
+        T2 = A2
+        T3 = A3
+    else:
+        D8 = gl.where((r // 8) == (c // 8), A0, 0.0)
+        P2 = _mm3(D8, D8, zero, PREC)
+        P4 = _mm3(P2, P2, zero, PREC)
+        Ti8 = _mm3(_mm3(eye - D8, eye + P2, zero, PREC), eye + P4, zero, PREC)
+        T0 = _mm3(eye - _mm3(Ti8, A0 - D8, zero, PREC), Ti8, zero, PREC)
+        T1 = -_mm3(T0, _mm3(A1, _shift3(T0, 1), zero, OFF_PREC), zero, OFF_PREC)
+        S2 = _mm3(A1, _shift3(T1, 1), _mm3(A2, _shift3(T0, 2), zero, OFF_PREC), OFF_PREC)
+        T2 = -_mm3(T0, S2, zero, OFF_PREC)
+        S3 = _mm3(A3, _shift3(T0, 3), zero, OFF_PREC)
+        S3 = _mm3(A2, _shift3(T1, 2), S3, OFF_PREC)
+        S3 = _mm3(A1, _shift3(T2, 1), S3, OFF_PREC)
+        T3 = -_mm3(T0, S3, zero, OFF_PREC)
+    # assemble Tm [4, 16, 4, 16] (block row, row, block column, column), columns * beta
+    I4 = _ix4(4, 0, B4)
+    J4 = _ix4(4, 2, B4)
+    L3: gl.constexpr = gl.SliceLayout(2, B4)
+    Tm = gl.where(J4 == I4, gl.convert_layout(T0, L3)[:, :, None, :], 0.0)
+    Tm = gl.where(J4 == I4 - 1, gl.convert_layout(T1, L3)[:, :, None, :], Tm)
+    Tm = gl.where(J4 == I4 - 2, gl.convert_layout(T2, L3)[:, :, None, :], Tm)
+    Tm = gl.where(J4 == I4 - 3, gl.convert_layout(T3, L3)[:, :, None, :], Tm)
+    b4 = gl.convert_layout(gl.reshape(beta, [4, 16]), gl.SliceLayout(0, gl.SliceLayout(1, B4)))
+    return gl.reshape(Tm * b4[None, None, :, :], [BT, BT])
+
+
+@gluon.jit
+def _gates(b_a, b_b, m_g, A_log, dt_bias, h):
+    """Value head ``h``'s ``(gc, beta)`` of a chunk from its ``a``, ``b`` (rows past ``T``:
+    ``g = 0``, ``beta = 0``), as the Triton kernel computes them."""
+    x = b_a.to(gl.float32) + gl.load(dt_bias + h)
+    sp = gl.maximum(x, 0.0) + gl.log(1.0 + gl.exp(-gl.abs(x)))   # gates.softplus
+    b_g = gl.where(m_g, -gl.exp(gl.load(A_log + h)) * sp, 0.0)
+    g_c = gl.associative_scan(b_g, 0, _add)
+    return g_c, gl.where(m_g, 1.0 / (1.0 + gl.exp(-b_b.to(gl.float32))), 0.0)
+
+
+@gluon.jit
+def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+           pid, n_prog, n_items, scale, T, W: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
+           K: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr,
+           TB_OUT: gl.constexpr, SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+    """Front warpgroup ``W``: this program's items ``i = W, W + 2, ..`` (module doc).
+    ``aq_s``: its staging tiles, ``scale Aqk`` of head ``v`` in ``v``, with ``TB_OUT``
+    ``Tb`` in ``2 + v``."""
     HQ: gl.constexpr = H // G
+    # TMA stores per item, issued in one order every item: a buffer's previous store is
+    # done once at most N_ST - 1 stores are pending
+    N_ST: gl.constexpr = 2 * G if TB_OUT else G
     acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BT, 16])
     rows: gl.constexpr = gl.SliceLayout(1, acc)
@@ -151,21 +322,16 @@ def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empt
             if v == 0:
                 S, P = warpgroup_mma_wait(0, deps=[S, P])
                 mbarrier.arrive(empty.index(s))        # both products have read the stage
-            # gates (rows past T: g = 0, beta = 0), as the Triton kernel
-            x = b_a.to(gl.float32) + gl.load(dt_bias + h)
-            sp = gl.maximum(x, 0.0) + gl.log(1.0 + gl.exp(-gl.abs(x)))   # gates.softplus
-            b_g = gl.where(m_g, -gl.exp(gl.load(A_log + h)) * sp, 0.0)
-            g_c = gl.associative_scan(b_g, 0, _add)
+            g_c, beta_g = _gates(b_a, b_b, m_g, A_log, dt_bias, h)
             gl.store(gc + (t0 + o_g) * H + h, g_c, mask=m_g)
-            b_beta = gl.convert_layout(
-                gl.where(m_g, 1.0 / (1.0 + gl.exp(-b_b.to(gl.float32))), 0.0), rows)
+            b_beta = gl.convert_layout(beta_g, rows)
             b_gc = gl.convert_layout(g_c, rows)
             gc_j = gl.convert_layout(g_c, cols)
             decay = gl.exp(gl.minimum(b_gc[:, None] - gc_j[None, :], 0.0))
             # scale * Aqk: bf16 through shared memory buffer v, TMA store (clips at T)
             aqk = gl.where(o_i[:, None] >= o_j[None, :], P * decay, 0.0)
             buf = aq_s.index(v)
-            tma.store_wait(G - 1)       # the store issued from buffer v one item ago is done
+            tma.store_wait(N_ST - 1)    # the store issued from buffer v one item ago is done
             buf.store((scale * aqk).to(gl.bfloat16))
             fence_async_shared()
             tma.async_copy_shared_to_global(aq_desc, [t0, h * BT], buf)
@@ -173,55 +339,88 @@ def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empt
                 A = gl.where(o_i[:, None] > o_j[None, :], S * b_beta[:, None] * decay, 0.0)
                 p_A = A_out + ((t0 + o_i[:, None]) * H + h) * BT + o_j[None, :]
                 gl.store(p_A, A, mask=m_i[:, None])
+        if TB_OUT:
+            # the solve on chip, after both heads' Aqk (Q K^T is dead by then: fewer live
+            # registers through the solve); the gates again (a few ops on 64 values) rather
+            # than kept; Tb through staging tile 2 + v, TMA store
+            for v in gl.static_range(G):
+                h = i_hk * G + v
+                if v == 0:
+                    g_c, beta_g = _gates(b_a0, b_b0, m_g, A_log, dt_bias, h)
+                else:
+                    g_c, beta_g = _gates(b_a1, b_b1, m_g, A_log, dt_bias, h)
+                b_gc = gl.convert_layout(g_c, rows)
+                gc_j = gl.convert_layout(g_c, cols)
+                decay = gl.exp(gl.minimum(b_gc[:, None] - gc_j[None, :], 0.0))
+                b_beta = gl.convert_layout(beta_g, rows)
+                A = gl.where(o_i[:, None] > o_j[None, :], S * b_beta[:, None] * decay, 0.0)
+                tb = _solve_tb(A, beta_g, BT, SOLVE_PREC, OFF_PREC)
+                tbuf = aq_s.index(2 + v)
+                tma.store_wait(N_ST - 1)
+                tbuf.store(tb.to(gl.bfloat16))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(tb_desc, [t0, h * BT], tbuf)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _front0(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-            n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
-            BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr):
-    _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-           n_prog, n_items, scale, T, 0, H, G, K, BT, STAGES, A_OUT)
+def _front0(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+            pid, n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
+            BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
+            SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+    _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+           pid, n_prog, n_items, scale, T, 0, H, G, K, BT, STAGES, A_OUT, TB_OUT, SOLVE_PREC,
+           OFF_PREC)
 
 
 @gluon.jit
-def _front1(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-            n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
-            BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr):
-    _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq_s, ready, empty, pid,
-           n_prog, n_items, scale, T, 1, H, G, K, BT, STAGES, A_OUT)
+def _front1(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+            pid, n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
+            BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
+            SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+    _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
+           pid, n_prog, n_items, scale, T, 1, H, G, K, BT, STAGES, A_OUT, TB_OUT, SOLVE_PREC,
+           OFF_PREC)
 
 
 @gluon.jit(do_not_specialize=["T"])
-def gluon_front_kernel(k_desc, q_desc, aq_desc, a, b, A_log, dt_bias, gc, A_out, scale, T,
-                       H: gl.constexpr, G: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
-                       STAGES: gl.constexpr, A_OUT: gl.constexpr, FRONT_REGS: gl.constexpr,
-                       PRODUCER_REGS: gl.constexpr):
+def gluon_front_kernel(k_desc, q_desc, aq_desc, tb_desc, a, b, A_log, dt_bias, gc, A_out, scale,
+                       T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
+                       STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
+                       SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr,
+                       FRONT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """The intra kernel's front for one sequence of ``T`` tokens (module doc): ``k_desc``,
     ``q_desc`` TMA over ``[T, HQ * K]`` bf16 (box ``[64, K]``), ``aq_desc`` over ``scale *
     Aqk`` ``[T, H * 64]`` bf16 (box ``[64, 64]``); ``a``, ``b`` ``[T, H]`` bf16; ``gc``
-    ``[T, H]`` f32 out; ``A_out`` ``[T, H, 64]`` f32 out (``A_OUT``) or None. ``G <= 2``.
+    ``[T, H]`` f32 out; ``A_out`` ``[T, H, 64]`` f32 out (``A_OUT``) or None; ``tb_desc``
+    over ``Tb`` ``[T, H * 64]`` bf16 (``TB_OUT``: the solve fused in, with the product's
+    precisions ``SOLVE_PREC``, ``OFF_PREC``) or None. ``G <= 2``.
     ``num_warps = 4`` (the first front warpgroup) plus a 4-warp front worker and a 1-warp
     load worker; one program per SM."""
     gl.static_assert(G <= 2)
+    gl.static_assert(STAGES % 2 == 0)   # front warpgroup W owns the stages = W mod 2
+    gl.static_assert(not (A_OUT and TB_OUT))
     HQ: gl.constexpr = H // G
+    NBUF: gl.constexpr = 4 if TB_OUT else 2     # staging tiles per front warpgroup
     pid = gl.program_id(0)
     n_prog = gl.num_programs(0)
     n_items = gl.cdiv(T, BT) * HQ
     k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], k_desc.layout)
     q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], q_desc.layout)
-    aq0_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], aq_desc.layout)
-    aq1_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, BT], aq_desc.layout)
+    aq0_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BT, BT], aq_desc.layout)
+    aq1_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BT, BT], aq_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(STAGES):
         mbarrier.init(ready.index(j), count=1)
         mbarrier.init(empty.index(j), count=1)      # the one front warpgroup of the stage
     gl.warp_specialize([
-        (_front0, (a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq0_s, ready, empty,
-                   pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT)),
-        (_front1, (a, b, A_log, dt_bias, gc, A_out, aq_desc, k_s, q_s, aq1_s, ready, empty,
-                   pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT)),
+        (_front0, (a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq0_s, ready,
+                   empty, pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT, TB_OUT,
+                   SOLVE_PREC, OFF_PREC)),
+        (_front1, (a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq1_s, ready,
+                   empty, pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT, TB_OUT,
+                   SOLVE_PREC, OFF_PREC)),
         (_producer, (k_desc, q_desc, k_s, q_s, ready, empty, pid, n_prog, n_items, HQ, K, BT,
                      STAGES)),
     ], [4, 1], [FRONT_REGS, PRODUCER_REGS])
@@ -233,15 +432,19 @@ def _layouts(K: int):
             gl.NVMMASharedLayout.get_default_for([BT, BT], gl.bfloat16))
 
 
-def _constexprs(H, G, K, a_out):
-    return dict(H=H, G=G, K=K, BT=BT, STAGES=STAGES, A_OUT=a_out, FRONT_REGS=FRONT_REGS,
-                PRODUCER_REGS=PRODUCER_REGS)
+def _constexprs(H, G, K, extra, stages):
+    return dict(H=H, G=G, K=K, BT=BT, STAGES=stages, A_OUT=extra == "A",
+                TB_OUT=extra in ("Tb", "Tb_copy"),
+                SOLVE_PREC="copy" if extra == "Tb_copy" else SOLVE_PRECISION["batched"],
+                OFF_PREC=OFFDIAG_PRECISION["batched"],
+                FRONT_REGS=FRONT_REGS, PRODUCER_REGS=PRODUCER_REGS)
 
 
-def compile_sm90(T=131072, H=8, HQ=4, D=128, a_out=False, cc=90):
+def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, stages=STAGES, cc=90):
     """Compile ``gluon_front_kernel`` for ``sm_<cc>`` without a GPU (or torch), as
     ``scripts/probes/gluon_walk.py`` does. Returns ``(compiled, report)`` (registers,
-    spills, shared memory, ptxas ``wgmma`` warnings)."""
+    spills, shared memory, ptxas ``wgmma`` warnings). ``extra``: the variant's further
+    output and ``stages`` its load stages (:data:`VARIANTS`)."""
     import re
     import subprocess
     import tempfile
@@ -283,13 +486,15 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, a_out=False, cc=90):
 
     args = dict(k_desc=desc([T, HQ * K], [BT, K], lk), q_desc=desc([T, HQ * K], [BT, K], lk),
                 aq_desc=desc([T, H * BT], [BT, BT], lt),
+                tb_desc=(desc([T, H * BT], [BT, BT], lt) if extra in ("Tb", "Tb_copy")
+                         else None),
                 a=_Tensor([T, H], "bfloat16"), b=_Tensor([T, H], "bfloat16"),
                 A_log=_Tensor([H], "float32"), dt_bias=_Tensor([H], "float32"),
                 gc=_Tensor([T, H], "float32"),
-                A_out=_Tensor([T, H, BT], "float32") if a_out else None)
+                A_out=_Tensor([T, H, BT], "float32") if extra == "A" else None)
     fn = gluon_front_kernel
     names = [p.name for p in fn.params]
-    const = _constexprs(H, H // HQ, K, a_out)
+    const = _constexprs(H, H // HQ, K, extra, stages)
     const.update({n: None for n, x in args.items() if x is None})   # specialised away
     sig, attrs = {}, {}
     for i, n in enumerate(names):
@@ -316,7 +521,7 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, a_out=False, cc=90):
     log = res.stdout + res.stderr
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                   log)
-    report = dict(triton=triton.__version__, arch=arch, T=T, a_out=a_out,
+    report = dict(triton=triton.__version__, arch=arch, T=T, extra=extra, stages=stages,
                   num_warps=ck.metadata.num_warps,
                   launch_regs=int(re.search(r"\.maxnreg (\d+)", ck.asm["ptx"]).group(1)),
                   setmaxnreg=[int(x) for x in re.findall(
@@ -328,14 +533,23 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, a_out=False, cc=90):
     return ck, report
 
 
-#: The Gluon variants: whether ``A`` is written (for :func:`solve_kernel`).
-VARIANTS = {"front": False, "front_a": True}
+#: The Gluon variants: ``(extra, stages)``, the output beyond ``scale Aqk`` and ``gc`` (none,
+#: ``A`` f32 for :func:`solve_kernel`, ``Tb`` bf16: the solve fused in, or ``Tb_copy``: the
+#: same kernel with ``A diag(beta)`` in place of ``Tb``, no solve, so ``fused - fused_copy``
+#: is what the solve adds) and the ``k``, ``q`` load stages. ``fused_s2``: one stage per front
+#: warpgroup (its next item's tiles load during its solve), 32 KB of shared memory less than
+#: ``fused``'s ~224 KB of the 227 KB allowed.
+VARIANTS = {"front": (None, 4), "front_a": ("A", 4), "fused": ("Tb", 4), "fused_s2": ("Tb", 2),
+            "fused_copy": ("Tb_copy", 4)}
 
 
-def gluon_front(x: dict, aq, gc, A_out=None, n_prog=None):
+def gluon_front(x: dict, aq, gc, A_out=None, tb=None, stages=STAGES, tb_copy=False,
+                n_prog=None):
     """Launch ``gluon_front_kernel`` on inputs ``x`` (one sequence), writing ``aq`` ``[T, HV,
     64]`` bf16 (``scale * Aqk``), ``gc`` ``[T, HV]`` f32 and, if given, ``A_out`` ``[T,
-    HV, 64]`` f32. ``n_prog``: programs (default: one per SM)."""
+    HV, 64]`` f32 or ``tb`` ``[T, HV, 64]`` bf16 (``Tb``, the solve fused in; not both).
+    ``stages``: ``k``, ``q`` load stages (even); ``tb_copy``: ``tb`` := ``A diag(beta)`` (no
+    solve: a timing baseline); ``n_prog``: programs (default: one per SM)."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -346,6 +560,8 @@ def gluon_front(x: dict, aq, gc, A_out=None, n_prog=None):
         raise ValueError("the probe runs one sequence (cu_seqlens of 2 entries)")
     if H // HQ > 2:
         raise ValueError(f"the probe's front handles G <= 2 value heads per q/k head, got {H // HQ}")
+    if A_out is not None and tb is not None:
+        raise ValueError("A_out and tb: one variant writes one of them")
     lk, lt = _layouts(K)
 
     def desc(t, cols, block, layout):
@@ -355,8 +571,10 @@ def gluon_front(x: dict, aq, gc, A_out=None, n_prog=None):
     n_prog = n_prog or torch.cuda.get_device_properties(k.device).multi_processor_count
     gluon_front_kernel[(n_prog,)](
         desc(k, HQ * K, [BT, K], lk), desc(q, HQ * K, [BT, K], lk), desc(aq, H * BT, [BT, BT], lt),
-        x["a"], x["b"], x["A_log"], x["dt_bias"], gc, A_out, _scale(x), T,
-        num_warps=4, **_constexprs(H, H // HQ, K, A_out is not None))
+        None if tb is None else desc(tb, H * BT, [BT, BT], lt),
+        x["a"], x["b"], x["A_log"], x["dt_bias"], gc, A_out, _scale(x), T, num_warps=4,
+        **_constexprs(H, H // HQ, K, "A" if A_out is not None else None if tb is None
+                      else "Tb_copy" if tb_copy else "Tb", stages))
 
 
 def _scale(x: dict) -> float:
@@ -445,7 +663,7 @@ def front_reference(x: dict, gc):
     A = torch.where(o[:, None] > o[None, :], kk * beta.permute(0, 2, 1)[..., :, None] * decay,
                     0.0)
     aqk = torch.where(o[:, None] >= o[None, :], _scale(x) * qk * decay, 0.0)
-    back = lambda t: t.permute(0, 2, 1, 3).reshape(n_c * BT, H, BT)[:T]   # noqa: E731
+    back = lambda t: t.permute(0, 2, 1, 3).reshape(n_c * BT, H, BT)[:T].contiguous()   # noqa: E731
     return back(A), back(aqk)
 
 
@@ -474,7 +692,8 @@ def gate_front(x: dict, ref_gc, ref_aq, gc, aq, A=None) -> dict:
 
 
 def gate_tb(A, b, tb, ref_tb) -> dict:
-    """``Tb`` from :func:`solve_kernel` on ``A`` against the Triton intra kernel's: within
+    """``Tb`` (from :func:`solve_kernel` on ``A``, or the fused variant's, whose ``A`` is
+    torch's f32 one from the same inputs) against the Triton intra kernel's: within
     2e-2 abs (the two ``A`` differ in their last bits and the solve's entries reach ~10;
     bf16 ``Tb`` itself rounds at 2^-8 relative), and against the float64 inverse of the
     same ``A``: no further from it than the Triton ``Tb`` is (plus 1e-3), so the first
@@ -499,15 +718,99 @@ def gate_tb(A, b, tb, ref_tb) -> dict:
     d_ex = (tb.double() - ex).abs().nan_to_num(float("inf")).max().item()
     d_ref_ex = (ref_tb.double() - ex).abs().max().item()
     row = dict(tb_max_abs=d.max().item(), tb_vs_exact=d_ex, triton_tb_vs_exact=d_ref_ex,
-               tb_scale=ref_tb.float().abs().max().item())
+               tb_scale=ref_tb.float().abs().max().item(),
+               tb_bitwise=bool(torch.equal(tb, ref_tb)),
+               tb_equal_frac=float((tb == ref_tb).float().mean()))
     return dict(row, ok=row["tb_max_abs"] <= 2e-2 and d_ex <= d_ref_ex + 1e-3)
+
+
+def fused_emulation(A, b):
+    """torch, step for step the fused variant's solve (``_solve_tb``): ``A`` ``[T, HV, 64]``
+    f32 (strictly lower per chunk) and ``b`` in, ``Tb`` ``[T, HV, 64]`` f32 out (the
+    caller rounds it to bf16). The same block views (``[4, 16, 4, 16]`` of a chunk's tile,
+    entry ``I`` of band ``D`` = block ``(I, I - D)``), shifts, hi / lo splits, accumulation
+    order (the folded sums) and assembly with ``beta`` on the columns; the products in f32
+    where the GPU's ``mma`` rounds to tf32 and accumulates in its own order. A check of the
+    scheme's indexing against the Triton solve on the CPU, not of the Gluon code itself."""
+    import torch
+
+    T, H = A.shape[0], A.shape[1]
+    n_c = -(-T // BT)
+    pad = n_c * BT - T
+    Ac = torch.nn.functional.pad(A.float(), (0, 0, 0, 0, 0, pad))
+    Ac = Ac.view(n_c, BT, H, BT).permute(0, 2, 1, 3)              # [n_c, H, 64, 64]
+    beta = torch.nn.functional.pad(torch.sigmoid(b.float()), (0, 0, 0, pad))
+    beta = beta.view(n_c, BT, H).permute(0, 2, 1)                 # [n_c, H, 64]
+    A4 = Ac.reshape(n_c, H, 4, 16, 4, 16)
+    o4 = torch.arange(4)
+
+    def band(D):    # [n_c, H, 4, 16, 16]: entry I = block (I, I - D), zeros for I < D
+        m = ((o4[:, None] - D) == o4[None, :]).float()              # [I, J]
+        return torch.einsum("ij,chirjs->chirs", m, A4)
+
+    def shift(X, D):   # entry I = X[I - D], zeros for I < D
+        m = ((o4[:, None] - D) == o4[None, :]).float()
+        return torch.einsum("im,chmrs->chirs", m, X)
+
+    def split(x):
+        hi = x.to(torch.bfloat16).float()
+        return hi, (x - hi).to(torch.bfloat16).float()
+
+    def mm(x, y, acc, prec):
+        if prec == "bf16x2":
+            xh, xl = split(x)
+            yh, yl = split(y)
+            return ((acc + xh @ yh) + xh @ yl) + xl @ yh
+        return acc + x @ y
+
+    P, O = SOLVE_PRECISION["batched"], OFFDIAG_PRECISION["batched"]
+    z = torch.zeros(n_c, H, 4, 16, 16)
+    o16 = torch.arange(16)
+    eye = (o16[:, None] == o16[None, :]).float()
+    A0 = band(0)
+    D8 = torch.where((o16[:, None] // 8) == (o16[None, :] // 8), A0, 0.0)
+    P2 = mm(D8, D8, z, P)
+    P4 = mm(P2, P2, z, P)
+    Ti8 = mm(mm(eye - D8, eye + P2, z, P), eye + P4, z, P)
+    T0 = mm(eye - mm(Ti8, A0 - D8, z, P), Ti8, z, P)
+    A1, A2, A3 = band(1), band(2), band(3)
+    T1 = -mm(T0, mm(A1, shift(T0, 1), z, O), z, O)
+    T2 = -mm(T0, mm(A1, shift(T1, 1), mm(A2, shift(T0, 2), z, O), O), z, O)
+    S3 = mm(A1, shift(T2, 1), mm(A2, shift(T1, 2), mm(A3, shift(T0, 3), z, O), O), O)
+    T3 = -mm(T0, S3, z, O)
+    Tm = torch.zeros(n_c, H, 4, 16, 4, 16)
+    for D, TD in enumerate((T0, T1, T2, T3)):
+        m = ((o4[:, None] - D) == o4[None, :])[:, None, :, None]    # [I, 1, J, 1]
+        Tm = torch.where(m, TD[:, :, :, :, None, :], Tm)
+    Tb = (Tm * beta.view(n_c, H, 1, 1, 4, 16)).reshape(n_c, H, BT, BT)
+    return Tb.permute(0, 2, 1, 3).reshape(n_c * BT, H, BT)[:T]
+
+
+def gate_copy(A, b, tb, rel=2 ** -7, atol=1e-6) -> dict:
+    """The no-solve ``Tb`` (``fused_copy``, ``copy_t``) against ``A diag(beta)`` from ``A``
+    ``[T, HV, 64]`` f32 (strictly lower per chunk): ``<= rel |want| + atol``, by default one
+    bf16 step (``A`` another f32 computation of the same values, e.g. torch's for the Gluon
+    kernel's); ``2^-8``, ``1e-7`` (one bf16 rounding) when ``A`` is the kernel's own. NaN
+    fails."""
+    import torch
+
+    T, H = A.shape[0], A.shape[1]
+    n_c = -(-T // BT)
+    bp = torch.nn.functional.pad(torch.sigmoid(b.float()), (0, 0, 0, n_c * BT - T))
+    bcol = bp.view(n_c, BT, H).permute(0, 2, 1)[torch.arange(T, device=A.device) // BT]
+    want = A * bcol
+    d = (tb.float() - want).abs().nan_to_num(float("inf"))
+    return dict(copy_max_abs=d.max().item(),
+                ok=bool((d <= rel * want.abs() + atol).all()))
 
 
 def run_emulate(lengths) -> int:
     """``--emulate`` (CPU, interpreter): the front's torch emulation (:func:`front_reference`
     with the Triton ``gc``) and :func:`solve_kernel` on its ``A`` against the Triton intra
-    kernel at a small shape; checks the gates and the solve kernel, not the Gluon code
-    (which runs only on the GPU). One JSON line per length; returns 1 if a gate fails."""
+    kernel at a small shape, and the fused variant's solve in torch (:func:`fused_emulation`)
+    on the same ``A``; checks the gates, the solve kernel and the fused solve's scheme, not
+    the Gluon code (which runs only on the GPU). One JSON line per length; returns 1 if a
+    gate fails."""
     import torch
 
     from kernels.spec import make_prefill_inputs
@@ -524,17 +827,13 @@ def run_emulate(lengths) -> int:
             tb = torch.full((T, H, BT), float("nan"), dtype=torch.bfloat16)
             triton_solve(A, x["b"], tb, copy=copy)
             if copy:   # A's bands with columns scaled by beta: A diag(beta) (A is strictly lower)
-                n_c = -(-T // BT)
-                bp = torch.nn.functional.pad(torch.sigmoid(x["b"].float()),
-                                             (0, 0, 0, n_c * BT - T))
-                bcol = bp.view(n_c, BT, H).permute(0, 2, 1)[torch.arange(T) // BT]
-                want = A * bcol
-                d = (tb.float() - want).abs().nan_to_num(float("inf"))
-                row["copy_ok"] = bool((d <= 2 ** -8 * want.abs() + 1e-7).all())
+                row["copy_ok"] = gate_copy(A, x["b"], tb, 2 ** -8, 1e-7)["ok"]
             else:
                 g = gate_tb(A, x["b"], tb, ref_tb)
                 row.update({f"solve_{k}": v for k, v in g.items()})
-        ok = row["ok"] and row["solve_ok"] and row["copy_ok"]
+        tb = fused_emulation(A, x["b"]).to(torch.bfloat16)
+        row.update({f"fused_{k}": v for k, v in gate_tb(A, x["b"], tb, ref_tb).items()})
+        ok = row["ok"] and row["solve_ok"] and row["copy_ok"] and row["fused_ok"]
         status |= 0 if ok else 1
         print(json.dumps(dict(row, all_ok=ok)), flush=True)
     return status
@@ -587,11 +886,14 @@ def run_gpu(lengths, time_it: bool, out_dir: str, variants) -> int:
         impls = {"triton_intra": lambda: triton_intra(x, lb)}
         A_front = None
         for var in variants:
-            a_out = VARIANTS[var]
+            extra, stages = VARIANTS[var]
             gc = torch.full_like(ref_gc, float("nan"))
             aq = torch.full_like(ref_aq, float("nan"))
-            A = torch.full((T, H, BT), float("nan"), device="cuda") if a_out else None
-            fn = lambda gc=gc, aq=aq, A=A: gluon_front(x, aq, gc, A)   # noqa: E731
+            A = torch.full((T, H, BT), float("nan"), device="cuda") if extra == "A" else None
+            tb = (torch.full_like(ref_tb, float("nan")) if extra in ("Tb", "Tb_copy")
+                  else None)
+            fn = (lambda gc=gc, aq=aq, A=A, tb=tb, st=stages:                   # noqa: E731
+                  gluon_front(x, aq, gc, A, tb, st, extra == "Tb_copy"))
             name = f"gluon_{var}"
             try:
                 fn()
@@ -601,11 +903,17 @@ def run_gpu(lengths, time_it: bool, out_dir: str, variants) -> int:
                 status = 1
                 continue
             r = gate_front(x, ref_gc, ref_aq, gc, aq, A)
+            if extra == "Tb":   # Tb against the Triton one and the inverse of torch's f32 A
+                r_tb = gate_tb(front_reference(x, ref_gc)[0], x["b"], tb, ref_tb)
+                r = dict(r, **r_tb, ok=r["ok"] and r_tb["ok"])
+            elif extra == "Tb_copy":
+                r_tb = gate_copy(front_reference(x, ref_gc)[0], x["b"], tb)
+                r = dict(r, **r_tb, ok=r["ok"] and r_tb["ok"])
             emit(dict(info, kind="gate", impl=name, **r))
             status |= 0 if r["ok"] else 1
             if r["ok"]:
                 impls[name] = fn
-                if a_out:
+                if extra == "A":
                     A_front = A
         if A_front is not None:   # the solve in Triton form on the Gluon front's A
             for copy in (False, True):
@@ -615,9 +923,8 @@ def run_gpu(lengths, time_it: bool, out_dir: str, variants) -> int:
                       triton_solve(A_front, x["b"], tb, copy=c))
                 fn()
                 torch.cuda.synchronize()
-                if copy:
-                    r = dict(ok=bool(torch.isfinite(tb.float()).all()),
-                             gated="finite only (no solve: a timing baseline)")
+                if copy:   # no solve (a timing baseline): A diag(beta) of the same A
+                    r = gate_copy(A_front, x["b"], tb, 2 ** -8, 1e-7)
                 else:
                     r = gate_tb(A_front, x["b"], tb, ref_tb)
                 emit(dict(info, kind="gate", impl=name, **r))
@@ -662,7 +969,8 @@ def main(argv=None) -> int:
         rows = []
         for var in variants:
             try:
-                rows.append(dict(variant=var, **compile_sm90(a_out=VARIANTS[var])[1]))
+                extra, stages = VARIANTS[var]
+                rows.append(dict(variant=var, **compile_sm90(extra=extra, stages=stages)[1]))
             except Exception as e:   # noqa: BLE001 -- report every configuration
                 rows.append(dict(variant=var, error=f"{type(e).__name__}: {e}"[:600]))
             print(json.dumps(rows[-1]), flush=True)
