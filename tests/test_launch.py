@@ -113,7 +113,7 @@ def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
     from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launch, "_current_stream", lambda: 99)
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: 99)
     fn = _Jit()
     fl = FastLaunch(fn)
     x = torch.zeros(16)
@@ -132,7 +132,7 @@ def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
     from kernels import launch
     monkeypatch.setattr(launch, "_DISABLED_REASON", None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launch, "_current_stream", lambda: 1)
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: 1)
     monkeypatch.setenv("GDN_FAST_LAUNCH", "1")
     monkeypatch.setattr(launch.interpret, "INTERPRET", False)
 
@@ -162,7 +162,7 @@ def test_keyed_launch_reads_only_addresses_and_int_classes(monkeypatch):
     from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launch, "_current_stream", lambda: 7)
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: 7)
     fn = _Jit()
     fl = FastLaunch(fn)
     built = []
