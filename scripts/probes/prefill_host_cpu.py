@@ -85,12 +85,12 @@ def main() -> None:
             continue
         x = make_prefill_inputs([T], seed=0)
         for _ in range(20):
-            gdn_prefill(**x)
+            gdn_prefill(**x, check_values=False)
         means = []
         for _ in range(args.rounds):
             t0 = time.process_time()
             for _ in range(args.calls):
-                gdn_prefill(**x)
+                gdn_prefill(**x, check_values=False)
             means.append((time.process_time() - t0) / args.calls * 1e6)
         print(json.dumps(dict(path=name, T=T, median_us=round(statistics.median(means), 1),
                               min_us=round(min(means), 1))), flush=True)
