@@ -230,13 +230,21 @@ class FastLaunch:
         hit = self._hit(dev, key, args)
         if hit is None:
             return self._first(dev, key, grid, args, make_kwargs())
+        ck, addrs, tail = hit
         try:
-            run, call = _direct(hit, grid, _current_stream(dev))
-            run(*call)
+            g = tuple(grid) + (1,) * (3 - len(grid))
+            rt = _knobs.runtime if _knobs is not None else None
+            if (rt is not None and rt.launch_enter_hook is None
+                    and rt.launch_exit_hook is None):   # as _direct, without its argument tuple
+                ck.run(g[0], g[1], g[2], _current_stream(dev), ck.function, ck.packed_metadata,
+                       None, None, None, *addrs, *tail)
+            else:
+                run, call = _direct(hit, grid, _current_stream(dev))
+                run(*call)
         except (TypeError, AttributeError) as e:
             self._disable(e)
             return self.fn[grid](*args, **make_kwargs())
-        return hit[0]
+        return ck
 
     def _hit(self, dev, key, args):
         """``(compiled kernel, args with the tensors as addresses, constexpr tail)`` for a

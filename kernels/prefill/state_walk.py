@@ -311,8 +311,8 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     its bits into ``status`` (`[1]` int32) if given. Writes into the given output
     tensors; returns None, or with ``defer`` the bound launch (a zero-argument callable,
     :meth:`kernels.launch.FastLaunch.bind_keyed`) without launching. ``negligible``
-    (`[S, HV]` int32) with ``log_bound`` (the intra-chunk kernel's, phase A: written) or ``chain`` (phase C:
-    read): skip what the gates' decay has made negligible (``TRUNC``) below
+    (`[S, HV]` int32) with ``log_bound`` (the intra-chunk kernel's, phase A: written) or
+    ``chain`` (phase C: read): skip what the gates' decay has made negligible (``TRUNC``) below
     ``exp(log_eps)`` (:attr:`.config.PrefillConfig.log_eps`, required with it). The flags
     that follow from the tensors given: :func:`walk_flags`.
     """
