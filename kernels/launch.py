@@ -7,8 +7,8 @@ more host time the more arguments a kernel has (docs/notes/prefill.md, "Numbers 
 rules").
 
 :class:`FastLaunch` keeps, per kernel, the compiled kernel Triton returned for
-a *launch key* and launches it directly (``compiled[grid](*args)``) when the key
-repeats. The key holds everything Triton specialises on for our arguments:
+a *launch key* and launches it directly (Triton's C launcher, tensors as addresses) when
+the key repeats. The key holds everything Triton specialises on for our arguments:
 
 * the current device;
 * per positional argument: ``None``; a tensor's dtype and whether its address is
@@ -17,10 +17,14 @@ repeats. The key holds everything Triton specialises on for our arguments:
 * the keyword arguments (constexprs and launch options such as ``num_warps``,
   ``launch_pdl``) as given, in order.
 
-:meth:`FastLaunch.bind` does all of that ahead of time and returns a zero-argument
-launch: the ``fused`` pipeline binds every kernel of a call before launching the
-first, so only the bound launches (a fraction of a whole ``state_walk_fwd``) stand
-between two kernels.
+Every call site of ours names its own key (:meth:`FastLaunch.launch_keyed`,
+:meth:`FastLaunch.bind_keyed`): a tuple of what it derives the keyword arguments from
+and its tensors' dtypes (or None), built from values it holds; only the addresses are
+read and the ints classed per call, and the keyword arguments are built only the first
+time. :meth:`FastLaunch.bind` does the same with a generic key (:func:`signature`) for
+sites without one. The binds do all of that ahead of time and return a zero-argument
+launch: the ``fused`` pipeline binds every kernel of a call before launching the first,
+so only the bound launches stand between two kernels.
 
 A key seen for the first time goes through ``kernel[grid](...)`` (compiling if
 needed) and its compiled kernel is kept. Off CUDA (the interpreter) or with
@@ -45,7 +49,7 @@ try:
 except ImportError:   # pragma: no cover - tritons before knobs: the runner path below
     _knobs = None
 
-__all__ = ["FastLaunch", "fast_launch_enabled"]
+__all__ = ["FastLaunch", "fast_launch_enabled", "dtypes", "signature"]
 
 _DISABLED_REASON = None
 
@@ -79,9 +83,40 @@ def _int_class(x: int) -> int:
     return 1 if x == 1 else (16 if x % 16 == 0 else 0)
 
 
-def _current_stream() -> int:
-    """The current CUDA stream's handle (what Triton's own launcher asks torch for)."""
-    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+def _current_stream(dev: int) -> int:
+    """The current CUDA stream's handle on device ``dev`` (what Triton's own launcher asks
+    torch for)."""
+    return torch._C._cuda_getCurrentRawStream(dev)
+
+
+def _direct(hit, grid, stream):
+    """``(run, call)``: ``run(*call)`` launches the compiled kernel of ``hit`` (``(compiled
+    kernel, arguments with the tensors as addresses, constexpr tail)``) on ``grid`` and
+    ``stream``: Triton's C launcher called as ``CompiledKernel.__getitem__``'s runner calls
+    it, without that wrapper; with a profiler's launch hooks set, that runner (it calls
+    them)."""
+    ck, addrs, tail = hit
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    rt = _knobs.runtime if _knobs is not None else None
+    if rt is not None and rt.launch_enter_hook is None and rt.launch_exit_hook is None:
+        return ck.run, (g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None,
+                        None, None, *addrs, *tail)
+    runner = ck[g]
+    return (lambda *a: runner(*a, stream=stream)), (*addrs, *tail)
+
+
+def dtypes(*tensors):
+    """Each tensor's dtype (None for None): the part of a call site's launch key that
+    says which tensors it passes and of what kind."""
+    return tuple([None if t is None else t.dtype for t in tensors])
+
+
+def signature(args, kwargs):
+    """The generic launch key of :meth:`FastLaunch.bind`: per argument its dtype (a
+    tensor), its value (a bool) or its type, and the keyword arguments as given."""
+    return (tuple([a.dtype if isinstance(a, torch.Tensor) else
+                   (a if isinstance(a, bool) or a is None else type(a)) for a in args]),
+            tuple(kwargs.items()))
 
 
 class FastLaunch:
@@ -100,45 +135,13 @@ class FastLaunch:
         self._consts = [(p.name, p.default if p.has_default else None, p.has_default)
                         for p in params[self._n_plain:]]
         self._compiled = {}
-        self._keyed = {}    # (caller key, int classes) -> (compiled kernel, constexpr tail, tensor positions)
-        self._int_pos = {}  # caller key -> positions of the int arguments
+        # (device, caller key, int classes) -> (compiled kernel, constexpr tail, tensor
+        # positions); (device, caller key) -> positions of the int arguments
+        self._keyed = {}
+        self._int_pos = {}
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
-
-    def bind(self, grid, args, kwargs):
-        """A zero-argument callable that launches ``fn[grid](*args, **kwargs)``.
-
-        Everything but the launch itself (the key, the argument order, tensors turned
-        into addresses, Triton's handles, the current stream) is done here, so a
-        pipeline can bind its second kernel before launching its first and leave only
-        the launch between the two. A key not seen yet binds to :meth:`launch`
-        (compiling on the call)."""
-        if not fast_launch_enabled() or len(args) != self._n_plain:
-            return lambda: self.fn[grid](*args, **kwargs)
-        key, addrs = self._key_addrs(args, kwargs)
-        entry = self._compiled.get(key)
-        if entry is None:
-            return lambda: self.launch(grid, args, kwargs)
-        ck, tail = entry
-        # tensors as raw addresses: Triton's C launcher takes an int as is, where a tensor
-        # costs a ``data_ptr()`` call and a ``cuPointerGetAttribute`` driver query each
-        # (the tensors stay referenced by ``args`` until the launch)
-        ordered = addrs + tail
-        try:
-            runner = ck[tuple(grid) + (1,) * (3 - len(grid))]
-        except (TypeError, AttributeError) as e:
-            self._disable(e)
-            return lambda: self.fn[grid](*args, **kwargs)
-        stream = _current_stream()
-
-        def go():
-            try:
-                runner(*ordered, stream=stream)
-            except (TypeError, AttributeError) as e:
-                self._disable(e)
-                self.fn[grid](*args, **kwargs)
-        return go
 
     @staticmethod
     def _key_addrs(args, kwargs):
@@ -175,51 +178,102 @@ class FastLaunch:
         warnings.warn(f"direct Triton launches disabled ({_DISABLED_REASON}); "
                       "using kernel[grid](...)", RuntimeWarning, stacklevel=4)
 
+    def bind(self, grid, args, kwargs):
+        """:meth:`bind_keyed` with the generic key (:func:`signature`) for a call site
+        without its own: every argument's dtype, type or None-ness and the keyword
+        arguments as given."""
+        return self.bind_keyed(signature(args, kwargs), grid, args, lambda: kwargs)
+
+    def bind_keyed(self, key, grid, args, make_kwargs):
+        """A zero-argument callable that launches ``fn[grid](*args, **make_kwargs())``.
+
+        ``key`` as for :meth:`launch_keyed`. Everything but the launch itself (the key,
+        the tensors' addresses, Triton's handles, the current stream) is done here, so a
+        pipeline can bind its second kernel before launching its first and leave only the
+        launch between the two. A key (or int class, or misaligned tensor) not seen yet
+        binds to :meth:`launch_keyed`'s first-use path (compiling on the call)."""
+        if not fast_launch_enabled() or len(args) != self._n_plain:
+            kwargs = make_kwargs()
+            return lambda: self.fn[grid](*args, **kwargs)
+        dev = torch.cuda.current_device()
+        hit = self._hit(dev, key, args)
+        if hit is None:
+            kwargs = make_kwargs()
+            return lambda: self._first(dev, key, grid, args, kwargs)
+        try:
+            run, call = _direct(hit, grid, _current_stream(dev))
+        except (TypeError, AttributeError) as e:
+            self._disable(e)
+            kwargs = make_kwargs()
+            return lambda: self.fn[grid](*args, **kwargs)
+
+        def go():
+            try:
+                run(*call)
+            except (TypeError, AttributeError) as e:
+                self._disable(e)
+                self.fn[grid](*args, **make_kwargs())
+        return go
+
     def launch_keyed(self, key, grid, args, make_kwargs):
         """:meth:`launch` for a call site that names its own ``key``: a hashable that the
         caller guarantees fixes everything Triton specialises on in ``args`` and the
         keyword arguments except the tensors' addresses and the ints' values (their dtypes,
-        which arguments are None, the constexprs and launch options). Here only the
-        addresses are read (their 16-byte alignment checked) and the ints classed, so a
-        repeat costs a fraction of the generic key; ``make_kwargs()`` builds the keyword
-        arguments, called only on a miss (first use, a misaligned tensor, a new int class),
-        which takes :meth:`launch`."""
+        which arguments are None, the constexprs and launch options; the current device is
+        added here). Here only the addresses are read (their 16-byte alignment checked)
+        and the ints classed, so a repeat costs a fraction of the generic key;
+        ``make_kwargs()`` builds the keyword arguments, called only on a miss (first use,
+        a misaligned tensor, a new int class), which takes :meth:`launch`."""
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return self.fn[grid](*args, **make_kwargs())
-        ipos = self._int_pos.get(key)
-        if ipos is not None:
-            entry = self._keyed.get((key, tuple(_int_class(args[i]) for i in ipos)))
-            if entry is not None:
-                ck, tail, tpos = entry
-                addrs, m = list(args), 0
-                for i in tpos:
-                    p = args[i].data_ptr()
-                    addrs[i] = p
-                    m |= p
-                if not m & 15:
-                    try:
-                        g = tuple(grid) + (1,) * (3 - len(grid))
-                        rt = _knobs.runtime if _knobs is not None else None
-                        if (rt is not None and rt.launch_enter_hook is None
-                                and rt.launch_exit_hook is None):
-                            # the compiled kernel's runner without its wrapper: Triton's C
-                            # launcher, called as CompiledKernel.__getitem__'s runner does
-                            ck.run(g[0], g[1], g[2], _current_stream(), ck.function,
-                                   ck.packed_metadata, None, None, None, *addrs, *tail)
-                        else:   # a profiler's launch hooks: Triton's own runner calls them
-                            ck[g](*addrs, *tail, stream=_current_stream())
-                    except (TypeError, AttributeError) as e:
-                        self._disable(e)
-                        return self.fn[grid](*args, **make_kwargs())
-                    return ck
-        kwargs = make_kwargs()
+        dev = torch.cuda.current_device()
+        hit = self._hit(dev, key, args)
+        if hit is None:
+            return self._first(dev, key, grid, args, make_kwargs())
+        ck, addrs, tail = hit
+        try:
+            g = tuple(grid) + (1,) * (3 - len(grid))
+            rt = _knobs.runtime if _knobs is not None else None
+            if (rt is not None and rt.launch_enter_hook is None
+                    and rt.launch_exit_hook is None):   # as _direct, without its argument tuple
+                ck.run(g[0], g[1], g[2], _current_stream(dev), ck.function, ck.packed_metadata,
+                       None, None, None, *addrs, *tail)
+            else:
+                run, call = _direct(hit, grid, _current_stream(dev))
+                run(*call)
+        except (TypeError, AttributeError) as e:
+            self._disable(e)
+            return self.fn[grid](*args, **make_kwargs())
+        return ck
+
+    def _hit(self, dev, key, args):
+        """``(compiled kernel, args with the tensors as addresses, constexpr tail)`` for a
+        repeat of ``key`` on device ``dev`` with the ints in classes seen and every tensor
+        16-byte aligned; else None."""
+        ipos = self._int_pos.get((dev, key))
+        if ipos is None:
+            return None
+        entry = self._keyed.get((dev, key, tuple([_int_class(args[i]) for i in ipos])))
+        if entry is None:
+            return None
+        ck, tail, tpos = entry
+        addrs, m = list(args), 0
+        for i in tpos:
+            p = args[i].data_ptr()
+            addrs[i] = p
+            m |= p
+        return None if m & 15 else (ck, addrs, tail)
+
+    def _first(self, dev, key, grid, args, kwargs):
+        """A keyed launch not seen yet: :meth:`launch`, and its compiled kernel kept for
+        ``key`` and the ints' classes when every tensor is 16-byte aligned."""
         ck = self.launch(grid, args, kwargs)
         tpos = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         if fast_launch_enabled() and ck is not None and all(
                 args[i].data_ptr() % 16 == 0 for i in tpos):
-            ipos = self._int_pos[key] = tuple(
+            ipos = self._int_pos[(dev, key)] = tuple(
                 i for i, a in enumerate(args) if isinstance(a, int) and not isinstance(a, bool))
-            self._keyed[(key, tuple(_int_class(args[i]) for i in ipos))] = (
+            self._keyed[(dev, key, tuple(_int_class(args[i]) for i in ipos))] = (
                 ck, self._ordered((), kwargs), tpos)
         return ck
 
@@ -234,7 +288,8 @@ class FastLaunch:
             return ck
         ck, tail = entry
         try:
-            ck[tuple(grid) + (1,) * (3 - len(grid))](*addrs, *tail, stream=_current_stream())
+            ck[tuple(grid) + (1,) * (3 - len(grid))](*addrs, *tail,
+                                                     stream=_current_stream(key[0]))
         except (TypeError, AttributeError) as e:
             self._disable(e)
             return self.fn[grid](*args, **kwargs)

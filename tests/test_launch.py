@@ -113,7 +113,7 @@ def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
     from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launch, "_current_stream", lambda: 99)
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: 99)
     fn = _Jit()
     fl = FastLaunch(fn)
     x = torch.zeros(16)
@@ -132,7 +132,7 @@ def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
     from kernels import launch
     monkeypatch.setattr(launch, "_DISABLED_REASON", None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launch, "_current_stream", lambda: 1)
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: 1)
     monkeypatch.setenv("GDN_FAST_LAUNCH", "1")
     monkeypatch.setattr(launch.interpret, "INTERPRET", False)
 
@@ -162,7 +162,7 @@ def test_keyed_launch_reads_only_addresses_and_int_classes(monkeypatch):
     from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launch, "_current_stream", lambda: 7)
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: 7)
     fn = _Jit()
     fl = FastLaunch(fn)
     built = []
@@ -184,3 +184,80 @@ def test_keyed_launch_reads_only_addresses_and_int_classes(monkeypatch):
     n = len(fn.compiled.launched)
     fl.launch_keyed("site", (3,), (x, 17), kw)            # the class seen at 33: now direct
     assert len(built) == 3 and len(fn.compiled.launched) == n + 1
+
+
+def test_keyed_bind_builds_nothing_on_a_repeat_and_keys_the_device(monkeypatch):
+    """``bind_keyed``: the first bind of a key defers the plain (compiling) launch; a
+    repeat binds the kept kernel without building the keyword arguments and launches only
+    when called, with addresses, the constexpr tail and the stream of the bind's device;
+    another current device is another key (a compiled kernel is loaded per device); a new
+    dtype named in the key is a miss, never the kernel compiled for another."""
+    from kernels import launch
+    monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
+    device = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: 100 + dev)
+    fn = _Jit()
+    fl = FastLaunch(fn)
+    built = []
+
+    def kw():
+        built.append(1)
+        return dict(K=2)
+
+    x = torch.zeros(64)
+    go = fl.bind_keyed(("site", x.dtype), (3,), (x, 32), kw)
+    assert fn.plain == 0 and len(built) == 1          # bound: nothing launched yet
+    go()
+    assert fn.plain == 1 and fn.compiled.launched == []
+    go = fl.bind_keyed(("site", x.dtype), (3,), (x, 48), kw)
+    assert len(built) == 1 and fn.compiled.launched == []
+    go()
+    assert fn.plain == 1
+    assert fn.compiled.launched == [((3, 1, 1), (x.data_ptr(), 48, 2, 7), 100)]
+    device[0] = 1                                     # another device: a miss
+    fl.bind_keyed(("site", x.dtype), (3,), (x, 48), kw)()
+    assert fn.plain == 2 and len(built) == 2
+    fl.bind_keyed(("site", x.dtype), (3,), (x, 48), kw)()
+    assert fn.plain == 2 and fn.compiled.launched[-1][2] == 101
+    y = x.to(torch.bfloat16)                          # a dtype the key names: a miss
+    fl.bind_keyed(("site", y.dtype), (3,), (y, 48), kw)()
+    assert fn.plain == 3 and len(built) == 3
+
+
+def test_prefill_launch_keys_fix_what_triton_specialises_on(monkeypatch):
+    """Every keyed launch of the prefill (``bind_keyed`` / ``launch_keyed`` sites), over
+    paths, variants, configs and optional inputs: one key never goes with two sets of
+    keyword arguments or two argument kinds (dtype, None, type), so a kernel kept for a key
+    is the one Triton would have picked. Launches recorded, not run (the Python only)."""
+    from kernels import launch
+    from kernels.prefill import gdn_prefill
+    from kernels.spec import GDNShape, make_prefill_inputs
+
+    seen = {}
+
+    def record(self, key, grid, args, make_kwargs):
+        kinds = tuple(a.dtype if isinstance(a, torch.Tensor) else
+                      (a if a is None or isinstance(a, bool) else type(a)) for a in args)
+        got = (tuple(make_kwargs().items()), kinds)
+        assert seen.setdefault((self.fn.__name__, key), got) == got, (self.fn.__name__, key)
+        return lambda: None
+
+    monkeypatch.setattr(launch.FastLaunch, "bind_keyed", record)
+    monkeypatch.setattr(launch.FastLaunch, "launch_keyed", lambda *a: record(*a)())
+    status = torch.zeros(1, dtype=torch.int32)
+    for lens in ([6], [64], [512], [100, 28], [8192], [16384], [65536]):   # every path
+        for cu_dtype in (torch.int64, torch.int32):
+            for with_state in (True, False):
+                x = make_prefill_inputs(lens, GDNShape(1, 2, 16), with_state=with_state,
+                                        cu_dtype=cu_dtype)
+                for kw in (dict(), dict(check_values=False, status=status),
+                           dict(config=PrefillConfig(storage="precise", pdl=False)),
+                           dict(cp=False), dict(variant="unfused"),
+                           dict(variant="no_sync", check_values=False)):
+                    if "variant" not in kw or sum(lens) <= 512:   # (their gates run here)
+                        gdn_prefill(**x, **kw)
+    names = {name for name, _ in seen}
+    assert {"intra_chunk_kernel", "state_walk_kernel", "state_walk_t_kernel",
+            "segment_combine_t_kernel", "segment_split_kernel",
+            "recurrent_prefill_kernel"} <= names

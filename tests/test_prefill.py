@@ -195,7 +195,7 @@ def test_single_launch_walkers_match_reference(shape, lens, cu_dtype, with_state
         out = gdn_prefill(**x, variant="fused", output=o, output_state=st,
                           config=PrefillConfig(single_launch_max_T=max_T, recurrent_max_T=0))
     assert_ok(out, ref)
-    assert int(pipeline._walker_flags(torch.device(DEV), 1).abs().sum()) == 0
+    assert int(pipeline._walker_flags(x["q"].device, 1).abs().sum()) == 0
 
 
 def test_single_launch_up_to_max_T_only():
@@ -761,14 +761,15 @@ def test_gpu_pdl_launches_give_the_same_bits(lens, cp, options):
 @pytest.mark.parametrize("lens, cp", [([100, 0, 60], False), ([4096], 16)],
                          ids=["100+0+60", "T4096-cp16"])
 def test_gpu_direct_launches_give_the_same_bits(monkeypatch, lens, cp):
-    """Repeat launches reuse the compiled kernel directly (.launch); same results."""
+    """Repeat launches reuse the compiled kernel directly (the call sites' keyed binds,
+    kernels.launch.FastLaunch.bind_keyed); same results."""
     from kernels import launch
     from kernels.prefill import intra_chunk, state_walk
     x, ref = case(GDNShape(4, 8, 128), lens, torch.int32, True)
     first = gdn_prefill(**x, variant="fused", cp=cp)
     again = gdn_prefill(**x, variant="fused", cp=cp)   # direct launches
     assert launch.fast_launch_enabled()
-    assert intra_chunk._INTRA_LAUNCH._compiled and state_walk._WALK_LAUNCH._compiled
+    assert intra_chunk._INTRA_LAUNCH._keyed and state_walk._WALK_LAUNCH._keyed
     monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
     plain = gdn_prefill(**x, variant="fused", cp=cp)
     assert_ok(again, ref)

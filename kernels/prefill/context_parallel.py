@@ -64,7 +64,7 @@ import triton.language as tl  # noqa: E402
 
 from .chunk_index import seq_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
-from ..launch import FastLaunch  # noqa: E402
+from ..launch import FastLaunch, dtypes  # noqa: E402
 
 __all__ = ["smem_per_block", "CP_MIN_AVG_CHUNKS", "CP_LONG_MIN_CHUNKS", "CP_LONG_SEGMENTS", "cp_long",
            "cp_long_segment_chunks", "segment_combine_t_kernel", "segment_combine_t_fwd",
@@ -195,8 +195,10 @@ def segment_combine_t_fwd(summary: torch.Tensor, s0: torch.Tensor, negligible: t
     _, H, KV, K = summary.shape
     V = KV - K
     N = cu_seqlens.numel() - 1
-    go = _COMBINE_T_LAUNCH.bind((N, H, V // BV), (
-        initial_state, summary, s0, negligible, seg_mult, cu_seqlens, T, N), dict(
+    args = (initial_state, summary, s0, negligible, seg_mult, cu_seqlens, T, N)
+    key = (H, K, V, BV, seg_t, num_warps,   # what the keyword arguments follow from
+           dtypes(initial_state, summary, s0, negligible, seg_mult, cu_seqlens))
+    go = _COMBINE_T_LAUNCH.bind_keyed(key, (N, H, V // BV), args, lambda: dict(
         H=H, K=K, V=V, BV=BV, SEG_T=seg_t, USE_H0=initial_state is not None,
         DOT_PREC="bf16", SPLIT=seg_mult is not None, num_warps=num_warps))
     if defer:
@@ -271,7 +273,10 @@ def segment_split_fwd(log_bound: torch.Tensor, cu_seqlens: torch.Tensor,
     threshold (:attr:`.config.PrefillConfig.log_eps`)."""
     H = log_bound.shape[1]
     N = cu_seqlens.numel() - 1
-    go = _SPLIT_LAUNCH.bind((N,), (log_bound, cu_seqlens, seg_mult, T, N), dict(
+    key = (H, int(seg_chunks), int(n_sm), log_eps,   # what the keyword arguments follow from
+           dtypes(log_bound, cu_seqlens, seg_mult))
+    args = (log_bound, cu_seqlens, seg_mult, T, N)
+    go = _SPLIT_LAUNCH.bind_keyed(key, (N,), args, lambda: dict(
         H=H, HP=triton.next_power_of_2(H), SEG_C=int(seg_chunks),
         BLK=max(int(seg_chunks), 2048), BUDGET=int(n_sm), LOG_EPS=log_eps, num_warps=8))
     if defer:

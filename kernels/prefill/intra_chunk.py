@@ -53,7 +53,7 @@ from .chunk_index import BT, chunk_of_program, cu_status, num_slots, seq_bounds,
 from .dots import mm  # noqa: E402
 from .gates import log_decay  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
-from ..launch import FastLaunch  # noqa: E402
+from ..launch import FastLaunch, dtypes  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
 from .state_walk import fused_chunk_step_tm, load_state_tile, store_state_tile  # noqa: E402
 
@@ -456,7 +456,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``cu_seqlens`` gives NaN outputs and final states (its bits into ``status``, a `[1]`
     int32, if given) and leaves the flags at zero. ``defer``: allocate and bind but do not
     launch; the launch is the last element of the returned tuple (a zero-argument
-    callable, :meth:`kernels.launch.FastLaunch.bind`).
+    callable, :meth:`kernels.launch.FastLaunch.bind_keyed`).
     ``log_bound``: `[T // 64 + N, HV]` f32, written: per chunk slot, the log of a bound on
     the norm of the chunk's state transition (``gc`` at its last token plus
     ``sum_t log max(1, beta_t |k_t|^2 - 1)``), which the long path's phase A reads to skip
@@ -491,32 +491,39 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                or wk["flags"].numel() < num_slots(T, N) * H):
         raise ValueError("walkers need the device chunk lookup and "
                          "walkers['flags'] (int32 zeros, >= (T // 64 + N) * HV)")
-    h0 = ht_ = o_ = None
-    walk_opts = {}
+    h0 = ht_ = o_ = flags = status = wkey = None
     if wk:
         h0, ht_, o_ = wk.get("initial_state"), wk["final_state"], wk["output"]
-        bvw = min(wk.get("BV", 64), V)
-        walk_opts = dict(WALKERS=True, BVW=bvw, USE_H0=h0 is not None,
-                         WALK_PREC=wk.get("walk_precision", "bf16"),
-                         INLINE_PREC=wk.get("inline_precision", "bf16"),
-                         GUARD=bool(wk.get("guard")),
-                         HAS_STATUS=bool(wk.get("guard")) and wk.get("status") is not None)
-        grid = (grid[0] + N * (V // bvw), H)
-    opts = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices, SOLVE=solve,
-                SOLVE_PREC=SOLVE_PRECISION[solve], OFFDIAG_PREC=OFFDIAG_PRECISION[solve],
-                num_warps=num_warps,
-                PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(dev),
-                **walk_opts, **({"maxnreg": maxnreg} if maxnreg else {}))
+        flags, status = wk["flags"], wk.get("status")
+        # the walkers' tile, precisions and guard
+        wkey = (min(wk.get("BV", 64), V), wk.get("walk_precision", "bf16"),
+                wk.get("inline_precision", "bf16"), bool(wk.get("guard")))
+        grid = (grid[0] + N * (V // wkey[0]), H)
     grid = (grid[0] * H,)
     if grid[0] == 0:
         go = _nothing
     else:
-        go = _INTRA_LAUNCH.bind(grid, (
-            q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_,
-            wk.get("flags"), wk.get("status"), log_bound, cu_seqlens, chunk_indices, scale, T,
-            N), dict(RAW_GATES=raw, STORE_LB=log_bound is not None,
-                     LB_DIAG=log_bound is not None and gpu_limits.device_limits(dev).cc // 10 != 10,
-                     **opts))
+        args = (q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_, flags, status,
+                log_bound, cu_seqlens, chunk_indices, float(scale), T, N)
+        # the launch key: what the keyword arguments follow from, and the tensors' dtypes
+        key = (H, HQ, K, V, raw, solve, num_warps, maxnreg, pdl_trigger, wkey,
+               dtypes(q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_, flags,
+                      status, log_bound, cu_seqlens, chunk_indices))
+
+        def kwargs():
+            walk_opts = {} if wkey is None else dict(
+                WALKERS=True, BVW=wkey[0], USE_H0=h0 is not None, WALK_PREC=wkey[1],
+                INLINE_PREC=wkey[2], GUARD=wkey[3], HAS_STATUS=wkey[3] and status is not None)
+            return dict(
+                RAW_GATES=raw, STORE_LB=log_bound is not None,
+                LB_DIAG=(log_bound is not None
+                         and gpu_limits.device_limits(dev).cc // 10 != 10),
+                H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices, SOLVE=solve,
+                SOLVE_PREC=SOLVE_PRECISION[solve], OFFDIAG_PREC=OFFDIAG_PRECISION[solve],
+                num_warps=num_warps, PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(dev),
+                **walk_opts, **({"maxnreg": maxnreg} if maxnreg else {}))
+
+        go = _INTRA_LAUNCH.bind_keyed(key, grid, args, kwargs)
     out = (w, gc, P)
     if defer:
         return out + (go,)

@@ -198,8 +198,9 @@ def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, in
     return p.BV, p.seg_chunks
 
 
-#: int32 flag buffers of the one-launch path (walker programs), per device (zero between
-#: calls: each walker takes its count off its chunks' flags). Every buffer handed out stays
+#: int32 flag buffers of the one-launch path (walker programs), per device (a tensor's
+#: ``device``, with its index; zero between calls: each walker takes its count off its
+#: chunks' flags). Every buffer handed out stays
 #: referenced here, so a CUDA graph that captured one never sees it freed.
 _FLAGS: dict = {}
 _FLAGS_KEPT: list = []
@@ -209,13 +210,12 @@ def _walker_flags(device, n: int):
     """A zeroed int32 buffer of at least ``n`` flags on ``device``, or None when one would
     have to be allocated while the stream is being captured (the caller then takes the
     two-launch path)."""
-    key = str(device)
-    buf = _FLAGS.get(key)
+    buf = _FLAGS.get(device)
     if buf is None or buf.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _FLAGS[key] = buf
+        _FLAGS[device] = buf
         _FLAGS_KEPT.append(buf)
     return buf
 

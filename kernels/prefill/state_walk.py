@@ -42,7 +42,7 @@ from .chunk_index import (BT, bound_suffix_start, bound_total, num_slots, slot_o
                           unit_bounds)
 from .dots import mm  # noqa: E402
 from .guard import walk_guard  # noqa: E402
-from ..launch import FastLaunch  # noqa: E402
+from ..launch import FastLaunch, dtypes  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "walk_flags", "load_state_tile",
@@ -310,9 +310,9 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     ``cu_seqlens`` on the device and write NaN outputs if it is invalid (:mod:`.guard`),
     its bits into ``status`` (`[1]` int32) if given. Writes into the given output
     tensors; returns None, or with ``defer`` the bound launch (a zero-argument callable,
-    :meth:`kernels.launch.FastLaunch.bind`) without launching. ``negligible`` (`[S, HV]` int32)
-    with ``log_bound`` (the intra-chunk kernel's, phase A: written) or ``chain`` (phase C:
-    read): skip what the gates' decay has made negligible (``TRUNC``) below
+    :meth:`kernels.launch.FastLaunch.bind_keyed`) without launching. ``negligible``
+    (`[S, HV]` int32) with ``log_bound`` (the intra-chunk kernel's, phase A: written) or
+    ``chain`` (phase C: read): skip what the gates' decay has made negligible (``TRUNC``) below
     ``exp(log_eps)`` (:attr:`.config.PrefillConfig.log_eps`, required with it). The flags
     that follow from the tensors given: :func:`walk_flags`.
     """
@@ -336,17 +336,27 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     units = N if seg_t == 0 else num_slots(T, N, seg_t)
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
-    pdl_opts = launch_options(pdl, k.device)
-    go = _WALK_LAUNCH.bind(grid, (
-        p, k, tb, v, gc, initial_state, cu_seqlens, output, final_state, summary, q,
-        float(scale), status, log_bound, negligible, T, N), dict(
-        H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
-        DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
-        LOG_EPS=log_eps, LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts),
-        PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(k.device),
-        **walk_flags(h0=initial_state, output=output, summary=summary, chain=chain,
-                     guard=guard, status=status, negligible=negligible, pipe_skip=pipe_skip),
-        **pdl_opts, num_warps=num_warps, num_stages=num_stages))
+    args = (p, k, tb, v, gc, initial_state, cu_seqlens, output, final_state, summary, q,
+            float(scale), status, log_bound, negligible, T, N)
+    # the launch key: what the keyword arguments follow from, and the tensors' dtypes
+    key = (H, HQ, K, V, seg_t, BV, num_warps, num_stages, dot_precision, out_precision,
+           chain, chain_precision, pdl, pdl_trigger, loop_stages, pipe_skip, guard, log_eps,
+           dtypes(p, k, tb, v, gc, initial_state, cu_seqlens, output, final_state, summary,
+                  q, status, log_bound, negligible))
+
+    def kwargs():
+        pdl_opts = launch_options(pdl, k.device)
+        return dict(
+            H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, SEG_T=seg_t,
+            DOT_PREC=dot_precision, OUT_PREC=out_precision, CHAIN_PREC=chain_precision,
+            LOG_EPS=log_eps, LOOP_STAGES=loop_stages, PDL_WAIT=bool(pdl_opts),
+            PDL_TRIGGER=pdl_trigger == "start" and pdl_supported(k.device),
+            **walk_flags(h0=initial_state, output=output, summary=summary, chain=chain,
+                         guard=guard, status=status, negligible=negligible,
+                         pipe_skip=pipe_skip),
+            **pdl_opts, num_warps=num_warps, num_stages=num_stages)
+
+    go = _WALK_LAUNCH.bind_keyed(key, grid, args, kwargs)
     if defer:
         return go
     go()

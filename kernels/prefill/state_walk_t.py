@@ -41,7 +41,7 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import BT, bound_suffix_start, bound_total, slot_of, unit_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
 from .guard import walk_guard  # noqa: E402
-from ..launch import FastLaunch  # noqa: E402
+from ..launch import FastLaunch, dtypes  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
 
 __all__ = ["state_walk_t_kernel", "state_walk_t_fwd", "walk_t_flags"]
@@ -291,17 +291,26 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
         raise ValueError(f"tail must be an int >= 0, nonzero only with s0 (phase C), got {tail!r}")
     units = (int(T) // seg_t + N) if seg_t else N
     rows = K + V if summary is not None else V
-    pdl_opts = launch_options(pdl, k.device)
-    go = _WALK_T_LAUNCH.bind((units, H, rows // BV), (
-        q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output, final_state,
-        status, log_bound, negligible, seg_mult, float(scale), T, N), dict(
-        H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, DOT_PREC=dot_precision,
-        OUT_PREC=out_precision, LOG_EPS=log_eps, SEG_T=int(seg_t), LOOP_STAGES=loop_stages,
-        TAIL=tail,
-        PDL_WAIT=bool(pdl_opts),
-        **walk_t_flags(h0=initial_state, summary=summary, s0=s0, guard=guard, status=status,
-                       log_bound=log_bound, seg_mult=seg_mult, summary_last=summary_last),
-        **pdl_opts, num_warps=num_warps, num_stages=num_stages))
+    args = (q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output, final_state,
+            status, log_bound, negligible, seg_mult, float(scale), T, N)
+    # the launch key: what the keyword arguments follow from, and the tensors' dtypes
+    key = (H, HQ, K, V, BV, num_warps, num_stages, loop_stages, dot_precision, out_precision,
+           pdl, int(seg_t), guard, summary_last, log_eps, tail,
+           dtypes(q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output,
+                  final_state, status, log_bound, negligible, seg_mult))
+
+    def kwargs():
+        pdl_opts = launch_options(pdl, k.device)
+        return dict(
+            H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, DOT_PREC=dot_precision,
+            OUT_PREC=out_precision, LOG_EPS=log_eps, SEG_T=int(seg_t), LOOP_STAGES=loop_stages,
+            TAIL=tail, PDL_WAIT=bool(pdl_opts),
+            **walk_t_flags(h0=initial_state, summary=summary, s0=s0, guard=guard,
+                           status=status, log_bound=log_bound, seg_mult=seg_mult,
+                           summary_last=summary_last),
+            **pdl_opts, num_warps=num_warps, num_stages=num_stages)
+
+    go = _WALK_T_LAUNCH.bind_keyed(key, (units, H, rows // BV), args, kwargs)
     if defer:
         return go
     go()

@@ -2,6 +2,8 @@
 
 Imports ``kernels`` from the folder named by ``--root`` (e.g. an older commit's tree
 unpacked under ``.probe/``), so both trees are timed on the same host, minutes apart.
+The prefill cases are meant to cover every path (by the plan rules, not checked here):
+T = 6 recurrent, 64 one launch, 57 x 64 the walk, 8,192 chained CP, 16,384 long CP.
 Method: as ``kernels.bench.timing``'s ``host`` (10 calls per sample, no sync inside,
 synchronised between samples; median of 100 samples), written inline so that an old tree
 without that method can be measured too. Prints one JSON line.
@@ -51,7 +53,7 @@ def main():
     for B in (1, 8, 64):
         inp = make_decode_inputs(B, device="cuda")
         res[f"decode_B{B}"] = host_us(lambda: gdn_decode(**inp))
-    for lens in ([6], [64], [64] * 57, [8192]):
+    for lens in ([6], [64], [64] * 57, [8192], [16384]):   # recurrent, single, walk, cp, long
         inp = make_prefill_inputs(lens, device="cuda")
         name = f"prefill_{len(lens)}x{lens[0]}" if len(lens) > 1 else f"prefill_{lens[0]}"
         res[name] = host_us(lambda: gdn_prefill(**inp))
