@@ -905,10 +905,10 @@ def run_gpu(lengths, time_it: bool, out_dir: str, variants) -> int:
             r = gate_front(x, ref_gc, ref_aq, gc, aq, A)
             if extra == "Tb":   # Tb against the Triton one and the inverse of torch's f32 A
                 r_tb = gate_tb(front_reference(x, ref_gc)[0], x["b"], tb, ref_tb)
-                r = dict(r, **r_tb, ok=r["ok"] and r_tb["ok"])
+                r = {**r, **r_tb, "ok": r["ok"] and r_tb["ok"]}
             elif extra == "Tb_copy":
                 r_tb = gate_copy(front_reference(x, ref_gc)[0], x["b"], tb)
-                r = dict(r, **r_tb, ok=r["ok"] and r_tb["ok"])
+                r = {**r, **r_tb, "ok": r["ok"] and r_tb["ok"]}
             emit(dict(info, kind="gate", impl=name, **r))
             status |= 0 if r["ok"] else 1
             if r["ok"]:
