@@ -121,8 +121,15 @@ def _add(x, y):
 #: mma v2 for ``[4, 16, 16]`` batches, warp ``I`` on entry ``I`` (Triton's choice for them)
 _MMA3 = gl.constexpr(gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
                                                instr_shape=[1, 16, 8]))
-#: ``[4, 16, 4, 16]`` block view of a ``[64, 64]`` tile (bands out, ``Tb`` in)
+#: ``[4, 16, 4, 16]`` block view of a ``[64, 64]`` tile (bands out, ``Tb`` in), as measured
+#: first: a warp bit on the block-column axis, so a band's sum over it crosses warps, through
+#: a reduction scratch whose 16 column lanes are 512 B apart (one bank: 16-way conflicts)
 _BAND4 = gl.constexpr(gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 2, 2, 1], [3, 2, 1, 0]))
+#: the same view with warp ``I`` on block row ``I`` (the rows it holds in the ``wgmma``
+#: accumulator and the entry it owns in the mma v2 batch) and the block-column axis in
+#: registers: a band's sum is register adds, no scratch (``BAND_ROWS``)
+_BAND4_ROWS = gl.constexpr(gl.BlockedLayout([1, 1, 4, 1], [1, 2, 1, 16], [4, 1, 1, 1],
+                                            [3, 2, 1, 0]))
 #: ``[4, 4, 16, 16]`` of the band shift (entry, source entry, row, column)
 _SHIFT4 = gl.constexpr(gl.BlockedLayout([1, 1, 1, 1], [1, 1, 2, 16], [1, 1, 4, 1], [3, 2, 1, 0]))
 
@@ -189,11 +196,10 @@ def _mm3(x, y, acc, PREC: gl.constexpr):
 
 
 @gluon.jit
-def _band4(A4, D: gl.constexpr):
-    """Blocks ``(I, I - D)`` of ``A4`` (``[4, 16, 4, 16]``, the band layout) as ``[4, 16,
-    16]`` in the mma v2 layout, zeros for ``I < D``."""
+def _band4(A4, D: gl.constexpr, B4: gl.constexpr):
+    """Blocks ``(I, I - D)`` of ``A4`` (``[4, 16, 4, 16]`` in the band layout ``B4``) as
+    ``[4, 16, 16]`` in the mma v2 layout, zeros for ``I < D``."""
     M: gl.constexpr = _MMA3
-    B4: gl.constexpr = _BAND4
     m = (_ix4(4, 0, B4) - D) == _ix4(4, 2, B4)
     return gl.convert_layout(gl.sum(gl.where(m, A4, 0.0), axis=2), M)
 
@@ -210,25 +216,27 @@ def _shift3(X3, D: gl.constexpr):
 
 
 @gluon.jit
-def _solve_tb(A, beta, BT: gl.constexpr, PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+def _solve_tb(A, beta, BT: gl.constexpr, PREC: gl.constexpr, OFF_PREC: gl.constexpr,
+              BAND_ROWS: gl.constexpr):
     """``Tb = (I + A)^-1 diag(beta)`` of a strictly lower ``[64, 64]`` f32 ``A`` (any
     layout; ``beta`` ``[64]`` f32, any 1-D layout) as a ``[64, 64]`` f32 tensor, by the
     product's batched block formulas (:func:`kernels.prefill.intra_chunk.solve_bands`), the
     blocks above the diagonal zero (``_store_band`` of bands ``-1 .. -3``). ``PREC``
     ``"copy"``: no solve, ``A diag(beta)`` through the same bands and assembly (the
-    ``fused_copy`` timing baseline)."""
+    ``fused_copy`` timing baseline). ``BAND_ROWS``: the block view in ``_BAND4_ROWS``, else
+    in ``_BAND4``."""
     gl.static_assert(BT == 64)
     M: gl.constexpr = _MMA3
-    B4: gl.constexpr = _BAND4
+    B4: gl.constexpr = _BAND4_ROWS if BAND_ROWS else _BAND4
     A4 = gl.convert_layout(gl.reshape(A, [4, 16, 4, 16]), B4)
     zero = gl.zeros([4, 16, 16], gl.float32, M)
     r = _ix3(16, 1, M)
     c = _ix3(16, 2, M)
     eye = gl.where(r == c, 1.0, 0.0)                           # [1, 16, 16]
-    A0 = _band4(A4, 0)
-    A1 = _band4(A4, 1)
-    A2 = _band4(A4, 2)
-    A3 = _band4(A4, 3)
+    A0 = _band4(A4, 0, B4)
+    A1 = _band4(A4, 1, B4)
+    A2 = _band4(A4, 2, B4)
+    A3 = _band4(A4, 3, B4)
     if PREC == "copy":
         T0 = A0
         T1 = A1
@@ -274,7 +282,8 @@ def _gates(b_a, b_b, m_g, A_log, dt_bias, h):
 def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
            pid, n_prog, n_items, scale, T, W: gl.constexpr, H: gl.constexpr, G: gl.constexpr,
            K: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr,
-           TB_OUT: gl.constexpr, SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+           TB_OUT: gl.constexpr, SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr,
+           BAND_ROWS: gl.constexpr):
     """Front warpgroup ``W``: this program's items ``i = W, W + 2, ..`` (module doc).
     ``aq_s``: its staging tiles, ``scale Aqk`` of head ``v`` in ``v``, with ``TB_OUT``
     ``Tb`` in ``2 + v``."""
@@ -354,7 +363,7 @@ def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, re
                 decay = gl.exp(gl.minimum(b_gc[:, None] - gc_j[None, :], 0.0))
                 b_beta = gl.convert_layout(beta_g, rows)
                 A = gl.where(o_i[:, None] > o_j[None, :], S * b_beta[:, None] * decay, 0.0)
-                tb = _solve_tb(A, beta_g, BT, SOLVE_PREC, OFF_PREC)
+                tb = _solve_tb(A, beta_g, BT, SOLVE_PREC, OFF_PREC, BAND_ROWS)
                 tbuf = aq_s.index(2 + v)
                 tma.store_wait(N_ST - 1)
                 tbuf.store(tb.to(gl.bfloat16))
@@ -367,34 +376,35 @@ def _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, re
 def _front0(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
             pid, n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
             BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
-            SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+            SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr, BAND_ROWS: gl.constexpr):
     _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
            pid, n_prog, n_items, scale, T, 0, H, G, K, BT, STAGES, A_OUT, TB_OUT, SOLVE_PREC,
-           OFF_PREC)
+           OFF_PREC, BAND_ROWS)
 
 
 @gluon.jit
 def _front1(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
             pid, n_prog, n_items, scale, T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr,
             BT: gl.constexpr, STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
-            SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr):
+            SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr, BAND_ROWS: gl.constexpr):
     _front(a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq_s, ready, empty,
            pid, n_prog, n_items, scale, T, 1, H, G, K, BT, STAGES, A_OUT, TB_OUT, SOLVE_PREC,
-           OFF_PREC)
+           OFF_PREC, BAND_ROWS)
 
 
 @gluon.jit(do_not_specialize=["T"])
 def gluon_front_kernel(k_desc, q_desc, aq_desc, tb_desc, a, b, A_log, dt_bias, gc, A_out, scale,
                        T, H: gl.constexpr, G: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
                        STAGES: gl.constexpr, A_OUT: gl.constexpr, TB_OUT: gl.constexpr,
-                       SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr,
+                       SOLVE_PREC: gl.constexpr, OFF_PREC: gl.constexpr, BAND_ROWS: gl.constexpr,
                        FRONT_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     """The intra kernel's front for one sequence of ``T`` tokens (module doc): ``k_desc``,
     ``q_desc`` TMA over ``[T, HQ * K]`` bf16 (box ``[64, K]``), ``aq_desc`` over ``scale *
     Aqk`` ``[T, H * 64]`` bf16 (box ``[64, 64]``); ``a``, ``b`` ``[T, H]`` bf16; ``gc``
     ``[T, H]`` f32 out; ``A_out`` ``[T, H, 64]`` f32 out (``A_OUT``) or None; ``tb_desc``
     over ``Tb`` ``[T, H * 64]`` bf16 (``TB_OUT``: the solve fused in, with the product's
-    precisions ``SOLVE_PREC``, ``OFF_PREC``) or None. ``G <= 2``.
+    precisions ``SOLVE_PREC``, ``OFF_PREC``, the block view ``_BAND4_ROWS`` if
+    ``BAND_ROWS`` else ``_BAND4``) or None. ``G <= 2``.
     ``num_warps = 4`` (the first front warpgroup) plus a 4-warp front worker and a 1-warp
     load worker; one program per SM."""
     gl.static_assert(G <= 2)
@@ -417,10 +427,10 @@ def gluon_front_kernel(k_desc, q_desc, aq_desc, tb_desc, a, b, A_log, dt_bias, g
     gl.warp_specialize([
         (_front0, (a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq0_s, ready,
                    empty, pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT, TB_OUT,
-                   SOLVE_PREC, OFF_PREC)),
+                   SOLVE_PREC, OFF_PREC, BAND_ROWS)),
         (_front1, (a, b, A_log, dt_bias, gc, A_out, aq_desc, tb_desc, k_s, q_s, aq1_s, ready,
                    empty, pid, n_prog, n_items, scale, T, H, G, K, BT, STAGES, A_OUT, TB_OUT,
-                   SOLVE_PREC, OFF_PREC)),
+                   SOLVE_PREC, OFF_PREC, BAND_ROWS)),
         (_producer, (k_desc, q_desc, k_s, q_s, ready, empty, pid, n_prog, n_items, HQ, K, BT,
                      STAGES)),
     ], [4, 1], [FRONT_REGS, PRODUCER_REGS])
@@ -432,19 +442,20 @@ def _layouts(K: int):
             gl.NVMMASharedLayout.get_default_for([BT, BT], gl.bfloat16))
 
 
-def _constexprs(H, G, K, extra, stages):
+def _constexprs(H, G, K, extra, stages, band_rows=False):
     return dict(H=H, G=G, K=K, BT=BT, STAGES=stages, A_OUT=extra == "A",
                 TB_OUT=extra in ("Tb", "Tb_copy"),
                 SOLVE_PREC="copy" if extra == "Tb_copy" else SOLVE_PRECISION["batched"],
-                OFF_PREC=OFFDIAG_PRECISION["batched"],
+                OFF_PREC=OFFDIAG_PRECISION["batched"], BAND_ROWS=band_rows,
                 FRONT_REGS=FRONT_REGS, PRODUCER_REGS=PRODUCER_REGS)
 
 
-def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, stages=STAGES, cc=90):
+def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, stages=STAGES, band_rows=False,
+                 cc=90):
     """Compile ``gluon_front_kernel`` for ``sm_<cc>`` without a GPU (or torch), as
     ``scripts/probes/gluon_walk.py`` does. Returns ``(compiled, report)`` (registers,
     spills, shared memory, ptxas ``wgmma`` warnings). ``extra``: the variant's further
-    output and ``stages`` its load stages (:data:`VARIANTS`)."""
+    output, ``stages`` its load stages and ``band_rows`` its block view (:data:`VARIANTS`)."""
     import re
     import subprocess
     import tempfile
@@ -494,7 +505,7 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, stages=STAGES, cc=90):
                 A_out=_Tensor([T, H, BT], "float32") if extra == "A" else None)
     fn = gluon_front_kernel
     names = [p.name for p in fn.params]
-    const = _constexprs(H, H // HQ, K, extra, stages)
+    const = _constexprs(H, H // HQ, K, extra, stages, band_rows)
     const.update({n: None for n, x in args.items() if x is None})   # specialised away
     sig, attrs = {}, {}
     for i, n in enumerate(names):
@@ -522,6 +533,7 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, stages=STAGES, cc=90):
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                   log)
     report = dict(triton=triton.__version__, arch=arch, T=T, extra=extra, stages=stages,
+                  band_rows=band_rows,
                   num_warps=ck.metadata.num_warps,
                   launch_regs=int(re.search(r"\.maxnreg (\d+)", ck.asm["ptx"]).group(1)),
                   setmaxnreg=[int(x) for x in re.findall(
@@ -533,23 +545,28 @@ def compile_sm90(T=131072, H=8, HQ=4, D=128, extra=None, stages=STAGES, cc=90):
     return ck, report
 
 
-#: The Gluon variants: ``(extra, stages)``, the output beyond ``scale Aqk`` and ``gc`` (none,
-#: ``A`` f32 for :func:`solve_kernel`, ``Tb`` bf16: the solve fused in, or ``Tb_copy``: the
-#: same kernel with ``A diag(beta)`` in place of ``Tb``, no solve, so ``fused - fused_copy``
-#: is what the solve adds) and the ``k``, ``q`` load stages. ``fused_s2``: one stage per front
-#: warpgroup (its next item's tiles load during its solve), 32 KB of shared memory less than
-#: ``fused``'s ~224 KB of the 227 KB allowed.
-VARIANTS = {"front": (None, 4), "front_a": ("A", 4), "fused": ("Tb", 4), "fused_s2": ("Tb", 2),
-            "fused_copy": ("Tb_copy", 4)}
+#: The Gluon variants: ``(extra, stages, band_rows)``, the output beyond ``scale Aqk`` and
+#: ``gc`` (none, ``A`` f32 for :func:`solve_kernel`, ``Tb`` bf16: the solve fused in, or
+#: ``Tb_copy``: the same kernel with ``A diag(beta)`` in place of ``Tb``, no solve, so
+#: ``fused - fused_copy`` is what the solve adds), the ``k``, ``q`` load stages and the
+#: solve's block view (``_BAND4_ROWS`` if true, else ``_BAND4``). ``fused_s2``: one stage per
+#: front warpgroup (its next item's tiles load during its solve), 32 KB of shared memory less
+#: than ``fused``'s ~224 KB of the 227 KB allowed. ``fused2``, ``fused_copy2``: ``fused``,
+#: ``fused_copy`` with the bands cut in registers (docs/notes/long_context.md, "Why
+#: fused_copy is slow").
+VARIANTS = {"front": (None, 4, False), "front_a": ("A", 4, False), "fused": ("Tb", 4, False),
+            "fused_s2": ("Tb", 2, False), "fused_copy": ("Tb_copy", 4, False),
+            "fused2": ("Tb", 4, True), "fused_copy2": ("Tb_copy", 4, True)}
 
 
 def gluon_front(x: dict, aq, gc, A_out=None, tb=None, stages=STAGES, tb_copy=False,
-                n_prog=None):
+                band_rows=False, n_prog=None):
     """Launch ``gluon_front_kernel`` on inputs ``x`` (one sequence), writing ``aq`` ``[T, HV,
     64]`` bf16 (``scale * Aqk``), ``gc`` ``[T, HV]`` f32 and, if given, ``A_out`` ``[T,
     HV, 64]`` f32 or ``tb`` ``[T, HV, 64]`` bf16 (``Tb``, the solve fused in; not both).
     ``stages``: ``k``, ``q`` load stages (even); ``tb_copy``: ``tb`` := ``A diag(beta)`` (no
-    solve: a timing baseline); ``n_prog``: programs (default: one per SM)."""
+    solve: a timing baseline); ``band_rows``: the solve's block view ``_BAND4_ROWS`` (else
+    ``_BAND4``); ``n_prog``: programs (default: one per SM)."""
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -574,7 +591,7 @@ def gluon_front(x: dict, aq, gc, A_out=None, tb=None, stages=STAGES, tb_copy=Fal
         None if tb is None else desc(tb, H * BT, [BT, BT], lt),
         x["a"], x["b"], x["A_log"], x["dt_bias"], gc, A_out, _scale(x), T, num_warps=4,
         **_constexprs(H, H // HQ, K, "A" if A_out is not None else None if tb is None
-                      else "Tb_copy" if tb_copy else "Tb", stages))
+                      else "Tb_copy" if tb_copy else "Tb", stages, band_rows))
 
 
 def _scale(x: dict) -> float:
@@ -886,14 +903,17 @@ def run_gpu(lengths, time_it: bool, out_dir: str, variants) -> int:
         impls = {"triton_intra": lambda: triton_intra(x, lb)}
         A_front = None
         for var in variants:
-            extra, stages = VARIANTS[var]
+            extra, stages, rows = VARIANTS[var]
             gc = torch.full_like(ref_gc, float("nan"))
             aq = torch.full_like(ref_aq, float("nan"))
             A = torch.full((T, H, BT), float("nan"), device="cuda") if extra == "A" else None
             tb = (torch.full_like(ref_tb, float("nan")) if extra in ("Tb", "Tb_copy")
                   else None)
-            fn = (lambda gc=gc, aq=aq, A=A, tb=tb, st=stages:                   # noqa: E731
-                  gluon_front(x, aq, gc, A, tb, st, extra == "Tb_copy"))
+            # every per-variant value bound as a default: the timing loop below calls fn
+            # after this loop has moved on (a free `extra` made the first H200 run time
+            # every fused variant as the last one's `Tb_copy`)
+            fn = (lambda gc=gc, aq=aq, A=A, tb=tb, st=stages, cp=extra == "Tb_copy",   # noqa: E731
+                  ro=rows: gluon_front(x, aq, gc, A, tb, st, cp, ro))
             name = f"gluon_{var}"
             try:
                 fn()
@@ -969,8 +989,9 @@ def main(argv=None) -> int:
         rows = []
         for var in variants:
             try:
-                extra, stages = VARIANTS[var]
-                rows.append(dict(variant=var, **compile_sm90(extra=extra, stages=stages)[1]))
+                extra, stages, band_rows = VARIANTS[var]
+                rows.append(dict(variant=var, **compile_sm90(extra=extra, stages=stages,
+                                                             band_rows=band_rows)[1]))
             except Exception as e:   # noqa: BLE001 -- report every configuration
                 rows.append(dict(variant=var, error=f"{type(e).__name__}: {e}"[:600]))
             print(json.dumps(rows[-1]), flush=True)
