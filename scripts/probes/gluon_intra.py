@@ -35,7 +35,10 @@ per *item* (chunk, q/k head) for the ``G`` value heads that share it.
   after both heads' ``Aqk``, per value head ``A`` and its solve in the same warpgroup
   (``_solve_tb``: the product's ``solve_bands`` ported, ``[4, 16, 16]`` block batches in
   ``mma`` v2 with warp ``I`` on block ``I``, the product's precisions and accumulation
-  order), ``Tb`` through shared memory and a TMA store like ``Aqk``.
+  order), ``Tb`` through shared memory and a TMA store like ``Aqk``; ``fused2``,
+  ``fused_copy2``: the same with the block view's block-column axis in registers
+  (``_BAND4_ROWS``; ``_BAND4`` sums it across warps through a 16-way bank-conflicted
+  scratch: docs/notes/long_context.md, "Why fused_copy is slow").
 
 ``solve_kernel`` (Triton): per (chunk, value head), ``A`` and ``b`` in, the product's
 :func:`~kernels.prefill.intra_chunk.solve_bands` and ``_store_band`` (imported), ``Tb``
