@@ -24,6 +24,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 import triton
 
+from ..gpu_limits import device_limits
 from ..spec import resolve_scale
 from .config import DecodeConfig
 from .ops import _check_buffer, _check_status, _resolve_config, _validate
@@ -41,13 +42,6 @@ REPLAY_MIN_ROWS = 16
 _replay_picked: Dict[tuple, DecodeConfig] = {}
 
 
-def _sm_count(device) -> int:
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return 0
-    return torch.cuda.get_device_properties(dev).multi_processor_count
-
-
 def replay_config_for(batch: int, head_dim: int, num_v_heads: int, device,
                       n_sm: Optional[int] = None) -> DecodeConfig:
     """The replay kernel's default config: the standard step's
@@ -60,7 +54,8 @@ def replay_config_for(batch: int, head_dim: int, num_v_heads: int, device,
     cfg = _replay_picked.get(key)
     if cfg is None:
         cfg = config_for_device(batch, device, head_dim)
-        sms = _sm_count(device) if n_sm is None else n_sm
+        sms = n_sm if n_sm is not None else (
+            device_limits(device).n_sm if torch.device(device).type == "cuda" else 0)
         rows = min(REPLAY_MIN_ROWS, head_dim)
         if (sms > 0 and cfg.BV * cfg.V_TILES < rows
                 and batch * num_v_heads * (head_dim // rows) >= 2 * sms):
