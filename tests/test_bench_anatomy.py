@@ -94,3 +94,38 @@ def test_distinct_launches_keep_constexpr_values_apart():
     assert _key(variant(BV=16)) != _key(variant(BV=32))          # constexpr
     assert _key(variant(P=64)) == _key(variant(P=128))            # runtime int
     assert _key(variant(P=64)) != _key(variant(P=2 ** 40))        # ... of another width
+
+
+def test_sm90_resources_of_the_gluon_phase_c():
+    """Notebook 04's resource table covers the Gluon phase C: its TMA descriptors are typed
+    as Triton specialises them (a launch recorded on the CPU, where the launch itself then
+    fails for want of a driver) and it compiles for sm_90a, its warps counting the worker
+    partitions (4 + 4 state warps, 1 + 3 producer)."""
+    pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
+    from kernels.prefill import state_walk_gluon as swg
+
+    if not swg.HAVE_GLUON:
+        pytest.skip("this Triton has no triton.experimental.gluon")
+    T, HQ, H, D, seg = 4096, 4, 8, 128, 1024
+    bf = torch.bfloat16
+    go = swg.state_walk_gluon_fwd(
+        torch.zeros(T, HQ, D, dtype=bf), torch.zeros(T, HQ, D, dtype=bf),
+        torch.zeros(T, H, D, dtype=bf), torch.zeros(T, H, 64, dtype=bf),
+        torch.zeros(T, H, 64, dtype=bf), torch.zeros(T, H), torch.tensor([0, T], dtype=torch.int32),
+        s0=torch.zeros(T // seg + 1, H, D, D), output=torch.zeros(T, H, D, dtype=bf),
+        final_state=torch.zeros(1, H, D, D), scale=0.1, seg_t=seg, tail=8, defer=True)
+
+    def launch():
+        try:
+            go()
+        except RuntimeError:   # no driver here: recorded before Triton needed one
+            pass
+
+    launches = sm90.record_launches(launch)
+    assert [ln["name"] for ln in launches] == ["state_walk_gluon_kernel"]
+    assert launches[0]["args"]["k_desc"]["t"] == "sig"
+    df = sm90.compile_resources(launches)
+    assert (df.error == "").all(), df.error.tolist()
+    row = df.iloc[0]
+    assert row.num_warps == 12 and row.regs > 0 and row.shared > 0
+    assert row.programs_per_sm >= 1 and row.programs == (T // seg + 1) * H

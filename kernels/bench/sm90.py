@@ -13,7 +13,9 @@ interpreter switched off there) and reads the cubin with the ``cuobjdump`` Trito
 ``regs`` per thread, ``stack`` bytes (register spills live there), ``shared`` bytes, and the
 ``programs_per_sm`` an H100/H200 SM fits (65,536 registers, 228 KB shared memory, 2,048
 threads, 32 programs). Pointer arguments are marked 16-byte aligned when they were, as on
-the GPU (the pipeliner decides differently without it); ints are not specialised.
+the GPU (the pipeliner decides differently without it); ints are not specialised. A Gluon
+kernel (the sm_90 phase C) compiles the same way, its TMA descriptors typed as Triton
+specialises them, its ``num_warps`` counting the worker partitions' warps.
 Resources match the GPU's for the same triton version (triton 3.6 on the GPU host; the CPU
 venv has 3.7, which pipelines some loops differently: ``docs/notes/prefill.md``, prefill v9).
 """
@@ -61,7 +63,11 @@ def _describe(x):
         return {"t": "float", "v": x}
     if isinstance(x, str):
         return {"t": "str", "v": x}
-    return {"t": "other", "v": getattr(x, "value", str(x))}
+    if hasattr(x, "block_shape") and hasattr(x, "layout"):   # a Gluon TMA descriptor
+        from triton.runtime.jit import mangle_type
+
+        return {"t": "sig", "v": mangle_type(x)}   # the type Triton specialises it as
+    return {"t": "other", "v": type(x).__name__}
 
 
 @contextlib.contextmanager
@@ -190,7 +196,7 @@ def compile_resources(launches: List[dict], timeout: float = 900.0, n_sm: int = 
         programs = 1
         for g in grid:
             programs *= int(g)
-        warps = int(ln["options"].get("num_warps", 4))
+        warps = int(r.get("num_warps") or ln["options"].get("num_warps", 4))
         per_sm = (programs_per_sm(r["regs"], r["shared"], warps)
                   if r.get("regs") is not None else None)
         rows.append(dict(kernel=ln["name"], grid="x".join(map(str, grid)), num_warps=warps,
@@ -214,6 +220,8 @@ def _compile_one(ln: dict, cuobjdump: str) -> dict:
     from triton.compiler import ASTSource
 
     jf = getattr(importlib.import_module(ln["module"]), ln["name"])
+    if jf.is_gluon():   # the sm_90 phase C (kernels.prefill.state_walk_gluon)
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     sig, cx, attrs = {}, {}, {}
     for i, p in enumerate(jf.params):
         d = ln["args"].get(p.name)
@@ -237,8 +245,10 @@ def _compile_one(ln: dict, cuobjdump: str) -> dict:
             sig[p.name] = "i32" if -2 ** 31 <= d["v"] < 2 ** 31 else "i64"
         elif d["t"] == "float":
             sig[p.name] = "fp32"
+        elif d["t"] == "sig":
+            sig[p.name] = d["v"]
         else:
-            raise ValueError(f"argument {p.name}: cannot type {d}")
+            raise ValueError(f"argument {p.name}: cannot type a {d['t']} ({d.get('v')})")
     opts = {k: v for k, v in ln["options"].items() if v is not None}
     ck = triton.compile(ASTSource(jf, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
                         options=opts)
@@ -251,8 +261,9 @@ def _compile_one(ln: dict, cuobjdump: str) -> dict:
         os.unlink(f.name)
     m = re.search(r"REG:(\d+)", out)
     s = re.search(r"STACK:(\d+)", out)
+    # num_warps: a Gluon kernel's counts its worker partitions' warps too
     return dict(regs=int(m.group(1)) if m else None, stack=int(s.group(1)) if s else None,
-                shared=int(ck.metadata.shared))
+                shared=int(ck.metadata.shared), num_warps=int(ck.metadata.num_warps))
 
 
 def main(argv=None) -> int:
