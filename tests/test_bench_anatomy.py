@@ -71,7 +71,8 @@ def test_programs_per_sm():
 def test_sm90_resources_of_a_prefill_call(interpret):
     from kernels.prefill import gdn_prefill
 
-    x = make_prefill_inputs([200], GDNShape(2, 4, 32))   # > 128 tokens: two launches
+    x = make_prefill_inputs([200], GDNShape(2, 4, 32),   # > 128 tokens: two launches
+                            device="cpu" if interpret else "cuda")
     launches = sm90.record_launches(lambda: gdn_prefill(**x, variant="fused", cp=False))
     assert [ln["name"] for ln in launches] == ["intra_chunk_kernel", "state_walk_kernel"]
     assert launches[0]["args"]["k"] == {"t": "tensor", "dtype": "bf16", "aligned": True}
