@@ -154,6 +154,17 @@ def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
     assert not launch.fast_launch_enabled()
 
 
+def _counted_kwargs():
+    """``(built, make_kwargs)``: keyword arguments ``K=2``, each build appended to
+    ``built`` (a keyed launch builds them only on a miss)."""
+    built = []
+
+    def make_kwargs():
+        built.append(1)
+        return dict(K=2)
+    return built, make_kwargs
+
+
 def test_keyed_launch_reads_only_addresses_and_int_classes(monkeypatch):
     """``launch_keyed``: the first call of a key compiles through the plain path (building
     the keyword arguments); a repeat launches the kept kernel with addresses, the constexpr
@@ -165,12 +176,7 @@ def test_keyed_launch_reads_only_addresses_and_int_classes(monkeypatch):
     monkeypatch.setattr(launch, "_current_stream", lambda dev: 7)
     fn = _Jit()
     fl = FastLaunch(fn)
-    built = []
-
-    def kw():
-        built.append(1)
-        return dict(K=2)
-
+    built, kw = _counted_kwargs()
     x = torch.zeros(64)
     fl.launch_keyed("site", (3,), (x, 32), kw)            # compiles
     assert fn.plain == 1 and len(built) == 1
@@ -199,12 +205,7 @@ def test_keyed_bind_builds_nothing_on_a_repeat_and_keys_the_device(monkeypatch):
     monkeypatch.setattr(launch, "_current_stream", lambda dev: 100 + dev)
     fn = _Jit()
     fl = FastLaunch(fn)
-    built = []
-
-    def kw():
-        built.append(1)
-        return dict(K=2)
-
+    built, kw = _counted_kwargs()
     x = torch.zeros(64)
     go = fl.bind_keyed(("site", x.dtype), (3,), (x, 32), kw)
     assert fn.plain == 0 and len(built) == 1          # bound: nothing launched yet
@@ -237,9 +238,7 @@ def test_prefill_launch_keys_fix_what_triton_specialises_on(monkeypatch):
     seen = {}
 
     def record(self, key, grid, args, make_kwargs):
-        kinds = tuple(a.dtype if isinstance(a, torch.Tensor) else
-                      (a if a is None or isinstance(a, bool) else type(a)) for a in args)
-        got = (tuple(make_kwargs().items()), kinds)
+        got = launch.signature(args, make_kwargs())   # argument kinds, keyword arguments
         assert seen.setdefault((self.fn.__name__, key), got) == got, (self.fn.__name__, key)
         return lambda: None
 
