@@ -34,7 +34,7 @@ The result is one row per (arch, launch): ``arch, kernel, launches (where the ru
 picked it: entry point and shape), num_warps, num_stages, constexprs, regs,
 spill_bytes, shared_bytes, smem_limit, fits, uses_pdl, error``. ``--json`` writes them
 with the Triton version; the exit status is 1 if any launch does not compile or does
-not fit. ``tests/test_arch_compile.py`` runs this in CI.
+not fit. ``tests/test_arch_check.py`` runs this in CI.
 """
 from __future__ import annotations
 

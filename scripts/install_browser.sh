@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Headless Chromium and its WebDriver from Debian's packages (chromium,
-# chromium-driver) for tests/test_lab_browser.py, which drives JupyterLab in it.
+# chromium-driver) for tests/notebooks/test_lab_browser.py, which drives JupyterLab in it.
 # Run by `make test` before pytest as `install_browser.sh PYTHON` (the suite's python).
 # Installs only what is missing, only when PYTHON has jupyterlab and selenium (else the
 # test skips anyway: the offline GPU host), and only where apt-get works as root or

@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config, items):
 #: Modules whose tests share one costly module-scoped fixture: one smoke run of every
 #: notebook; one JupyterLab server and browser. Split over workers, each worker would
 #: build it again.
-SHARED_FIXTURE_MODULES = ("test_notebooks_smoke.py", "test_lab_browser.py")
+SHARED_FIXTURE_MODULES = ("test_smoke.py", "test_lab_browser.py")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -2,7 +2,7 @@
 
 Both are GPU-only: off on the CPU interpreter. What can be checked here is that they
 are off, and the launch key that decides when a cached compiled kernel may be reused.
-The GPU tests in ``test_prefill.py`` check that both give the same bits as plain launches.
+The GPU tests in ``tests/prefill/test_prefill.py`` check that both give the same bits as plain launches.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 * the ``event`` timing method enqueues a spin before its start event, so the host has
   enqueued the whole timed call before the stream reaches it (the call's launch path is
   hidden: the events see GPU time);
-* the GPU calibration test (``tests/test_bench_timing.py``) times spins of 1 to 100 µs
+* the GPU calibration test (``tests/bench/test_timing.py``) times spins of 1 to 100 µs
   with every GPU method and checks they recover the duration.
 
 The spin reads ``%globaltimer`` (ns) until ``us`` have passed since its first read, so its

@@ -12,7 +12,7 @@ import pytest
 from kernels.bench.ncu import (DEFAULT_METRICS, NCU_COLUMNS, ncu_available, ncu_command,
                                parse_ncu_csv, run_ncu)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CSVS = sorted(FIXTURES.glob("ncu_*.csv"))
 SYNTHETIC = FIXTURES / "ncu_synthetic_raw_decode.csv"
 

@@ -13,7 +13,7 @@ from kernels.bench.timing import (ALL_METHODS, FLUSH_RANGE, GPU_METHODS, GRAPH_M
                                   Timing, graph_calls, host_samples, iteration_spans,
                                   method_available, split_iterations, time_each, time_fn)
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SESSIONS = sorted(FIXTURES.glob("cupti_session*.json"))
 HAS_CUDA = torch.cuda.is_available()
 

@@ -4,7 +4,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bash(script: str, tmp_path: Path) -> str:

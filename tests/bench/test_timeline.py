@@ -12,7 +12,7 @@ import pytest
 
 from kernels.bench.timeline import Timeline, plot_gantt, record_timeline
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRACES = sorted(FIXTURES.glob("*trace*.json"))
 SYNTHETIC = FIXTURES / "synthetic_trace_prefill.json"
 

@@ -1,7 +1,7 @@
 """Unit tests of the experiment modules on synthetic DataFrames (fast, no kernels).
 
 The measurement halves (gate, timing, ncu) are exercised end to end by
-``test_notebooks_smoke.py``; here the analysis: crossover interpolation,
+``tests/notebooks/test_smoke.py``; here the analysis: crossover interpolation,
 waterfalls, the V-tile model fit, the conclusions computed from data, the
 figures, and the notebooks' parameter cells.
 """
@@ -568,7 +568,7 @@ def _notebook_module(path):
 
 @pytest.mark.parametrize("has_gpu,profile,root", [(False, "smoke", "results/smoke"),
                                                   (True, "full", "results")])
-@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("notebooks/*.ipynb")),
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[2].glob("notebooks/*.ipynb")),
                          ids=lambda p: p.stem)
 def test_every_notebook_resolves_auto_as_make_run_would(path, has_gpu, profile, root, monkeypatch):
     """Each committed notebook, run by hand with its parameters cell as committed,

@@ -2,7 +2,7 @@
 rank's indices (one kernel) against the torch expressions they replace, the entering
 states' copy, the rank plan remembered per key, and a call's host work (no host sync, one
 workspace allocation besides the outputs) on torch's ``fake`` process group (no peer: the
-all-gather returns at once). Correctness across ranks: ``tests/test_prefill_multi_gpu.py``.
+all-gather returns at once). Correctness across ranks: ``tests/prefill/test_multi_gpu.py``.
 """
 from __future__ import annotations
 

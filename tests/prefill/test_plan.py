@@ -23,7 +23,7 @@ from kernels.prefill.plan import (LAUNCHES, PATH_LABELS, WORKSPACE_ALIGN,  # noq
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
 
 CPU = torch.device("cpu")   # the rules assume 132 SMs off CUDA
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("T, N, cp, path, launches", [

@@ -2,7 +2,7 @@
 
 CPU: which phase C a launch takes (:func:`~kernels.prefill.state_walk_gluon.phase_c_fwd`),
 and the kernel compiles for sm_90a at the launches the dispatch picks there
-(``kernels.arch_check``, no GPU). The rule's decisions: tests/test_prefill_plan.py.
+(``kernels.arch_check``, no GPU). The rule's decisions: tests/prefill/test_plan.py.
 
 GPU (sm_90; marked ``gpu``): ``gdn_prefill`` with the Gluon phase C against the same call
 forced to the Triton one (``PrefillConfig(gluon_walk=False)``) on the long paths, forced at
@@ -38,7 +38,7 @@ from kernels.prefill import plan as plan_mod  # noqa: E402
 from kernels.prefill import state_walk_gluon as swg  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPE = GDNShape(2, 4, 128)     # D = 128 (the kernel's), two value heads per q/k head
 TRITON_C = PrefillConfig(gluon_walk=False)
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)

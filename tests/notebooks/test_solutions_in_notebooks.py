@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("papermill", reason="the notebook extra is not installed")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "solutions"
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """The committed notebooks: generated, thin, without outputs, parameters documented.
 
-Fast static checks (no kernel runs); executing them is ``test_notebooks_smoke.py``.
+Fast static checks (no kernel runs); executing them is ``tests/notebooks/test_smoke.py``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NB_DIR = ROOT / "notebooks"
 STEMS = {
     "01_decode_crossover": "decode_crossover",

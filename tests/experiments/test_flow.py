@@ -20,7 +20,7 @@ from kernels.experiments import common
 from kernels.experiments import decode_crossover as dx
 from kernels.experiments import prefill_overhead as px
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TRACE = ROOT / "tests" / "fixtures" / "synthetic_trace_prefill.json"
 
 

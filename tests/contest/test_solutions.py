@@ -22,7 +22,7 @@ from kernels.contest.scope import torch_settings
 from kernels.reference import decode_reference, prefill_reference
 from kernels.spec import make_decode_inputs, make_prefill_inputs
 
-FIX = Path(__file__).parent / "fixtures" / "solutions"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "solutions"
 PY = FIX / "py_decode"
 DEF = "gdn_decode_qk4_v8_d128_k_last"
 

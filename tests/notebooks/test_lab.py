@@ -11,7 +11,7 @@ import nbformat
 
 from kernels.lab import lab_args, strip_outputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "04_prefill_scaling.ipynb"
 
 

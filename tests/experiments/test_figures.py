@@ -5,7 +5,7 @@ no empty panel, no legend over data, no series hidden under another, at most
 as saved (tight bounding box, legends included).
 
 Drawn here from the committed GPU results (every figure has data there); the smoke run
-of ``test_notebooks_smoke.py`` audits the same figures on smoke data.
+of ``tests/notebooks/test_smoke.py`` audits the same figures on smoke data.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from kernels.experiments.common import MAX_FIGURE_WIDTH_IN
 from kernels.experiments.redraw import FIGURES, draw
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU_FOLDERS = sorted(p for p in (ROOT / "results").glob("nvidia-*") if p.is_dir())
 AUDITED = ROOT / "results" / "nvidia-h200"   # its CSVs draw every figure of FIGURES
 HIDDEN_PX = 1.5   # a series whose every point lies this close to another's is drawn under it

@@ -83,7 +83,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:graph variant. no CUDA device")
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "recurrent"])
 @pytest.mark.parametrize("shape, lens, cu_dtype, with_state", CASE_PARAMS)
 def test_variant_matches_reference(variant, shape, lens, cu_dtype, with_state):
-    """(The token-recurrent variant: tests/test_prefill_recurrent.py, on shorter shapes.)"""
+    """(The token-recurrent variant: tests/prefill/test_recurrent.py, on shorter shapes.)"""
     x, ref = case(shape, lens, cu_dtype, with_state)
     before = {n: t.clone() for n, t in x.items() if torch.is_tensor(t)}
     out = gdn_prefill(**x, variant=variant)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 REQUIRED = {
@@ -253,7 +253,7 @@ def test_multi_gpu_smoke_specifics(smoke):
 
 @pytest.mark.parametrize("stem", list(REQUIRED))
 def test_figures_read_well_on_smoke_data(smoke, stem):
-    """The figures the smoke CSVs draw pass the audit of ``test_figures.py`` (title,
+    """The figures the smoke CSVs draw pass the audit of ``tests/experiments/test_figures.py`` (title,
     labelled axes in µs, no empty panel, no legend over data, ≤ 1,400 px inline)."""
     from kernels.experiments.redraw import draw
     from test_figures import audit_figure

@@ -25,8 +25,8 @@ from kernels.spec import (CONTEST, DECODE_BATCH_SIZES, PREFILL_SHAPES, GDNShape,
                           make_decode_inputs, make_prefill_inputs, validate_decode_inputs,
                           validate_prefill_inputs)
 
-REPO = Path(__file__).resolve().parent.parent
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/test_decode.py
+REPO = Path(__file__).resolve().parents[2]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/decode/test_decode.py
 HAS_FIB = importlib.util.find_spec("flashinfer_bench") is not None
 NO_FIB = "flashinfer-bench is not importable (GPU-host wheels in .whl: scripts/contest_wheel.sh; not a CI dependency)"
 
@@ -467,7 +467,7 @@ def test_wheel_script_pins_the_commit_evaluate_requires():
 
 def test_check_arguments(tmp_path):
     """The contest's own rules on top of kernels.contest.formats.read_solution (whose
-    errors tests/test_solutions.py checks): its two definitions only, unique names."""
+    errors tests/contest/test_solutions.py checks): its two definitions only, unique names."""
     from kernels.contest.evaluate import check_arguments, solutions_for
 
     with pytest.raises(ValueError, match="ops must list decode and/or prefill"):

@@ -3,7 +3,7 @@ reference under the contest rule, and the dispatch that sends short calls to it.
 
 CPU runs use the Triton interpreter (small head sizes). Invalid ``cu_seqlens`` (NaN
 outputs, status bits, canaries intact) are covered with the other paths in
-``tests/test_prefill_guard.py``; the no-host-sync check in ``tests/test_prefill.py``.
+``tests/prefill/test_guard.py``; the no-host-sync check in ``tests/prefill/test_prefill.py``.
 """
 from __future__ import annotations
 
