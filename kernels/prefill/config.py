@@ -107,7 +107,7 @@ class PrefillConfig:
             it decides accuracy, so every kernel reads this one value.
         gluon_walk: let :func:`walk_gluon_rule` pick the Gluon phase C of the long path
             where it applies (sm_90); False: always the Triton phase C (the A/B test of
-            the two, ``tests/prefill/test_gluon.py``, and ``scripts/probes/gluon_product.py``).
+            the two, ``tests/prefill/test_gluon.py``).
 
     Measured numbers: docs/notes/prefill.md, "Numbers behind the rules".
     """

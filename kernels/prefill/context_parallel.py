@@ -216,8 +216,8 @@ CP_SPLIT_MIN_CHUNKS = 64
 def cp_split(seg_chunks: int) -> bool:
     """Whether the long path with ``seg_chunks`` chunks per segment (the rule's,
     :func:`cp_long_segment_chunks`) lets the device halve its segments per sequence
-    (:func:`segment_split_kernel`); numbers: docs/notes/long_context.md, "Seventeenth
-    session"."""
+    (:func:`segment_split_kernel`); numbers: docs/notes/long_context.md, "The split
+    chosen on the device"."""
     return int(seg_chunks) >= CP_SPLIT_MIN_CHUNKS
 
 

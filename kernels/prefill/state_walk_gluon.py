@@ -6,8 +6,8 @@ on a sequence's last unit, the final state. Its chunk step is a chain of three d
 products on the state (``S^T k^T``, ``R Tb^T``, the state update) plus the outputs' work
 (``q`` and ``Aqk`` loads, two output products, the ``o`` store); in the Triton kernel all
 of it runs in one instruction stream, with a CTA-wide barrier per step. Here the outputs'
-work hides behind the chain (the design of ``scripts/probes/gluon_walk.py``, variant
-``s2``; numbers: docs/notes/long_context.md, "Gluon walk probe"):
+work hides behind the chain (the Gluon walk probe's variant ``s2``, in git history at
+``5d1c0a5``; numbers: docs/notes/long_context.md, "Gluon walk probe"):
 
 * a producer partition (1 warp, few registers) loads each chunk's ``k``, ``q`` ``[64, K]``,
   ``v`` (two ``[64, 64]`` halves), ``Tb``, ``Aqk`` ``[64, 64]`` by TMA into one of
