@@ -65,7 +65,7 @@ def make_prefill_stress_inputs(lens: Sequence[int], shape: GDNShape = CONTEST, *
     return {n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
 
 
-#: The gate sets of :func:`with_gates` (notebook 04's gate-dependence section, the probes).
+#: The gate sets of :func:`with_gates` (notebook 04's gate-dependence section).
 GATE_SETS = ("generator", "one long-memory head", "every head long memory")
 #: The slow end of the generator's gate range (``kernels.spec._gate_params``: A in [1, 16],
 #: dt in [1e-3, 1e-1]): about -0.1 of log decay per 64-token chunk, so a segment of the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Notebook 05's full profile on a host with two (or more) GPUs, in one device call that
 # carries .gpulite (docs/gpu_host.md, "Two GPUs (notebook 05)"):
-#   export GDN_GIT_SHA=<sha> GDN_GIT_DIRTY=False; bash scripts/probes/run_multi_gpu.sh /root/out [runner args]
+#   export GDN_GIT_SHA=<sha> GDN_GIT_DIRTY=False; bash scripts/run_multi_gpu.sh /root/out [runner args]
 # Results: <out>/<W>x-<gpu-slug>/05_prefill_multi_gpu/ and the executed notebook, tarred to
 # $OUT/res.tar (with topo.txt and the runner's log) whether or not the run finished.
 set -u
