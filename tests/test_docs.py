@@ -129,6 +129,47 @@ def test_architecture_names_every_prefill_config_field():
         f"the code has {len(want)}: {want}")
 
 
+def _committed_runs() -> dict:
+    """{a committed run's path under the repository: its commit} from the records the
+    results page's table is generated from (``kernels.report.committed_runs``)."""
+    import json
+
+    runs = {}
+    for gpu in (ROOT / "results").iterdir():
+        for rec in list(gpu.glob("*/provenance.json")) + list(gpu.glob("contest*/run.json")):
+            runs[str(rec.parent.relative_to(ROOT))] = json.loads(rec.read_text())["git_sha"]
+        for rec in gpu.glob("*.provenance.json"):
+            csv = rec.with_name(rec.name[:-len(".provenance.json")] + ".csv")
+            runs[str(csv.relative_to(ROOT))] = json.loads(rec.read_text())["git_sha"]
+    return runs
+
+
+_RUN_PATH = re.compile(r"results/[\w.-]+/[\w.-]+")
+_SHA = re.compile(r"`([0-9a-f]{7,40})`")
+
+
+def _commit_claims(text: str, runs: dict):
+    """``(line, path, commit)`` for each commit named on a line that names a committed run
+    and none of that line's runs has that commit."""
+    for line in text.splitlines():
+        named = {p.rstrip("/.") for p in _RUN_PATH.findall(line)} & set(runs)
+        for sha in _SHA.findall(line) if named else ():
+            if not any(runs[p].startswith(sha) for p in named):
+                yield line.strip(), sorted(named), sha
+
+
+def test_commits_named_beside_a_run_are_its_provenance():
+    """A commit named on the same line as a committed run's path is that run's commit (from
+    its provenance), so no page can say a run came from a commit it did not."""
+    runs = _committed_runs()
+    assert runs, "no committed run found under results/"
+    pages = PAGES + NOTES + [ROOT / "results" / "README.md"]
+    bad = [f"{page.relative_to(ROOT)}: `{sha}` beside {paths} (provenance: "
+           f"{[runs[p][:7] for p in paths]}): {line[:120]}"
+           for page in pages for line, paths, sha in _commit_claims(page.read_text(), runs)]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_checks_catch_what_they_should(tmp_path):
     """The matchers find a made-up path, a broken link and anchor, and a made-up target."""
     assert _PATH.findall("see `kernels/nope.py` and /root/kernels/x") == ["kernels/nope.py"]
@@ -142,5 +183,11 @@ def test_the_checks_catch_what_they_should(tmp_path):
     history = ("removed in issue 22", "Issues #18", "the walk (v9)", "v5–v6", "notes/log.md",
                "the lab log", "Sixteenth session")
     assert all(_HISTORY.search(t) for t in history)
+    runs = {"results/g/02_x": "46a3add" + "0" * 33}
+    assert list(_commit_claims("`results/g/02_x/` at `8e8870f`", runs)) == [
+        ("`results/g/02_x/` at `8e8870f`", ["results/g/02_x"], "8e8870f")]
+    assert [c[2] for c in _commit_claims("`results/g/02_x/t.csv` at `46a3add`, `8e8870f`",
+                                         runs)] == ["8e8870f"]
+    assert not list(_commit_claims("notebook 02 at `8e8870f` (git history)", runs))
     assert not any(_HISTORY.search(t) for t in ("FlashInfer v0.7.2", "a process session",
                                                 "`kv2`", "PR (#386)", "16 x 16 blocks"))

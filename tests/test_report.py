@@ -221,3 +221,42 @@ def test_multi_gpu_scaling_table_on_the_results_page(tmp_path):
     s = doc.read_text()
     assert "notebook 05), 2x-gpu-x" in s and "| 262144 | 1500.0 | 900.0 | 1.67 |" in s
     assert "At `abcdef1`" in s and "head_start_events" in s and "efficiency" not in s
+
+
+def test_committed_runs_table_from_provenance(tmp_path):
+    """The runs table reads each run's own record: commit (7 characters), date, and whether
+    the suite's timing methods of that commit had the fix, or what else timed it."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    import pandas as pd
+
+    from kernels.report import TIMING_FIX, committed_runs, timing_era
+
+    repo = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "rev-parse", TIMING_FIX], cwd=repo,
+                      capture_output=True).returncode:
+        pytest.skip("the timing fix's commit is not in this clone")
+    fix = subprocess.run(["git", "rev-parse", TIMING_FIX], cwd=repo, capture_output=True,
+                         text=True).stdout.strip()
+    before = subprocess.run(["git", "rev-parse", TIMING_FIX + "~1"], cwd=repo,
+                            capture_output=True, text=True).stdout.strip()
+    gpu = tmp_path / "some-gpu"
+    for name, sha in (("01_decode_crossover", fix), ("02_prefill_launch_overhead", before),
+                      ("03_ncu_instruction_counts", before)):
+        (gpu / name).mkdir(parents=True)
+        (gpu / name / "provenance.json").write_text(json.dumps(
+            {"git_sha": sha, "timestamp": "2026-11-28T00:00:00+00:00"}))
+    (gpu / "faults.provenance.json").write_text(json.dumps({"git_sha": "f" * 40,
+                                                            "timestamp": "2026-11-27T01:00"}))
+    pd.DataFrame([dict(git_sha=before, timestamp="2026-11-25T15:58:19+00:00")]).to_csv(
+        gpu / "triton_versions.csv", index=False)
+    t = committed_runs(tmp_path).set_index("results")
+    assert t.loc["01_decode_crossover/", "timing"] == f"ours, after `{TIMING_FIX}`"
+    assert t.loc["01_decode_crossover/", "commit"] == f"`{fix[:7]}`"
+    assert t.loc["02_prefill_launch_overhead/", "timing"] == f"ours, before `{TIMING_FIX}`"
+    assert t.loc["03_ncu_instruction_counts/", "timing"].startswith("none")
+    assert t.loc["faults.csv", "date"] == "2026-11-27" and t.loc["faults.csv", "commit"] == "`fffffff`"
+    assert t.loc["triton_versions.csv", "timing"] == f"ours, before `{TIMING_FIX}`"
+    assert timing_era("f" * 40) == "unknown"

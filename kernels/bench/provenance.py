@@ -25,7 +25,7 @@ from typing import Optional
 from ..device import gpu_slug
 from ..packages import DISTRIBUTIONS, package_version
 
-__all__ = ["collect_provenance", "git_info", "driver_version"]
+__all__ = ["collect_provenance", "git_info", "full_sha", "driver_version"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,15 +38,23 @@ def _run(cmd, cwd=None, timeout=10) -> Optional[str]:
     return p.stdout.strip() if p.returncode == 0 else None
 
 
+def full_sha(sha: str, root: Path = _REPO_ROOT) -> str:
+    """``sha`` as the full 40-hex commit id when the checkout at ``root`` knows the commit
+    (a short id or a full one), else ``sha`` unchanged: one format in every provenance
+    record wherever git can resolve it (the report shows 7 characters)."""
+    return _run(["git", "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"], cwd=root) or sha
+
+
 def git_info(root: Path = _REPO_ROOT) -> dict:
     """``{"git_sha": ..., "git_dirty": bool}`` (tracked files modified), or
     ``"unknown"`` for both outside a git checkout. ``GDN_GIT_SHA`` (and
-    ``GDN_GIT_DIRTY``), when set, name the commit of a copied tree and take precedence."""
+    ``GDN_GIT_DIRTY``), when set, name the commit of a copied tree and take precedence;
+    the sha is the full 40-hex id (:func:`full_sha`) where ``root`` can resolve it."""
     if os.environ.get("GDN_GIT_SHA"):
         # a copy of the tree (the offline GPU host): the caller states which commit it
         # sent, and whether its tree was dirty. It wins over a .git found in the copy,
         # which on that host can be a stale checkout (seen: an older HEAD, "dirty").
-        return {"git_sha": os.environ["GDN_GIT_SHA"],
+        return {"git_sha": full_sha(os.environ["GDN_GIT_SHA"], root),
                 "git_dirty": os.environ.get("GDN_GIT_DIRTY", "unknown")}
     sha = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if not sha:

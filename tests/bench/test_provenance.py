@@ -65,3 +65,21 @@ def test_git_sha_from_the_environment_wins_over_a_checkout(monkeypatch):
     monkeypatch.setenv("GDN_GIT_SHA", "abc123")
     monkeypatch.setenv("GDN_GIT_DIRTY", "False")
     assert git_info() == {"git_sha": "abc123", "git_dirty": "False"}
+
+
+def test_a_short_sha_from_the_environment_is_stored_in_full(monkeypatch):
+    """One format: a short ``GDN_GIT_SHA`` that this checkout knows becomes the 40-hex id."""
+    import subprocess
+    from pathlib import Path
+
+    from kernels.bench.provenance import full_sha
+
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                          text=True).stdout.strip()
+    if len(head) != 40:
+        pytest.skip("not a git checkout")
+    monkeypatch.setenv("GDN_GIT_SHA", head[:7])
+    assert git_info()["git_sha"] == head
+    assert full_sha(head[:7]) == full_sha(head) == head
+    assert full_sha("abc123") == "abc123"            # not a commit here: kept as given
