@@ -6,6 +6,6 @@ Importing this package does not import transformers (only :func:`.hf.use_ours` d
 from __future__ import annotations
 
 from .fla_compat import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from .hf import use_ours
+from .hf import use, use_ours
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "use_ours"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "use_ours", "use"]

@@ -12,7 +12,8 @@ module that defines the model's GDN layer class to our FLA-signature functions
 (:mod:`.fla_compat`), wrapped like transformers wraps FLA's (keyword arguments the
 function does not take are dropped). transformers' files are not changed.
 
-The names are module globals, so the switch holds for every model of that class in the
+:func:`use` binds FLA's functions or the layer's own torch path the same way (notebook 06
+compares the three). The names are module globals, so the switch holds for every model of that class in the
 process until :meth:`Swap.undo` (also a context manager: ``with use_ours(model): ...``).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 
 from .fla_compat import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
-__all__ = ["use_ours", "Swap", "TARGETS", "gdn_layers"]
+__all__ = ["use_ours", "use", "IMPLS", "Swap", "TARGETS", "gdn_layers"]
 
 #: The module-level names the GDN layer's ``forward`` calls, and our function for each.
 TARGETS = {
@@ -49,7 +50,6 @@ def _wrapped(fn, name):
         return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
 
     call.__name__ = name
-    call.gdn_ours = True
     return call
 
 
@@ -74,17 +74,25 @@ class Swap:
         return False
 
 
-def use_ours(model) -> Swap:
-    """Make ``model``'s Gated DeltaNet layers run our kernels (FLA's signature,
-    :mod:`.fla_compat`) for prefill and decode. One line for a loaded model::
+def _fla(name):
+    """FLA's function for transformers' ``name``, wrapped as transformers wraps it."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as recurrent
+    return chunk if name == "torch_chunk_gated_delta_rule" else recurrent
 
-        import kernels.model; kernels.model.use_ours(model)
 
-    Returns a :class:`Swap` (``.undo()``, or use it as a context manager). Raises
-    ValueError naming ``model`` if it has no GDN layer whose module defines the two
-    functions :data:`TARGETS` names. The model's tensors must suit our kernels (bf16
-    activations, equal key and value head sizes): :mod:`.fla_compat` raises otherwise.
-    """
+#: What :func:`use` can bind: ``ours`` (:mod:`.fla_compat`), ``fla`` (FLA's functions, as
+#: transformers binds them where FLA is installed) and ``torch`` (the layer's own torch
+#: path: the functions transformers wrote, the decorator's fallback).
+IMPLS = ("ours", "fla", "torch")
+
+
+def use(model, impl: str) -> Swap:
+    """Bind ``impl`` (one of :data:`IMPLS`) in the module of ``model``'s GDN layers (see
+    the module's notes); :func:`use_ours` is ``use(model, "ours")``. Returns the
+    :class:`Swap` that undoes it. ``fla`` raises ImportError where FLA is not installed."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     layers = gdn_layers(model)
     if not layers:
         raise ValueError(f"model has no Gated DeltaNet layer (a module whose class name ends "
@@ -97,10 +105,33 @@ def use_ours(model) -> Swap:
             raise ValueError(f"model's GDN layers come from {mod_name}, which defines no "
                              f"{', '.join(missing)}: this transformers version calls its "
                              f"kernels another way")
-        for name, fn in TARGETS.items():
+        for name, ours in TARGETS.items():
             current = getattr(mod, name)
-            if getattr(current, "gdn_ours", False):
-                continue   # already ours
+            original = _ORIGINAL.setdefault((mod_name, name), current)
+            if impl == "ours":
+                fn = _wrapped(ours, name)
+            elif impl == "fla":
+                fn = _wrapped(_fla(name), name)
+            else:   # the torch function under transformers' decorator
+                fn = getattr(original, "__wrapped__", original)
             saved[(mod_name, name)] = current
-            setattr(mod, name, _wrapped(fn, name))
+            setattr(mod, name, fn)
     return Swap(saved)
+
+
+#: What each patched module bound before the first :func:`use` (transformers' wrappers).
+_ORIGINAL: dict = {}
+
+
+def use_ours(model) -> Swap:
+    """Make ``model``'s Gated DeltaNet layers run our kernels (FLA's signature,
+    :mod:`.fla_compat`) for prefill and decode. One line for a loaded model::
+
+        import kernels.model; kernels.model.use_ours(model)
+
+    Returns a :class:`Swap` (``.undo()``, or use it as a context manager). Raises
+    ValueError naming ``model`` if it has no GDN layer whose module defines the two
+    functions :data:`TARGETS` names. The model's tensors must suit our kernels (bf16
+    activations, equal key and value head sizes): :mod:`.fla_compat` raises otherwise.
+    """
+    return use(model, "ours")
