@@ -517,12 +517,67 @@ display(Markdown(conclusion))"""),
     ("code", "run.finish()"),
 ]
 
+# --------------------------------------------------------------------------- 06
+
+IN_THE_MODEL = [
+    ("md", """\
+# 06 — Ours inside Qwen3-Next: the GDN layer and a decoder block as transformers runs them
+
+transformers' Qwen3-Next calls two FLA functions from its Gated DeltaNet layer
+(`chunk_gated_delta_rule` for prefill, `fused_recurrent_gated_delta_rule` for a cached
+token). `kernels.model` gives our kernels that signature and binds them in
+(`kernels.model.use_ours(model)`). This notebook builds one GDN layer and one decoder block
+(GDN layer, RMS norms, the sparse MoE) from Qwen3-Next-80B-A3B's published config at the
+contest's per-GPU shape (4 key heads, 8 value heads, head size 128), random weights
+(seeded), and runs them with ours, FLA and the layer's own torch path: a correctness gate
+against the torch path, prefill of the layer and the block from 512 to 131,072 tokens
+(GPU time with `graph` where the call can be captured, `event` otherwise, host time with
+`host`), the GDN call's share of the block, and decode steps of the block at B = 1 … 256.
+
+Run it with `python -m kernels.runner --notebooks 06` (profile `full` on a GPU, `smoke`
+on the CPU: a tiny config under the Triton interpreter, plumbing only)."""),
+    ("params", None),
+    ("code", IMPORTS.format(module="in_the_model")),
+    ("md", """\
+## 1. Correctness gate
+The layer's output and the GDN call's output and final state of each implementation
+against the torch path, on the same inputs (contest rule, atol = rtol = 1e-2)."""),
+    ("code", """\
+gate = xp.run_gate(run)
+gate"""),
+    ("md", "## 2. Prefill: the GDN call, the GDN layer and the decoder block"),
+    ("code", """\
+prefill = xp.run_prefill(run)
+run.show(xp.plot_block_times(run, prefill, "T", "block", "Decoder block prefill"), "block_prefill")
+run.show(xp.plot_block_times(run, prefill, "T", "gdn layer", "GDN layer prefill"), "layer_prefill")
+prefill"""),
+    ("md", "## 3. The GDN call's share of the block"),
+    ("code", """\
+share = xp.gdn_share(prefill)
+run.write_csv(share, "gdn_share")
+run.show(xp.plot_share(run, share), "gdn_share")
+share"""),
+    ("md", "## 4. Decode steps of the block"),
+    ("code", """\
+decode = xp.run_decode(run)
+run.show(xp.plot_block_times(run, decode, "B", "block decode step", "Decoder block decode step"), "block_decode")
+decode"""),
+    ("md", "## Conclusion"),
+    ("code", """\
+conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
+    gate=gate, prefill=prefill, decode=decode, share=share)))
+run.write_text(conclusion, "conclusion.md")
+display(Markdown(conclusion))"""),
+    ("code", "run.finish()"),
+]
+
 NOTEBOOKS = {
     "01_decode_crossover": ("decode_crossover", DECODE),
     "02_prefill_launch_overhead": ("prefill_overhead", PREFILL),
     "03_ncu_instruction_counts": ("ncu_counts", NCU),
     "04_prefill_scaling": ("prefill_scaling", SCALING),
     "05_prefill_multi_gpu": ("prefill_multi_gpu", MULTI_GPU),
+    "06_in_the_model": ("in_the_model", IN_THE_MODEL),
 }
 
 

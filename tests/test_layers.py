@@ -17,6 +17,7 @@ LAYERS = {
     "decode": 2, "prefill": 3,                      # our kernels (prefill reuses decode's)
     "peers": 3,                                     # theirs
     "bench": 4, "arch_check": 4,                    # the instruments; the compile check
+    "model": 4,                                     # ours behind FLA's signature, in transformers
     "peers_worker": 5, "report": 5, "compare": 5,
     "contest": 6,                                   # solutions, the contest's build
     "registry": 7, "runner": 7, "ncu_target": 7,    # compose ours, peers and solutions

@@ -22,7 +22,7 @@ from kernels.runner import RunnerError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KNOWN_STEMS = ("01_decode_crossover", "02_prefill_launch_overhead", "03_ncu_instruction_counts",
-               "04_prefill_scaling", "05_prefill_multi_gpu")
+               "04_prefill_scaling", "05_prefill_multi_gpu", "06_in_the_model")
 
 PARAMS_CELL = '''device: str = "auto"  # auto | cuda | cpu
 output_root: str = "results"  # results root

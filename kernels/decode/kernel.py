@@ -17,6 +17,13 @@ head)``; the grid is 1-D with the tiles of a head adjacent. A tile is loaded
 once, walks the ``T`` tokens in registers (optionally storing the state after
 each token, ``INTERMEDIATE``) and is stored once.
 
+Options for FLA's calling convention (:mod:`kernels.model.fla_compat`): ``GATES="log"``
+reads the precomputed log decay ``g`` from ``a`` and ``beta`` from ``b``; ``QK_NORM``
+L2-normalises ``q`` and ``k`` per head after loading them (no extra pass over them);
+``STATE_KV`` reads and writes the state in FLA's ``[.., K, V]`` layout (element ``(k, v)``
+at ``k * D + v``): the same tiles, each thread's loads strided by ``D`` instead of
+contiguous (slower per byte than k-last, still one read and one write of the state).
+
 With ``POOLED`` the state is a pool ``[P, HV, D, D]`` and sequence ``b`` uses
 slot ``idx[b]``. A slot outside ``[0, P)`` is never read or written: its loads and
 stores are masked off and its pointers are formed from slot 0. A negative slot is
@@ -46,7 +53,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-__all__ = ["gdn_decode_kernel", "update_tile", "token_gates", "SLOT_REPEATED",
+__all__ = ["gdn_decode_kernel", "update_tile", "token_gates", "l2_normalize", "SLOT_REPEATED",
            "SLOT_PAST_POOL"]
 
 #: Status bit of a pooled call in which two sequences name one live slot (after the
@@ -78,12 +85,24 @@ def update_tile(b_h, b_k, b_qs, b_v, b_decay, b_beta):
 
 
 @triton.jit
-def token_gates(b_a, b_b, b_A, b_dt):
-    """``(decay, beta)`` of one token from the raw gate inputs ``a``, ``b`` (scalars) with
-    ``b_A = -exp(A_log)`` and ``b_dt = dt_bias`` of the head, in f32."""
-    b_x = b_a.to(tl.float32) + b_dt
-    b_softplus = tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
-    return tl.exp(b_A * b_softplus), tl.sigmoid(b_b.to(tl.float32))
+def token_gates(b_a, b_b, b_A, b_dt, GATES: tl.constexpr):
+    """``(decay, beta)`` of one token in f32. ``GATES == "raw"``: from the raw gate inputs
+    ``a``, ``b`` (scalars) with ``b_A = -exp(A_log)`` and ``b_dt = dt_bias`` of the head;
+    ``"log"``: ``a`` is the log decay ``g`` and ``b`` the post-sigmoid ``beta`` (FLA's
+    convention, :mod:`kernels.model.fla_compat`; ``b_A``, ``b_dt`` unused)."""
+    if GATES == "log":
+        return tl.exp(b_a.to(tl.float32)), b_b.to(tl.float32)
+    else:
+        b_x = b_a.to(tl.float32) + b_dt
+        b_softplus = tl.where(b_x > 20.0, b_x, tl.log(1.0 + tl.exp(b_x)))
+        return tl.exp(b_A * b_softplus), tl.sigmoid(b_b.to(tl.float32))
+
+
+@triton.jit
+def l2_normalize(x):
+    """``x / sqrt(sum(x^2) + 1e-6)`` over a whole ``[NC, BK]`` head vector, in f32 (FLA's
+    ``use_qk_l2norm_in_kernel``)."""
+    return x / tl.sqrt(tl.sum(tl.sum(x * x, axis=1), axis=0) + 1e-6)
 
 
 @triton.jit
@@ -156,6 +175,9 @@ def gdn_decode_kernel(
     POOLED: tl.constexpr,       # state is a pool read/written at idx[b]
     INTERMEDIATE: tl.constexpr,  # store the state after every token into hi
     HAS_STATUS: tl.constexpr = False,  # POOLED: program 0 stores the call's status bits
+    GATES: tl.constexpr = "raw",       # "raw": a, b raw; "log": a = g (log decay), b = beta
+    QK_NORM: tl.constexpr = False,     # L2-normalise q and k per head in the kernel
+    STATE_KV: tl.constexpr = False,    # state stored [.., K, V] (FLA's layout), else k-last
 ):
     NV: tl.constexpr = D // (BV * V_TILES)   # programs per (sequence, value head)
     NC: tl.constexpr = D // BK               # chunks per row
@@ -176,7 +198,12 @@ def gdn_decode_kernel(
     o_c = tl.arange(0, NC)                   # chunk index
     o_kc = tl.arange(0, BK)                  # position in a chunk
     o_v = i_v * (V_TILES * BV) + tl.arange(0, BV)
-    o_r = (o_c[:, None, None] * BK + o_v[None, :, None] * D + o_kc[None, None, :])  # [NC, BV, BK]
+    if STATE_KV:   # element (k, v) at k * D + v: same tile, columns strided by D
+        o_r = (o_c[:, None, None] * BK + o_kc[None, None, :]) * D + o_v[None, :, None]
+        TILE: tl.constexpr = BV                  # offset of the next tile of rows
+    else:
+        o_r = (o_c[:, None, None] * BK + o_v[None, :, None] * D + o_kc[None, None, :])
+        TILE: tl.constexpr = BV * D
     p_h0 = h0 + (i_s * HV + i_hv) * (D * D) + o_r
     p_ht = ht + (i_s * HV + i_hv) * (D * D) + o_r
     # first tile issued before anything else: its latency covers the gate math
@@ -196,27 +223,35 @@ def gdn_decode_kernel(
                 tl.store(status, any_slot_repeated(idx, B, P, 16) * 16
                          + any_slot_past_pool(idx, B, P, 128) * 32)
 
-    b_A = -tl.exp(tl.load(A_log + i_hv))
-    b_dt = tl.load(dt_bias + i_hv)
+    if GATES == "raw":
+        b_A = -tl.exp(tl.load(A_log + i_hv))
+        b_dt = tl.load(dt_bias + i_hv)
+    else:   # "log": the gates come precomputed in a, b (A_log, dt_bias may be None)
+        b_A = 0.0
+        b_dt = 0.0
     o_qk = o_c[:, None] * BK + o_kc[None, :]                              # [NC, BK]
 
     # -- walk the tiles; each tile takes the T tokens in order -----------------------
     for i_j in range(V_TILES):
         if PREFETCH:  # next tile in flight while this one is updated
             if POOLED:
-                b_nxt = tl.load(p_h0 + BV * D, mask=valid & (i_j + 1 < V_TILES), other=0.0,
+                b_nxt = tl.load(p_h0 + TILE, mask=valid & (i_j + 1 < V_TILES), other=0.0,
                                 eviction_policy=EVICT)
             else:
-                b_nxt = tl.load(p_h0 + BV * D, mask=i_j + 1 < V_TILES, other=0.0,
+                b_nxt = tl.load(p_h0 + TILE, mask=i_j + 1 < V_TILES, other=0.0,
                                 eviction_policy=EVICT)
         for i_t in tl.static_range(T):   # unrolled: the tokens' loads issue ahead of the updates
             i_bt = i_b * T + i_t
             # q, k loaded as [NC, BK] and expanded to [NC, 1, BK]: the compiler then
             # keeps the tile's coalesced layout and moves only these small vectors.
-            b_qs = tl.load(q + (i_bt * HQ + i_hq) * D + o_qk).to(tl.float32) * scale
+            b_qs = tl.load(q + (i_bt * HQ + i_hq) * D + o_qk).to(tl.float32)
             b_k = tl.load(k + (i_bt * HQ + i_hq) * D + o_qk).to(tl.float32)
+            if QK_NORM:
+                b_qs = l2_normalize(b_qs)
+                b_k = l2_normalize(b_k)
+            b_qs = b_qs * scale
             b_decay, b_beta = token_gates(tl.load(a + i_bt * HV + i_hv),
-                                          tl.load(b + i_bt * HV + i_hv), b_A, b_dt)
+                                          tl.load(b + i_bt * HV + i_hv), b_A, b_dt, GATES)
             b_v = tl.load(v + (i_bt * HV + i_hv) * D + o_v).to(tl.float32)
             b_h, b_o = update_tile(b_h, b_k[:, None, :], b_qs[:, None, :], b_v, b_decay,
                                    b_beta)
@@ -237,12 +272,12 @@ def gdn_decode_kernel(
             b_h = b_nxt.to(tl.float32)
         elif V_TILES > 1:  # next tile only after this one is stored
             if POOLED:
-                b_h = tl.load(p_h0 + BV * D, mask=valid & (i_j + 1 < V_TILES), other=0.0,
+                b_h = tl.load(p_h0 + TILE, mask=valid & (i_j + 1 < V_TILES), other=0.0,
                               eviction_policy=EVICT).to(tl.float32)
             else:
-                b_h = tl.load(p_h0 + BV * D, mask=i_j + 1 < V_TILES, other=0.0,
+                b_h = tl.load(p_h0 + TILE, mask=i_j + 1 < V_TILES, other=0.0,
                               eviction_policy=EVICT).to(tl.float32)
-        p_h0 += BV * D
-        p_ht += BV * D
+        p_h0 += TILE
+        p_ht += TILE
         o_v += BV
-        o_r += BV * D
+        o_r += TILE

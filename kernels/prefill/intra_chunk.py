@@ -34,7 +34,8 @@ Per ``(chunk, value head)`` program:
 
 With ``RAW_GATES`` the kernel also computes ``g``, ``beta`` and the
 per-chunk cumulative sum from ``a``, ``b``, ``A_log``, ``dt_bias`` (stage 1
-fused in) and writes ``gc`` for the later stages. With ``WALKERS`` (the one-launch
+fused in; with ``GATES="log"`` from the precomputed ``g`` and ``beta`` FLA's convention
+passes, read from ``a`` and ``b``) and writes ``gc`` for the later stages. With ``WALKERS`` (the one-launch
 path) the grid has extra programs that walk the sequences (:func:`_walker`).
 """
 from __future__ import annotations
@@ -294,6 +295,8 @@ def intra_chunk_kernel(
     HAS_STATUS: tl.constexpr = False,   # GUARD: store the guard's status bits (.guard)
     STORE_LB: tl.constexpr = False,     # store the chunk's log transition bound into lb
     LB_DIAG: tl.constexpr = True,       # STORE_LB: |k_t|^2 from A's diagonal (else from k)
+    GATES: tl.constexpr = "raw",        # RAW_GATES: "raw" a, b (with A_log, dt_bias), or
+                                        # "log": a = g (log decay), b = beta (FLA's inputs)
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER)
@@ -332,11 +335,16 @@ def intra_chunk_kernel(
     # gates: g, beta and the chunk's cumulative sum (rows past the end: g = 0, beta = 0)
     if RAW_GATES:
         b_a = tl.load(a + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
-        b_g = tl.where(m_r, log_decay(b_a, tl.load(A_log + i_h), tl.load(dt_bias + i_h)), 0.0)
+        b_b = tl.load(b + t0 * H + i_h + o_hr, mask=m_r, other=0.0).to(tl.float32)
+        if GATES == "log":   # a = g (log decay), b = beta: FLA's convention
+            b_g = b_a.to(tl.float32)
+            b_beta = b_b
+        else:
+            b_g = tl.where(m_r, log_decay(b_a, tl.load(A_log + i_h), tl.load(dt_bias + i_h)),
+                           0.0)
+            b_beta = tl.where(m_r, tl.sigmoid(b_b), 0.0)
         b_gc = tl.cumsum(b_g, axis=0)
         tl.store(gc + t0 * H + i_h + o_hr, b_gc, mask=m_r)
-        b_beta = tl.sigmoid(tl.load(b + t0 * H + i_h + o_hr, mask=m_r, other=0.0).to(tl.float32))
-        b_beta = tl.where(m_r, b_beta, 0.0)
     else:
         b_gc = tl.load(gc + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
         b_beta = tl.load(beta + t0 * H + i_h + o_hr, mask=m_r, other=0.0)
@@ -436,7 +444,8 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     storage: str = "compact", solve: str = SOLVE, num_warps: int = 4,
                     maxnreg: Optional[int] = None, pdl_trigger: str = "",
                     defer: bool = False, walkers: Optional[dict] = None,
-                    log_bound: Optional[torch.Tensor] = None, out: Optional[tuple] = None):
+                    log_bound: Optional[torch.Tensor] = None, out: Optional[tuple] = None,
+                    gates: str = "raw"):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once; returns ``(Tb, gc,
     Aqk)``: ``Tb = Tm diag(beta)`` and ``scale * Aqk`` (``[T, HV, 64]`` each, dtype
     :data:`STORAGE` ``[storage]``) and ``gc`` ``[T, HV]`` f32.
@@ -464,7 +473,12 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``out``: ``(Tb, gc, Aqk, scratch)`` to write instead of allocating them (views of a
     call's one workspace, :func:`.plan.workspace_layout`; ``scratch`` None unless the
     ``"blocks"`` solve; ``gc`` ignored when given as an input).
+    ``gates`` (raw-gates mode): ``"raw"``, or ``"log"``: ``a`` holds the log decay ``g``
+    `[T, HV]` f32 and ``b`` the post-sigmoid ``beta`` (FLA's inputs,
+    :mod:`kernels.model.fla_compat`); ``A_log``, ``dt_bias`` are then not read.
     """
+    if gates not in ("raw", "log"):
+        raise ValueError(f"gates must be 'raw' or 'log', got {gates!r}")
     if solve not in SOLVES:
         raise ValueError(f"solve must be one of {', '.join(SOLVES)}, got {solve!r}")
     if pdl_trigger not in ("start", ""):
@@ -506,7 +520,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         args = (q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_, flags, status,
                 log_bound, cu_seqlens, chunk_indices, float(scale), T, N)
         # the launch key: what the keyword arguments follow from, and the tensors' dtypes
-        key = (H, HQ, K, V, raw, solve, num_warps, maxnreg, pdl_trigger, wkey,
+        key = (H, HQ, K, V, raw, gates, solve, num_warps, maxnreg, pdl_trigger, wkey,
                dtypes(q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_, flags,
                       status, log_bound, cu_seqlens, chunk_indices))
 
@@ -515,7 +529,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 WALKERS=True, BVW=wkey[0], USE_H0=h0 is not None, WALK_PREC=wkey[1],
                 INLINE_PREC=wkey[2], GUARD=wkey[3], HAS_STATUS=wkey[3] and status is not None)
             return dict(
-                RAW_GATES=raw, STORE_LB=log_bound is not None,
+                RAW_GATES=raw, GATES=gates, STORE_LB=log_bound is not None,
                 LB_DIAG=(log_bound is not None
                          and gpu_limits.device_limits(dev).cc // 10 != 10),
                 H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices, SOLVE=solve,

@@ -273,16 +273,18 @@ def _workspace(plan: Plan, device) -> dict:
 
 
 def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o,
-                   ht, guard=False, status=None) -> None:
+                   ht, guard=False, status=None, gates="raw") -> None:
     """Run ``plan`` (:class:`.plan.Plan`) on validated inputs and allocated outputs: the
     ``fused`` variant's kernels. ``guard``: the kernel that writes the outputs checks
     ``cu_seqlens`` on the device (:mod:`.guard`; ``status`` gets its bits; :mod:`.graph`
-    guards in its unpack kernel instead). Every launch is bound (arguments ordered, handles
+    guards in its unpack kernel instead). ``gates="log"``: ``a``, ``b`` hold the log decay
+    and the post-sigmoid beta (FLA's convention, :mod:`kernels.model.fla_compat`), passed to
+    the kernels that compute the gates. Every launch is bound (arguments ordered, handles
     fetched) before the first one: on the eager path the host time between launches is what
     the GPU waits for."""
     if plan.path == "recurrent":
         recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
-                      guard=guard, status=status)
+                      guard=guard, status=status, gates=gates)
         return None
     ws = _workspace(plan, q.device)
     tb, gc, aqk = ws["Tb"], ws["gc"], ws["Aqk"]
@@ -297,7 +299,7 @@ def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
     go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
         defer=True, walkers=walkers, log_bound=lb, out=(tb, gc, aqk, ws.get("scratch")),
-        **intra)[3]
+        gates=gates, **intra)[3]
     if walkers is not None:
         go_intra()
         return None

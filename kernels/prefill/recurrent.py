@@ -32,7 +32,7 @@ interpret.install()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ..decode.kernel import token_gates, update_tile  # noqa: E402
+from ..decode.kernel import l2_normalize, token_gates, update_tile  # noqa: E402
 from ..decode.config import DecodeConfig  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
 from .chunk_index import cu_status, seq_bounds  # noqa: E402
@@ -65,12 +65,16 @@ def _token_loads(q, k, v, a, b, t, eos, i_hq, i_hv, o_qk, o_v, HQ: tl.constexpr,
 
 
 @triton.jit
-def _token_step(b_h, b_q, b_k, b_v, b_decay, b_beta, scale):
+def _token_step(b_h, b_q, b_k, b_v, b_decay, b_beta, scale, QK_NORM: tl.constexpr):
     """The state's step for one token from its loaded inputs and gates:
-    ``(new rows, o [BV])``."""
-    b_k = b_k.to(tl.float32)[:, None, :]
-    b_qs = (b_q.to(tl.float32) * scale)[:, None, :]
-    return update_tile(b_h, b_k, b_qs, b_v.to(tl.float32), b_decay, b_beta)
+    ``(new rows, o [BV])``; ``QK_NORM``: ``q`` and ``k`` L2-normalised first."""
+    b_k = b_k.to(tl.float32)
+    b_q = b_q.to(tl.float32)
+    if QK_NORM:
+        b_k = l2_normalize(b_k)
+        b_q = l2_normalize(b_q)
+    return update_tile(b_h, b_k[:, None, :], (b_q * scale)[:, None, :], b_v.to(tl.float32),
+                       b_decay, b_beta)
 
 
 @triton.jit(do_not_specialize=["T", "N"])
@@ -98,6 +102,8 @@ def recurrent_prefill_kernel(
     HAS_H0: tl.constexpr,
     GUARD: tl.constexpr,            # NaN outputs if cu_seqlens is invalid (.guard)
     HAS_STATUS: tl.constexpr,       # GUARD: store the status bits into status
+    GATES: tl.constexpr = "raw",    # "raw": a, b raw; "log": a = g (log decay), b = beta
+    QK_NORM: tl.constexpr = False,  # L2-normalise q and k per head in the kernel
 ):
     NV: tl.constexpr = D // BV
     NC: tl.constexpr = D // BK
@@ -117,8 +123,12 @@ def recurrent_prefill_kernel(
         b_h = tl.load(h0 + p_h).to(tl.float32)
     else:
         b_h = tl.zeros([NC, BV, BK], dtype=tl.float32)
-    b_A = -tl.exp(tl.load(A_log + i_hv))
-    b_dt = tl.load(dt_bias + i_hv)
+    if GATES == "raw":
+        b_A = -tl.exp(tl.load(A_log + i_hv))
+        b_dt = tl.load(dt_bias + i_hv)
+    else:   # "log": the gates come precomputed in a, b (A_log, dt_bias may be None)
+        b_A = 0.0
+        b_dt = 0.0
     o_qk = o_c[:, None] * BK + o_kc[None, :]                        # [NC, BK]
     if GUARD:   # after the state's load was issued (in bounds whatever cu_seqlens holds)
         if guard_outputs(cu_status(cu_seqlens, N, T, 128), o, ht, status, T, N, i_p,
@@ -148,16 +158,16 @@ def recurrent_prefill_kernel(
         q7, k7, v7, a7, b7 = _token_loads(q, k, v, a, b, t0 + 7, eos, i_hq, i_hv, o_qk, o_v,
                                           HQ, HV, D)
         # the gates of every token of the block, off the state's serial path
-        d0, e0 = token_gates(a0, b0, b_A, b_dt)   # decay, beta
-        d1, e1 = token_gates(a1, b1, b_A, b_dt)   # decay, beta
-        d2, e2 = token_gates(a2, b2, b_A, b_dt)   # decay, beta
-        d3, e3 = token_gates(a3, b3, b_A, b_dt)   # decay, beta
-        d4, e4 = token_gates(a4, b4, b_A, b_dt)   # decay, beta
-        d5, e5 = token_gates(a5, b5, b_A, b_dt)   # decay, beta
-        d6, e6 = token_gates(a6, b6, b_A, b_dt)   # decay, beta
-        d7, e7 = token_gates(a7, b7, b_A, b_dt)   # decay, beta
+        d0, e0 = token_gates(a0, b0, b_A, b_dt, GATES)   # decay, beta
+        d1, e1 = token_gates(a1, b1, b_A, b_dt, GATES)   # decay, beta
+        d2, e2 = token_gates(a2, b2, b_A, b_dt, GATES)   # decay, beta
+        d3, e3 = token_gates(a3, b3, b_A, b_dt, GATES)   # decay, beta
+        d4, e4 = token_gates(a4, b4, b_A, b_dt, GATES)   # decay, beta
+        d5, e5 = token_gates(a5, b5, b_A, b_dt, GATES)   # decay, beta
+        d6, e6 = token_gates(a6, b6, b_A, b_dt, GATES)   # decay, beta
+        d7, e7 = token_gates(a7, b7, b_A, b_dt, GATES)   # decay, beta
         # token t0 is always in the sequence; the others past eos keep zeros (not stored)
-        b_h, o0 = _token_step(b_h, q0, k0, v0, d0, e0, scale)
+        b_h, o0 = _token_step(b_h, q0, k0, v0, d0, e0, scale, QK_NORM)
         o1 = tl.zeros_like(o0)
         o2 = tl.zeros_like(o0)
         o3 = tl.zeros_like(o0)
@@ -166,19 +176,19 @@ def recurrent_prefill_kernel(
         o6 = tl.zeros_like(o0)
         o7 = tl.zeros_like(o0)
         if t0 + 1 < eos:
-            b_h, o1 = _token_step(b_h, q1, k1, v1, d1, e1, scale)
+            b_h, o1 = _token_step(b_h, q1, k1, v1, d1, e1, scale, QK_NORM)
         if t0 + 2 < eos:
-            b_h, o2 = _token_step(b_h, q2, k2, v2, d2, e2, scale)
+            b_h, o2 = _token_step(b_h, q2, k2, v2, d2, e2, scale, QK_NORM)
         if t0 + 3 < eos:
-            b_h, o3 = _token_step(b_h, q3, k3, v3, d3, e3, scale)
+            b_h, o3 = _token_step(b_h, q3, k3, v3, d3, e3, scale, QK_NORM)
         if t0 + 4 < eos:
-            b_h, o4 = _token_step(b_h, q4, k4, v4, d4, e4, scale)
+            b_h, o4 = _token_step(b_h, q4, k4, v4, d4, e4, scale, QK_NORM)
         if t0 + 5 < eos:
-            b_h, o5 = _token_step(b_h, q5, k5, v5, d5, e5, scale)
+            b_h, o5 = _token_step(b_h, q5, k5, v5, d5, e5, scale, QK_NORM)
         if t0 + 6 < eos:
-            b_h, o6 = _token_step(b_h, q6, k6, v6, d6, e6, scale)
+            b_h, o6 = _token_step(b_h, q6, k6, v6, d6, e6, scale, QK_NORM)
         if t0 + 7 < eos:
-            b_h, o7 = _token_step(b_h, q7, k7, v7, d7, e7, scale)
+            b_h, o7 = _token_step(b_h, q7, k7, v7, d7, e7, scale, QK_NORM)
         # the block's outputs [BV, TOKEN_BLOCK], stored once
         c = o_tb[None, :]
         b_ob = tl.where(c == 0, o0[:, None], tl.where(c == 1, o1[:, None], tl.where(
@@ -206,10 +216,13 @@ def _tile_of(D: int):
 
 
 def recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
-                  guard: bool = False, status=None) -> None:
+                  guard: bool = False, status=None, gates: str = "raw",
+                  qk_norm: bool = False) -> None:
     """Launch :func:`recurrent_prefill_kernel` on validated inputs and allocated outputs
     (``o [T, HV, D]`` bf16, ``ht [N, HV, D, D]`` f32). ``guard``: check ``cu_seqlens`` on the
-    device (:mod:`.guard`; ``status``: `[1]` int32 for its bits)."""
+    device (:mod:`.guard`; ``status``: `[1]` int32 for its bits). ``gates="log"``: ``a`` is
+    the log decay ``g`` (f32) and ``b`` the post-sigmoid ``beta``; ``qk_norm``: L2-normalise
+    ``q`` and ``k`` in the kernel (both for :mod:`kernels.model.fla_compat`)."""
     T, HQ, D = q.shape
     HV = v.shape[1]
     N = cu_seqlens.numel() - 1
@@ -219,7 +232,8 @@ def recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht
             T, N)
     has_status = guard and status is not None
     # with validated inputs, what the kernel specialises on beyond addresses and int values
-    key = (HQ, HV, D, state is None, status is None, guard, cu_seqlens.dtype)
+    key = (HQ, HV, D, state is None, status is None, guard, cu_seqlens.dtype, gates, qk_norm,
+           a.dtype, b.dtype, A_log is None)
     _LAUNCH.launch_keyed(key, grid, args, lambda: dict(
         HQ=HQ, HV=HV, D=D, BV=BV, BK=BK, HAS_H0=state is not None, GUARD=guard,
-        HAS_STATUS=has_status, num_warps=warps, num_stages=1))
+        HAS_STATUS=has_status, GATES=gates, QK_NORM=qk_norm, num_warps=warps, num_stages=1))

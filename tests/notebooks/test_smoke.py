@@ -42,6 +42,8 @@ REQUIRED = {
                             "p80_us", "kernel", "role"]),
     "05_prefill_multi_gpu": ("times.csv",
                              ["impl", "gpus", "T", "method", "median_us", "p20_us", "p80_us"]),
+    "06_in_the_model": ("prefill_times.csv",
+                        ["impl", "part", "T", "B", "method", "median_us", "p20_us", "p80_us"]),
 }
 IMPLS = {"ours", "fla", "flashinfer", "torch", "fla (triton)", "fla (flashqla backend)",
          "flashqla", "fla_recurrent", "ours (multi_gpu)", "fla cp_context"}
