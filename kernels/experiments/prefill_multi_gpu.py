@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, short_reason
+from kernels.bench.timing import CPU_WALL, RANKS_METHOD, method_meaning
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
                      fmt_us, fmt_x, new_figure, progress, start_run)
@@ -612,9 +613,10 @@ def conclusion_markdown(run: Run, dfs: Dict[str, pd.DataFrame]) -> str:
     gate, times = dfs["gate"], dfs["times"]
     scaling, exchange = dfs["scaling"], dfs["exchange"]
     gpus = run.extra_provenance.get("gpus") or [run.gpu]
+    method = RANKS_METHOD if run.on_gpu else CPU_WALL
     lines = ["### Conclusion", "",
              f"{W} ranks on {', '.join(gpus)} (link: {run.extra_provenance.get('link', 'n/a')}); "
-             f"timing: {'GPU time of one eager call (CUDA events behind a head-start spin), slowest rank' if run.on_gpu else 'cpu_wall'}."]
+             f"timing: `{method}`, {method_meaning(method)}."]
     failed = gate[gate.status.isin([FAIL, ERROR])]
     lines.append(f"- Gate: {int((gate.status == PASS).sum())} of {len(gate)} pass"
                  + (f"; **failed**: {', '.join(sorted(set(failed.impl)))}" if len(failed) else ""))
