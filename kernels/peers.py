@@ -104,7 +104,7 @@ from .spec import resolve_scale
 
 __all__ = ["Unavailable", "Peer", "PEERS", "DECODE_PEERS", "PREFILL_PEERS", "WORKER_PEERS",
            "decode_impls", "prefill_impls", "peer_impls", "peer_status", "peer_version",
-           "prefill_gates", "prefill_label"]
+           "prefill_gates", "prefill_label", "default_peers", "peer_columns"]
 
 
 class Unavailable:
@@ -435,7 +435,10 @@ class Peer:
     raises :class:`_Missing` with the reason it cannot run here), ``label`` in tables and
     legends, the ``package`` (module) whose version :func:`peer_version` reports, and
     whether the notebooks run it in :mod:`kernels.peers_worker` (``worker``: prefill peers,
-    which that worker serves)."""
+    which that worker serves). ``default_in``: the notebooks (their numbers, as their stems
+    begin) whose default ``impls`` run it (:func:`default_peers`). ``column``: its column in
+    the results page's tables of its op (:mod:`kernels.report`, :func:`peer_columns`; ""
+    for none)."""
 
     name: str
     op: str
@@ -443,28 +446,35 @@ class Peer:
     label: str
     package: str
     worker: bool = False
+    default_in: tuple = ()
+    column: str = ""
 
 
 _FLA, _FLASHINFER, _FLASH_QLA, _TORCH = "fla", "flashinfer", "flash_qla", "torch"
 
 #: Every peer: adding one is a builder above and a row here (docs/architecture.md).
 PEERS = (
-    Peer("fla", "decode", _fla_decode, "fla", _FLA),
+    Peer("fla", "decode", _fla_decode, "fla", _FLA, default_in=("01", "03"), column="FLA"),
     Peer("flashinfer", "decode", lambda: _flashinfer_decode(copy_state=True), "flashinfer",
-         _FLASHINFER),
+         _FLASHINFER, default_in=("01", "03"), column="FlashInfer"),
     Peer("flashinfer_inplace", "decode", lambda: _flashinfer_decode(copy_state=False),
          "flashinfer_inplace", _FLASHINFER),
     Peer("flashinfer_bf16_inplace", "decode", _flashinfer_bf16_decode,
          "flashinfer_bf16_inplace", _FLASHINFER),
     Peer("flashinfer_mtp_inplace", "decode", _flashinfer_mtp_decode, "flashinfer_mtp_inplace",
          _FLASHINFER),
-    Peer("torch", "decode", _torch_decode, "torch", _TORCH),
-    Peer("fla", "prefill", _fla_prefill, "fla (triton)", _FLA),
-    Peer("fla_recurrent", "prefill", _fla_recurrent_prefill, "fla (fused recurrent)", _FLA),
+    Peer("torch", "decode", _torch_decode, "torch", _TORCH, default_in=("01",)),
+    Peer("fla", "prefill", _fla_prefill, "fla (triton)", _FLA, default_in=("02", "04"),
+         column="FLA (triton)"),
+    Peer("fla_recurrent", "prefill", _fla_recurrent_prefill, "fla (fused recurrent)", _FLA,
+         default_in=("02",)),
     Peer("fla_flashqla", "prefill", lambda: _fla_prefill(flashqla=True),
-         "fla (flashqla backend)", _FLASH_QLA, worker=True),
-    Peer("flashqla", "prefill", _flashqla_prefill, "flashqla", _FLASH_QLA, worker=True),
-    Peer("flashinfer", "prefill", _flashinfer_prefill, "flashinfer", _FLASHINFER),
+         "fla (flashqla backend)", _FLASH_QLA, worker=True, default_in=("02", "04"),
+         column="FLA (FlashQLA backend)"),
+    Peer("flashqla", "prefill", _flashqla_prefill, "flashqla", _FLASH_QLA, worker=True,
+         default_in=("02", "04"), column="FlashQLA"),
+    Peer("flashinfer", "prefill", _flashinfer_prefill, "flashinfer", _FLASHINFER,
+         default_in=("02", "04"), column="FlashInfer"),
     Peer("torch", "prefill", _torch_prefill, "torch", _TORCH),
 )
 DECODE_PEERS = tuple(p.name for p in PEERS if p.op == "decode")
@@ -476,6 +486,21 @@ WORKER_PEERS = tuple(p.name for p in PEERS if p.worker)
 def _peer(op: str, name: str):
     """The row of :data:`PEERS` of ``op`` peer ``name`` (None if unknown)."""
     return next((p for p in PEERS if p.op == op and p.name == name), None)
+
+
+def default_peers(op: str, notebook: str) -> list:
+    """The ``op`` peers that notebook ``notebook`` (its stem, ``02_prefill_launch_overhead``,
+    or its number) runs by default, in :data:`PEERS`' order (its ``impls`` parameter's
+    default, after ours)."""
+    number = notebook.split("_")[0]
+    return [p.name for p in PEERS if p.op == op and number in p.default_in]
+
+
+def peer_columns(op: str) -> Dict[str, tuple]:
+    """``{column: (label, name)}`` of the ``op`` peers with a column in the results page's
+    tables (:mod:`kernels.report`), in :data:`PEERS`' order: a column takes the rows
+    labelled with the peer's label or, as older runs labelled them, its name."""
+    return {p.column: (p.label, p.name) for p in PEERS if p.op == op and p.column}
 
 
 def prefill_label(name: str) -> str:

@@ -21,16 +21,12 @@ from typing import List, Optional, Tuple
 
 import pandas as pd
 
+from .bench.timing import METHODS, method_meaning
+
 __all__ = ["decode_targets", "decode_methods", "replay_targets", "replay_target",
            "prefill_targets", "TARGET_RATIO", "ratio_table", "scaling_targets", "committed_runs",
            "timing_era", "TIMING_FIX", "render", "main"]
 
-PEERS = ("fla", "flashinfer")
-#: Prefill peer columns and the labels each may carry in notebook 02's CSV (older runs
-#: labelled FLA's Triton path plain "fla"); a column is shown only where some run has it.
-PREFILL_PEER_COLUMNS = {"FLA (triton)": ("fla (triton)", "fla"),
-                        "FLA (FlashQLA backend)": ("fla (flashqla backend)",),
-                        "FlashQLA": ("flashqla",), "FlashInfer": ("flashinfer",)}
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
@@ -38,24 +34,35 @@ def _gpu_name(folder: Path) -> str:
     return folder.name
 
 
+def _peer_columns(op: str) -> dict:
+    """``{column: labels}`` of the ``op`` peers with a column in these tables, from their
+    rows of :data:`kernels.peers.PEERS` (:func:`kernels.peers.peer_columns`)."""
+    from .peers import peer_columns
+
+    return {col: tuple(dict.fromkeys(labels)) for col, labels in peer_columns(op).items()}
+
+
+def _peer_column(wide: pd.DataFrame, labels) -> Optional[pd.Series]:
+    """The column of ``wide`` (one per label) of the first of ``labels`` it has, or None."""
+    return next((wide[x] for x in labels if x in wide.columns), None)
+
+
 def decode_targets(folder: Path) -> pd.DataFrame:
-    """Per B: peers, ours-adaptive, floor, target, met (µs, cupti_cold)."""
+    """Per B: peers (those with a column, :func:`_peer_columns`), ours-adaptive, floor,
+    target, met (µs, cupti_cold)."""
     d = pd.read_csv(folder / "01_decode_crossover" / "decode_times.csv")
     d = d[d.method == "cupti_cold"]
     t = d.pivot_table(index="B", columns="label", values="median_us")
     floor = d.groupby("B").floor_us.first()
-    out = pd.DataFrame({"FLA": t.get("fla"), "FlashInfer": t.get("flashinfer"),
+    peers = _peer_columns("decode")
+    out = pd.DataFrame({**{col: _peer_column(t, labels) for col, labels in peers.items()},
                         "ours (FLA-like BV8)": t.get("ours-fla-like"),
                         "ours (adaptive)": t.get("ours-adaptive"), "floor": floor})
-    best_peer = out[["FLA", "FlashInfer"]].min(axis=1)
+    best_peer = out[list(peers)].min(axis=1)
     out["target"] = pd.concat([0.9 * best_peer, floor / 0.95], axis=1).max(axis=1)
     out["ours / best peer"] = out["ours (adaptive)"] / best_peer
     out["met"] = out["ours (adaptive)"] <= out["target"]
     return out.reset_index()
-
-
-#: Timing methods of notebook 01, in the order the methods table shows them.
-DECODE_METHODS = ("cupti_cold", "graph", "event", "host")
 
 
 def decode_methods(folder: Path, label: str = "ours-adaptive") -> pd.DataFrame:
@@ -65,7 +72,7 @@ def decode_methods(folder: Path, label: str = "ours-adaptive") -> pd.DataFrame:
     and the implementation with the lowest host time at that B."""
     d = pd.read_csv(folder / "01_decode_crossover" / "decode_times.csv")
     ours = d[d.label == label].pivot_table(index="B", columns="method", values="median_us")
-    out = pd.DataFrame({m: ours.get(m) for m in DECODE_METHODS if m in ours.columns})
+    out = pd.DataFrame({m: ours.get(m) for m in METHODS if m in ours.columns})
     host = d[d.method == "host"]
     if not host.empty:
         out["bare launch"] = host.groupby("B").floor_us.first()
@@ -120,7 +127,7 @@ def prefill_targets(folder: Path) -> pd.DataFrame:
     p = pd.read_csv(folder / "02_prefill_launch_overhead" / "prefill_times.csv")
     g = p[p.method == "graph"]
     c = p[p.method == "cupti_cold"]
-    present = {col: labels for col, labels in PREFILL_PEER_COLUMNS.items()
+    present = {col: labels for col, labels in _peer_columns("prefill").items()
                if set(labels) & set(p.label)}
     rows = []
     for lens in p.lens.drop_duplicates():
@@ -209,11 +216,6 @@ def contest_table(folder: Path, op: str) -> Tuple[pd.DataFrame, dict]:
     return t.reset_index(), run
 
 
-#: Notebook 04's implementation labels and the results tables' column names.
-SCALING_COLUMNS = {"flashqla": "FlashQLA", "fla (flashqla backend)": "FLA (FlashQLA backend)",
-                   "fla (triton)": "FLA (triton)", "flashinfer": "FlashInfer"}
-
-
 #: Notebook 04's target: ours <= 0.9 x the fastest peer.
 TARGET_RATIO = 0.9
 
@@ -249,9 +251,10 @@ def scaling_targets(folder: Path) -> pd.DataFrame:
     d = pd.read_csv(folder / "04_prefill_scaling" / "prefill_scaling.csv", dtype={"lens": str})
     r = ratio_table(d, "graph")
     out = pd.DataFrame({"lens": r.lens, "T": r["T"].astype(int)})
-    for impl, col in SCALING_COLUMNS.items():
-        if impl in r:
-            out[col] = r[impl]
+    for col, labels in _peer_columns("prefill").items():
+        peer = _peer_column(r, labels)
+        if peer is not None:
+            out[col] = peer
     out["ours"] = r["ours"]
     out["ours / fastest peer"] = r["ours / fastest peer"]
     out["target"] = TARGET_RATIO * r["fastest peer us"]
@@ -389,9 +392,16 @@ def multi_gpu_scaling(folder: Path) -> pd.DataFrame:
     return d.drop(columns=[c for c in ("gpus", "fla 1 GPU (µs)", "efficiency") if c in d])
 
 
-def _method_of(folder: Path) -> str:
+def _methods_of(folder: Path) -> list:
+    """The timing methods of notebook 05's ``times.csv`` in ``folder``."""
     t = pd.read_csv(folder / "05_prefill_multi_gpu" / "times.csv")
-    return ", ".join(dict.fromkeys(t["method"])) if len(t) else "?"
+    return list(dict.fromkeys(t["method"]))
+
+
+def _methods_legend(methods) -> str:
+    """``"`m`: what its numbers are; ..."`` for timing ``methods`` (their meanings:
+    :data:`kernels.bench.timing.TIMING_METHODS`)."""
+    return "; ".join(f"`{m}`: {method_meaning(m) or '?'}" for m in methods) or "method ?"
 
 
 def render(root: Path, gpus: List[str]) -> str:
@@ -422,11 +432,9 @@ def render(root: Path, gpus: List[str]) -> str:
         if "host" in meth.columns:
             parts += [f"#### Decode timing methods and host time, {gpu} — ours (adaptive), µs, "
                       "median", "", _md(meth), "",
-                      "`cupti_cold`: cold L2, CUPTI span; `graph`: warm L2, enough calls per "
-                      "replay that the launch cost is amortised; `event`: CUDA events with the "
-                      "host held back by a spin kernel; `host`: µs of host time per eager call "
-                      "(no sync), against one bare Triton launch in the same run "
-                      "([instruments](design.md#measuring)).", ""]
+                      _methods_legend([m for m in METHODS if m in meth.columns])
+                      + " (bare launch: one empty Triton kernel in the same run; "
+                      "[instruments](design.md#measuring)).", ""]
         if (folder / "01_decode_crossover" / "replay_times.csv").exists():
             rep = replay_targets(folder)
             parts += [f"#### Replay decode, {gpu} — µs per generated token, `graph` replay "
@@ -489,9 +497,9 @@ def render(root: Path, gpus: List[str]) -> str:
         prov = json.loads((folder / "05_prefill_multi_gpu" / "provenance.json").read_text())
         parts += [f"#### Prefill on the GPUs of one host (notebook 05), {folder.name} — µs, "
                   "slowest rank, median", "", _md(sc), "",
-                  f"At `{str(prov.get('git_sha', '?'))[:7]}`; method "
-                  f"`{_method_of(folder)}` ([architecture](architecture.md), notebook 05's "
-                  "docstring); host: µs of host time per eager call.", ""]
+                  f"At `{str(prov.get('git_sha', '?'))[:7]}`; "
+                  f"{_methods_legend(_methods_of(folder))} (`kernels/bench/timing.py`); "
+                  "host: µs of host time per eager call.", ""]
     return "\n".join(parts)
 
 

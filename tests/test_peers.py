@@ -207,6 +207,34 @@ def test_prefill_labels_name_the_fla_backend():
     assert len(set(labels)) == len(labels) and "fla" not in labels
 
 
+def test_notebooks_defaults_and_report_columns_come_from_the_rows(monkeypatch):
+    """A row's ``default_in`` puts the peer in those notebooks' default ``impls`` (in PEERS'
+    order) and its ``column`` in the results page's tables: adding a peer is one row."""
+    from kernels.experiments import decode_crossover, ncu_counts, prefill_overhead, prefill_scaling
+
+    assert peers.default_peers("prefill", prefill_overhead.STEM) == [
+        "fla", "fla_recurrent", "fla_flashqla", "flashqla", "flashinfer"]
+    assert peers.default_peers("prefill", "04") == ["fla", "fla_flashqla", "flashqla",
+                                                    "flashinfer"]
+    assert peers.default_peers("decode", "01") == ["fla", "flashinfer", "torch"]
+    for mod, first, op in ((decode_crossover, 2, "decode"), (prefill_overhead, 1, "prefill"),
+                           (prefill_scaling, 1, "prefill")):
+        impls = next(p.default for p in mod.PARAMS if p.name == "impls")
+        assert impls[first:] == peers.default_peers(op, mod.STEM), mod.STEM
+    impls = next(p.default for p in ncu_counts.PARAMS if p.name == "impls")
+    assert impls == peers.default_peers("decode", ncu_counts.STEM) + ["ours"]
+    assert list(peers.peer_columns("prefill")) == ["FLA (triton)", "FLA (FlashQLA backend)",
+                                                   "FlashQLA", "FlashInfer"]
+    assert peers.peer_columns("decode") == {"FLA": ("fla", "fla"),
+                                            "FlashInfer": ("flashinfer", "flashinfer")}
+    new = peers.Peer("newpeer", "prefill", peers._torch_prefill, "new peer", "torch",
+                     default_in=("04",), column="New")
+    monkeypatch.setattr(peers, "PEERS", peers.PEERS + (new,))
+    assert peers.default_peers("prefill", "04")[-1] == "newpeer"
+    assert "newpeer" not in peers.default_peers("prefill", "02")
+    assert peers.peer_columns("prefill")["New"] == ("new peer", "newpeer")
+
+
 @pytest.mark.parametrize("name, switch", [("fla", "0"), ("fla_flashqla", "1")])
 def test_fla_rows_set_flas_flashqla_switch_during_the_call(monkeypatch, name, switch):
     """FLA reads FLA_FLASH_QLA on every call: ``fla`` runs with it 0 (Triton), ``fla_flashqla``

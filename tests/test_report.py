@@ -106,6 +106,26 @@ def test_scaling_targets_against_the_fastest_peer(tmp_path):
     assert s.loc["8192", "target"] == pytest.approx(0.9 * 130)
 
 
+def test_a_peer_row_with_a_column_joins_the_tables(tmp_path, monkeypatch):
+    """The peer columns are the rows of kernels.peers.PEERS with a column, in their order: a
+    new row's peer gets its column in notebook 04's table."""
+    from kernels import peers
+
+    gpu = _write(tmp_path)
+    (gpu / "04_prefill_scaling").mkdir()
+    rows = [dict(impl=impl, label=impl, lens="8192", T=8192, N=1, method="graph", median_us=t)
+            for impl, t in (("flashqla", 140.0), ("fla (triton)", 260.0), ("new peer", 100.0),
+                            ("ours", 110.0))]
+    pd.DataFrame(rows).to_csv(gpu / "04_prefill_scaling" / "prefill_scaling.csv", index=False)
+    before = scaling_targets(gpu)
+    assert list(before.columns[2:4]) == ["FLA (triton)", "FlashQLA"]   # PEERS' order
+    new = peers.Peer("newpeer", "prefill", peers._torch_prefill, "new peer", "torch",
+                     column="New")
+    monkeypatch.setattr(peers, "PEERS", peers.PEERS + (new,))
+    s = scaling_targets(gpu).iloc[0]
+    assert s["New"] == 100.0 and "New" not in before.columns
+
+
 def test_triton_versions_table_and_untimed_note(tmp_path):
     from kernels.report import triton_versions_table, untimed_note
 

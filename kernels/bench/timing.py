@@ -1,16 +1,23 @@
-"""Time a zero-argument callable on the GPU four ways, side by side.
+"""Time a zero-argument callable on the GPU four ways, side by side; or one call across the
+ranks of a process group.
 
 ``time_fn(fn, method, rep=100, warmup=10, flush_l2=True) -> Timing`` returns
 the median and the 20th/80th percentiles (µs) over ``rep`` samples.
 ``fn`` runs ``warmup`` times first (Triton compilation, autotuning, FlashInfer's
-first-call JIT); none of that is in the numbers.
+first-call JIT); none of that is in the numbers. :func:`time_ranks` times a call that
+every rank of a ``torch.distributed`` group makes together (``head_start_events``).
 
-Three methods measure **GPU time** and one measures **host time**; none mixes the two
-except where the call itself makes the GPU wait for the host (the gaps between a call's
-launches under ``cupti_cold``, which is what the contest measures).
+Every method, with what its numbers are, is a row of :data:`TIMING_METHODS`, the one table
+of them: the ``method`` column of every times CSV names one, figure titles and the results
+page take its ``meaning`` from there, and ``METHODS``, ``GPU_METHODS`` and ``ALL_METHODS``
+are read from it (docs/architecture.md, "Adding a timing method").
 
-Methods (``METHODS``)
----------------------
+Of :func:`time_fn`'s, three methods measure **GPU time** and one measures **host time**;
+none mixes the two except where the call itself makes the GPU wait for the host (the gaps
+between a call's launches under ``cupti_cold``, which is what the contest measures).
+
+Methods (``TIMING_METHODS``)
+----------------------------
 ``cupti_cold`` - the contest's: GPU span of one call on a cold L2, launched from an idle
     host. Per iteration, outside the measured window: write a buffer of
     ``max(2 x L2, 256 MiB)`` (evicting ``fn``'s data from L2) and synchronise the device.
@@ -69,6 +76,19 @@ Methods (``METHODS``)
 So for one call: ``graph`` <= ``event`` (warm vs cold L2) <= ``cupti_cold`` (plus the
 host-bound gaps between launches); ``host`` is the other axis, what the CPU pays.
 
+``head_start_events`` (:func:`time_ranks`) - GPU time of one eager call that every rank of
+    a process group makes (notebook 05: a prefill split across the GPUs of one host, its
+    collective included). Each sample: the ranks meet at a barrier, then each enqueues a
+    head-start spin (``HEAD_START_FACTOR`` times the slowest rank's fastest untimed call,
+    plus ``HEAD_START_PAD_US``, at most ``HEAD_START_MAX_US``) and records CUDA events
+    around one eager call behind it, so the host has enqueued the whole call, collective
+    included, before its stream reaches the start event: the events see the GPU's work and
+    the waits inside the collective for the other ranks, not the Python launch path. The
+    sample is the slowest rank's. Beside it, ``host_us``: the host µs of the same eager
+    calls (no synchronisation inside; the slowest rank's median), where it exceeds the GPU
+    time an eager caller waits on the host instead. No L2 flush. On the CPU (gloo) the
+    samples are ``cpu_wall``.
+
 ``cpu_wall`` (not in ``METHODS``) is host ``time.perf_counter`` around each
 call with a device synchronise: for CPU smoke runs only, it says nothing about
 kernel performance.
@@ -90,18 +110,60 @@ from .chrome_trace import annotations, api_calls, gpu_activities, load_events
 from .gate import short_reason
 
 __all__ = [
-    "METHODS", "GPU_METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable",
-    "method_available", "time_fn", "time_each", "graph_calls", "host_samples", "bare_launch_fn",
-    "GRAPH_TARGET_US", "GRAPH_MAX_CALLS", "HOST_CALLS_PER_SAMPLE",
+    "Method", "TIMING_METHODS", "method_meaning", "METHODS", "GPU_METHODS", "CPU_WALL",
+    "ALL_METHODS", "RANKS_METHOD", "Timing", "MethodUnavailable",
+    "method_available", "time_fn", "time_each", "time_ranks", "graph_calls", "host_samples",
+    "bare_launch_fn", "GRAPH_TARGET_US", "GRAPH_MAX_CALLS", "HOST_CALLS_PER_SAMPLE",
+    "HEAD_START_FACTOR", "HEAD_START_PAD_US", "HEAD_START_MAX_US",
     "flush_buffer", "split_iterations", "iteration_spans", "record_cupti_session",
     "ITER_RANGE", "FLUSH_RANGE",
 ]
 
-METHODS = ("cupti_cold", "graph", "event", "host")
-#: the methods whose numbers are GPU time (``host`` is host time).
-GPU_METHODS = ("cupti_cold", "graph", "event")
+
+@dataclass(frozen=True)
+class Method:
+    """One timing method (the module doc says how it measures).
+
+    ``name``: the ``method`` column of every times CSV. ``meaning``: what its numbers are,
+    in a few words (figure titles, the results page). ``gpu_time``: its numbers are GPU
+    time (else host time). ``cuda``: it needs a CUDA GPU. ``ranks``: it times one call
+    across the ranks of a process group (:func:`time_ranks`), not one call in this process
+    (:func:`time_fn`)."""
+
+    name: str
+    meaning: str
+    gpu_time: bool
+    cuda: bool = True
+    ranks: bool = False
+
+
+#: Every timing method, the one table of them; the tuples below are read from it.
+TIMING_METHODS = (
+    Method("cupti_cold", "GPU span, cold L2, idle host (contest)", gpu_time=True),
+    Method("graph", "GPU time, warm L2, graph replay", gpu_time=True),
+    Method("event", "GPU time, cold L2, launch hidden", gpu_time=True),
+    Method("host", "HOST time per eager call", gpu_time=False),
+    Method("head_start_events", "GPU time across ranks, launch hidden, slowest rank",
+           gpu_time=True, ranks=True),
+    Method("cpu_wall", "interpreter wall time", gpu_time=False, cuda=False),
+)
+_BY_NAME = {m.name: m for m in TIMING_METHODS}
+#: :func:`time_fn`'s methods on a CUDA GPU, in the table's order.
+METHODS = tuple(m.name for m in TIMING_METHODS if m.cuda and not m.ranks)
+#: the methods of :func:`time_fn` whose numbers are GPU time (``host`` is host time).
+GPU_METHODS = tuple(m.name for m in TIMING_METHODS if m.gpu_time and not m.ranks)
 CPU_WALL = "cpu_wall"
-ALL_METHODS = METHODS + (CPU_WALL,)
+#: every method :func:`time_fn` takes (``cpu_wall`` too).
+ALL_METHODS = tuple(m.name for m in TIMING_METHODS if not m.ranks)
+#: :func:`time_ranks`' method on CUDA GPUs (``cpu_wall`` on the CPU).
+RANKS_METHOD = next(m.name for m in TIMING_METHODS if m.ranks)
+
+
+def method_meaning(method: str) -> str:
+    """What ``method``'s numbers are (:data:`TIMING_METHODS`); "" for a name that is none of
+    them (a CSV's other rows, e.g. notebook 04's per-kernel ``kernel`` rows)."""
+    m = _BY_NAME.get(method)
+    return m.meaning if m else ""
 
 #: record_function names that delimit the profiled iterations of ``cupti_cold``.
 ITER_RANGE = "gdnbench::iter"
@@ -471,14 +533,13 @@ def _time_cpu_wall(fn, rep):
 
 def method_available(method: str, device: str) -> Tuple[bool, str]:
     """Whether ``method`` can time work on ``device``; the reason when not."""
-    if method == CPU_WALL:
-        return True, ""
-    if method in METHODS:   # host too: on the CPU the interpreter runs the kernels inside
-        #                     the call, so its host time is cpu_wall
-        if not str(device).startswith("cuda"):
-            return False, f"method {method!r} needs a CUDA GPU (device is {device})"
-        return True, ""
-    return False, f"unknown timing method {method!r} (known: {', '.join(ALL_METHODS)})"
+    m = _BY_NAME.get(method)
+    if m is None:
+        return False, f"unknown timing method {method!r} (known: {', '.join(_BY_NAME)})"
+    if m.cuda and not str(device).startswith("cuda"):   # host too: on the CPU the
+        #                     interpreter runs the kernels inside the call (cpu_wall)
+        return False, f"method {method!r} needs a CUDA GPU (device is {device})"
+    return True, ""
 
 
 def time_fn(fn: Callable[[], object], method: str, *, rep: int = 100, warmup: int = 10,
@@ -499,6 +560,8 @@ def time_fn(fn: Callable[[], object], method: str, *, rep: int = 100, warmup: in
             cannot be captured. ``ValueError`` for an unknown method.
     """
     if method not in ALL_METHODS:
+        if method in _BY_NAME:
+            raise ValueError(f"timing method {method!r} times a call across ranks: time_ranks")
         raise ValueError(f"unknown timing method {method!r}; known: {', '.join(ALL_METHODS)}")
     if rep < 1:
         raise ValueError(f"rep must be >= 1, got {rep}")
@@ -533,3 +596,75 @@ def time_each(fn: Callable[[], object], methods: Sequence[str], *, rep: int,
         except Exception as e:
             rows.append(dict(method=method, error=short_reason(e)))
     return rows
+
+
+# --------------------------------------------------------------------------- across ranks
+
+#: ``head_start_events``: the spin before each timed call lasts this many times the call's
+#: host time (the slowest rank's fastest untimed call) plus HEAD_START_PAD_US, at most
+#: HEAD_START_MAX_US (a call that synchronises inside cannot be got ahead of anyway).
+HEAD_START_FACTOR, HEAD_START_PAD_US, HEAD_START_MAX_US = 2.0, 50.0, 50000.0
+
+
+def time_ranks(fn: Callable[[], object], device, *, rep: int, warmup: int,
+               group=None) -> dict:
+    """One call that every rank of ``group`` makes together, timed with
+    ``head_start_events`` on CUDA GPUs and ``cpu_wall`` on the CPU (the module doc): every
+    rank calls this with its ``fn`` and its ``device``, and gets the same row.
+
+    Args:
+        fn: zero-argument callable (this rank's part of the call, collectives included).
+        device: this rank's device (``cuda:<i>`` or ``cpu``).
+        rep: timed calls, each between barriers of ``group``; warmup: untimed calls first.
+        group: the ``torch.distributed`` process group (None: the default one).
+    Returns:
+        :meth:`Timing.as_dict` over the slowest rank's time per call, plus ``host_us``
+        (the slowest rank's median host µs per call).
+    """
+    if rep < 1:
+        raise ValueError(f"rep must be >= 1, got {rep}")
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+
+    def slowest(values):   # each value's largest over the ranks
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return t.tolist()
+
+    host = []
+    for _ in range(warmup):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e6)
+    head = 0.0
+    if cuda:
+        from .spin import spin
+
+        fastest = slowest([min(host) if host else 0.0])[0]
+        head = min(HEAD_START_FACTOR * fastest + HEAD_START_PAD_US, HEAD_START_MAX_US)
+    us, host = [], []
+    for _ in range(rep):
+        dist.barrier(group=group)
+        if cuda:
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            spin(head)
+            a.record()
+            t0 = time.perf_counter()
+            fn()
+            host.append((time.perf_counter() - t0) * 1e6)
+            b.record()
+            b.synchronize()
+            us.append(a.elapsed_time(b) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            us.append((time.perf_counter() - t0) * 1e6)
+            host.append(us[-1])
+    row = _summarize(RANKS_METHOD if cuda else CPU_WALL, slowest(us)).as_dict()
+    return dict(row, host_us=slowest([float(np.median(host))])[0])

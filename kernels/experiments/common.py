@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from kernels.bench.gate import PASS, short_reason
-from kernels.bench.timing import method_available
+from kernels.bench.timing import method_available, method_meaning
 
 __all__ = [
     "Param", "COMMON_PARAMS", "render_param", "collect_params", "resolve_auto",
@@ -479,19 +479,10 @@ def batch_axis(ax, Bs, min_gap: float = 0.9) -> None:
     ax.set_xlabel("batch size B")
 
 
-#: what each timing method's panel shows (titles of the per-method figures)
-METHOD_MEANING = {
-    "cupti_cold": "GPU span, cold L2, idle host (contest)",
-    "graph": "GPU time, warm L2, graph replay",
-    "event": "GPU time, cold L2, launch hidden",
-    "host": "HOST time per eager call",
-    "cpu_wall": "interpreter wall time",
-}
-
-
 def method_title(method: str) -> str:
-    """``"<method>: <what it measures>"``."""
-    return f"{method}: {METHOD_MEANING.get(method, '')}".rstrip(": ")
+    """``"<method>: <what it measures>"`` (titles of the per-method figures; the meaning is
+    :data:`kernels.bench.timing.TIMING_METHODS`')."""
+    return f"{method}: {method_meaning(method)}".rstrip(": ")
 
 
 def host_table(times: pd.DataFrame) -> pd.DataFrame:

@@ -43,7 +43,8 @@ import pandas as pd
 
 from kernels import registry
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
-from kernels.bench.timing import CPU_WALL, method_available, time_each
+from kernels.bench.timing import CPU_WALL, METHODS, method_available, time_each
+from kernels.peers import default_peers
 from kernels.registry import Impl
 
 from .common import (COMMON_PARAMS, Param, Run, batch_axis, collect_params as _collect,
@@ -75,13 +76,13 @@ PEER_VARIANTS = {"flashinfer": (("default", "flashinfer"), ("inplace", "flashinf
 PARAMS = COMMON_PARAMS + (
     Param("batch_sizes", "list", [1, 4, 8, 16, 32, 48, 64, 128, 256, 512],
           "decode batch sizes B"),
-    Param("impls", "list", ["ours-adaptive", "ours-fla-like", "fla", "flashinfer", "torch"],
+    Param("impls", "list", ["ours-adaptive", "ours-fla-like", *default_peers("decode", STEM)],
           "implementations: ours-adaptive, ours-fla-like, ours:<config>, fla, flashinfer, torch, "
           "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, run in a "
           "worker of its own; docs/solutions.md)"),
     Param("solutions", "list", [],
           "more solution paths (the make variable SOLUTIONS); those with a decode definition are added"),
-    Param("methods", "list", ["cupti_cold", "graph", "event", "host"],
+    Param("methods", "list", list(METHODS),
           "timing methods (GPU time: cupti_cold, graph, event; host: host µs per eager call; "
           "cpu_wall is interpreter plumbing only)"),
     Param("sweep_BV", "list", [8, 16, 32, 64, 128], "config sweep: BV values"),

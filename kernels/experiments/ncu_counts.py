@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from kernels.bench.gate import short_reason
+from kernels.peers import default_peers
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, fmt_x, new_figure,
                      progress, start_run, unique_in_order)
@@ -47,7 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 PARAMS = COMMON_PARAMS + (
     Param("B", "int", 64, "decode batch size profiled"),
-    Param("impls", "list", ["fla", "flashinfer", "ours"],
+    Param("impls", "list", [*default_peers("decode", STEM), "ours"],
           "targets: fla, flashinfer, ours (our chosen config), solution:<path> (a flashinfer-bench "
           "solution, profiled in ncu's own process; docs/solutions.md)"),
     Param("solutions", "list", [],

@@ -23,16 +23,10 @@ smoke profile). :func:`run_ranks` runs everything in one start of the ranks:
    final states, so the notebook's inputs have no initial state by default and FLA's gate
    checks its outputs only).
 
-Timing (method ``head_start_events``, the GPU time of the call): the ranks meet at a
-barrier, then each enqueues a head-start spin (:mod:`kernels.bench.spin`, longer than the
-call's host time) and records CUDA events around one eager call behind it, so the host has
-enqueued the whole call, collective included, before its stream reaches the start event;
-the events then see the GPU's work and the waits inside the collective for the other rank,
-not the Python launch path. The call's time is the slowest rank's; median, p20, p80 over
-``repetitions`` calls after ``warmup``. Beside it, ``host_us``: the host µs of the same
-eager call (no synchronisation inside; the slowest rank's median) -- where it exceeds the
-GPU time an eager caller would wait on the host instead. On the CPU the host clock
-(``cpu_wall``: the interpreter, plumbing only). Results on GPUs go to ``<output_root>/<W>x-<gpu-slug>/``
+Timing: :func:`kernels.bench.timing.time_ranks`, method ``head_start_events`` (the GPU
+time of the call behind a head-start spin, the slowest rank's, with ``host_us`` beside it;
+its module doc says how), median, p20, p80 over ``repetitions`` calls after ``warmup``; on
+the CPU the host clock (``cpu_wall``: the interpreter, plumbing only). Results on GPUs go to ``<output_root>/<W>x-<gpu-slug>/``
 (``W`` GPUs), with both GPUs and the link between them in the provenance.
 """
 from __future__ import annotations
@@ -49,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, short_reason
+from kernels.bench.timing import CPU_WALL, RANKS_METHOD, method_meaning
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
                      fmt_us, fmt_x, new_figure, progress, start_run)
@@ -86,10 +81,6 @@ PARAMS = COMMON_PARAMS + (
 GATE_COLUMNS = ["impl", "gpus", "T", "status", "checked", "max_abs_err", "reason", "gpu"]
 TIMES_COLUMNS = ["impl", "gpus", "T", "method", "median_us", "p20_us", "p80_us", "n",
                  "host_us", "gpu"]
-#: Head start: the spin before each timed call lasts this many times the call's host time
-#: (the slowest rank's fastest untimed call) plus HEAD_START_PAD_US, at most
-#: HEAD_START_MAX_US (a call that synchronises inside cannot be got ahead of anyway).
-HEAD_START_FACTOR, HEAD_START_PAD_US, HEAD_START_MAX_US = 2.0, 50.0, 50000.0
 EXCHANGE_COLUMNS = ["T", "bytes_per_rank", "bytes_received", "exchange_us", "at_link_bw_us",
                     "link_busbw_gbs", "scan_us", "call_us", "share"]
 LINK_COLUMNS = ["what", "bytes_per_rank", "gpus", "method", "median_us", "algbw_gbs",
@@ -228,7 +219,6 @@ class _Ranks:
 
         self.rank, self.world, self.dev, self.spec, self.one = rank, world, dev, spec, one
         self.shape = GDNShape(spec["num_q_heads"], spec["num_v_heads"], spec["head_dim"])
-        self.method = "head_start_events" if spec["cuda"] else "cpu_wall"
         self.gate, self.times, self.link, self.skipped = [], [], [], []
         self._skipped_once = set()
 
@@ -248,51 +238,12 @@ class _Ranks:
 
     # -- timing
     def _time(self, fn, group) -> dict:
-        """``repetitions`` calls of ``fn`` after ``warmup``, each between barriers of
-        ``group``; per call the slowest rank's time (µs): on GPUs the events behind a
-        head-start spin (the module's docstring), on the CPU the host clock. ``host_us``:
-        the host µs of each call (the slowest rank's median)."""
-        import torch
-        import torch.distributed as dist
+        """``repetitions`` calls of ``fn`` after ``warmup`` on the ranks of ``group``
+        (:func:`kernels.bench.timing.time_ranks`)."""
+        from kernels.bench.timing import time_ranks
 
-        cuda = self.spec["cuda"]
-        host = []
-        for _ in range(self.spec["warmup"]):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            host.append((time.perf_counter() - t0) * 1e6)
-        head = 0.0
-        if cuda:
-            from kernels.bench.spin import spin
-
-            fastest = self._reduce([min(host) if host else 0.0], dist.ReduceOp.MAX, group)[0]
-            head = min(HEAD_START_FACTOR * fastest + HEAD_START_PAD_US, HEAD_START_MAX_US)
-        us, host = [], []
-        for _ in range(self.spec["repetitions"]):
-            dist.barrier(group=group)
-            if cuda:
-                torch.cuda.synchronize()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                spin(head)
-                a.record()
-                t0 = time.perf_counter()
-                fn()
-                host.append((time.perf_counter() - t0) * 1e6)
-                b.record()
-                b.synchronize()
-                us.append(a.elapsed_time(b) * 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                us.append((time.perf_counter() - t0) * 1e6)
-                host.append(us[-1])
-        us = np.array(self._reduce(us, dist.ReduceOp.MAX, group))
-        host_us = self._reduce([float(np.median(host))], dist.ReduceOp.MAX, group)[0]
-        return dict(method=self.method, median_us=float(np.median(us)),
-                    p20_us=float(np.percentile(us, 20)), p80_us=float(np.percentile(us, 80)),
-                    n=len(us), host_us=host_us)
+        return time_ranks(fn, self.dev, rep=self.spec["repetitions"],
+                          warmup=self.spec["warmup"], group=group)
 
     # -- 1. the link
     def probe(self) -> None:
@@ -662,9 +613,10 @@ def conclusion_markdown(run: Run, dfs: Dict[str, pd.DataFrame]) -> str:
     gate, times = dfs["gate"], dfs["times"]
     scaling, exchange = dfs["scaling"], dfs["exchange"]
     gpus = run.extra_provenance.get("gpus") or [run.gpu]
+    method = RANKS_METHOD if run.on_gpu else CPU_WALL
     lines = ["### Conclusion", "",
              f"{W} ranks on {', '.join(gpus)} (link: {run.extra_provenance.get('link', 'n/a')}); "
-             f"timing: {'GPU time of one eager call (CUDA events behind a head-start spin), slowest rank' if run.on_gpu else 'cpu_wall'}."]
+             f"timing: `{method}`, {method_meaning(method)}."]
     failed = gate[gate.status.isin([FAIL, ERROR])]
     lines.append(f"- Gate: {int((gate.status == PASS).sum())} of {len(gate)} pass"
                  + (f"; **failed**: {', '.join(sorted(set(failed.impl)))}" if len(failed) else ""))

@@ -43,6 +43,7 @@ import pandas as pd
 from kernels import registry
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import time_each
+from kernels.peers import default_peers
 from kernels.registry import Impl
 from kernels.spec import lens_label, parse_shape
 
@@ -62,8 +63,7 @@ PARAMS = COMMON_PARAMS + (
     Param("shapes", "list",
           ["T6", "T64", "100+28", "T512", "T2048", "T8192", "4x1024", "16x256", "57x64"],
           "prefill shapes: names of kernels.spec.PREFILL_SHAPES, '100+28', '4x1024' or lists of lengths"),
-    Param("impls", "list", ["ours", "fla", "fla_recurrent", "fla_flashqla", "flashqla",
-                            "flashinfer"],
+    Param("impls", "list", ["ours", *default_peers("prefill", STEM)],
           "implementations: ours, fla (triton), fla_recurrent (FLA's fused recurrent kernel), "
           "fla_flashqla (FLA's FlashQLA backend), flashqla, flashinfer (the FlashQLA ones run "
           "in kernels.peers_worker, GDN_QLA_SITE), "

@@ -41,6 +41,7 @@ import pandas as pd
 from kernels import registry
 from kernels.bench.gate import PASS, UNAVAILABLE, gate_call, short_reason
 from kernels.bench.timing import method_available, time_each, time_fn
+from kernels.peers import default_peers
 from kernels.registry import Impl
 from kernels.report import TARGET_RATIO, ratio_table
 from kernels.spec import parse_shape
@@ -63,7 +64,7 @@ PARAMS = COMMON_PARAMS + (
           ["8192", "16384", "32768", "65536", "131072", "4x8192", "8x4096",
            "T6", "T64", "100+28", "T512", "T2048", "4x1024", "16x256", "57x64"],
           "shapes: '131072' (one sequence), '4x8192', '100+28', names of kernels.spec.PREFILL_SHAPES"),
-    Param("impls", "list", ["ours", "fla", "fla_flashqla", "flashqla", "flashinfer"],
+    Param("impls", "list", ["ours", *default_peers("prefill", STEM)],
           "ours (gdn_prefill, fused) and peers: fla (triton), fla_flashqla, flashqla, flashinfer; "
           "solution:<path> (a flashinfer-bench solution JSON or starter-kit folder, docs/solutions.md)"),
     Param("solutions", "list", [],

@@ -30,12 +30,12 @@ from .chunk_index import BT
 from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig, recurrent_rule
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .guard import describe_status
-from .pipeline import (plan_fused, prefill_fused, prefill_fused_gates, prefill_no_sync,
-                       prefill_recurrent, prefill_unfused)
+from .pipeline import (prefill_fused, prefill_fused_gates, prefill_no_sync, prefill_recurrent,
+                       prefill_unfused)
 from .plan import LAUNCHES, Plan, prefill_plan
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
-           "plan_fused", "prefill_plan", "Plan", "graph_cache_info", "clear_graph_cache",
+           "prefill_plan", "Plan", "graph_cache_info", "clear_graph_cache",
            "PrefillConfig", "DEFAULT_CONFIG", "ACCURATE_CONFIG", "describe_status",
            "recurrent_rule"]
 

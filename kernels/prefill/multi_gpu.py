@@ -64,7 +64,7 @@ import triton.language as tl  # noqa: E402
 
 from ..spec import resolve_scale, validate_prefill_inputs  # noqa: E402
 from .chunk_index import BT, cu_status, seq_bounds  # noqa: E402
-from .config import tail_split_rule  # noqa: E402
+from .plan import long_path_args  # noqa: E402
 from .context_parallel import cp_long_segment_chunks, segment_combine_t_fwd  # noqa: E402
 from .dots import mm  # noqa: E402
 from .intra_chunk import intra_chunk_fwd  # noqa: E402
@@ -271,7 +271,8 @@ class RankPlan:
         seg_t: tokens per segment of the rank's long path.
         intra: keyword arguments of :func:`.intra_chunk.intra_chunk_fwd`; phase_a, phase_c
             of :func:`.state_walk_t.state_walk_t_fwd`; phase_b of
-            :func:`.context_parallel.segment_combine_t_fwd`.
+            :func:`.context_parallel.segment_combine_t_fwd` (:func:`.plan.long_path_args`,
+            the one GPU's builder, plus phase A's ``summary_last`` and phase C's ``guard``).
         phase_c_gluon: phase C is the Gluon walk (:func:`.plan.phase_c_gluon`; launched
             through :func:`.state_walk_gluon.phase_c_fwd`).
         index, compose, enter: ``(grid, keyword arguments)`` of :func:`rank_index_kernel`,
@@ -331,12 +332,14 @@ def rank_plan(T_r: int, N: int, HV: int, D: int, rank: int, world: int, t0: int,
 
 
 def _rank_plan(T_r, N, HV, D, rank, world, t0, T, cfg, use_h0, guard, device) -> RankPlan:
+    """:func:`rank_plan` on a fitted config: the long path's segments on the rank's slice
+    (the rule's for its tokens and its share of the sequences), the phases' arguments from
+    :func:`.plan.long_path_args` (phases A and C without PDL) with the rank's own flags, the
+    rank's kernels' grids and arguments, and the workspace with the rank's buffers."""
     f32 = torch.float32
     seg = cp_long_segment_chunks(T_r, -(-N // world))
     seg_t = seg * BT
-    bv = min(128, D)
-    kw = dict(dot_precision=cfg.precision, BV=bv, num_warps=8 if bv >= 128 else 4,
-              out_precision=cfg.precision, seg_t=seg_t)
+    args = long_path_args(T_r, D, seg_t, cfg, pdl=False)
     extra = [("cu_local", torch.int64, (N + 1,))]
     pieces = world > 1
     if pieces:
@@ -361,11 +364,8 @@ def _rank_plan(T_r, N, HV, D, rank, world, t0, T, cfg, use_h0, guard, device) ->
     return RankPlan(
         rank=rank, world=world, t0=t0, t1=t0 + T_r, T=T, N=N, HV=HV, D=D, seg_t=seg_t,
         intra=intra_kwargs(cfg),
-        phase_a=dict(kw, num_stages=3, loop_stages=3, log_eps=cfg.log_eps,
-                     summary_last=pieces),
-        phase_b=dict(seg_t=seg_t, T=T_r, BV=min(16, D)),
-        phase_c=dict(kw, num_stages=2, loop_stages=2, guard=guard,
-                     tail=tail_split_rule(cfg)),
+        phase_a=dict(args["phase_a"], summary_last=pieces), phase_b=args["phase_b"],
+        phase_c=dict(args["phase_c"], guard=guard),
         phase_c_gluon=phase_c_gluon(device or "cpu", D, cfg),
         index=((1,), dict(GUARD=guard, PIECES=pieces, BLOCK=1024)),
         compose=((HV, 2 * D // bz), dict(H=HV, K=D, V=D, BV=bz, SEG_T=seg_t, USE_H0=use_h0,

@@ -64,14 +64,14 @@ from .context_parallel import segment_combine_t_fwd, segment_split_fwd
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
-from .plan import Plan, call_plan, fitted_config, intra_kwargs, prefill_plan
+from .plan import Plan, call_plan, fitted_config, intra_kwargs
 from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
 from .state_walk_gluon import phase_c_fwd
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
-           "prefill_recurrent", "fused_launches", "plan_fused", "check_out_tensor"]
+           "prefill_recurrent", "fused_launches", "check_out_tensor"]
 
 
 def check_out_tensor(name: str, t, shape, dtype, device) -> None:
@@ -183,19 +183,6 @@ def prefill_no_sync(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None
     """As ``fused_gates`` with the device-side chunk lookup: no host sync."""
     return _staged(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
                    output_state, check_values, False, False, config, status)
-
-
-def plan_fused(T: int, N: int, HV: int, D: int, device, cp: Union[None, bool, int] = None,
-               config=None):
-    """``(BV, seg_chunks)`` of the fused variant's plan (:func:`.plan.prefill_plan`);
-    ``seg_chunks == 0`` means no CP.
-
-    ``cp``: None applies :func:`.context_parallel.cp_segment_chunks`; False/0 turns
-    CP off; True forces it (the rule's segment size, at least 2 chunks, and the device's
-    split where the rule takes it); an int ``n`` forces segments of ``n`` chunks.
-    """
-    p = prefill_plan(T, N, HV, D, device, cp, config)
-    return p.BV, p.seg_chunks
 
 
 #: int32 flag buffers of the one-launch path (walker programs), per device (a tensor's

@@ -63,7 +63,7 @@ from .state_walk_gluon import HAVE_GLUON
 
 __all__ = ["Plan", "prefill_plan", "call_plan", "plan_key", "MAX_PLANS", "LAUNCHES",
            "PATH_LABELS", "launch_key", "bucket_of", "intra_kwargs", "workspace_layout",
-           "layout_views",
+           "layout_views", "long_path_args",
            "WORKSPACE_ALIGN", "fitted_config", "clear_plan_cache", "device_cc", "phase_c_gluon"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
@@ -140,7 +140,8 @@ class Plan:
             :func:`.state_walk.state_walk_fwd`; long paths: of
             :func:`.state_walk_t.state_walk_t_fwd`, phase C launched through
             :func:`.state_walk_gluon.phase_c_fwd`), phase_b of
-            :func:`.context_parallel.segment_combine_t_fwd`, split_args of
+            :func:`.context_parallel.segment_combine_t_fwd` (the long path's three:
+            :func:`long_path_args`), split_args of
             :func:`.context_parallel.segment_split_fwd` (``cp_long_split``; the phases then
             work on half-segment slots).
         layout, nbytes: the workspace's views ``(name, dtype, shape, offset, bytes)`` and
@@ -309,9 +310,7 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
     else:
         seg = int(cp)   # (False and 0: no CP)
     long = bool(seg) and long
-    if long:
-        BV = min(128, D)   # the long path's walks (state_walk_t, both warpgroups)
-    elif cfg.walk_BV is None:
+    if not long and cfg.walk_BV is None:   # (the long path's tile: long_path_args)
         units = num_slots(T, N, seg * BT) if seg else N
         BV = walk_tile_rule(units, HV, D, n_sm, bool(seg))
     split = long and (cp is None or cp is True) and cp_split(seg)
@@ -342,13 +341,8 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
                                  inline_precision=cfg.precision)
     elif long:
         seg_t = seg * BT // (2 if split else 1)
-        bv = min(128, D)
-        base = dict(BV=bv, num_warps=8 if bv >= 128 else 4, seg_t=seg_t, **prec)
-        kw.update(phase_a=dict(base, pdl=cfg.pdl, num_stages=3, loop_stages=3,
-                               log_eps=cfg.log_eps),
-                  phase_b=dict(seg_t=seg_t, T=T, BV=min(16, D)),
-                  phase_c=dict(base, num_stages=2, loop_stages=2, tail=tail_split_rule(cfg)),
-                  phase_c_gluon=phase_c_gluon(device, D, cfg))
+        args = long_path_args(T, D, seg_t, cfg, pdl=cfg.pdl)
+        kw.update(args, BV=args["phase_c"]["BV"], phase_c_gluon=phase_c_gluon(device, D, cfg))
         if split:
             kw["split_args"] = dict(seg_chunks=seg_t // BT, T=T, n_sm=n_sm,
                                     log_eps=cfg.log_eps)
@@ -370,6 +364,27 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
         nbytes, views = layout_views(layout)
         kw.update(layout=layout, nbytes=nbytes, views=views)
     return Plan(**kw)
+
+
+def long_path_args(T: int, D: int, seg_t: int, cfg: PrefillConfig, *, pdl: bool) -> dict:
+    """Keyword arguments of the long path's three phases over ``T`` tokens cut into slots of
+    ``seg_t`` tokens, head size ``D``: ``phase_a`` and ``phase_c`` of
+    :func:`.state_walk_t.state_walk_t_fwd` (the segments' transitions; the walk from the
+    entering states, launched through :func:`.state_walk_gluon.phase_c_fwd`), ``phase_b`` of
+    :func:`.context_parallel.segment_combine_t_fwd`. ``pdl``: phase A starts with
+    programmatic dependent launch after the intra-chunk kernel.
+
+    The one builder of these numbers (tile, warps, stages, precisions, the negligible
+    threshold, the split tail): a one-GPU plan (:func:`prefill_plan`: the call's ``T``, its
+    segments, halved by the device's split) and a rank's (:func:`.multi_gpu.rank_plan`: the
+    rank's slice, its segments, no PDL, plus the rank's own flags) both take them here, so
+    a rank walks its slice as one GPU walks the call."""
+    bv = min(128, D)   # both warpgroups of the transposed walk
+    base = dict(BV=bv, num_warps=8 if bv >= 128 else 4, seg_t=seg_t,
+                dot_precision=cfg.precision, out_precision=cfg.precision)
+    return dict(phase_a=dict(base, pdl=pdl, num_stages=3, loop_stages=3, log_eps=cfg.log_eps),
+                phase_b=dict(seg_t=seg_t, T=T, BV=min(16, D)),
+                phase_c=dict(base, num_stages=2, loop_stages=2, tail=tail_split_rule(cfg)))
 
 
 def _walk_args(T, N, HV, D, BV, device, n_sm, cfg, prec) -> tuple:

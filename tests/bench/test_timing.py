@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from kernels.bench.timing import (ALL_METHODS, FLUSH_RANGE, GPU_METHODS, GRAPH_MAX_CALLS,
-                                  GRAPH_TARGET_US, ITER_RANGE, METHODS, MethodUnavailable,
-                                  Timing, graph_calls, host_samples, iteration_spans,
-                                  method_available, split_iterations, time_each, time_fn)
+                                  GRAPH_TARGET_US, ITER_RANGE, METHODS, RANKS_METHOD,
+                                  TIMING_METHODS, MethodUnavailable, Timing, graph_calls,
+                                  host_samples, iteration_spans, method_available,
+                                  method_meaning, split_iterations, time_each, time_fn,
+                                  time_ranks)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SESSIONS = sorted(FIXTURES.glob("cupti_session*.json"))
@@ -91,6 +93,46 @@ def test_methods_tuple():
     assert METHODS == ("cupti_cold", "graph", "event", "host")
     assert set(GPU_METHODS) == set(METHODS) - {"host"}
     assert set(METHODS) < set(ALL_METHODS)
+
+
+def test_one_table_of_methods_with_their_meanings():
+    """Every method is one row of TIMING_METHODS with a meaning; the tuples and the ranks'
+    method are read from it (head_start_events is time_ranks', not time_fn's)."""
+    names = [m.name for m in TIMING_METHODS]
+    assert len(set(names)) == len(names)
+    assert all(m.meaning for m in TIMING_METHODS)
+    assert ALL_METHODS == ("cupti_cold", "graph", "event", "host", "cpu_wall")
+    assert RANKS_METHOD == "head_start_events" and RANKS_METHOD not in ALL_METHODS
+    assert set(names) == set(ALL_METHODS) | {RANKS_METHOD}
+    assert method_meaning("graph") == "GPU time, warm L2, graph replay"
+    assert method_meaning("kernel") == ""   # a CSV's other rows have none
+    with pytest.raises(ValueError, match="time_ranks"):
+        time_fn(lambda: None, RANKS_METHOD)
+    ok, why = method_available(RANKS_METHOD, "cpu")
+    assert not ok and "needs a CUDA GPU" in why
+
+
+def test_time_ranks_on_one_gloo_rank(tmp_path):
+    """On the CPU time_ranks times with cpu_wall: warm-up calls, then one row over the
+    timed calls with the host µs beside it (one rank: its own numbers)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a default process group exists in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/init", rank=0,
+                            world_size=1)
+    try:
+        calls = []
+        row = time_ranks(lambda: calls.append(1), "cpu", rep=5, warmup=2)
+        with pytest.raises(ValueError, match="rep"):
+            time_ranks(lambda: None, "cpu", rep=0, warmup=0)
+    finally:
+        dist.destroy_process_group()
+    assert len(calls) == 7
+    assert set(row) == {"method", "median_us", "p20_us", "p80_us", "n", "host_us"}
+    assert row["method"] == "cpu_wall" and row["n"] == 5
+    assert 0 < row["p20_us"] <= row["median_us"] <= row["p80_us"]
+    assert row["host_us"] == pytest.approx(row["median_us"])   # on the CPU: the same clock
 
 
 def test_graph_calls_reach_the_target_or_the_cap():

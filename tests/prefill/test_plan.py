@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels.prefill import (DEFAULT_CONFIG, PrefillConfig, gdn_prefill,  # noqa: E402
-                             launch_count_hint, pipeline, plan_fused, prefill_plan)
+                             launch_count_hint, pipeline, prefill_plan)
 from kernels.prefill.plan import (LAUNCHES, PATH_LABELS, WORKSPACE_ALIGN,  # noqa: E402
                                   workspace_layout)
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
@@ -43,12 +43,41 @@ def test_plan_paths_and_launches(T, N, cp, path, launches):
     p = prefill_plan(T, N, 8, 128, CPU, cp)
     assert (p.path, p.launches) == (path, launches)
     assert p.launches == LAUNCHES[p.launch_key]["kernels"]
-    assert (p.BV, p.seg_chunks) == plan_fused(T, N, 8, 128, CPU, cp)
     hint = launch_count_hint("fused", T=T, N=N, device="cpu", cp=cp)
     assert hint["kernels"] == launches
     assert bool(p.note) is (cp == 64)
     if p.note:   # the split a forced segment size turns off is said, not silent
         assert "does not split" in p.note and p.note in hint["note"]
+
+
+def _tile_and_segments(T, N, cp=None):
+    """``(BV, seg_chunks)`` of the plan of ``T`` tokens in ``N`` sequences (8 heads of 128)
+    on the CPU (the rules assume 132 SMs there); ``seg_chunks == 0``: no CP."""
+    p = prefill_plan(T, N, 8, 128, CPU, cp)
+    return p.BV, p.seg_chunks
+
+
+def test_context_parallel_rule():
+    """Documented rule: CP only for long average sequences that underfill the SMs; the walk's
+    tile follows the programs there are."""
+    plan = _tile_and_segments
+    assert plan(8192, 1) == (32, 16)      # 8 segments x 16 chunks
+    assert plan(4096, 1)[1] == 16
+    assert plan(2048, 1) == (16, 0)       # too short: no CP, narrow tiles
+    assert plan(16 * 256, 16) == (64, 0)  # many programs: wide tiles
+    assert plan(4 * 1024, 4) == (32, 0)   # "tm": 128 programs at 32
+    assert plan(1024, 1)[1] == 0       # too short
+    assert plan(57 * 64, 57)[1] == 0   # many sequences: enough programs
+    assert plan(8192, 1, cp=False)[1] == 0
+    assert plan(6, 1, cp=True)[1] >= 2
+    assert plan(6, 1, cp=1)[1] == 1   # plans are cached: True is not 1
+    assert plan(8192, 1, cp=3)[1] == 3
+    # long path (>= 16,384 tokens per sequence): 16 segments per sequence, walks 128 wide
+    assert plan(16384, 1) == (128, 16)
+    assert plan(131072, 1) == (128, 128)
+    assert plan(1 << 20, 1) == (128, 1024)
+    assert plan(131072, 1, cp=True) == (128, 128)
+    assert plan(4 * 8192, 4)[1] == 0       # 4 sequences: enough programs
 
 
 def test_plan_is_remembered_and_graph_plans_the_bucket():

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from kernels.checks import check_outputs  # noqa: E402
 from kernels.prefill import (ACCURATE_CONFIG, DEFAULT_CONFIG, VARIANTS, PrefillConfig,  # noqa: E402
                              clear_graph_cache, gdn_prefill, graph_cache_info,
-                             launch_count_hint, make_prefill_impl, plan_fused)
+                             launch_count_hint, make_prefill_impl)
 from kernels.prefill import graph as graph_mod  # noqa: E402
 from kernels.prefill import pipeline  # noqa: E402
 from kernels.prefill import plan as plan_mod  # noqa: E402
@@ -351,28 +351,6 @@ def test_walk_transposed_rule(BV, short, precise, expected):
     assert walk_transposed_rule(BV, short, precise) is expected
 
 
-def test_context_parallel_rule():
-    """Documented rule: CP only for long average sequences that underfill the SMs."""
-    cpu = torch.device("cpu")   # the rule assumes 132 SMs off CUDA
-    assert plan_fused(8192, 1, 8, 128, cpu) == (32, 16)      # 8 segments x 16 chunks
-    assert plan_fused(4096, 1, 8, 128, cpu)[1] == 16
-    assert plan_fused(2048, 1, 8, 128, cpu) == (16, 0)       # too short: no CP, narrow tiles
-    assert plan_fused(16 * 256, 16, 8, 128, cpu) == (64, 0)  # many programs: wide tiles
-    assert plan_fused(4 * 1024, 4, 8, 128, cpu) == (32, 0)   # "tm": 128 programs at 32
-    assert plan_fused(1024, 1, 8, 128, cpu)[1] == 0       # too short
-    assert plan_fused(57 * 64, 57, 8, 128, cpu)[1] == 0   # many sequences: enough programs
-    assert plan_fused(8192, 1, 8, 128, cpu, cp=False)[1] == 0
-    assert plan_fused(6, 1, 8, 128, cpu, cp=True)[1] >= 2
-    assert plan_fused(6, 1, 8, 128, cpu, cp=1)[1] == 1   # plans are cached: True is not 1
-    assert plan_fused(8192, 1, 8, 128, cpu, cp=3)[1] == 3
-    # long path (>= 16,384 tokens per sequence): 16 segments per sequence, walks 128 wide
-    assert plan_fused(16384, 1, 8, 128, cpu) == (128, 16)
-    assert plan_fused(131072, 1, 8, 128, cpu) == (128, 128)
-    assert plan_fused(1 << 20, 1, 8, 128, cpu) == (128, 1024)
-    assert plan_fused(131072, 1, 8, 128, cpu, cp=True) == (128, 128)
-    assert plan_fused(4 * 8192, 4, 8, 128, cpu)[1] == 0       # 4 sequences: enough programs
-
-
 @pytest.mark.parametrize("T, N, long, seg", [
     (8192, 1, False, 8), (16320, 1, False, 16), (16384, 1, True, 16), (32768, 2, True, 16),
     (131072, 1, True, 128), (1 << 20, 1, True, 1024), (64, 1, False, 2)])
@@ -700,7 +678,7 @@ def test_gpu_long_context_path(accurate):
     lens = [40000, 20000]
     x, ref = case(GDNShape(4, 8, 128), lens, torch.int64, True)
     cfg = ACCURATE_CONFIG if accurate else None
-    assert plan_fused(sum(lens), 2, 8, 128, "cuda", config=cfg)[1] > 0
+    assert plan_mod.prefill_plan(sum(lens), 2, 8, 128, "cuda", config=cfg).seg_chunks > 0
     with mock.patch.object(pipeline, "_cp_long", wraps=pipeline._cp_long) as long_path:
         assert_ok(gdn_prefill(**x, variant="fused", config=cfg), ref)
     assert long_path.call_count == 1
