@@ -62,14 +62,14 @@ def decode_stages(inp: dict) -> List[Stage]:
     A_log, a, dt_bias, b = inp["A_log"], inp["a"], inp["dt_bias"], inp["b"]
     B, T, HQ, D = q.shape
     HV = v.shape[2]
-    cfg = ops._resolve_config(None, B, D, q.device)
+    cfg = ops.resolve_config(None, B, D, q.device)
     o, ht = torch.empty_like(v), torch.empty_like(state)
     grid = (cfg.programs(B, HV, D),)
 
     def checks():
-        ops._validate(q, k, v, state, A_log, a, dt_bias, b, None, None, None)
-        ops._resolve_inplace(None, False)
-        ops._check_status(None, False, q)
+        ops.validate_call(q, k, v, state, A_log, a, dt_bias, b, None, None, None)
+        ops.resolve_inplace(None, False)
+        ops.check_status(None, False, q)
 
     def alloc():
         return torch.empty_like(v), torch.empty_like(state)
@@ -88,7 +88,7 @@ def decode_stages(inp: dict) -> List[Stage]:
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     return [("checks", checks),
-            ("config", lambda: ops._resolve_config(None, B, D, q.device)),
+            ("config", lambda: ops.resolve_config(None, B, D, q.device)),
             ("alloc", alloc),
             ("bind:decode", args),
             ("launch:decode",
@@ -133,8 +133,8 @@ def prefill_stages(inp: dict) -> Tuple[str, List[Stage]]:
                        lambda: recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu, scale,
                                              o, ht, guard=guard)))
         return plan.path, stages
-    ws = pl._workspace(plan, q.device)
-    stages.append(("workspace", lambda: pl._workspace(plan, q.device)))
+    ws = pl.workspace_views(plan, q.device)
+    stages.append(("workspace", lambda: pl.workspace_views(plan, q.device)))
     tb, gc, aqk, lb = ws["Tb"], ws["gc"], ws["Aqk"], ws.get("log_bound")
     intra, walkers = plan.intra, None
     if plan.path == "single":

@@ -24,7 +24,7 @@ __all__ = ["gdn_decode_fwd", "gdn_decode"]
 _DECODE_LAUNCH = FastLaunch(gdn_decode_kernel)
 
 
-def _check_buffer(name, x, dtype, shape, q) -> None:
+def check_buffer(name, x, dtype, shape, q) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
     if x.dtype != dtype:
@@ -37,7 +37,7 @@ def _check_buffer(name, x, dtype, shape, q) -> None:
         raise ValueError(f"{name} must be contiguous (got strides {x.stride()})")
 
 
-def _validate(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, check_values):
+def validate_call(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, check_values):
     """The decode inputs checked (slot values too when ``check_values``; None: only off
     CUDA, where it costs no sync): ``(GDNShape, check_values as a bool)``."""
     if check_values is None:
@@ -47,14 +47,14 @@ def _validate(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, check_
                                   check_values=check_values), check_values
 
 
-def _check_status(status, pooled: bool, q) -> None:
+def check_status(status, pooled: bool, q) -> None:
     if status is not None:
         if not pooled:
             raise ValueError("status goes with state_indices (it reports bad pool slots)")
-        _check_buffer("status", status, torch.int32, (1,), q)
+        check_buffer("status", status, torch.int32, (1,), q)
 
 
-def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
+def resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
     if config is None:
         return config_for_device(batch, device, head_dim)
     if isinstance(config, str):
@@ -66,7 +66,7 @@ def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
     return config
 
 
-def _resolve_inplace(inplace, pooled: bool) -> bool:
+def resolve_inplace(inplace, pooled: bool) -> bool:
     if inplace is None:
         return pooled
     if not isinstance(inplace, bool):
@@ -82,24 +82,24 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
                    status=None):
     """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
     see :func:`gdn_decode`."""
-    shape, check_values = _validate(q, k, v, state, A_log, a, dt_bias, b, scale,
+    shape, check_values = validate_call(q, k, v, state, A_log, a, dt_bias, b, scale,
                                     state_indices, check_values)
     HQ, HV, D = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     B, T = q.shape[0], q.shape[1]
     pooled = state_indices is not None
-    inplace = _resolve_inplace(inplace, pooled)
+    inplace = resolve_inplace(inplace, pooled)
     if not isinstance(intermediate_states, bool):
         raise TypeError(f"intermediate_states must be a bool, got "
                         f"{type(intermediate_states).__name__}")
     if output is not None:
-        _check_buffer("output", output, torch.bfloat16, (B, T, HV, D), q)
+        check_buffer("output", output, torch.bfloat16, (B, T, HV, D), q)
     if output_state is not None:
         if inplace:
             raise ValueError("output_state must be None when the state is updated in place "
                              "(inplace=True or state_indices)")
-        _check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
-    _check_status(status, pooled, q)
-    cfg = _resolve_config(config, B, D, q.device)
+        check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
+    check_status(status, pooled, q)
+    cfg = resolve_config(config, B, D, q.device)
 
     # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)
     o = output if output is not None else torch.empty_like(v)

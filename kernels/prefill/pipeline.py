@@ -67,11 +67,12 @@ from .intra_chunk import intra_chunk_fwd
 from .plan import Plan, call_plan, fitted_config, intra_kwargs, prefill_plan
 from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
-from .state_walk_gluon import phase_c_fwd
+from .state_walk_gluon import state_walk_gluon_fwd, tma_ready
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
-           "prefill_recurrent", "fused_launches", "plan_fused", "check_out_tensor"]
+           "prefill_recurrent", "fused_launches", "plan_fused", "check_out_tensor",
+           "workspace_views", "phase_c_fwd"]
 
 
 def check_out_tensor(name: str, t, shape, dtype, device) -> None:
@@ -258,7 +259,7 @@ def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     return o, ht
 
 
-def _workspace(plan: Plan, device) -> dict:
+def workspace_views(plan: Plan, device) -> dict:
     """The plan's intermediates as views of one allocation (:func:`.plan.workspace_layout`),
     by name: a float32 buffer, viewed once per other dtype, cut by ``as_strided``. ``plan``:
     anything with a plan's ``nbytes`` and ``views`` (also :mod:`.multi_gpu`'s rank plans)."""
@@ -284,7 +285,7 @@ def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
         recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
                       guard=guard, status=status)
         return None
-    ws = _workspace(plan, q.device)
+    ws = workspace_views(plan, q.device)
     tb, gc, aqk = ws["Tb"], ws["gc"], ws["Aqk"]
     walkers, intra = None, plan.intra
     if plan.path == "single":
@@ -360,3 +361,23 @@ def _cp_long(plan: Plan, ws: dict, q, k, v, cu_seqlens, state, o, ht, scale, go_
     go_b()
     go_c()
     return None
+
+
+def phase_c_fwd(gluon: bool, q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_state,
+                scale: float, seg_t: int, tail: int, seg_mult=None, guard: bool = False,
+                status=None, defer: bool = False, **triton_kw):
+    """Phase C of the long path as planned: the Gluon walk where the plan picked it
+    (``gluon``: :func:`.config.walk_gluon_rule`) and TMA can address the tensors
+    (:func:`.state_walk_gluon.tma_ready`), else :func:`.state_walk_t.state_walk_t_fwd` with
+    ``triton_kw`` (the plan's ``phase_c``: tile, warps, stages, precisions); ``tail`` (the
+    split tail, :func:`.config.tail_split_rule`) goes to either. The one place both launch
+    sites (:func:`_cp_long`, :mod:`.multi_gpu`) go through."""
+    if gluon and tma_ready(q, k, v, tb, aq, output):
+        return state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
+                                    final_state=final_state, scale=scale, seg_t=seg_t,
+                                    tail=tail, seg_mult=seg_mult, guard=guard, status=status,
+                                    defer=defer)
+    return state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
+                            final_state=final_state, scale=scale, seg_t=seg_t, tail=tail,
+                            seg_mult=seg_mult, guard=guard, status=status, defer=defer,
+                            **triton_kw)

@@ -139,7 +139,7 @@ class Plan:
         phase_a, phase_c: keyword arguments of the CP phases (``cp``: of
             :func:`.state_walk.state_walk_fwd`; long paths: of
             :func:`.state_walk_t.state_walk_t_fwd`, phase C launched through
-            :func:`.state_walk_gluon.phase_c_fwd`), phase_b of
+            :func:`.pipeline.phase_c_fwd`), phase_b of
             :func:`.context_parallel.segment_combine_t_fwd`, split_args of
             :func:`.context_parallel.segment_split_fwd` (``cp_long_split``; the phases then
             work on half-segment slots).
