@@ -273,6 +273,7 @@ def test_direct_launch_only_without_launch_hooks():
 
     from triton.knobs import HookChain
 
+    from kernels import launch
     off, on = HookChain(), HookChain()
     on.add(lambda *a: None)
     assert launch._no_hooks(NS(launch_enter_hook=off, launch_exit_hook=HookChain()))
