@@ -1,8 +1,9 @@
 """Launcher and public entry point of the GDN decode kernel.
 
 ``gdn_decode_fwd`` checks (metadata only, before anything is allocated or
-launched), allocates the outputs and launches :func:`gdn_decode_kernel` once (a
-repeat launch directly, :class:`kernels.launch.FastLaunch`);
+launched; in full once per signature of the call, :func:`signature`), allocates the
+outputs and launches :func:`gdn_decode_kernel` once (a repeat launch directly,
+:class:`kernels.launch.FastLaunch`);
 ``gdn_decode`` is the public function with the documented signature.
 """
 from __future__ import annotations
@@ -12,12 +13,12 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..launch import FastLaunch
-from ..spec import resolve_scale, validate_decode_inputs
+from ..spec import check_slot_values, resolve_scale, validate_decode_inputs
 from .config import DecodeConfig
 from .kernel import gdn_decode_kernel
 from .table import config_for_device
 
-__all__ = ["gdn_decode_fwd", "gdn_decode"]
+__all__ = ["gdn_decode_fwd", "gdn_decode", "signature", "clear_calls", "MAX_CALLS"]
 
 # repeat launches go straight to the compiled kernel (kernels.launch): Triton's
 # kernel[grid](...) binds and specialises 14 arguments and 11 constexprs on every call
@@ -77,13 +78,51 @@ def resolve_inplace(inplace, pooled: bool) -> bool:
     return inplace
 
 
-def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
-                   state_indices, intermediate_states, check_values, output_state=None,
-                   status=None):
-    """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
-    see :func:`gdn_decode`."""
+#: What a call's signature fixes (:func:`signature` -> :class:`_Call`): a repeat skips the
+#: checks and the resolution of the options. At most :data:`MAX_CALLS`, then forgotten.
+_CALLS: dict = {}
+MAX_CALLS = 1024
+
+
+def _meta(x):
+    return None if x is None else (type(x), x.shape, x.dtype, x.device, x.is_contiguous())
+
+
+def signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config, inplace,
+              output, intermediate_states, check_values, output_state, status) -> tuple:
+    """Everything the checks of a call read, as a key: per tensor its type, shape, dtype,
+    device and contiguity (what the metadata checks read; the kernel takes contiguous
+    tensors, so other strides are a contiguity of False), each option with its type (``1``
+    and ``True`` are checked differently). Raises AttributeError where an argument is not a
+    tensor (the checks then say which)."""
+    return (type(q), q.shape, q.dtype, q.device, q.is_contiguous(),
+            type(k), k.shape, k.dtype, k.device, k.is_contiguous(),
+            type(v), v.shape, v.dtype, v.device, v.is_contiguous(),
+            type(state), state.shape, state.dtype, state.device, state.is_contiguous(),
+            type(A_log), A_log.shape, A_log.dtype, A_log.device, A_log.is_contiguous(),
+            type(a), a.shape, a.dtype, a.device, a.is_contiguous(),
+            type(dt_bias), dt_bias.shape, dt_bias.dtype, dt_bias.device,
+            dt_bias.is_contiguous(),
+            type(b), b.shape, b.dtype, b.device, b.is_contiguous(),
+            type(scale), scale, _meta(state_indices), type(config), config, type(inplace),
+            inplace, _meta(output), type(intermediate_states), intermediate_states,
+            type(check_values), check_values, _meta(output_state), _meta(status))
+
+
+class _Call:
+    """A checked signature's launch: what it allocates and launches with (see
+    :func:`_prepare`)."""
+
+    __slots__ = ("inplace", "intermediate", "pooled", "slot_values", "P", "hi_shape", "grid",
+                 "key", "scale", "kwargs")
+
+
+def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+             state_indices, intermediate_states, check_values, output_state, status) -> _Call:
+    """Every check of a call (the slot values too where ``check_values`` resolves so), and
+    what its signature fixes: the config, the grid, the launch key and arguments."""
     shape, check_values = validate_call(q, k, v, state, A_log, a, dt_bias, b, scale,
-                                    state_indices, check_values)
+                                        state_indices, check_values)
     HQ, HV, D = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     B, T = q.shape[0], q.shape[1]
     pooled = state_indices is not None
@@ -100,25 +139,63 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
         check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
     check_status(status, pooled, q)
     cfg = resolve_config(config, B, D, q.device)
-
-    # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)
-    o = output if output is not None else torch.empty_like(v)
-    ht = state if inplace else (output_state if output_state is not None
-                                else torch.empty_like(state))
-    hi = (state.new_empty((B, T, HV, D, D)) if intermediate_states else ht)
-    grid = (cfg.programs(B, HV, D),)
+    c = _Call()
+    c.inplace, c.intermediate, c.pooled = inplace, intermediate_states, pooled
+    c.slot_values = pooled and check_values
+    c.P, c.hi_shape, c.grid = state.shape[0], (B, T, HV, D, D), (cfg.programs(B, HV, D),)
+    c.scale = resolve_scale(scale, D)
     # the call site's launch key: with validated inputs, what the kernel specialises on
     # beyond addresses and int values (kernels.launch.FastLaunch.launch_keyed)
-    key = (T, HQ, HV, D, cfg, pooled, intermediate_states, status is None, state.dtype,
-           state_indices.dtype if pooled else None)
-    _DECODE_LAUNCH.launch_keyed(key, grid, (
-        q, k, v, state, ht, hi, state_indices if pooled else q, A_log, a, dt_bias, b, o,
-        status, resolve_scale(scale, D), state.shape[0]), lambda: dict(
-        T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES,
-        PREFETCH=cfg.PREFETCH, EVICT="evict_first" if cfg.EVICT_FIRST else "", POOLED=pooled,
-        INTERMEDIATE=intermediate_states, HAS_STATUS=status is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    return (o, ht, hi) if intermediate_states else (o, ht)
+    c.key = (T, HQ, HV, D, cfg, pooled, intermediate_states, status is None, state.dtype,
+             state_indices.dtype if pooled else None)
+    kwargs = dict(T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES,
+                  PREFETCH=cfg.PREFETCH, EVICT="evict_first" if cfg.EVICT_FIRST else "",
+                  POOLED=pooled, INTERMEDIATE=intermediate_states,
+                  HAS_STATUS=status is not None, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    c.kwargs = lambda: kwargs
+    return c
+
+
+def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+                   state_indices, intermediate_states, check_values, output_state=None,
+                   status=None):
+    """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
+    see :func:`gdn_decode`.
+
+    The checks run in full once per :func:`signature`; a repeat looks its :class:`_Call` up
+    and does only what changes per call: the slot values' host check where asked for, the
+    allocations, the launch with this call's tensors (their addresses)."""
+    try:
+        sig = signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
+                        inplace, output, intermediate_states, check_values, output_state,
+                        status)
+        c = _CALLS.get(sig)
+    except (AttributeError, TypeError):   # not a tensor, an unhashable option: checks say
+        sig = c = None
+    if c is None:
+        c = _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+                     state_indices, intermediate_states, check_values, output_state, status)
+        if sig is not None:
+            if len(_CALLS) >= MAX_CALLS:
+                _CALLS.clear()
+            _CALLS[sig] = c
+    elif c.slot_values:
+        check_slot_values(state_indices, c.P)
+    # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)
+    o = output if output is not None else torch.empty_like(v)
+    ht = state if c.inplace else (output_state if output_state is not None
+                                  else torch.empty_like(state))
+    hi = state.new_empty(c.hi_shape) if c.intermediate else ht
+    _DECODE_LAUNCH.launch_keyed(c.key, c.grid, (
+        q, k, v, state, ht, hi, state_indices if c.pooled else q, A_log, a, dt_bias, b, o,
+        status, c.scale, c.P), c.kwargs)
+    return (o, ht, hi) if c.intermediate else (o, ht)
+
+
+def clear_calls() -> None:
+    """Forget every checked signature (a test that changes the config table)."""
+    _CALLS.clear()
 
 
 def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
