@@ -66,10 +66,9 @@ def decode_stages(inp: dict) -> List[Stage]:
     o, ht = torch.empty_like(v), torch.empty_like(state)
     grid = (cfg.programs(B, HV, D),)
 
-    def checks():
-        ops.validate_call(q, k, v, state, A_log, a, dt_bias, b, None, None, None)
-        ops.resolve_inplace(None, False)
-        ops.check_status(None, False, q)
+    def checks():   # a repeat's checks: the signature and its lookup
+        return ops._CALLS.get(ops.signature(q, k, v, state, A_log, a, dt_bias, b, None, None,
+                                            None, None, None, False, None, None, None))
 
     def alloc():
         return torch.empty_like(v), torch.empty_like(state)
@@ -88,7 +87,6 @@ def decode_stages(inp: dict) -> List[Stage]:
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     return [("checks", checks),
-            ("config", lambda: ops.resolve_config(None, B, D, q.device)),
             ("alloc", alloc),
             ("bind:decode", args),
             ("launch:decode",
@@ -103,7 +101,7 @@ def prefill_stages(inp: dict) -> Tuple[str, List[Stage]]:
 
     from ..prefill import pipeline as pl
     from ..prefill.chunk_index import num_slots
-    from ..prefill.guard import check_status_tensor
+    from ..prefill.plan import CALLS
     from ..prefill.intra_chunk import intra_chunk_fwd
     from ..prefill.recurrent import recurrent_fwd
     from ..prefill.state_walk import state_walk_fwd
@@ -119,14 +117,12 @@ def prefill_stages(inp: dict) -> Tuple[str, List[Stage]]:
     plan = pl._shape_plan(q, shape, cu, None, None)
     o, ht = torch.empty_like(v), torch.empty_like(state)
 
-    def checks():
-        validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu, None,
-                                check_values=check_values)
-        check_status_tensor(None, q.device)
-        resolve_scale(None, shape.head_dim)
+    def checks():   # a repeat's checks and plan: the signature and its lookup
+        return (CALLS.get((pl.call_signature(q, k, v, state, A_log, a, dt_bias, b, cu, None,
+                                             None, None, None, None, None, None, "fused"),
+                           type(None), None)))
 
-    stages = [("checks", checks),
-              ("plan", lambda: pl._shape_plan(q, shape, cu, None, None)),
+    stages = [("checks+plan", checks),
               ("alloc", lambda: (torch.empty_like(v), torch.empty_like(state)))]
     if plan.path == "recurrent":
         stages.append(("bind+launch:recurrent",

@@ -17,12 +17,12 @@ def test_smoke_run_times_every_stage(tmp_path):
         by.setdefault((r["kind"], r["shape"]), []).append(r)
     assert [r["stage"] for r in by[("floor", "")]] == ["bare_launch"]
     stages = {key: [r["stage"] for r in rs] for key, rs in by.items()}
-    assert stages[("decode", "B=1")] == ["call", "checks", "config", "alloc", "bind:decode",
+    assert stages[("decode", "B=1")] == ["call", "checks", "alloc", "bind:decode",
                                          "launch:decode", "rest"]
     paths = {key: rs[0]["path"] for key, rs in by.items() if key[0] == "prefill"}
     assert paths == {("prefill", "6"): "recurrent", ("prefill", "2x64"): "single",
                      ("prefill", "256"): "walk"}
-    assert stages[("prefill", "256")] == ["call", "checks", "plan", "alloc", "workspace",
+    assert stages[("prefill", "256")] == ["call", "checks+plan", "alloc", "workspace",
                                           "bind:intra", "bind:walk", "launch:intra",
                                           "launch:walk", "rest"]
     for r in rows:
