@@ -89,16 +89,30 @@ def _current_stream(dev: int) -> int:
     return torch._C._cuda_getCurrentRawStream(dev)
 
 
+def _device() -> int:
+    """The current CUDA device's index (the C call under ``torch.cuda.current_device``,
+    without its Python wrapper: a launch only happens once CUDA is initialised)."""
+    return torch._C._cuda_getDevice()
+
+
+def _no_hooks(rt) -> bool:
+    """Whether no launch hook is set (a profiler's): Triton >= 3.6 keeps them in a
+    ``HookChain`` (empty: ``calls == []``), earlier ones as a callable or None."""
+    e, x = rt.launch_enter_hook, rt.launch_exit_hook
+    return ((e is None or getattr(e, "calls", True) == []) and
+            (x is None or getattr(x, "calls", True) == []))
+
+
 def _direct(hit, grid, stream):
     """``(run, call)``: ``run(*call)`` launches the compiled kernel of ``hit`` (``(compiled
     kernel, arguments with the tensors as addresses, constexpr tail)``) on ``grid`` and
     ``stream``: Triton's C launcher called as ``CompiledKernel.__getitem__``'s runner calls
-    it, without that wrapper; with a profiler's launch hooks set, that runner (it calls
-    them)."""
+    it, without that wrapper and, with no launch hook set, without launch metadata or
+    hooks; with a profiler's launch hooks set, that runner (it calls them)."""
     ck, addrs, tail = hit
     g = tuple(grid) + (1,) * (3 - len(grid))
     rt = _knobs.runtime if _knobs is not None else None
-    if rt is not None and rt.launch_enter_hook is None and rt.launch_exit_hook is None:
+    if rt is not None and _no_hooks(rt):
         return ck.run, (g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None,
                         None, None, *addrs, *tail)
     runner = ck[g]
@@ -156,7 +170,7 @@ class FastLaunch:
             else:
                 keys.append(_arg_key(a))
                 addrs.append(a)
-        return (torch.cuda.current_device(), tuple(keys), tuple(kwargs.items())), addrs
+        return (_device(), tuple(keys), tuple(kwargs.items())), addrs
 
     def _ordered(self, args, kwargs):
         ordered = list(args)
@@ -195,7 +209,7 @@ class FastLaunch:
         if not fast_launch_enabled() or len(args) != self._n_plain:
             kwargs = make_kwargs()
             return lambda: self.fn[grid](*args, **kwargs)
-        dev = torch.cuda.current_device()
+        dev = _device()
         hit = self._hit(dev, key, args)
         if hit is None:
             kwargs = make_kwargs()
@@ -226,7 +240,7 @@ class FastLaunch:
         a misaligned tensor, a new int class), which takes :meth:`launch`."""
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return self.fn[grid](*args, **make_kwargs())
-        dev = torch.cuda.current_device()
+        dev = _device()
         hit = self._hit(dev, key, args)
         if hit is None:
             return self._first(dev, key, grid, args, make_kwargs())
@@ -234,8 +248,7 @@ class FastLaunch:
         try:
             g = tuple(grid) + (1,) * (3 - len(grid))
             rt = _knobs.runtime if _knobs is not None else None
-            if (rt is not None and rt.launch_enter_hook is None
-                    and rt.launch_exit_hook is None):   # as _direct, without its argument tuple
+            if rt is not None and _no_hooks(rt):   # as _direct, without its argument tuple
                 ck.run(g[0], g[1], g[2], _current_stream(dev), ck.function, ck.packed_metadata,
                        None, None, None, *addrs, *tail)
             else:

@@ -49,6 +49,8 @@ __all__ = [
     "make_prefill_inputs",
     "validate_decode_inputs",
     "validate_prefill_inputs",
+    "check_slot_values",
+    "check_cu_seqlens_values",
     "decode_state_bytes",
     "STATE_DTYPES",
 ]
@@ -428,8 +430,14 @@ def _check_state_indices(idx, B: int, P: int, dev, check_values: bool) -> None:
         raise ValueError(f"state_indices must be on {dev} (like q), got {idx.device}")
     if not idx.is_contiguous():
         raise ValueError(f"state_indices must be contiguous (got strides {idx.stride()})")
-    if not check_values:
-        return
+    if check_values:
+        check_slot_values(idx, P)
+
+
+def check_slot_values(idx, P: int) -> None:
+    """The values of checked ``state_indices`` metadata: every live (non-negative) slot below
+    the pool size ``P``, none repeated (a device-to-host copy on CUDA). Per call: a cached
+    signature (:mod:`kernels.decode.ops`) skips the metadata checks, never these."""
     slots = idx.detach().to("cpu", torch.int64)
     live = slots[slots >= 0]
     if bool((live >= P).any()):
@@ -498,11 +506,18 @@ def validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, sc
         _expect_shape("state", state, (N, hv, d, d))
     _check_scale(scale)
     if check_values:
-        cu = cu_seqlens.detach().to("cpu", torch.int64)
-        if int(cu[0]) != 0:
-            raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
-        if bool((cu[1:] < cu[:-1]).any()):
-            raise ValueError(f"cu_seqlens must be non-decreasing, got {cu.tolist()[:16]}")
-        if int(cu[-1]) != T:
-            raise ValueError(f"cu_seqlens[-1] must equal T={T} (q.shape[0]), got {int(cu[-1])}")
+        check_cu_seqlens_values(cu_seqlens, T)
     return shape
+
+
+def check_cu_seqlens_values(cu_seqlens, T: int) -> None:
+    """The values of ``cu_seqlens`` with checked metadata: starts at 0, non-decreasing, ends
+    at ``T`` (a device-to-host copy on CUDA). Per call: a cached signature
+    (:func:`kernels.prefill.gdn_prefill`) skips the metadata checks, never these."""
+    cu = cu_seqlens.detach().to("cpu", torch.int64)
+    if int(cu[0]) != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {int(cu[0])}")
+    if bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {cu.tolist()[:16]}")
+    if int(cu[-1]) != T:
+        raise ValueError(f"cu_seqlens[-1] must equal T={T} (q.shape[0]), got {int(cu[-1])}")

@@ -112,7 +112,7 @@ def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
     constexprs in order, defaults filled, tensors as addresses and the stream fixed."""
     from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_device", lambda: 0)
     monkeypatch.setattr(launch, "_current_stream", lambda dev: 99)
     fn = _Jit()
     fl = FastLaunch(fn)
@@ -127,11 +127,11 @@ def test_bound_launch_orders_arguments_and_passes_addresses(monkeypatch):
 
 
 def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
-    """A ``TypeError`` from the compiled kernel's runner (Triton's internal API moved)
+    """A ``TypeError`` from the compiled kernel's launcher (Triton's internal API moved)
     turns direct launches off, with a warning, and launches through ``kernel[grid]``."""
     from kernels import launch
     monkeypatch.setattr(launch, "_DISABLED_REASON", None)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_device", lambda: 0)
     monkeypatch.setattr(launch, "_current_stream", lambda dev: 1)
     monkeypatch.setenv("GDN_FAST_LAUNCH", "1")
     monkeypatch.setattr(launch.interpret, "INTERPRET", False)
@@ -141,6 +141,9 @@ def test_bound_launch_falls_back_to_plain_when_triton_changes(monkeypatch):
             def runner(*args, stream=None):
                 raise TypeError("runner() got an unexpected keyword argument 'stream'")
             return runner
+
+        def run(self, *args):
+            raise TypeError("run() takes 9 positional arguments")
 
     fn = _Jit()
     fn.compiled = Moved()
@@ -172,7 +175,7 @@ def test_keyed_launch_reads_only_addresses_and_int_classes(monkeypatch):
     generic path again (never the kernel specialised for another class)."""
     from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_device", lambda: 0)
     monkeypatch.setattr(launch, "_current_stream", lambda dev: 7)
     fn = _Jit()
     fl = FastLaunch(fn)
@@ -201,7 +204,7 @@ def test_keyed_bind_builds_nothing_on_a_repeat_and_keys_the_device(monkeypatch):
     from kernels import launch
     monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
     device = [0]
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(launch, "_device", lambda: device[0])
     monkeypatch.setattr(launch, "_current_stream", lambda dev: 100 + dev)
     fn = _Jit()
     fl = FastLaunch(fn)
@@ -260,3 +263,20 @@ def test_prefill_launch_keys_fix_what_triton_specialises_on(monkeypatch):
     assert {"intra_chunk_kernel", "state_walk_kernel", "state_walk_t_kernel",
             "segment_combine_t_kernel", "segment_split_kernel",
             "recurrent_prefill_kernel"} <= names
+
+
+def test_direct_launch_only_without_launch_hooks():
+    """A direct launch skips Triton's launch hooks, so it is taken only where none is set:
+    an empty ``HookChain`` (Triton >= 3.6) or None; a hook added to the chain, or a
+    callable (earlier Tritons), sends the launch through Triton's runner, which calls it."""
+    from types import SimpleNamespace as NS
+
+    from triton.knobs import HookChain
+
+    from kernels import launch
+    off, on = HookChain(), HookChain()
+    on.add(lambda *a: None)
+    assert launch._no_hooks(NS(launch_enter_hook=off, launch_exit_hook=HookChain()))
+    assert launch._no_hooks(NS(launch_enter_hook=None, launch_exit_hook=None))
+    assert not launch._no_hooks(NS(launch_enter_hook=on, launch_exit_hook=off))
+    assert not launch._no_hooks(NS(launch_enter_hook=None, launch_exit_hook=lambda *a: None))

@@ -1,8 +1,9 @@
 """Launcher and public entry point of the GDN decode kernel.
 
 ``gdn_decode_fwd`` checks (metadata only, before anything is allocated or
-launched), allocates the outputs and launches :func:`gdn_decode_kernel` once (a
-repeat launch directly, :class:`kernels.launch.FastLaunch`);
+launched; in full once per signature of the call, :func:`signature`), allocates the
+outputs and launches :func:`gdn_decode_kernel` once (a repeat launch directly,
+:class:`kernels.launch.FastLaunch`);
 ``gdn_decode`` is the public function with the documented signature.
 """
 from __future__ import annotations
@@ -12,19 +13,19 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..launch import FastLaunch
-from ..spec import resolve_scale, validate_decode_inputs
+from ..spec import check_slot_values, resolve_scale, validate_decode_inputs
 from .config import DecodeConfig
 from .kernel import gdn_decode_kernel
 from .table import config_for_device
 
-__all__ = ["gdn_decode_fwd", "gdn_decode"]
+__all__ = ["gdn_decode_fwd", "gdn_decode", "signature", "clear_calls", "MAX_CALLS"]
 
 # repeat launches go straight to the compiled kernel (kernels.launch): Triton's
 # kernel[grid](...) binds and specialises 14 arguments and 11 constexprs on every call
 _DECODE_LAUNCH = FastLaunch(gdn_decode_kernel)
 
 
-def _check_buffer(name, x, dtype, shape, q) -> None:
+def check_buffer(name, x, dtype, shape, q) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(x).__name__}")
     if x.dtype != dtype:
@@ -37,7 +38,7 @@ def _check_buffer(name, x, dtype, shape, q) -> None:
         raise ValueError(f"{name} must be contiguous (got strides {x.stride()})")
 
 
-def _validate(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, check_values):
+def validate_call(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, check_values):
     """The decode inputs checked (slot values too when ``check_values``; None: only off
     CUDA, where it costs no sync): ``(GDNShape, check_values as a bool)``."""
     if check_values is None:
@@ -47,14 +48,14 @@ def _validate(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, check_
                                   check_values=check_values), check_values
 
 
-def _check_status(status, pooled: bool, q) -> None:
+def check_status(status, pooled: bool, q) -> None:
     if status is not None:
         if not pooled:
             raise ValueError("status goes with state_indices (it reports bad pool slots)")
-        _check_buffer("status", status, torch.int32, (1,), q)
+        check_buffer("status", status, torch.int32, (1,), q)
 
 
-def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
+def resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
     if config is None:
         return config_for_device(batch, device, head_dim)
     if isinstance(config, str):
@@ -66,7 +67,7 @@ def _resolve_config(config, batch: int, head_dim: int, device) -> DecodeConfig:
     return config
 
 
-def _resolve_inplace(inplace, pooled: bool) -> bool:
+def resolve_inplace(inplace, pooled: bool) -> bool:
     if inplace is None:
         return pooled
     if not isinstance(inplace, bool):
@@ -77,48 +78,124 @@ def _resolve_inplace(inplace, pooled: bool) -> bool:
     return inplace
 
 
-def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
-                   state_indices, intermediate_states, check_values, output_state=None,
-                   status=None):
-    """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
-    see :func:`gdn_decode`."""
-    shape, check_values = _validate(q, k, v, state, A_log, a, dt_bias, b, scale,
-                                    state_indices, check_values)
+#: What a call's signature fixes (:func:`signature` -> :class:`_Call`): a repeat skips the
+#: checks and the resolution of the options. At most :data:`MAX_CALLS`, then forgotten.
+_CALLS: dict = {}
+MAX_CALLS = 1024
+
+
+def _meta(x):
+    return None if x is None else (type(x), x.shape, x.dtype, x.device, x.is_contiguous())
+
+
+def signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config, inplace,
+              output, intermediate_states, check_values, output_state, status) -> tuple:
+    """Everything the checks of a call read, as a key: per tensor its type, shape, dtype,
+    device and contiguity (what the metadata checks read; the kernel takes contiguous
+    tensors, so other strides are a contiguity of False), each option with its type (``1``
+    and ``True`` are checked differently). Raises AttributeError where an argument is not a
+    tensor (the checks then say which)."""
+    return (type(q), q.shape, q.dtype, q.device, q.is_contiguous(),
+            type(k), k.shape, k.dtype, k.device, k.is_contiguous(),
+            type(v), v.shape, v.dtype, v.device, v.is_contiguous(),
+            type(state), state.shape, state.dtype, state.device, state.is_contiguous(),
+            type(A_log), A_log.shape, A_log.dtype, A_log.device, A_log.is_contiguous(),
+            type(a), a.shape, a.dtype, a.device, a.is_contiguous(),
+            type(dt_bias), dt_bias.shape, dt_bias.dtype, dt_bias.device,
+            dt_bias.is_contiguous(),
+            type(b), b.shape, b.dtype, b.device, b.is_contiguous(),
+            type(scale), scale, _meta(state_indices), type(config), config, type(inplace),
+            inplace, _meta(output), type(intermediate_states), intermediate_states,
+            type(check_values), check_values, _meta(output_state), _meta(status))
+
+
+class _Call:
+    """A checked signature's launch: what it allocates and launches with (see
+    :func:`_prepare`)."""
+
+    __slots__ = ("inplace", "intermediate", "pooled", "slot_values", "P", "hi_shape", "grid",
+                 "key", "scale", "kwargs")
+
+
+def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+             state_indices, intermediate_states, check_values, output_state, status) -> _Call:
+    """Every check of a call (the slot values too where ``check_values`` resolves so), and
+    what its signature fixes: the config, the grid, the launch key and arguments."""
+    shape, check_values = validate_call(q, k, v, state, A_log, a, dt_bias, b, scale,
+                                        state_indices, check_values)
     HQ, HV, D = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     B, T = q.shape[0], q.shape[1]
     pooled = state_indices is not None
-    inplace = _resolve_inplace(inplace, pooled)
+    inplace = resolve_inplace(inplace, pooled)
     if not isinstance(intermediate_states, bool):
         raise TypeError(f"intermediate_states must be a bool, got "
                         f"{type(intermediate_states).__name__}")
     if output is not None:
-        _check_buffer("output", output, torch.bfloat16, (B, T, HV, D), q)
+        check_buffer("output", output, torch.bfloat16, (B, T, HV, D), q)
     if output_state is not None:
         if inplace:
             raise ValueError("output_state must be None when the state is updated in place "
                              "(inplace=True or state_indices)")
-        _check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
-    _check_status(status, pooled, q)
-    cfg = _resolve_config(config, B, D, q.device)
-
-    # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)
-    o = output if output is not None else torch.empty_like(v)
-    ht = state if inplace else (output_state if output_state is not None
-                                else torch.empty_like(state))
-    hi = (state.new_empty((B, T, HV, D, D)) if intermediate_states else ht)
-    grid = (cfg.programs(B, HV, D),)
+        check_buffer("output_state", output_state, state.dtype, tuple(state.shape), q)
+    check_status(status, pooled, q)
+    cfg = resolve_config(config, B, D, q.device)
+    c = _Call()
+    c.inplace, c.intermediate, c.pooled = inplace, intermediate_states, pooled
+    c.slot_values = pooled and check_values
+    c.P, c.hi_shape, c.grid = state.shape[0], (B, T, HV, D, D), (cfg.programs(B, HV, D),)
+    c.scale = resolve_scale(scale, D)
     # the call site's launch key: with validated inputs, what the kernel specialises on
     # beyond addresses and int values (kernels.launch.FastLaunch.launch_keyed)
-    key = (T, HQ, HV, D, cfg, pooled, intermediate_states, status is None, state.dtype,
-           state_indices.dtype if pooled else None)
-    _DECODE_LAUNCH.launch_keyed(key, grid, (
-        q, k, v, state, ht, hi, state_indices if pooled else q, A_log, a, dt_bias, b, o,
-        status, resolve_scale(scale, D), state.shape[0]), lambda: dict(
-        T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES,
-        PREFETCH=cfg.PREFETCH, EVICT="evict_first" if cfg.EVICT_FIRST else "", POOLED=pooled,
-        INTERMEDIATE=intermediate_states, HAS_STATUS=status is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    return (o, ht, hi) if intermediate_states else (o, ht)
+    c.key = (T, HQ, HV, D, cfg, pooled, intermediate_states, status is None, state.dtype,
+             state_indices.dtype if pooled else None)
+    kwargs = dict(T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES,
+                  PREFETCH=cfg.PREFETCH, EVICT="evict_first" if cfg.EVICT_FIRST else "",
+                  POOLED=pooled, INTERMEDIATE=intermediate_states,
+                  HAS_STATUS=status is not None, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    c.kwargs = lambda: kwargs
+    return c
+
+
+def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+                   state_indices, intermediate_states, check_values, output_state=None,
+                   status=None):
+    """Check, allocate, launch. Returns ``(output, new_state[, intermediate_states])``;
+    see :func:`gdn_decode`.
+
+    The checks run in full once per :func:`signature`; a repeat looks its :class:`_Call` up
+    and does only what changes per call: the slot values' host check where asked for, the
+    allocations, the launch with this call's tensors (their addresses)."""
+    try:
+        sig = signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
+                        inplace, output, intermediate_states, check_values, output_state,
+                        status)
+        c = _CALLS.get(sig)
+    except (AttributeError, TypeError):   # not a tensor, an unhashable option: checks say
+        sig = c = None
+    if c is None:
+        c = _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
+                     state_indices, intermediate_states, check_values, output_state, status)
+        if sig is not None:
+            if len(_CALLS) >= MAX_CALLS:
+                _CALLS.clear()
+            _CALLS[sig] = c
+    elif c.slot_values:
+        check_slot_values(state_indices, c.P)
+    # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)
+    o = output if output is not None else torch.empty_like(v)
+    ht = state if c.inplace else (output_state if output_state is not None
+                                  else torch.empty_like(state))
+    hi = state.new_empty(c.hi_shape) if c.intermediate else ht
+    _DECODE_LAUNCH.launch_keyed(c.key, c.grid, (
+        q, k, v, state, ht, hi, state_indices if c.pooled else q, A_log, a, dt_bias, b, o,
+        status, c.scale, c.P), c.kwargs)
+    return (o, ht, hi) if c.intermediate else (o, ht)
+
+
+def clear_calls() -> None:
+    """Forget every checked signature (a test that changes the config table)."""
+    _CALLS.clear()
 
 
 def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,

@@ -27,7 +27,7 @@ import triton
 from ..gpu_limits import device_limits
 from ..spec import resolve_scale
 from .config import DecodeConfig
-from .ops import _check_buffer, _check_status, _resolve_config, _validate
+from .ops import check_buffer, check_status, resolve_config, validate_call
 from .replay_kernel import gdn_replay_kernel
 from .table import config_for_device
 
@@ -144,11 +144,11 @@ def _check_ring(ring, rows: int, hq: int, hv: int, d: int, T: int, q) -> None:
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise ValueError(f"ring.{name} must be an int >= 1, got {val!r}")
     C = ring.capacity
-    _check_buffer("ring.k", ring.k, torch.bfloat16, (rows, C, hq, d), q)
-    _check_buffer("ring.u", ring.u, torch.float32, (rows, C, hv, d), q)
-    _check_buffer("ring.g", ring.g, torch.float32, (rows, C, hv), q)
-    _check_buffer("ring.head", ring.head, torch.int32, (rows, 2), q)
-    _check_buffer("ring.count", ring.count, torch.int32, (rows,), q)
+    check_buffer("ring.k", ring.k, torch.bfloat16, (rows, C, hq, d), q)
+    check_buffer("ring.u", ring.u, torch.float32, (rows, C, hv, d), q)
+    check_buffer("ring.g", ring.g, torch.float32, (rows, C, hv), q)
+    check_buffer("ring.head", ring.head, torch.int32, (rows, 2), q)
+    check_buffer("ring.count", ring.count, torch.int32, (rows,), q)
     if T > ring.max_tokens:
         raise ValueError(f"q has T={T} tokens per sequence; this ring takes at most "
                          f"{ring.max_tokens} per call (ReplayRing.empty(..., max_tokens=...))")
@@ -160,7 +160,7 @@ def _check_rollback(rollback, B: int, q) -> None:
     if rollback.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"rollback must have dtype torch.int32 or torch.int64, "
                         f"got {rollback.dtype}")
-    _check_buffer("rollback", rollback, rollback.dtype, (B,), q)
+    check_buffer("rollback", rollback, rollback.dtype, (B,), q)
 
 
 def _check_ring_values(ring: ReplayRing, rollback, state_indices) -> None:
@@ -232,7 +232,7 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
         TypeError / ValueError naming the offending argument, before anything is
         written or launched.
     """
-    shape, check_values = _validate(q, k, v, state, A_log, a, dt_bias, b, scale,
+    shape, check_values = validate_call(q, k, v, state, A_log, a, dt_bias, b, scale,
                                     state_indices, check_values)
     hq, hv, d = shape.num_q_heads, shape.num_v_heads, shape.head_dim
     B, T = q.shape[0], q.shape[1]
@@ -241,10 +241,10 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
     if rollback is not None:
         _check_rollback(rollback, B, q)
     if output is not None:
-        _check_buffer("output", output, torch.bfloat16, (B, T, hv, d), q)
-    _check_status(status, pooled, q)
+        check_buffer("output", output, torch.bfloat16, (B, T, hv, d), q)
+    check_status(status, pooled, q)
     cfg = (replay_config_for(B, d, hv, q.device) if config is None
-           else _resolve_config(config, B, d, q.device))
+           else resolve_config(config, B, d, q.device))
     if check_values:
         _check_ring_values(ring, rollback, state_indices)
     bv = min(cfg.BV * cfg.V_TILES, d)

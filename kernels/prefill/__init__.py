@@ -30,9 +30,10 @@ from .chunk_index import BT
 from .config import ACCURATE_CONFIG, DEFAULT_CONFIG, PrefillConfig, recurrent_rule
 from .graph import clear_graph_cache, graph_cache_info, prefill_graph
 from .guard import describe_status
-from .pipeline import (prefill_fused, prefill_fused_gates, prefill_no_sync, prefill_recurrent,
-                       prefill_unfused)
-from .plan import LAUNCHES, Plan, prefill_plan
+from .pipeline import (call_signature, prefill_fused, prefill_fused_gates,
+                       prefill_no_sync, prefill_recurrent, prefill_unfused, prepare_call,
+                       run_call)
+from .plan import CALLS, LAUNCHES, MAX_CALLS, Plan, prefill_plan
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
            "prefill_plan", "Plan", "graph_cache_info", "clear_graph_cache",
@@ -50,6 +51,11 @@ _IMPLS = {
     "recurrent": prefill_recurrent,
 }
 _CP_VARIANTS = ("fused", "graph")
+#: The variants whose calls are checked and planned once per signature
+#: (:func:`.pipeline.call_signature`): a repeat looks its :class:`.pipeline.PreparedCall` up
+#: and runs only what changes per call (:func:`.pipeline.run_call`). At most
+#: :data:`.plan.MAX_CALLS` signatures (in :data:`.plan.CALLS`, forgotten with the plans).
+_PREPARED = ("fused", "recurrent")
 
 
 def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -123,17 +129,43 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Raises:
         TypeError / ValueError naming the offending argument, before anything is
         allocated or launched; ValueError for an unknown ``variant``.
+
+    ``fused`` and ``recurrent`` calls are checked and planned in full once per signature
+    (every tensor's type, shape, dtype, device, contiguity and every option:
+    :func:`.pipeline.call_signature`); a repeat runs only what changes per call
+    (:func:`.pipeline.run_call`: ``cu_seqlens``' values where they are checked on the host,
+    fresh outputs, the launches).
     """
+    try:
+        sig = (call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                              output_state, check_values, status, cp, config, variant),
+               type(BV), BV)
+        c = CALLS.get(sig)
+    except (AttributeError, TypeError):   # not a tensor, an unhashable option: checks say
+        sig = c = None
+    if c is not None:
+        return run_call(c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, output,
+                        output_state, status)
     fn = _impl(variant)
-    kwargs = dict(output=output, output_state=output_state, config=_resolve(config, BV, q),
-                  status=status)
+    config = _resolve(config, BV, q)
+    if variant not in _CP_VARIANTS and cp not in (None, False):
+        raise ValueError(f"cp is only supported by the variants {_CP_VARIANTS}, got "
+                         f"variant={variant!r}")
+    if variant in _PREPARED:
+        c = prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                         output_state, check_values, status, cp, config,
+                         recurrent=variant == "recurrent")
+        if sig is not None:
+            if len(CALLS) >= MAX_CALLS:
+                CALLS.clear()
+            CALLS[sig] = c
+        return run_call(c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, output,
+                        output_state, status)
+    kwargs = dict(output=output, output_state=output_state, config=config, status=status)
     if check_values is not None:
         kwargs["check_values"] = check_values
     if variant in _CP_VARIANTS:
         kwargs["cp"] = cp
-    elif cp not in (None, False):
-        raise ValueError(f"cp is only supported by the variants {_CP_VARIANTS}, got "
-                         f"variant={variant!r}")
     return fn(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, **kwargs)
 
 

@@ -64,7 +64,7 @@ TAIL_SPLIT_CHUNKS = 8
 
 
 def tail_split_rule(config: "PrefillConfig") -> int:
-    """Phase C's split tail (``tail`` of :func:`.state_walk_gluon.phase_c_fwd`):
+    """Phase C's split tail (``tail`` of :func:`.pipeline.phase_c_fwd`):
     :data:`TAIL_SPLIT_CHUNKS` with ``"bf16"`` products, 0 with ``"bf16x2"`` (every product
     split already)."""
     return TAIL_SPLIT_CHUNKS if config.precision == "bf16" else 0
@@ -193,7 +193,7 @@ def walk_gluon_rule(cc: Optional[int], interpreted: bool, have_gluon: bool, D: i
       ``gluon_walk``.
 
     At launch, the tensors TMA reads and writes must have 16-byte aligned base addresses
-    (every torch allocation has; :func:`.state_walk_gluon.phase_c_fwd` takes the Triton
+    (every torch allocation has; :func:`.pipeline.phase_c_fwd` takes the Triton
     walk for a view that does not). The kernel handles everything else of phase C on the
     long paths: packed sequences, partial last chunks, the device split, the guard."""
     return (cc == 90 and not interpreted and have_gluon and D == 128

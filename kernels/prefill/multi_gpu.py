@@ -69,10 +69,9 @@ from .context_parallel import cp_long_segment_chunks, segment_combine_t_fwd  # n
 from .dots import mm  # noqa: E402
 from .intra_chunk import intra_chunk_fwd  # noqa: E402
 from ..launch import FastLaunch  # noqa: E402
-from .pipeline import _workspace  # noqa: E402
+from .pipeline import phase_c_fwd, workspace_views  # noqa: E402
 from .plan import (MAX_PLANS, fitted_config, intra_kwargs, layout_views,  # noqa: E402
                    phase_c_gluon, workspace_layout)
-from .state_walk_gluon import phase_c_fwd  # noqa: E402
 from .state_walk_t import state_walk_t_fwd  # noqa: E402
 
 __all__ = ["prefill_multi_gpu", "even_bounds", "exchange_bytes", "piece_compose_kernel",
@@ -264,7 +263,7 @@ class RankPlan:
     key): the long path's segments on the rank's slice and every launch's arguments but
     the tensors and the scale, and the one workspace allocation (the call's intermediates,
     the rank's indices, the exchange's buffers, the entering states; the views of
-    :func:`.plan.workspace_layout` plus the rank's own, cut by :func:`.pipeline._workspace`).
+    :func:`.plan.workspace_layout` plus the rank's own, cut by :func:`.pipeline.workspace_views`).
 
     Attributes:
         rank, world, t0, t1, T, N, HV, D: the call's partition and shape (``T``: all ranks').
@@ -274,7 +273,7 @@ class RankPlan:
             :func:`.context_parallel.segment_combine_t_fwd` (:func:`.plan.long_path_args`,
             the one GPU's builder, plus phase A's ``summary_last`` and phase C's ``guard``).
         phase_c_gluon: phase C is the Gluon walk (:func:`.plan.phase_c_gluon`; launched
-            through :func:`.state_walk_gluon.phase_c_fwd`).
+            through :func:`.pipeline.phase_c_fwd`).
         index, compose, enter: ``(grid, keyword arguments)`` of :func:`rank_index_kernel`,
             :func:`piece_compose_kernel`, :func:`enter_state_kernel` (the latter two None
             where unused: one rank; rank 0).
@@ -432,7 +431,7 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
                   not check_values, q.device)
     scale = resolve_scale(scale, D)
     dev = q.device
-    ws = _workspace(p, dev)
+    ws = workspace_views(p, dev)
     o = torch.empty(T_r, HV, D, dtype=torch.bfloat16, device=dev)
     ht = torch.empty(N, HV, D, D, dtype=torch.float32, device=dev)
     cu_local, meta, summ, negl, s0 = (ws["cu_local"], ws.get("meta"), ws["summary"],

@@ -58,7 +58,7 @@ from typing import Union
 
 import torch
 
-from ..spec import resolve_scale, validate_prefill_inputs
+from ..spec import check_cu_seqlens_values, resolve_scale, validate_prefill_inputs
 from .chunk_index import num_slots, prepare_chunk_indices
 from .context_parallel import segment_combine_t_fwd, segment_split_fwd
 from .gates import chunk_gates_fwd, gates_torch
@@ -67,11 +67,13 @@ from .intra_chunk import intra_chunk_fwd
 from .plan import Plan, call_plan, fitted_config, intra_kwargs
 from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
-from .state_walk_gluon import phase_c_fwd
+from .state_walk_gluon import state_walk_gluon_fwd, tma_ready
 from .state_walk_t import state_walk_t_fwd
 
 __all__ = ["prefill_unfused", "prefill_fused_gates", "prefill_no_sync", "prefill_fused",
-           "prefill_recurrent", "fused_launches", "check_out_tensor"]
+           "prefill_recurrent", "fused_launches", "check_out_tensor",
+           "workspace_views", "phase_c_fwd", "PreparedCall", "call_signature",
+           "prepare_call", "run_call"]
 
 
 def check_out_tensor(name: str, t, shape, dtype, device) -> None:
@@ -220,13 +222,10 @@ def prefill_fused(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     (:func:`_cp_long`: transposed walks, a phase-B combine kernel). Unchecked
     ``cu_seqlens`` values are checked on the device by the last kernel (:mod:`.guard`).
     """
-    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
-                                          scale, output, output_state, check_values, status)
-    fused_launches(_shape_plan(q, shape, cu_seqlens, cp, config), q, k, v, state, A_log, a,
-                   dt_bias, b, cu_seqlens, scale, o, ht, guard=not checked, status=status)
-    if checked and status is not None:
-        status.zero_()
-    return o, ht
+    return run_call(prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                 output, output_state, check_values, status, cp, config),
+                    q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, output, output_state,
+                    status)
 
 
 def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
@@ -235,17 +234,98 @@ def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     """The token-recurrent kernel (:mod:`.recurrent`) at any length: one launch, unchecked
     ``cu_seqlens`` guarded on the device. ``config`` is checked but has no lever here (the
     kernel works in f32 throughout)."""
-    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
-                                          scale, output, output_state, check_values, status)
-    fitted_config(config, shape.head_dim)
-    recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
-                  guard=not checked, status=status)
-    if checked and status is not None:
+    return run_call(prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                 output, output_state, check_values, status, None, config,
+                                 recurrent=True),
+                    q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, output, output_state,
+                    status)
+
+
+class PreparedCall:
+    """What a checked call of ``fused`` or ``recurrent`` fixes for every call of its
+    signature (:func:`call_signature`): the plan (None: the recurrent variant), the scale,
+    whether ``cu_seqlens``' values are checked on the host per call (else guarded on the
+    device), the final state's shape."""
+
+    __slots__ = ("plan", "scale", "checked", "T", "state_shape")
+
+
+def _meta(x):
+    return None if x is None else (type(x), x.shape, x.dtype, x.device, x.is_contiguous())
+
+
+def call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                   output_state, check_values, status, cp, config, variant) -> tuple:
+    """Everything the checks and the plan of a call read, as a key: per tensor its type,
+    shape, dtype, device and contiguity (the kernels take contiguous tensors: other strides
+    are a contiguity of False), each option with its type (``cp=True`` and ``cp=1`` plan
+    differently). Raises AttributeError where an argument is not a tensor."""
+    return (type(q), q.shape, q.dtype, q.device, q.is_contiguous(),
+            type(k), k.shape, k.dtype, k.device, k.is_contiguous(),
+            type(v), v.shape, v.dtype, v.device, v.is_contiguous(),
+            type(A_log), A_log.shape, A_log.dtype, A_log.device, A_log.is_contiguous(),
+            type(a), a.shape, a.dtype, a.device, a.is_contiguous(),
+            type(dt_bias), dt_bias.shape, dt_bias.dtype, dt_bias.device,
+            dt_bias.is_contiguous(),
+            type(b), b.shape, b.dtype, b.device, b.is_contiguous(),
+            type(cu_seqlens), cu_seqlens.shape, cu_seqlens.dtype, cu_seqlens.device,
+            cu_seqlens.is_contiguous(), _meta(state), type(scale), scale, _meta(output),
+            _meta(output_state), type(check_values), check_values, _meta(status),
+            type(cp), cp, type(config), config, variant)
+
+
+def prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                 output_state, check_values, status, cp, config,
+                 recurrent: bool = False) -> PreparedCall:
+    """Every check of a ``fused`` (``recurrent``: ``recurrent``) call, the values of
+    ``cu_seqlens`` too where ``check_values`` resolves so, and its plan."""
+    if check_values is None:
+        check_values = q.device.type != "cuda" if isinstance(q, torch.Tensor) else True
+    shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+                                    check_values=check_values)
+    check_status_tensor(status, q.device)
+    T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
+    N = cu_seqlens.numel() - 1
+    if output is not None:
+        check_out_tensor("output", output, (T, HV, D), torch.bfloat16, q.device)
+    if output_state is not None:
+        check_out_tensor("output_state", output_state, (N, HV, D, D), torch.float32, q.device)
+    c = PreparedCall()
+    if recurrent:
+        fitted_config(config, D)
+        c.plan = None
+    else:
+        c.plan = _shape_plan(q, shape, cu_seqlens, cp, config)
+    c.scale, c.checked, c.T = resolve_scale(scale, D), bool(check_values), T
+    c.state_shape = (N, HV, D, D)
+    return c
+
+
+def run_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, output,
+             output_state, status):
+    """What changes per call of a prepared signature: the host check of ``cu_seqlens``'
+    values (where the call checks them on the host), the outputs (fresh unless given), the
+    launches with this call's tensors."""
+    if c.checked:
+        check_cu_seqlens_values(cu_seqlens, c.T)
+    # empty_like where a validated input has the shape: the cheapest allocation on the host
+    o = output if output is not None else torch.empty_like(v)
+    ht = output_state if output_state is not None else (
+        torch.empty_like(state) if state is not None
+        else torch.empty(c.state_shape, dtype=torch.float32, device=q.device))
+    guard = not c.checked
+    if c.plan is None:
+        recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, c.scale, o, ht,
+                      guard=guard, status=status)
+    else:
+        fused_launches(c.plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, c.scale, o,
+                       ht, guard=guard, status=status)
+    if c.checked and status is not None:
         status.zero_()
     return o, ht
 
 
-def _workspace(plan: Plan, device) -> dict:
+def workspace_views(plan: Plan, device) -> dict:
     """The plan's intermediates as views of one allocation (:func:`.plan.workspace_layout`),
     by name: a float32 buffer, viewed once per other dtype, cut by ``as_strided``. ``plan``:
     anything with a plan's ``nbytes`` and ``views`` (also :mod:`.multi_gpu`'s rank plans)."""
@@ -273,7 +353,7 @@ def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
         recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
                       guard=guard, status=status, gates=gates)
         return None
-    ws = _workspace(plan, q.device)
+    ws = workspace_views(plan, q.device)
     tb, gc, aqk = ws["Tb"], ws["gc"], ws["Aqk"]
     walkers, intra = None, plan.intra
     if plan.path == "single":
@@ -349,3 +429,23 @@ def _cp_long(plan: Plan, ws: dict, q, k, v, cu_seqlens, state, o, ht, scale, go_
     go_b()
     go_c()
     return None
+
+
+def phase_c_fwd(gluon: bool, q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_state,
+                scale: float, seg_t: int, tail: int, seg_mult=None, guard: bool = False,
+                status=None, defer: bool = False, **triton_kw):
+    """Phase C of the long path as planned: the Gluon walk where the plan picked it
+    (``gluon``: :func:`.config.walk_gluon_rule`) and TMA can address the tensors
+    (:func:`.state_walk_gluon.tma_ready`), else :func:`.state_walk_t.state_walk_t_fwd` with
+    ``triton_kw`` (the plan's ``phase_c``: tile, warps, stages, precisions); ``tail`` (the
+    split tail, :func:`.config.tail_split_rule`) goes to either. The one place both launch
+    sites (:func:`_cp_long`, :mod:`.multi_gpu`) go through."""
+    if gluon and tma_ready(q, k, v, tb, aq, output):
+        return state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
+                                    final_state=final_state, scale=scale, seg_t=seg_t,
+                                    tail=tail, seg_mult=seg_mult, guard=guard, status=status,
+                                    defer=defer)
+    return state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
+                            final_state=final_state, scale=scale, seg_t=seg_t, tail=tail,
+                            seg_mult=seg_mult, guard=guard, status=status, defer=defer,
+                            **triton_kw)

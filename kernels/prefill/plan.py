@@ -64,7 +64,8 @@ from .state_walk_gluon import HAVE_GLUON
 __all__ = ["Plan", "prefill_plan", "call_plan", "plan_key", "MAX_PLANS", "LAUNCHES",
            "PATH_LABELS", "launch_key", "bucket_of", "intra_kwargs", "workspace_layout",
            "layout_views", "long_path_args",
-           "WORKSPACE_ALIGN", "fitted_config", "clear_plan_cache", "device_cc", "phase_c_gluon"]
+           "WORKSPACE_ALIGN", "fitted_config", "clear_plan_cache", "CALLS", "MAX_CALLS",
+           "device_cc", "phase_c_gluon"]
 
 #: Launches per call on a GPU with the default ``check_values`` (the device-side guard of
 #: ``cu_seqlens``, :mod:`.guard`, is inside the last kernel) (``kernels``: GPU kernels incl.
@@ -139,7 +140,7 @@ class Plan:
         phase_a, phase_c: keyword arguments of the CP phases (``cp``: of
             :func:`.state_walk.state_walk_fwd`; long paths: of
             :func:`.state_walk_t.state_walk_t_fwd`, phase C launched through
-            :func:`.state_walk_gluon.phase_c_fwd`), phase_b of
+            :func:`.pipeline.phase_c_fwd`), phase_b of
             :func:`.context_parallel.segment_combine_t_fwd` (the long path's three:
             :func:`long_path_args`), split_args of
             :func:`.context_parallel.segment_split_fwd` (``cp_long_split``; the phases then
@@ -284,9 +285,18 @@ def call_plan(T: int, N: int, HV: int, D: int, device: torch.device, cp, config,
     return plan
 
 
+#: Checked call signatures of :func:`kernels.prefill.gdn_prefill` and their
+#: :class:`.pipeline.PreparedCall` (each holds its plan; at most :data:`MAX_CALLS`, then
+#: forgotten at once), forgotten with the plans.
+CALLS: dict = {}
+MAX_CALLS = 1024
+
+
 def clear_plan_cache() -> None:
-    """Forget every plan (the rules' module constants changed, e.g. in a test)."""
+    """Forget every plan and every prepared call holding one (the rules' module constants
+    changed, e.g. in a test)."""
     _PLANS.clear()
+    CALLS.clear()
 
 
 def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,

@@ -73,7 +73,6 @@ from .. import interpret
 interpret.install()
 
 from .chunk_index import BT  # noqa: E402
-from .state_walk_t import state_walk_t_fwd  # noqa: E402
 
 try:   # the Triton 3.6 Gluon API (Hopper); absent on older Tritons
     from triton.experimental import gluon
@@ -87,7 +86,7 @@ try:   # the Triton 3.6 Gluon API (Hopper); absent on older Tritons
 except ImportError:   # pragma: no cover - a Triton without Gluon: the Triton phase C
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "GLUON_D", "STAGES", "state_walk_gluon_fwd", "phase_c_fwd",
+__all__ = ["HAVE_GLUON", "GLUON_D", "STAGES", "state_walk_gluon_fwd",
            "tma_ready"]
 if HAVE_GLUON:
     __all__.append("state_walk_gluon_kernel")
@@ -509,23 +508,3 @@ def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_s
     if defer:
         return go
     go()
-
-
-def phase_c_fwd(gluon: bool, q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_state,
-                scale: float, seg_t: int, tail: int, seg_mult=None, guard: bool = False,
-                status=None, defer: bool = False, **triton_kw):
-    """Phase C of the long path as planned: the Gluon walk where the plan picked it
-    (``gluon``: :func:`.config.walk_gluon_rule`) and TMA can address the tensors
-    (:func:`tma_ready`), else :func:`.state_walk_t.state_walk_t_fwd` with ``triton_kw``
-    (the plan's ``phase_c``: tile, warps, stages, precisions); ``tail`` (the split tail,
-    :func:`.config.tail_split_rule`) goes to either. The one place both launch sites
-    (:func:`.pipeline._cp_long`, :mod:`.multi_gpu`) go through."""
-    if gluon and tma_ready(q, k, v, tb, aq, output):
-        return state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
-                                    final_state=final_state, scale=scale, seg_t=seg_t,
-                                    tail=tail, seg_mult=seg_mult, guard=guard, status=status,
-                                    defer=defer)
-    return state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
-                            final_state=final_state, scale=scale, seg_t=seg_t, tail=tail,
-                            seg_mult=seg_mult, guard=guard, status=status, defer=defer,
-                            **triton_kw)

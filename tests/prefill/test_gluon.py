@@ -1,6 +1,6 @@
 """The Gluon phase C of the long paths (:mod:`kernels.prefill.state_walk_gluon`).
 
-CPU: which phase C a launch takes (:func:`~kernels.prefill.state_walk_gluon.phase_c_fwd`),
+CPU: which phase C a launch takes (:func:`~kernels.prefill.pipeline.phase_c_fwd`),
 and the kernel compiles for sm_90a at the launches the dispatch picks there
 (``kernels.arch_check``, no GPU). The rule's decisions: tests/prefill/test_plan.py.
 
@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from kernels.checks import check_outputs  # noqa: E402
 from kernels.prefill import PrefillConfig, clear_graph_cache, gdn_prefill  # noqa: E402
+from kernels.prefill import pipeline  # noqa: E402
 from kernels.prefill import plan as plan_mod  # noqa: E402
 from kernels.prefill import state_walk_gluon as swg  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
@@ -66,9 +67,9 @@ def _phase_c_args(offset: int = 0):
 ])
 def test_phase_c_fwd_takes_the_planned_kernel(gluon, offset, want):
     args, kw = _phase_c_args(offset)
-    with mock.patch.object(swg, "state_walk_gluon_fwd") as g, \
-            mock.patch.object(swg, "state_walk_t_fwd") as t:
-        swg.phase_c_fwd(gluon, *args, BV=128, num_warps=8, **kw)
+    with mock.patch.object(pipeline, "state_walk_gluon_fwd") as g, \
+            mock.patch.object(pipeline, "state_walk_t_fwd") as t:
+        pipeline.phase_c_fwd(gluon, *args, BV=128, num_warps=8, **kw)
     assert (g.call_count, t.call_count) == ((1, 0) if want == "gluon" else (0, 1))
     assert (g if want == "gluon" else t).call_args.kwargs["tail"] == 8   # the split tail
     if want == "triton":   # the plan's Triton arguments reach the Triton walk
@@ -143,7 +144,8 @@ def _assert_planned(x, graph=False):
 def _both(x, **kw):
     """``(gluon, triton)`` outputs of the same call (the Gluon launch checked)."""
     _assert_planned(x, graph=kw.get("variant") == "graph")
-    with mock.patch.object(swg, "state_walk_gluon_fwd", wraps=swg.state_walk_gluon_fwd) as spy:
+    with mock.patch.object(pipeline, "state_walk_gluon_fwd",
+                           wraps=swg.state_walk_gluon_fwd) as spy:
         g = gdn_prefill(**x, **kw)
         torch.cuda.synchronize()
     assert spy.call_count >= 1, "the Gluon phase C was not launched"
@@ -245,7 +247,7 @@ def test_gluon_phase_c_writes_only_its_rows(end):
     box -- and rows ``< end`` and the state are the whole call's."""
     x = _inputs([end, 2000 - end])
     rec = {}
-    orig = swg.phase_c_fwd
+    orig = pipeline.phase_c_fwd
 
     def recording(gluon, *args, **kw):
         rec.update(args=args, kw=kw)

@@ -137,7 +137,7 @@ def test_workspace_is_one_allocation():
     """A fused call's intermediates are views of one buffer of the plan's size."""
     for T in (64, 8192, 65536):   # one launch, chained CP, long CP with the split
         plan = prefill_plan(T, 1, 8, 128, CPU)
-        ws = pipeline._workspace(plan, CPU)
+        ws = pipeline.workspace_views(plan, CPU)
         base = {t.untyped_storage().data_ptr() for t in ws.values()}
         assert len(base) == 1 and ws["Tb"].untyped_storage().nbytes() == plan.nbytes
         assert set(ws) == {v[0] for v in plan.layout}

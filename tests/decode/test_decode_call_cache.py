@@ -1,0 +1,125 @@
+"""A decode call's signature is checked once (kernels.decode.ops.signature): a repeat skips
+the checks' host work, yet every bad input is still rejected, per-call values (pool slots
+on the host path) are still checked, and a changed shape, dtype, device, stride or option
+never reuses a stale entry."""
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from kernels.checks import check_outputs
+from kernels.decode import gdn_decode
+from kernels.decode import ops
+from kernels.reference import decode_reference
+from kernels.spec import GDNShape, make_decode_inputs
+
+SHAPE = GDNShape(1, 2, 16)
+NAMES = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ops.clear_calls()
+    yield
+    ops.clear_calls()
+
+
+def _inputs(B=2, seed=0, **kw):
+    return make_decode_inputs(B, SHAPE, seed=seed, **kw)
+
+
+def _matches(inp, out, **kw):
+    ref = decode_reference(**inp, **kw)
+    res = check_outputs(out, ref)
+    assert res.ok, res.reason
+
+
+def test_repeat_skips_the_checks_and_computes_each_call():
+    with mock.patch.object(ops, "validate_call", wraps=ops.validate_call) as checks, \
+            mock.patch.object(ops, "resolve_config", wraps=ops.resolve_config) as config:
+        for seed in range(3):   # same signature, other values: fresh outputs, right results
+            inp = _inputs(seed=seed)
+            out = gdn_decode(**inp)
+            _matches(inp, out)
+    assert (checks.call_count, config.call_count) == (1, 1)
+    assert len(ops._CALLS) == 1
+
+
+def _bad_cases():
+    """(name, change to valid inputs, error): what the checks catch, a metadata change each."""
+    yield "q-dtype", lambda x: x.update(q=x["q"].float()), TypeError
+    yield "k-shape", lambda x: x.update(k=x["k"][:, :, :, :8].contiguous()), ValueError
+    yield "v-strided", lambda x: x.update(v=torch.stack([x["v"], x["v"]], -1)[..., 0]), \
+        ValueError
+    yield "state-dtype", lambda x: x.update(state=x["state"].double()), TypeError
+    yield "A_log-device", lambda x: x.update(A_log=x["A_log"].to("meta")), ValueError
+    yield "a-shape", lambda x: x.update(a=x["a"][:1]), ValueError
+    yield "b-not-tensor", lambda x: x.update(b=x["b"].tolist()), TypeError
+    yield "dt_bias-noncontig", lambda x: x.update(
+        dt_bias=torch.zeros(4)[::2]), ValueError
+    yield "scale-nan", lambda x: x.update(scale=float("nan")), ValueError
+    yield "scale-negative", lambda x: x.update(scale=-1.0), ValueError
+
+
+@pytest.mark.parametrize("name, change, error", list(_bad_cases()),
+                         ids=[c[0] for c in _bad_cases()])
+def test_bad_inputs_are_rejected_after_a_good_signature(name, change, error):
+    good = _inputs()
+    gdn_decode(**good)   # the signature is now checked and remembered
+    bad = dict(good)
+    change(bad)
+    with pytest.raises(error):
+        gdn_decode(**bad)
+
+
+@pytest.mark.parametrize("option, value, error", [
+    ("inplace", 1, TypeError),                     # 1 == True, but only a bool is accepted
+    ("intermediate_states", 1, TypeError),
+    ("config", "no-such-config", ValueError),
+    ("output", torch.empty(2, 1, 2, 16), TypeError),   # f32, not bf16
+    ("status", torch.zeros(1, dtype=torch.int32), ValueError),   # status without a pool
+])
+def test_bad_options_are_rejected_after_a_good_signature(option, value, error):
+    good = _inputs()
+    gdn_decode(**good, **({"inplace": True} if option == "inplace" else {}),
+               **({"intermediate_states": True} if option == "intermediate_states" else {}))
+    with pytest.raises(error):
+        gdn_decode(**good, **{option: value})
+
+
+def test_pool_slot_values_are_checked_on_every_host_call():
+    inp = _inputs(pool_size=5)
+    ref = decode_reference(**inp)
+    out, pool = gdn_decode(**dict(inp, state=inp["state"].clone()))
+    assert check_outputs((out, pool), ref).ok
+    for bad, msg in ((torch.tensor([1, 7], dtype=torch.int32), "pool size"),
+                     (torch.tensor([3, 3], dtype=torch.int32), "repeat")):
+        with pytest.raises(ValueError, match=msg):
+            gdn_decode(**dict(inp, state_indices=bad))
+
+
+def test_changed_signature_gets_its_own_entry():
+    """Other batch, state dtype, option: each a new entry, each computing its own shape."""
+    cases = [dict(B=2), dict(B=3), dict(B=2, state_dtype=torch.bfloat16)]
+    for kw in cases:
+        inp = _inputs(**kw)
+        _matches(inp, gdn_decode(**inp))
+    inp = _inputs()
+    out = gdn_decode(**inp, intermediate_states=True)
+    assert len(out) == 3 and out[2].shape == (2, 1, 2, 16, 16)
+    _matches(inp, out, intermediate_states=True)
+    assert len(ops._CALLS) == 4
+
+
+def test_caller_buffers_and_fresh_outputs():
+    """Outputs are allocated per call (never a cached tensor the caller may hold); a caller's
+    ``output`` is written and returned."""
+    inp = _inputs()
+    o1, s1 = gdn_decode(**inp)
+    o2, s2 = gdn_decode(**inp)
+    assert o1.data_ptr() != o2.data_ptr() and s1.data_ptr() != s2.data_ptr()
+    buf = torch.empty(2, 1, 2, 16, dtype=torch.bfloat16)
+    o3, _ = gdn_decode(**inp, output=buf)
+    assert o3 is buf and torch.equal(o3, o1)

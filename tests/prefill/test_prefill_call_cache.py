@@ -1,0 +1,113 @@
+"""A prefill call's signature is checked and planned once (kernels.prefill.pipeline
+.call_signature): a repeat skips the checks and the plan, yet every bad input is still
+rejected, ``cu_seqlens``' values are still checked per call (on the host where the call
+checks them there, else by the device guard), and a changed shape, dtype, device, stride or
+option never reuses a stale plan."""
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from kernels.checks import check_outputs
+from kernels.prefill import gdn_prefill, pipeline
+from kernels.prefill import plan as plan_mod
+from kernels.reference import prefill_reference
+from kernels.spec import GDNShape, make_prefill_inputs
+
+SHAPE = GDNShape(1, 2, 16)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    plan_mod.clear_plan_cache()
+    yield
+    plan_mod.clear_plan_cache()
+
+
+def _inputs(lens=(4, 2), seed=0, **kw):
+    return make_prefill_inputs(list(lens), SHAPE, seed=seed, **kw)
+
+
+def _matches(inp, out):
+    res = check_outputs(out, prefill_reference(**inp))
+    assert res.ok, res.reason
+
+
+@pytest.mark.parametrize("lens", [(4, 2), (70, 60)], ids=["recurrent", "one-launch"])
+def test_repeat_skips_checks_and_plan_and_computes_each_call(lens):
+    """Same signature, other values (``cu_seqlens`` too, same count): fresh outputs, right
+    results; the checks and the plan ran once."""
+    T = sum(lens)
+    with mock.patch.object(pipeline, "validate_prefill_inputs",
+                           wraps=pipeline.validate_prefill_inputs) as checks, \
+            mock.patch.object(pipeline, "_shape_plan", wraps=pipeline._shape_plan) as plans:
+        outs = []
+        for seed, split in ((0, lens[0]), (1, lens[1]), (2, T // 2)):
+            inp = _inputs(lens, seed=seed)
+            inp["cu_seqlens"] = torch.tensor([0, split, T], dtype=inp["cu_seqlens"].dtype)
+            outs.append(gdn_prefill(**inp))
+            _matches(inp, outs[-1])
+    assert (checks.call_count, plans.call_count) == (1, 1)
+    assert outs[0][0].data_ptr() != outs[1][0].data_ptr()
+
+
+def _bad_cases():
+    yield "q-dtype", lambda x: x.update(q=x["q"].float()), TypeError
+    yield "k-shape", lambda x: x.update(k=x["k"][:, :, :8].contiguous()), ValueError
+    yield "v-strided", lambda x: x.update(v=torch.stack([x["v"], x["v"]], -1)[..., 0]), \
+        ValueError
+    yield "state-dtype", lambda x: x.update(state=x["state"].double()), TypeError
+    yield "A_log-device", lambda x: x.update(A_log=x["A_log"].to("meta")), ValueError
+    yield "a-shape", lambda x: x.update(a=x["a"][:1]), ValueError
+    yield "cu-dtype", lambda x: x.update(cu_seqlens=x["cu_seqlens"].float()), TypeError
+    yield "cu-start", lambda x: x.update(cu_seqlens=torch.tensor([1, 4, 6])), ValueError
+    yield "cu-decreasing", lambda x: x.update(cu_seqlens=torch.tensor([0, 5, 4])), ValueError
+    yield "cu-end", lambda x: x.update(cu_seqlens=torch.tensor([0, 4, 5])), ValueError
+    yield "scale-nan", lambda x: x.update(scale=float("nan")), ValueError
+    yield "output-dtype", lambda x: x.update(output=torch.empty(6, 2, 16)), TypeError
+    yield "cp-recurrent", lambda x: x.update(variant="recurrent", cp=True), ValueError
+
+
+@pytest.mark.parametrize("name, change, error", list(_bad_cases()),
+                         ids=[c[0] for c in _bad_cases()])
+def test_bad_inputs_are_rejected_after_a_good_signature(name, change, error):
+    good = _inputs()
+    good["cu_seqlens"] = good["cu_seqlens"].to(torch.int64)
+    gdn_prefill(**good)
+    gdn_prefill(**good, variant="recurrent")
+    bad = dict(good)
+    change(bad)
+    with pytest.raises(error):
+        gdn_prefill(**bad)
+
+
+def test_unchecked_values_stay_guarded_on_the_device():
+    """``check_values=False`` (the CUDA default): a repeat with bad ``cu_seqlens`` values is
+    not checked on the host, and the device guard still turns every output to NaN."""
+    good = _inputs()
+    _matches(good, gdn_prefill(**good, check_values=False))
+    bad = dict(good, cu_seqlens=torch.tensor([0, 5, 4], dtype=good["cu_seqlens"].dtype))
+    status = torch.zeros(1, dtype=torch.int32)
+    with mock.patch.object(pipeline, "validate_prefill_inputs",
+                           wraps=pipeline.validate_prefill_inputs) as checks:
+        o, ht = gdn_prefill(**bad, check_values=False, status=status)
+        o2, _ = gdn_prefill(**bad, check_values=False)
+    assert checks.call_count == 1   # the status tensor is a new signature; the repeat isn't
+    assert torch.isnan(o.float()).all() and torch.isnan(ht).all()
+    assert torch.isnan(o2.float()).all() and int(status) != 0
+
+
+@pytest.mark.parametrize("change", [
+    lambda x: x.update(cu_seqlens=x["cu_seqlens"].to(torch.int32)),
+    lambda x: x.update(state=None),
+    lambda x: x.update(scale=0.5),
+], ids=["cu-int32", "no-state", "scale"])
+def test_changed_signature_is_planned_for_itself(change):
+    inp = _inputs()
+    _matches(inp, gdn_prefill(**inp))
+    other = dict(inp)
+    change(other)
+    _matches(other, gdn_prefill(**other))
+    assert len(plan_mod.CALLS) == 2
