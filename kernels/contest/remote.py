@@ -31,7 +31,7 @@ from ..peers_worker import PeerWorker, RemotePeer, WorkerError
 from .formats import SOLUTION_PREFIX, SolutionError, SolutionSource, read_solution
 
 __all__ = ["SOLUTION_TIMEOUT_S", "SolutionWorker", "RemoteSolution", "remote_solutions",
-           "describe", "solution_impls"]
+           "describe", "solution_impls", "shims_note"]
 
 #: Seconds a solution's worker may take to answer one request (a CUDA build at load, one
 #: gate, or one timing run) before it is killed and the request reported as a hang.
@@ -169,8 +169,9 @@ def solution_impls(names: Iterable[str]) -> Dict[str, tuple]:
     ``name`` is a read solution (:meth:`SolutionSource.as_dict` as JSON), loaded unscoped
     (this process is the solution's)."""
     from ..peers import Unavailable
-    from .loader import load_solution
+    from .loader import cpu_shims, load_solution
 
+    shims = cpu_shims()
     out = {}
     for name in names:
         src = SolutionSource.from_dict(json.loads(name))
@@ -179,17 +180,30 @@ def solution_impls(names: Iterable[str]) -> Dict[str, tuple]:
         except Exception as e:  # reported as the solution's reason
             out[name] = (Unavailable(src.name, f"{type(e).__name__}: {e}"), "")
         else:
-            out[name] = (fn, _build_info(fn))
+            out[name] = (fn, _build_info(fn, shims))
     return out
 
 
-def _build_info(fn) -> str:
-    """What the worker's status reports as the 'version': language and build."""
+def _build_info(fn, shims=()) -> str:
+    """What the worker's status reports as the 'version': language and build, and what
+    this worker made harmless off CUDA (:func:`shims_note`)."""
     how = fn.language + (f"/{fn.binding}" if fn.binding else "")
     if fn.build_s is not None:
         how += (f", built in {fn.build_s:.1f} s" if not fn.cached
                 else f", cached build (checked in {fn.build_s:.2f} s)")
-    return how + (", destination-passing" if fn.dps else ", value-returning")
+    how += ", destination-passing" if fn.dps else ", value-returning"
+    note = shims_note(shims, fn.device_param)
+    return how + (f"; {note}" if note else "")
+
+
+def shims_note(shims, device_param=None) -> str:
+    """One line naming what a solution's worker made harmless off CUDA (:func:`.loader.
+    cpu_shims`) and a CUDA ``device`` default it overrides; empty when nothing was."""
+    parts = [f"{name} as no-op" if name != "torch.cuda.current_stream" else
+             f"{name} as a host stand-in" for name in shims]
+    if device_param and shims:
+        parts.append(f"its {device_param}='cuda' default as the inputs' device")
+    return ("off CUDA: " + ", ".join(parts)) if parts else ""
 
 
 def describe(sols: Dict[str, object]) -> List[dict]:
