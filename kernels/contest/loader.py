@@ -184,6 +184,8 @@ def load_solution(path, op: Optional[str] = None, *, scoped: bool = True) -> Sol
             Path(src.origin).resolve().parent if src.root else None)
         if where is None:
             raise
+        if not src.root:   # a JSON's sources: drop the cache's src-<hash>/ folder
+            where = where.split("/", 1)[-1]
         raise SolutionError(f"{e} (at {where})") from cause
     dps = src.dps if src.dps is not None else signature_dps(built.fn, src)
     return SolutionImpl(built.fn, name=src.name, language=src.language,
