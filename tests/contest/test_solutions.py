@@ -331,9 +331,10 @@ def test_gpu_only_conveniences_run_in_the_worker_off_cuda():
     sols = remote_solutions([], [str(FIX / "nvtx_prefill")], op="prefill", timeout_s=300)
     sol = sols["fixture-nvtx-prefill"]
     try:
-        assert ("off CUDA: torch.cuda.nvtx as no-op, torch.cuda.synchronize as no-op, "
-                "torch.cuda.current_stream as a host stand-in, its device='cuda' default as "
-                "the inputs' device") in sol.version
+        assert sol.version == (
+            "triton, destination-passing, its device='cuda' default given the inputs' "
+            "device; off CUDA: torch.cuda.nvtx as no-op, torch.cuda.synchronize as no-op, "
+            "torch.cuda.current_stream as a host stand-in")
         res = sol.run("T5", x, ref, device="cpu")
         assert res["gate"]["status"] == "pass", res["gate"]
     finally:
@@ -472,6 +473,36 @@ def test_runner_solutions_option(tmp_path):
     bad = _json(tmp_path, name="no-def", drop=("definition",))
     with pytest.raises(RunnerError, match="--solutions: .*no-def.json: missing field 'definition'"):
         _solution_paths(str(bad))
+
+
+def test_runner_loads_every_entry_before_the_first_notebook(tmp_path, capsys):
+    """A solution whose entry cannot be resolved stops the run before any notebook (exit 2,
+    the loader's message); a loadable one gets one line, off CUDA naming the shims; with
+    ``--solutions-may-fail`` the bad one is a warning."""
+    from kernels import runner
+    from kernels.contest.formats import read_solution
+
+    bad = _json(tmp_path, name="fixture-no-entry", entry="kernel.py::missing")
+    out = tmp_path / "out"
+    argv = ["--profile", "smoke", "--notebooks", "01", "--output-root", str(out),
+            "--no-progress", "--solutions", f"{PY},{bad}"]
+    assert runner.main(argv) == 2
+    cap = capsys.readouterr()
+    assert (f"error: --solutions: {bad}: field 'spec.entry_point': kernel.py defines no "
+            "function 'missing'") in cap.err
+    assert "solution fixture-py-decode: kernel.py::run loads (python, destination-passing" \
+        in cap.out
+    assert "== 01_decode_crossover" not in cap.out
+    assert not [p for p in out.rglob("*") if p.suffix in (".ipynb", ".csv")]
+    sols = [(str(p), read_solution(p)) for p in (FIX / "nvtx_prefill", bad)]
+    assert runner._check_solutions(sols, may_fail=True)
+    cap = capsys.readouterr()
+    assert "(--solutions-may-fail: the notebooks report it unavailable)" in cap.err
+    line = next(ln for ln in cap.out.splitlines() if "fixture-nvtx-prefill" in ln)
+    assert "device='cuda' default given the inputs' device" in line or torch.cuda.is_available()
+    if not torch.cuda.is_available():   # said once for the run
+        assert cap.out.count("off CUDA:") == 1
+        assert "solutions' workers, off CUDA: torch.cuda.nvtx as no-op" in cap.out
 
 
 def test_runner_refuses_two_shapes_of_one_op(tmp_path):
