@@ -83,7 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["REPO_ROOT", "NOTEBOOK_DIR", "PROFILE_DIR", "PROFILES", "RunResult", "link_figures",
+__all__ = ["REPO_ROOT", "NOTEBOOK_DIR", "OUTPUT_ROOT_ENV", "PROFILE_DIR", "PROFILES", "RunResult", "link_figures",
            "discover_notebooks", "select_notebooks", "load_profile", "resolve_profile",
            "notebook_parameters", "build_parameters", "current_gpu_slug", "run_notebook",
            "RunLock", "LOCK_NAME", "main"]
@@ -97,6 +97,9 @@ OPS = ("decode", "prefill")
 #: the notebook parameters of a GDN shape, in the order of a definition's name (qk, v, d)
 SHAPE_PARAMS = ("num_q_heads", "num_v_heads", "head_dim")
 KERNEL_NAME = "python3"
+#: Where a notebook's ``output_root="auto"`` points when set (a run by hand, JupyterLab:
+#: :func:`kernels.experiments.common.resolve_auto`); the runner passes its root explicitly.
+OUTPUT_ROOT_ENV = "GDN_OUTPUT_ROOT"
 _STEM = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
 
 

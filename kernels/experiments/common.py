@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Sequence
@@ -107,12 +108,15 @@ def resolve_auto(values: dict, params: Sequence[Param], stem: str,
     is or resolves to CUDA, ``smoke`` otherwise — whose values (its ``defaults`` and
     its dict for ``stem``) replace every parameter still at its declared default; a
     value edited in the parameters cell is kept. ``profile`` becomes that name.
-    ``output_root="auto"``: that profile's ``output_root`` under the repository root
-    (``results/`` or ``results/smoke/``), whatever the kernel's working directory.
+    ``output_root="auto"``: ``$GDN_OUTPUT_ROOT`` when set (``kernels.runner.OUTPUT_ROOT_ENV``: the
+    tests point it at a temporary folder, so a notebook they run by hand never writes into
+    the ``results/`` of a user's ``make run``), else that profile's ``output_root`` under
+    the repository root (``results/`` or ``results/smoke/``), whatever the kernel's working
+    directory.
     Any other value is used as given: the runner passes a profile name and every
     value explicitly. ``has_gpu`` replaces the device check (tests).
     """
-    from kernels.runner import REPO_ROOT, load_profile, resolve_profile
+    from kernels.runner import OUTPUT_ROOT_ENV, REPO_ROOT, load_profile, resolve_profile
 
     out = dict(values)
     if out.get("profile") != "auto" and out.get("output_root") != "auto":
@@ -142,6 +146,8 @@ def resolve_auto(values: dict, params: Sequence[Param], stem: str,
                     and out.get(k) == declared[k]:
                 out[k] = v
         out["profile"] = name
+    if out.get("output_root") == "auto" and os.environ.get(OUTPUT_ROOT_ENV):
+        out["output_root"] = str(Path(os.environ[OUTPUT_ROOT_ENV]).expanduser().resolve())
     if out.get("output_root") == "auto":
         if not ((REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "notebooks").is_dir()):
             raise ValueError(f"output_root='auto' means the repository's results/, but kernels is "

@@ -56,7 +56,10 @@ def _has_gpu() -> bool:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """Run all notebooks once; returns (result dir, runner output, seconds)."""
+    from tests.results_guard import smoke_results_state
+
     root = tmp_path_factory.mktemp("smoke-results")
+    users = smoke_results_state()
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "kernels.runner", "--profile", "smoke", "--notebooks", "all",
@@ -65,6 +68,8 @@ def smoke(tmp_path_factory):
     seconds = time.perf_counter() - t0
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"runner failed ({proc.returncode}):\n{log[-6000:]}"
+    # a user's `make run` results (results/smoke/) are left as they were
+    assert smoke_results_state() == users, "the test run wrote into results/smoke/"
     slugs = [p for p in root.iterdir() if p.is_dir()]
     assert len(slugs) == 1, f"expected one <gpu-slug> folder under {root}: {slugs}"
     return slugs[0], log, seconds

@@ -33,7 +33,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def solution_run(tmp_path_factory):
+    from tests.results_guard import smoke_results_state
+
     tmp = tmp_path_factory.mktemp("solutions-run")
+    users = smoke_results_state()
     sols = [FIX / "py_decode.json", FIX / "py_prefill", FIX / "nvtx_prefill", FIX / "abort_decode"]
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -42,6 +45,7 @@ def solution_run(tmp_path_factory):
          "--solutions", ",".join(str(s) for s in sols)],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - t0
+    assert smoke_results_state() == users, "the test run wrote into results/smoke/"
     print(f"runner with 4 solutions, notebooks 01 and 02: {seconds:.0f} s")
     slug = [p for p in (tmp / "out").iterdir() if p.is_dir()]
     assert len(slug) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
