@@ -276,3 +276,10 @@ def shims_note(shims) -> str:
     parts = [f"{name} as a host stand-in" if name == "torch.cuda.current_stream"
              else f"{name} as no-op" for name in shims]
     return ("off CUDA: " + ", ".join(parts)) if parts else ""
+
+
+def describe(sols: Dict[str, object]) -> List[dict]:
+    """Provenance rows of :func:`remote_solutions`' result (unavailable ones with reason)."""
+    return [s.info() if hasattr(s, "info") else
+            dict(label=k, origin=getattr(s, "origin", ""), available=False, reason=s.reason)
+            for k, s in sols.items()]
