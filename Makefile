@@ -19,6 +19,8 @@
 #                 every executed notebook under HTML_FROM rendered to an .html beside
 #                 it (nbconvert; git-ignored: the runner writes none)
 #   make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]
+#                 [COMPARE_ARGS=--allow-unlike]: refuses (exit 2) two runs whose timing
+#                 methods differ in revision (provenance timing_methods_rev) unless told
 #   make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]
 #                 our kernels as a flashinfer-bench solution (PACK_OUT/<name>.json)
 #   make contest-eval [SOLUTIONS=a.json,kit-folder/] [CONTEST_ARGS="--ops decode"]
@@ -49,6 +51,8 @@ PYTEST_ARGS ?= -rs --durations=15
 TEST_WORKERS ?= 2
 HTML_FROM ?= results
 OUT ?= results/compare
+# --allow-unlike: compare runs whose timing methods differ in revision (marked)
+COMPARE_ARGS ?=
 PACK_OUT ?= build/contest
 CONTEST_ARGS ?=
 LAB_ARGS ?=
@@ -70,7 +74,7 @@ help:
 	@echo 'make test [PYTEST_ARGS="-rs --durations=15"] [TEST_WORKERS=2]   bootstrap, run the whole test suite'
 	@echo 'make lab [LAB_ARGS=...]                         JupyterLab on notebooks/ with this environment'
 	@echo 'make html [HTML_FROM=results]                   render the executed notebooks to HTML beside them'
-	@echo 'make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare]   compare two GPUs'\'' results'
+	@echo 'make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=results/compare] [COMPARE_ARGS=--allow-unlike]   compare two GPUs'\'' results'
 	@echo 'make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=build/contest]   our kernels as a solution'
 	@echo 'make contest-eval [SOLUTIONS=...] [CONTEST_ARGS="--ops decode"]   flashinfer-bench on ours, baseline, SOLUTIONS'
 	@echo 'make bootstrap                                  only build the environment; prints its python'
@@ -117,7 +121,7 @@ html:
 
 compare:
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=results/<gpu-a> B=results/<gpu-b> [OUT=$(OUT)]" >&2; exit 2; }
-	@PY=$(BOOT) && $$PY -m kernels.compare $(A) $(B) --out $(OUT)
+	@PY=$(BOOT) && $$PY -m kernels.compare $(A) $(B) --out $(OUT) $(COMPARE_ARGS)
 
 pack:
 	@test "$(OP)" = decode -o "$(OP)" = prefill || { echo "usage: make pack OP=decode|prefill [VARIANT=fused|graph] [PACK_OUT=$(PACK_OUT)]" >&2; exit 2; }

@@ -90,12 +90,22 @@ from .chrome_trace import annotations, api_calls, gpu_activities, load_events
 from .gate import short_reason
 
 __all__ = [
-    "METHODS", "GPU_METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable",
+    "TIMING_METHODS_REV", "METHODS", "GPU_METHODS", "CPU_WALL", "ALL_METHODS", "Timing", "MethodUnavailable",
     "method_available", "time_fn", "time_each", "graph_calls", "host_samples", "bare_launch_fn",
     "GRAPH_TARGET_US", "GRAPH_MAX_CALLS", "HOST_CALLS_PER_SAMPLE",
     "flush_buffer", "split_iterations", "iteration_spans", "record_cupti_session",
     "ITER_RANGE", "FLUSH_RANGE",
 ]
+
+#: Revision of what the methods measure, written into every ``provenance.json`` as
+#: ``timing_methods_rev`` (:func:`kernels.bench.provenance.collect_provenance`) so that
+#: ``kernels.compare`` refuses a pair of runs that measured a method differently. Bump it
+#: when a method's meaning changes (what its number includes), not when it gets faster.
+#: 0 (a provenance without the field): before the graph/event fix, when ``graph`` replayed
+#: one short call per replay (the host's graph-launch cost, 5-9 µs on the H200's host) and
+#: ``event`` put the launch path and the events' own latency in its samples.
+#: 1: the methods as this module's docstring describes them.
+TIMING_METHODS_REV = 1
 
 METHODS = ("cupti_cold", "graph", "event", "host")
 #: the methods whose numbers are GPU time (``host`` is host time).
