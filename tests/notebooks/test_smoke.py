@@ -258,15 +258,19 @@ def test_multi_gpu_smoke_specifics(smoke):
 
 @pytest.mark.parametrize("stem", list(REQUIRED))
 def test_figures_read_well_on_smoke_data(smoke, stem):
-    """The figures the smoke CSVs draw pass the audit of ``tests/experiments/test_figures.py`` (title,
-    labelled axes in µs, no empty panel, no legend over data, ≤ 1,400 px inline)."""
-    from kernels.experiments.redraw import draw
+    """The figures the smoke CSVs draw pass the audit of ``tests/experiments/test_figures.py`` (title
+    naming the shape and profile, labelled axes in µs, a log axis with two labelled ticks or
+    more, no empty panel, no legend over data, ≤ 1,400 px inline)."""
+    from kernels.experiments.redraw import _params, draw
     from test_figures import audit_figure
 
     out, _, _ = smoke
     figs = draw(out / stem)
     assert figs or stem == "02_prefill_launch_overhead", f"{stem}: no figure drawn from its CSVs"
-    problems = {name: p for name, fig in figs.items() if (p := audit_figure(fig, name))}
+    params = _params(out / stem)   # titles name the smoke shape and profile
+    assert params.get("profile") == "smoke"
+    problems = {name: p for name, fig in figs.items()
+                if (p := audit_figure(fig, name, params))}
     assert not problems, "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
 
 
