@@ -1,6 +1,6 @@
 """Compare two result sets: one review figure per notebook and a ratio table.
 
-    python -m kernels.compare RESULTS_A RESULTS_B [--out results/compare]
+    python -m kernels.compare RESULTS_A RESULTS_B [--out results/compare] [--allow-unlike]
 
 ``RESULTS_A`` and ``RESULTS_B`` are result folders as the notebooks write
 them (``results/nvidia-h200``, ``results/nvidia-h100-80gb-hbm3``, or the same
@@ -18,6 +18,15 @@ units and timing method in the titles) and ``<out>/<stem>_ratios.csv`` /
 ``B/A`` of the value. A notebook missing from either side is skipped with a
 message. ``<out>/README.md`` lists what was compared.
 
+Two runs compare only where they measured alike: a notebook's timed numbers (its CSV keys a
+``method``) on both sides must come from the same revision of the timing methods
+(``timing_methods_rev`` in each ``provenance.json``,
+:data:`kernels.bench.timing.TIMING_METHODS_REV`; a provenance without it is revision 0,
+before the graph/event fix). A pair that differs is refused (:class:`UnlikeRuns`, exit 2)
+naming the notebooks and revisions; ``--allow-unlike`` compares it anyway, and then every
+figure's title, every ratio table (a ``timing_methods_rev`` column, a line above the
+Markdown table) and the README mark it.
+
 Importing this module imports neither torch nor matplotlib.
 """
 from __future__ import annotations
@@ -31,7 +40,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["NotebookSpec", "SPECS", "set_labels", "load_set", "ratio_table", "to_markdown",
-           "plot_notebook", "compare", "main"]
+           "plot_notebook", "timing_rev", "UnlikeRuns", "compare", "main"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,12 @@ def _best_per_point(df, group, x):
     return df.loc[idx.astype(int)].sort_values(list(group) + [x])
 
 
+def floor_name(method: str) -> str:
+    """What a decode panel's ``floor_us`` is: one bare Triton launch for ``host`` (host
+    time), the state's bytes at copy bandwidth for the GPU methods."""
+    return "bare-launch floor" if method == "host" else "copy-bandwidth floor"
+
+
 #: Drawn in the ratio tables but left out of the decode figure: the eager torch
 #: reference is 100-1000x slower and would flatten the kernels' lines.
 DECODE_PLOT_OMIT = ("torch",)
@@ -173,7 +188,7 @@ def _plot_decode(sets, labels, fig_factory):
             if "floor_us" in d.columns and d.floor_us.notna().any():
                 fl = d.groupby("B")["floor_us"].min()
                 ax.plot(fl.index, fl.values, color="k", lw=0.8, ls=_styles(labels)[lab]["ls"],
-                        label=f"bandwidth floor [{lab}]")
+                        label=f"{floor_name(method)} [{lab}]")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(xs, [str(x) for x in xs])
@@ -263,8 +278,10 @@ _PLOTTERS = {"01_decode_crossover": _plot_decode, "02_prefill_launch_overhead": 
              "03_ncu_instruction_counts": _plot_ncu, "04_prefill_scaling": _plot_scaling}
 
 
-def plot_notebook(spec: NotebookSpec, sets, labels):
-    """The review figure of one notebook with both sets; returns the figure."""
+def plot_notebook(spec: NotebookSpec, sets, labels, unlike: str = ""):
+    """The review figure of one notebook with both sets; returns the figure. ``unlike``:
+    the mark of a pair measured by two revisions of the timing methods (its title's
+    second line)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -282,7 +299,9 @@ def plot_notebook(spec: NotebookSpec, sets, labels):
         return fig, flat[:n]
 
     fig = _PLOTTERS[spec.stem](sets, labels, factory)
-    fig.suptitle(f"{spec.stem}: {labels[0]} (solid) vs {labels[1]} (dashed)", fontsize=11)
+    title = f"{spec.stem}: {labels[0]} (solid) vs {labels[1]} (dashed)"
+    fig.suptitle(title + (f"\n{unlike}" if unlike else ""), fontsize=11,
+                 color="C3" if unlike else "black")
     fig.tight_layout()
     return fig
 
@@ -300,8 +319,38 @@ def run_of(root: Path, stem: str) -> str:
     return f"`{str(p.get('git_sha', '?'))[:7]}` ({str(p.get('timestamp', '?'))[:10]})"
 
 
-def compare(a: Path, b: Path, out: Path, *, log=print) -> Dict[str, Optional[Path]]:
-    """Compare result sets ``a`` and ``b`` into ``out``; returns {stem: png or None (skipped)}."""
+def timing_rev(root: Path, stem: str) -> Optional[int]:
+    """The ``timing_methods_rev`` of the run behind ``root/stem`` (0 when its provenance
+    predates the field); None without a ``provenance.json``."""
+    path = Path(root) / stem / "provenance.json"
+    if not path.exists():
+        return None
+    return int(json.loads(path.read_text()).get("timing_methods_rev", 0))
+
+
+class UnlikeRuns(ValueError):
+    """Two runs whose timed numbers come from different revisions of the timing methods."""
+
+
+def _unlike(a: Path, b: Path, labels) -> Dict[str, str]:
+    """``{stem: mark}`` of the timed notebooks whose two runs have different revisions."""
+    out = {}
+    for spec in SPECS:
+        if "method" not in spec.keys:
+            continue    # not timed (Nsight Compute counts)
+        ra, rb = timing_rev(a, spec.stem), timing_rev(b, spec.stem)
+        if ra is not None and rb is not None and ra != rb:
+            out[spec.stem] = (f"UNLIKE TIMING: {labels[0]} measured with timing-methods "
+                              f"revision {ra}, {labels[1]} with {rb}: a method's numbers "
+                              "mean different things")
+    return out
+
+
+def compare(a: Path, b: Path, out: Path, *, allow_unlike: bool = False,
+            log=print) -> Dict[str, Optional[Path]]:
+    """Compare result sets ``a`` and ``b`` into ``out``; returns {stem: png or None (skipped)}.
+    Raises :class:`UnlikeRuns` before writing anything when a timed notebook's two runs
+    have different timing-methods revisions, unless ``allow_unlike`` (then marked)."""
     import matplotlib.pyplot as plt
 
     a, b, out = Path(a), Path(b), Path(out)
@@ -309,6 +358,14 @@ def compare(a: Path, b: Path, out: Path, *, log=print) -> Dict[str, Optional[Pat
         if not p.is_dir():
             raise FileNotFoundError(f"no result folder at {p}")
     labels = set_labels(a, b)
+    unlike = _unlike(a, b, labels)
+    if unlike and not allow_unlike:
+        raise UnlikeRuns(
+            "the runs measured with different revisions of the timing methods "
+            f"(kernels/bench/timing.py TIMING_METHODS_REV; 0: before the graph/event fix): "
+            + "; ".join(f"{stem}: {mark.split(': ', 1)[1]}" for stem, mark in unlike.items())
+            + ". Re-run one side, or pass --allow-unlike (make compare COMPARE_ARGS=--allow-unlike) "
+            "to compare them marked as unlike")
     out.mkdir(parents=True, exist_ok=True)
     done: Dict[str, Optional[Path]] = {}
     summary = [f"# {labels[1]} vs {labels[0]}", "",
@@ -323,10 +380,15 @@ def compare(a: Path, b: Path, out: Path, *, log=print) -> Dict[str, Optional[Pat
             done[spec.stem] = None
             continue
         table = ratio_table(da, db, spec, labels)
+        mark = unlike.get(spec.stem, "")
+        if mark:
+            table.insert(0, "timing_methods_rev", f"{timing_rev(a, spec.stem)} vs "
+                                                  f"{timing_rev(b, spec.stem)} (unlike)")
+            log(f"{spec.stem}: {mark} (--allow-unlike)")
         table.to_csv(out / f"{spec.stem}_ratios.csv", index=False)
-        md = to_markdown(table)
+        md = (f"**{mark}.**\n\n" if mark else "") + to_markdown(table)
         (out / f"{spec.stem}_ratios.md").write_text(md)
-        fig = plot_notebook(spec, (da, db), labels)
+        fig = plot_notebook(spec, (da, db), labels, unlike=mark)
         png = out / f"{spec.stem}.png"
         fig.savefig(png, dpi=120)
         plt.close(fig)
@@ -337,7 +399,8 @@ def compare(a: Path, b: Path, out: Path, *, log=print) -> Dict[str, Optional[Pat
                  f"min {r.min():.3g}, max {r.max():.3g}" if len(r) else
                  f"{len(table)} matching rows ({len(da)} in A, {len(db)} in B); no ratios")
         log(f"{spec.stem}: {stats} -> {png}")
-        runs = f"Runs: A {run_of(a, spec.stem)}, B {run_of(b, spec.stem)}."
+        runs = f"Runs: A {run_of(a, spec.stem)}, B {run_of(b, spec.stem)}." + (
+            f" **{mark}** (compared with --allow-unlike)." if mark else "")
         summary += [f"## {spec.stem}", "", stats, "", runs, "", f"![{spec.stem}]({png.name})", "",
                     f"Table: [{spec.stem}_ratios.md]({spec.stem}_ratios.md) "
                     f"([csv]({spec.stem}_ratios.csv))", ""]
@@ -352,9 +415,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("results_a", type=Path, help="result folder A, e.g. results/nvidia-h200")
     p.add_argument("results_b", type=Path, help="result folder B, e.g. results/nvidia-h100-80gb-hbm3")
     p.add_argument("--out", type=Path, default=Path("results/compare"), help="where to write")
+    p.add_argument("--allow-unlike", action="store_true",
+                   help="compare runs measured with different timing-methods revisions "
+                        "(refused otherwise), every figure and table marked")
     args = p.parse_args(argv)
     try:
-        done = compare(args.results_a, args.results_b, args.out)
+        done = compare(args.results_a, args.results_b, args.out,
+                       allow_unlike=args.allow_unlike)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,9 +15,13 @@ a CUDA GPU and ``smoke`` otherwise. Parameters, later ones winning:
 3. ``device``, ``output_root`` (absolute) and ``profile`` — always;
 4. ``-p NAME=VALUE`` from the command line (values parsed as YAML).
 
-``--solutions`` (``make run SOLUTIONS=...``, docs/solutions.md) are read before any
-notebook starts (a missing or malformed one: exit 2) and passed as ``solutions`` to every
-notebook declaring it. A profile's ``solution_shape`` maps an op to notebook stems and
+``--solutions`` (``make run SOLUTIONS=...``, docs/solutions.md) are read, then loaded
+each in a worker of its own (:func:`kernels.contest.remote.check_entries`: the module
+imported, the entry resolved and matched to the definition; CUDA sources are built later,
+by the notebooks' workers) before any notebook starts: a missing, malformed or unloadable
+one stops the run (exit 2; with ``--solutions-may-fail`` a warning, and the notebooks report
+it unavailable). Each loaded one gets one line saying how, and off CUDA which GPU-only calls
+its worker makes harmless. They are passed as ``solutions`` to every notebook declaring it. A profile's ``solution_shape`` maps an op to notebook stems and
 parameters: when the solutions of that op have a definition whose heads or head size
 (``gdn_<op>_qk<HQ>_v<HV>_d<D>_k_last``) differ from the notebook's shape, the notebook runs
 at the definition's shape with those parameters on top of its own (the smoke profile's
@@ -25,8 +29,11 @@ are small enough for the interpreter), unless ``-p`` sets the shape.
 
 The run ends with a summary (:func:`summarize`): per notebook, every implementation that
 was unavailable, errored or failed the gate, with a one-line reason, and per requested
-solution where it passed. The exit status is non-zero when a notebook failed or when a
-requested solution never passed the gate (``--solutions-may-fail`` keeps it 0 for that).
+solution where it passed. Exit status: 0 when every notebook ran and every requested
+solution passed the gate somewhere; 1 when a notebook failed or a requested solution never
+passed (``--solutions-may-fail`` keeps it 0 for that); 2 for bad arguments (a profile,
+selection, parameter or solution refused before any notebook starts, or another run
+holding the output root); 130/143 when interrupted.
 
 One run at a time per output root: the runner holds an exclusive lock on
 ``<output_root>/.runner.lock`` (``flock``: released by the OS however the run
@@ -76,7 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["REPO_ROOT", "NOTEBOOK_DIR", "PROFILE_DIR", "PROFILES", "RunResult", "link_figures",
+__all__ = ["REPO_ROOT", "NOTEBOOK_DIR", "OUTPUT_ROOT_ENV", "PROFILE_DIR", "PROFILES", "RunResult", "link_figures",
            "discover_notebooks", "select_notebooks", "load_profile", "resolve_profile",
            "notebook_parameters", "build_parameters", "current_gpu_slug", "run_notebook",
            "RunLock", "LOCK_NAME", "main"]
@@ -90,6 +97,9 @@ OPS = ("decode", "prefill")
 #: the notebook parameters of a GDN shape, in the order of a definition's name (qk, v, d)
 SHAPE_PARAMS = ("num_q_heads", "num_v_heads", "head_dim")
 KERNEL_NAME = "python3"
+#: Where a notebook's ``output_root="auto"`` points when set (a run by hand, JupyterLab:
+#: :func:`kernels.experiments.common.resolve_auto`); the runner passes its root explicitly.
+OUTPUT_ROOT_ENV = "GDN_OUTPUT_ROOT"
 _STEM = re.compile(r"^\d\d_[A-Za-z0-9_]+$")
 
 
@@ -529,6 +539,29 @@ def _solution_paths(text: str) -> List[tuple]:
     return out
 
 
+def _check_solutions(solutions: Sequence[tuple], may_fail: bool) -> bool:
+    """Load every solution's entry before the first notebook (see the module docstring);
+    one line each. False when one cannot load and ``may_fail`` is not set."""
+    from .contest.remote import check_entries
+
+    ok, notes = True, []
+    for src, loaded, text, shims in check_entries([s for _, s in solutions]):
+        if shims and shims not in notes:
+            notes.append(shims)
+        if loaded:
+            print(f"solution {src.name}: {src.entry_file}::{src.entry_symbol} loads "
+                  f"({text})", flush=True)
+        elif may_fail:
+            print(f"warning: --solutions: {text} (--solutions-may-fail: the notebooks report "
+                  f"it unavailable)", file=sys.stderr, flush=True)
+        else:
+            print(f"error: --solutions: {text}", file=sys.stderr, flush=True)
+            ok = False
+    for note in notes:
+        print(f"solutions' workers, {note}", flush=True)
+    return ok
+
+
 def solution_shapes(solutions: Sequence[tuple]) -> Dict[str, tuple]:
     """``op -> ((HQ, HV, D), [names])`` of the solutions' definitions; solutions of one op
     with two shapes are an error (a notebook runs one shape)."""
@@ -595,6 +628,8 @@ def _run_all(args, profile, root, plans, notes, solutions) -> int:
     from .bench.results import sweep_leftovers
 
     _prepare_environment()
+    if solutions and not _check_solutions(solutions, args.solutions_may_fail):
+        return 2
     slug = current_gpu_slug()
     out_dir = root / slug
     for line in sweep_leftovers(out_dir):

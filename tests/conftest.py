@@ -6,6 +6,10 @@
 * Markers: ``gpu`` (needs a CUDA GPU; skipped with a reason elsewhere) and
   ``slow`` (notebook smoke runs, minutes; they run in CI too).
 * :func:`requires_gpu` / the ``cuda_device`` fixture for GPU-only tests.
+* ``GDN_OUTPUT_ROOT`` points at a temporary folder for the whole session
+  (:func:`_results_elsewhere`): a notebook run with ``output_root="auto"`` (JupyterLab, the
+  experiments' own collectors) writes there, never into the ``results/`` a user's
+  ``make run`` wrote. Tests that run the runner pass ``--output-root`` themselves.
 * Under pytest-xdist (``make test`` on the CPU: ``-n 2 --dist load``) the modules of
   :data:`SHARED_FIXTURE_MODULES` each go to one worker whole (:func:`pytest_xdist_make_scheduler`).
 """
@@ -80,6 +84,21 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_report_header(config):
     return (f"gdn: cuda={'yes' if HAS_CUDA else 'no'} "
             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _results_elsewhere(tmp_path_factory):
+    """``GDN_OUTPUT_ROOT`` (:data:`kernels.runner.OUTPUT_ROOT_ENV`) = a session temporary
+    folder, whatever the caller's environment says; restored at the end."""
+    from kernels.runner import OUTPUT_ROOT_ENV
+
+    before = os.environ.get(OUTPUT_ROOT_ENV)
+    os.environ[OUTPUT_ROOT_ENV] = str(tmp_path_factory.mktemp("auto-results"))
+    yield os.environ[OUTPUT_ROOT_ENV]
+    if before is None:
+        os.environ.pop(OUTPUT_ROOT_ENV, None)
+    else:
+        os.environ[OUTPUT_ROOT_ENV] = before
 
 
 @pytest.fixture

@@ -209,3 +209,65 @@ def test_compare_notebook_04(tmp_path):
     assert done["04_prefill_scaling"].exists()
     t = pd.read_csv(tmp_path / "cmp" / "04_prefill_scaling_ratios.csv")
     assert len(t) == 5 and (t.filter(like="ratio").iloc[:, 0] == 2.0).all()
+
+
+def _provenance(root: Path, stem: str, **fields):
+    import json
+
+    (root / stem / "provenance.json").write_text(json.dumps(dict(git_sha="abc", **fields)))
+
+
+def test_runs_of_two_timing_revisions_are_refused_unless_allowed(two_sets, capsys, monkeypatch):
+    """A provenance without ``timing_methods_rev`` is revision 0 (before the graph/event
+    fix): set beside revision 1 it is refused with exit 2 naming the notebook, nothing
+    written; with --allow-unlike the figure title, the tables and the README mark it. An
+    untimed notebook (ncu counts) and a side without provenance are not checked."""
+    from kernels.bench.timing import TIMING_METHODS_REV
+
+    a, b, out = two_sets
+    _provenance(a, "01_decode_crossover")                      # before the field: 0
+    _provenance(b, "01_decode_crossover", timing_methods_rev=TIMING_METHODS_REV)
+    _provenance(a, "02_prefill_launch_overhead", timing_methods_rev=TIMING_METHODS_REV)
+    _provenance(b, "02_prefill_launch_overhead", timing_methods_rev=TIMING_METHODS_REV)
+    assert compare.timing_rev(a, "01_decode_crossover") == 0
+    assert compare.timing_rev(a, "03_ncu_instruction_counts") is None
+    assert compare.main([str(a), str(b), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert ("different revisions of the timing methods" in err and "01_decode_crossover: "
+            f"nvidia-h200 measured with timing-methods revision 0, nvidia-h100-80gb-hbm3 "
+            f"with {TIMING_METHODS_REV}") in err
+    assert "02_prefill" not in err and "--allow-unlike" in err
+    assert not out.exists()
+
+    figures = []
+    real = compare.plot_notebook
+    monkeypatch.setattr(compare, "plot_notebook",
+                        lambda *args, **kw: figures.append(real(*args, **kw)) or figures[-1])
+    assert compare.main([str(a), str(b), "--out", str(out), "--allow-unlike"]) == 0
+    titles = [f._suptitle.get_text() for f in figures]
+    assert "UNLIKE TIMING" in titles[0] and "UNLIKE" not in titles[1]
+    dec = pd.read_csv(out / "01_decode_crossover_ratios.csv")
+    assert set(dec.timing_methods_rev) == {f"0 vs {TIMING_METHODS_REV} (unlike)"}
+    assert "timing_methods_rev" not in pd.read_csv(out / "02_prefill_launch_overhead_ratios.csv")
+    assert (out / "01_decode_crossover_ratios.md").read_text().startswith("**UNLIKE TIMING")
+    assert "compared with --allow-unlike" in (out / "README.md").read_text()
+
+
+def test_each_decode_panel_names_its_own_floor(tmp_path):
+    """The host panel's floor is one bare launch (host time), the GPU panels' the copy
+    bandwidth of the state."""
+    import matplotlib.pyplot as plt
+
+    spec = compare.SPECS[0]
+    d = _decode(1.0)
+    d = pd.concat([d, d[d.method == "graph"].assign(method="host")])
+    fig = compare.plot_notebook(spec, (d, d.assign(median_us=2 * d.median_us)), ("A", "B"))
+    try:
+        floors = {ax.get_title().split(":")[0]: [ln.get_label() for ln in ax.get_lines()
+                                                 if "floor" in ln.get_label()]
+                  for ax in fig.axes if ax.get_visible()}
+    finally:
+        plt.close(fig)
+    assert floors["decode, method=host"] == ["bare-launch floor [A]", "bare-launch floor [B]"]
+    assert floors["decode, method=graph"] == ["copy-bandwidth floor [A]",
+                                              "copy-bandwidth floor [B]"]

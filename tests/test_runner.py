@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import subprocess
+import shutil
 import sys
 from pathlib import Path
 
@@ -302,3 +303,28 @@ def test_solutions_of_another_shape_switch_the_notebook(capsys):
     assert runner.main(argv + ["-p", "head_dim=32"]) == 0
     out = capsys.readouterr().out
     assert "at the shape of" not in out and "* head_dim: int = 32" in out
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+def test_make_run_says_the_runners_exit_status(tmp_path):
+    """``make run`` prints what the runner's status meant (GNU make itself exits 2 whenever
+    a command fails, and names the command's status: "Error 1" / "Error 2"): 2 for a
+    missing solution path (the real runner, refused before any notebook), 1 from a stand-in
+    Python that exits as the runner does when a solution never passed the gate."""
+    def make_run(python, *extra):
+        return subprocess.run(["make", "-s", "run", f"SUITE_PYTHON={python}", *extra],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+    res = make_run(sys.executable, "NOTEBOOKS=01", f"SOLUTIONS={tmp_path / 'missing.json'}")
+    assert res.returncode == 2, res.stderr
+    assert "missing.json does not exist" in res.stderr
+    assert "make run: the runner exited 2: bad arguments" in res.stderr
+    assert "run] Error 2" in res.stderr
+    stub = tmp_path / "python"
+    stub.write_text("#!/bin/sh\nexit 1\n")
+    stub.chmod(0o755)
+    res = make_run(stub)
+    assert res.returncode == 2, res.stderr
+    assert ("make run: the runner exited 1: a notebook failed or a requested solution never "
+            "passed the gate") in res.stderr
+    assert "run] Error 1" in res.stderr

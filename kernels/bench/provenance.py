@@ -3,8 +3,12 @@
 ``collect_provenance(params)`` returns a JSON-ready dict::
 
     gpu, gpu_slug, sm_count, l2_bytes, driver, cuda, torch, triton, fla,
-    flashinfer, python, git_sha, git_dirty, params, timestamp (ISO-8601 UTC),
-    hostname
+    flashinfer, python, git_sha, git_dirty, timing_methods_rev, params,
+    timestamp (ISO-8601 UTC), hostname
+
+``timing_methods_rev`` is :data:`kernels.bench.timing.TIMING_METHODS_REV`: which meaning
+of the timing methods the run's numbers have (``kernels.compare`` refuses to set two
+revisions side by side unless told to, and then marks them).
 
 GPU fields are ``"none"`` without a GPU; the driver comes from ``nvidia-smi``
 (or pynvml) and is ``"unknown"`` when neither answers; a package that is not
@@ -122,6 +126,9 @@ def collect_provenance(params: Optional[dict] = None) -> dict:
     rec.update({m: package_version(m) for m in DISTRIBUTIONS})
     rec["python"] = platform.python_version()
     rec.update(git_info())
+    from .timing import TIMING_METHODS_REV
+
+    rec["timing_methods_rev"] = TIMING_METHODS_REV
     rec["params"] = _jsonable(dict(params or {}))
     rec["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     rec["hostname"] = socket.gethostname()

@@ -110,7 +110,7 @@ from .chrome_trace import annotations, api_calls, gpu_activities, load_events
 from .gate import short_reason
 
 __all__ = [
-    "Method", "TIMING_METHODS", "method_meaning", "METHODS", "GPU_METHODS", "CPU_WALL",
+    "Method", "TIMING_METHODS", "TIMING_METHODS_REV", "method_meaning", "METHODS", "GPU_METHODS", "CPU_WALL",
     "ALL_METHODS", "RANKS_METHOD", "Timing", "MethodUnavailable",
     "method_available", "time_fn", "time_each", "time_ranks", "graph_calls", "host_samples",
     "bare_launch_fn", "GRAPH_TARGET_US", "GRAPH_MAX_CALLS", "HOST_CALLS_PER_SAMPLE",
@@ -118,6 +118,17 @@ __all__ = [
     "flush_buffer", "split_iterations", "iteration_spans", "record_cupti_session",
     "ITER_RANGE", "FLUSH_RANGE",
 ]
+
+
+#: Revision of what the methods measure, written into every ``provenance.json`` as
+#: ``timing_methods_rev`` (:func:`kernels.bench.provenance.collect_provenance`) so that
+#: ``kernels.compare`` refuses a pair of runs that measured a method differently. Bump it
+#: when a method's meaning changes (what its number includes), not when it gets faster.
+#: 0 (a provenance without the field): before the graph/event fix, when ``graph`` replayed
+#: one short call per replay (the host's graph-launch cost, 5-9 µs on the H200's host) and
+#: ``event`` put the launch path and the events' own latency in its samples.
+#: 1: the methods as this module's docstring describes them.
+TIMING_METHODS_REV = 1
 
 
 @dataclass(frozen=True)
@@ -164,6 +175,7 @@ def method_meaning(method: str) -> str:
     them (a CSV's other rows, e.g. notebook 04's per-kernel ``kernel`` rows)."""
     m = _BY_NAME.get(method)
     return m.meaning if m else ""
+
 
 #: record_function names that delimit the profiled iterations of ``cupti_cold``.
 ITER_RANGE = "gdnbench::iter"

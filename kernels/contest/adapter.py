@@ -8,17 +8,62 @@ so, or the entry's signature decides: inputs + 2 parameters, or a parameter name
 ``output``): the wrapper allocates ``output``/``new_state`` from the definition's output
 shapes and dtypes and passes them last. Inputs are checked against the definition's shapes
 and dtypes (a ``ValueError`` naming the argument) before the solution runs.
+
+An entry with a ``device`` parameter defaulting to CUDA (``device="cuda"``: written for the
+GPU) is handed the inputs' device when the inputs are elsewhere (the CPU interpreter), so it
+allocates where its inputs live. An exception raised inside the solution's own code comes
+back as a :class:`SolutionCallError` naming the file and line of the innermost frame in the
+solution's folder (and the original exception as its cause): the row's reason then says
+where to look.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+from pathlib import Path
 from typing import Callable, Dict, Optional
 
 from .formats import DEF_RE, SolutionSource
 from .scope import Scope
 
-__all__ = ["SolutionImpl", "signature_dps", "definition_io"]
+__all__ = ["SolutionImpl", "SolutionCallError", "signature_dps", "definition_io",
+           "solution_frame"]
+
+
+class SolutionCallError(RuntimeError):
+    """An exception raised inside a solution's code: ``where`` (``file:line in function``,
+    the innermost frame in the solution's folder) before the original type and message."""
+
+    def __init__(self, where: str, error: BaseException):
+        super().__init__(f"{where}: {type(error).__name__}: {error}")
+        self.where = where
+
+
+def _entry_folder(entry: Callable) -> Optional[Path]:
+    """The folder of the file defining ``entry`` (decorators unwrapped); None for compiled
+    entries (a CUDA solution's), which have no Python frames to point at."""
+    try:
+        path = inspect.getsourcefile(inspect.unwrap(entry))
+    except (TypeError, ValueError):
+        return None
+    return Path(path).resolve().parent if path else None
+
+
+def solution_frame(tb, folder: Path, shown_from: Optional[Path] = None) -> Optional[str]:
+    """``"file:line in function"`` of the innermost frame of traceback ``tb`` whose file lies
+    in ``folder``, the file relative to ``shown_from`` (default ``folder``) where it lies
+    there; None when no frame does."""
+    hit = None
+    while tb is not None:
+        path = Path(tb.tb_frame.f_code.co_filename)
+        if path.is_absolute() and path.resolve().is_relative_to(folder):
+            hit = (path.resolve(), tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    if hit is None:
+        return None
+    path, line, func = hit
+    base = shown_from if shown_from is not None and path.is_relative_to(shown_from) else folder
+    return f"{path.relative_to(base)}:{line} in {func}"
 
 
 @functools.lru_cache(maxsize=16)
@@ -55,6 +100,12 @@ class SolutionImpl:
         m = DEF_RE.match(definition or "")
         self._shape = tuple(int(x) for x in m.groups()[1:]) if m else None
         self._names = list(_definition(op, 4, 8, 128)["inputs"])
+        self._folder = _entry_folder(entry)
+        origin_dir = Path(origin).expanduser().resolve()
+        # where the solution's files are named from: a starter kit's folder (its origin is
+        # config.toml), else the entry's own folder (a JSON's sources, unpacked)
+        self._shown_from = origin_dir.parent if origin_dir.is_file() else None
+        self.device_param = _cuda_device_param(entry)
         self.__name__ = name
 
     def __repr__(self) -> str:
@@ -124,13 +175,35 @@ class SolutionImpl:
                                         dtype=getattr(torch, spec["dtype"]), device=q.device))
         return args, outs
 
+    def _call_entry(self, inputs, outs):
+        extra = {}
+        if self.device_param and inputs[0].device.type != "cuda":
+            extra[self.device_param] = inputs[0].device
+        try:
+            return self.entry(*inputs, *outs, **extra)
+        except Exception as e:
+            if self._folder is None:
+                raise
+            where = solution_frame(e.__traceback__, self._folder, self._shown_from)
+            if where is None:
+                where = self._entry_line() + " (raised by a wrapper of the entry)"
+            raise SolutionCallError(where, e) from e
+
+    def _entry_line(self) -> str:
+        """``file:line in name`` of the entry's definition (a decorator's line included)."""
+        fn = inspect.unwrap(self.entry)
+        path = Path(inspect.getsourcefile(fn)).resolve()
+        base = (self._shown_from if self._shown_from is not None
+                and path.is_relative_to(self._shown_from) else self._folder)
+        return f"{path.relative_to(base)}:{fn.__code__.co_firstlineno} in {fn.__name__}"
+
     def __call__(self, *args, **kwargs):
         inputs, outs = self._prepare(self._bind(args, kwargs))
         if self._scope is not None:
             with self._scope:
-                res = self.entry(*inputs, *outs)
+                res = self._call_entry(inputs, outs)
         else:
-            res = self.entry(*inputs, *outs)
+            res = self._call_entry(inputs, outs)
         if self.dps:
             return tuple(outs)
         if not isinstance(res, (tuple, list)) or len(res) != 2:
@@ -138,6 +211,18 @@ class SolutionImpl:
                             f"new_state), got {type(res).__name__}"
                             + (f" of {len(res)}" if isinstance(res, (tuple, list)) else ""))
         return tuple(res)
+
+
+def _cuda_device_param(entry: Callable) -> Optional[str]:
+    """``"device"`` when the entry takes a ``device`` parameter by keyword whose default
+    names CUDA (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``); else None."""
+    try:
+        p = inspect.signature(entry).parameters.get("device")
+    except (TypeError, ValueError):
+        return None
+    if p is None or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+        return None
+    return "device" if str(p.default).startswith("cuda") else None
 
 
 def signature_dps(fn, src: SolutionSource) -> bool:

@@ -17,6 +17,11 @@ run each solution in (:mod:`.remote`).
 to torch's global settings remain in this process (:mod:`.scope`). ``scoped=False`` (the
 solution worker, whose process belongs to the solution) leaves everything in place, as
 flashinfer-bench does.
+
+Off CUDA the solution's worker first calls :func:`cpu_shims`: solutions written for the GPU
+mark NVTX ranges, synchronize and ask for the current stream, calls that mean nothing on
+the CPU interpreter but raise there ("Torch not compiled with CUDA enabled"); the shims make
+them no-ops, so such a solution is gated on a CPU machine as it is on a GPU.
 """
 from __future__ import annotations
 
@@ -24,16 +29,109 @@ import importlib
 import inspect
 import re
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
-from .adapter import SolutionImpl, signature_dps
-from .build import build
+from .adapter import SolutionImpl, signature_dps, solution_frame
+from .build import build, cache_dir
 from .formats import (CUDA_LANGUAGES, SOLUTION_PREFIX, SolutionError, SolutionSource,
                       read_solution)
 
-__all__ = ["load_solution"]
+__all__ = ["load_solution", "cpu_shims", "CPU_SHIMS"]
 
 _CALLABLE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+#: What :func:`cpu_shims` replaces, in the order it reports them.
+CPU_SHIMS = ("torch.cuda.nvtx", "torch.cuda.synchronize", "torch.cuda.current_stream")
+
+
+class _NoNVTX:
+    """NVTX's C functions as no-ops (a CPU build of torch has a stub that raises)."""
+
+    @staticmethod
+    def rangePushA(msg):
+        return 0
+
+    @staticmethod
+    def rangePop():
+        return 0
+
+    @staticmethod
+    def rangeStartA(msg):
+        return 0
+
+    @staticmethod
+    def rangeEndA(range_id):
+        return None
+
+    @staticmethod
+    def markA(msg):
+        return None
+
+
+class _HostStream:
+    """What ``torch.cuda.current_stream()`` returns off CUDA: the attributes and methods
+    solutions use on a stream (its handle 0, the default stream's; synchronizing is a
+    no-op: the CPU has finished when a call returns)."""
+
+    cuda_stream = 0
+    device_index = None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "<host stand-in for torch.cuda.current_stream() (no CUDA)>"
+
+
+def _nvtx_works(nvtx) -> bool:
+    try:
+        nvtx.range_push("gdn-probe")
+        nvtx.range_pop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def cpu_shims() -> List[str]:
+    """Where torch has no CUDA device, make the CUDA-only conveniences solutions use
+    harmless, in this process: NVTX ranges and marks (``torch.cuda.nvtx.range`` as decorator
+    or context manager, ``range_push``/``range_pop``, ``mark``; replaced only where NVTX
+    itself fails, as in a CPU build of torch) do nothing, ``torch.cuda.synchronize()``
+    returns at once, ``torch.cuda.current_stream()`` is a :class:`_HostStream`. Returns the
+    names of :data:`CPU_SHIMS` replaced now or by an earlier call (empty with CUDA).
+
+    Only the solution's worker calls it (its process belongs to the solution): a notebook's
+    process keeps torch as it is, so our own code cannot come to rely on the shims.
+    """
+    import torch
+    import torch.cuda.nvtx as nvtx
+
+    if torch.cuda.is_available():
+        return []
+    done = []
+    if isinstance(nvtx._nvtx, _NoNVTX) or not _nvtx_works(nvtx):
+        nvtx._nvtx = _NoNVTX()
+        done.append("torch.cuda.nvtx")
+    if getattr(torch.cuda.synchronize, "_gdn_shim", False) is False:
+        def synchronize(device=None) -> None:
+            return None
+
+        synchronize._gdn_shim = True
+        torch.cuda.synchronize = synchronize
+    if getattr(torch.cuda.current_stream, "_gdn_shim", False) is False:
+        def current_stream(device=None) -> _HostStream:
+            return _HostStream()
+
+        current_stream._gdn_shim = True
+        torch.cuda.current_stream = current_stream
+    return done + ["torch.cuda.synchronize", "torch.cuda.current_stream"]
 
 
 def _load_callable(spec: str, op: Optional[str]) -> SolutionImpl:
@@ -76,7 +174,19 @@ def load_solution(path, op: Optional[str] = None, *, scoped: bool = True) -> Sol
         if not Path(text).expanduser().exists() and _CALLABLE_RE.match(text):
             return _load_callable(text, op)
         src = read_solution(text, op)
-    built = build(src, scoped)
+    try:
+        built = build(src, scoped)
+    except SolutionError as e:
+        # an import that failed inside the solution's code: say where
+        cause = e.__cause__
+        where = None if cause is None else solution_frame(
+            cause.__traceback__, Path(src.root or cache_dir()).resolve(),
+            Path(src.origin).resolve().parent if src.root else None)
+        if where is None:
+            raise
+        if not src.root:   # a JSON's sources: drop the cache's src-<hash>/ folder
+            where = where.split("/", 1)[-1]
+        raise SolutionError(f"{e} (at {where})") from cause
     dps = src.dps if src.dps is not None else signature_dps(built.fn, src)
     return SolutionImpl(built.fn, name=src.name, language=src.language,
                         definition=src.definition, op=src.op, dps=dps,

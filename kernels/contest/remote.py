@@ -25,18 +25,19 @@ import atexit
 import json
 import signal
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Sequence
 
 from ..peers_worker import PeerWorker, RemotePeer, WorkerError
 from .formats import SOLUTION_PREFIX, SolutionError, SolutionSource, read_solution
 
 __all__ = ["SOLUTION_TIMEOUT_S", "SolutionWorker", "RemoteSolution", "remote_solutions",
-           "describe", "solution_impls"]
+           "check_entries", "describe", "solution_impls", "solution_checks", "shims_note"]
 
 #: Seconds a solution's worker may take to answer one request (a CUDA build at load, one
 #: gate, or one timing run) before it is killed and the request reported as a hang.
 SOLUTION_TIMEOUT_S = 600.0
 _HOOK = "kernels.contest.remote:solution_impls"
+_CHECK_HOOK = "kernels.contest.remote:solution_checks"
 
 
 # --------------------------------------------------------------------------- parent side
@@ -46,8 +47,8 @@ class SolutionWorker(PeerWorker):
     """A :class:`PeerWorker` serving one solution; its errors name the solution and,
     when the process was killed, the signal."""
 
-    def __init__(self, label: str, timeout_s: float = SOLUTION_TIMEOUT_S):
-        super().__init__(_HOOK, site="", timeout_s=timeout_s)
+    def __init__(self, label: str, timeout_s: float = SOLUTION_TIMEOUT_S, serve: str = _HOOK):
+        super().__init__(serve, site="", timeout_s=timeout_s)
         self.label = label
 
     def request(self, msg: dict) -> dict:
@@ -162,6 +163,37 @@ def remote_solutions(explicit: Iterable[str], added: Iterable[str] = (), *, op: 
     return out
 
 
+def check_entries(sources: Sequence[SolutionSource], timeout_s: float = SOLUTION_TIMEOUT_S
+                  ) -> List[tuple]:
+    """Load each read solution's entry in a worker of its own, as a notebook's worker will
+    (:func:`solution_checks`), before any notebook starts: ``[(src, ok, text, shims)]``,
+    ``text`` the build line (``ok``) or the reason it could not load (the message a
+    notebook would report), ``shims`` what its worker made harmless off CUDA
+    (:func:`shims_note`; the same for every solution of a run, so the runner says it once). What can be checked without a GPU: Python/Triton modules are
+    imported and their entry resolved and matched to the definition's arity; CUDA sources
+    are built later, by the notebooks' workers."""
+    out = []
+    # started together: their imports (torch, triton) overlap
+    workers = [SolutionWorker(src.name, timeout_s, serve=_CHECK_HOOK).start()
+               for src in sources]
+    for src, worker in zip(sources, workers):
+        key = json.dumps(src.as_dict())
+        try:
+            st = worker.status([key])[key]
+        except WorkerError as e:
+            out.append((src, False, str(e), ""))
+            continue
+        finally:
+            worker.close(kill=True)
+        if st.get("available"):
+            info = json.loads(st["version"])
+            out.append((src, True, info["build"] + (
+                f", {_device_note('device')}" if info["device"] else ""), info["shims"]))
+        else:
+            out.append((src, False, st.get("reason", ""), ""))
+    return out
+
+
 # --------------------------------------------------------------------------- worker side
 
 def solution_impls(names: Iterable[str]) -> Dict[str, tuple]:
@@ -169,8 +201,9 @@ def solution_impls(names: Iterable[str]) -> Dict[str, tuple]:
     ``name`` is a read solution (:meth:`SolutionSource.as_dict` as JSON), loaded unscoped
     (this process is the solution's)."""
     from ..peers import Unavailable
-    from .loader import load_solution
+    from .loader import cpu_shims, load_solution
 
+    shims = cpu_shims()
     out = {}
     for name in names:
         src = SolutionSource.from_dict(json.loads(name))
@@ -179,17 +212,70 @@ def solution_impls(names: Iterable[str]) -> Dict[str, tuple]:
         except Exception as e:  # reported as the solution's reason
             out[name] = (Unavailable(src.name, f"{type(e).__name__}: {e}"), "")
         else:
-            out[name] = (fn, _build_info(fn))
+            out[name] = (fn, _build_info(fn, shims))
     return out
 
 
-def _build_info(fn) -> str:
-    """What the worker's status reports as the 'version': language and build."""
+class _NotBuiltHere:
+    """A CUDA solution in the check worker: truthy, not built (the notebooks' workers build
+    it on the GPU)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def solution_checks(names: Iterable[str]) -> Dict[str, tuple]:
+    """The entry check's hook (:func:`check_entries`): as :func:`solution_impls`, except that
+    CUDA solutions are not built, and a load error's reason is the message alone."""
+    from ..peers import Unavailable
+    from .formats import CUDA_LANGUAGES
+    from .loader import cpu_shims, load_solution
+
+    shims = cpu_shims()
+    out = {}
+    for name in names:
+        src = SolutionSource.from_dict(json.loads(name))
+        if src.language in CUDA_LANGUAGES:
+            out[name] = (_NotBuiltHere(), json.dumps(dict(
+                build=f"{src.language}: built by the notebooks' workers", shims="",
+                device=False)))
+            continue
+        try:
+            fn = load_solution(src, scoped=False)
+        except SolutionError as e:
+            out[name] = (Unavailable(src.name, str(e)), "")
+        except Exception as e:  # noqa: BLE001 - any load failure is the solution's
+            out[name] = (Unavailable(src.name, f"{src.origin}: {type(e).__name__}: {e}"), "")
+        else:
+            out[name] = (fn, json.dumps(dict(build=_build_info(fn), shims=shims_note(shims),
+                                             device=bool(fn.device_param and shims))))
+    return out
+
+
+def _build_info(fn, shims=()) -> str:
+    """What the worker's status reports as the 'version': language and build, and what
+    this worker made harmless off CUDA (:func:`shims_note`)."""
     how = fn.language + (f"/{fn.binding}" if fn.binding else "")
     if fn.build_s is not None:
         how += (f", built in {fn.build_s:.1f} s" if not fn.cached
                 else f", cached build (checked in {fn.build_s:.2f} s)")
-    return how + (", destination-passing" if fn.dps else ", value-returning")
+    how += ", destination-passing" if fn.dps else ", value-returning"
+    if fn.device_param and shims:
+        how += f", {_device_note(fn.device_param)}"
+    note = shims_note(shims)
+    return how + (f"; {note}" if note else "")
+
+
+def _device_note(param: str) -> str:
+    return f"its {param}='cuda' default given the inputs' device"
+
+
+def shims_note(shims) -> str:
+    """One line naming what a solution's worker made harmless off CUDA (the names
+    :func:`.loader.cpu_shims` returned); empty when nothing."""
+    parts = [f"{name} as a host stand-in" if name == "torch.cuda.current_stream"
+             else f"{name} as no-op" for name in shims]
+    return ("off CUDA: " + ", ".join(parts)) if parts else ""
 
 
 def describe(sols: Dict[str, object]) -> List[dict]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, List, Optional, Sequence
@@ -30,7 +31,7 @@ from kernels.bench.timing import method_available, method_meaning
 __all__ = [
     "Param", "COMMON_PARAMS", "render_param", "collect_params", "resolve_auto",
     "Run", "start_run",
-    "new_figure", "fmt_us", "fmt_x", "gpu_name_of", "unique_in_order",
+    "new_figure", "figure_subtitle", "finish_figure", "fmt_us", "fmt_x", "gpu_name_of", "unique_in_order",
     "progress", "figure_legend", "plural", "MAX_FIGURE_WIDTH_IN",
 ]
 
@@ -107,12 +108,15 @@ def resolve_auto(values: dict, params: Sequence[Param], stem: str,
     is or resolves to CUDA, ``smoke`` otherwise — whose values (its ``defaults`` and
     its dict for ``stem``) replace every parameter still at its declared default; a
     value edited in the parameters cell is kept. ``profile`` becomes that name.
-    ``output_root="auto"``: that profile's ``output_root`` under the repository root
-    (``results/`` or ``results/smoke/``), whatever the kernel's working directory.
+    ``output_root="auto"``: ``$GDN_OUTPUT_ROOT`` when set (``kernels.runner.OUTPUT_ROOT_ENV``: the
+    tests point it at a temporary folder, so a notebook they run by hand never writes into
+    the ``results/`` of a user's ``make run``), else that profile's ``output_root`` under
+    the repository root (``results/`` or ``results/smoke/``), whatever the kernel's working
+    directory.
     Any other value is used as given: the runner passes a profile name and every
     value explicitly. ``has_gpu`` replaces the device check (tests).
     """
-    from kernels.runner import REPO_ROOT, load_profile, resolve_profile
+    from kernels.runner import OUTPUT_ROOT_ENV, REPO_ROOT, load_profile, resolve_profile
 
     out = dict(values)
     if out.get("profile") != "auto" and out.get("output_root") != "auto":
@@ -142,6 +146,8 @@ def resolve_auto(values: dict, params: Sequence[Param], stem: str,
                     and out.get(k) == declared[k]:
                 out[k] = v
         out["profile"] = name
+    if out.get("output_root") == "auto" and os.environ.get(OUTPUT_ROOT_ENV):
+        out["output_root"] = str(Path(os.environ[OUTPUT_ROOT_ENV]).expanduser().resolve())
     if out.get("output_root") == "auto":
         if not ((REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "notebooks").is_dir()):
             raise ValueError(f"output_root='auto' means the repository's results/, but kernels is "
@@ -195,6 +201,7 @@ class Run:
     def save_fig(self, fig, name: str) -> Path:
         """Save ``fig`` as ``<name>.png`` in the result folder; returns the figure's path."""
         name = name if name.endswith(".png") else name + ".png"
+        finish_figure(fig, self.params)
         res = self.writer.save_fig(fig, name)
         return Path(res) if res is not None else self.dir / name
 
@@ -408,6 +415,80 @@ def new_figure(nrows: int = 1, ncols: int = 1, *, panel=(5.0, 3.6), squeeze=Fals
     fig = _figure_class()(figsize=(width, panel[1] * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=squeeze, **kw)
     return fig, axes
+
+
+#: The notebook parameters of the head shape, as a figure's subtitle names them.
+_SHAPE_NAMES = (("HQ", "num_q_heads"), ("HV", "num_v_heads"), ("D", "head_dim"))
+
+
+def figure_subtitle(params: dict) -> str:
+    """The line every saved figure carries (:func:`finish_figure`): the head shape and the
+    profile its numbers come from, e.g. ``"HQ=2 HV=4 D=32, profile smoke"`` (a notebook
+    that declares only some of the shape names those). Empty when ``params`` names none."""
+    shape = " ".join(f"{k}={params[n]}" for k, n in _SHAPE_NAMES if params.get(n) is not None)
+    prof = params.get("profile")
+    return ", ".join(x for x in (shape, f"profile {prof}" if prof else "") if x)
+
+
+def shows_tick_labels(axis) -> bool:
+    """Whether ``axis`` draws tick labels at all (a panel sharing its sibling's y axis does
+    not: the sibling's labels read for both)."""
+    kw = axis.get_tick_params(which="major")
+    sides = ("labelleft", "labelright") if axis.axis_name == "y" else ("labelbottom", "labeltop")
+    return any(kw.get(k, True) for k in sides)
+
+
+def _labelled_ticks(axis) -> int:
+    """How many tick labels (major or minor) with text ``axis`` shows inside its view."""
+    lo, hi = sorted(axis.get_view_interval())
+    k = 0 if axis.axis_name == "x" else 1
+    return sum(1 for t in axis.get_ticklabels(which="both")
+               if t.get_text().strip() and lo <= t.get_position()[k] <= hi)
+
+
+def _readable_log_axis(axis) -> None:
+    """Put at least two labelled ticks on a log ``axis`` that shows fewer (a range inside
+    one decade shows one or none): the 1-2-5 values inside the view, else three values
+    spread over it, in plain numbers."""
+    import numpy as np
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    lo, hi = sorted(axis.get_view_interval())
+    if not (lo > 0 and hi > lo):
+        return
+    decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+    ticks = [m * 10.0 ** e for e in decades for m in (1, 2, 5) if lo <= m * 10.0 ** e <= hi]
+    if len(ticks) < 2:
+        ticks = [float(f"{v:.2g}") for v in np.geomspace(lo, hi, 4)[1:-1]]
+        ticks = [lo * 1.02, *ticks, hi / 1.02] if len(set(ticks)) < 2 else ticks
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def finish_figure(fig, params: dict):
+    """What every saved figure gets (:meth:`Run.save_fig`, and
+    :mod:`kernels.experiments.redraw` from a result folder's provenance): its suptitle ends
+    with :func:`figure_subtitle` (the head shape and the profile: a smoke figure at the
+    smoke shape is not read as the contest's), and every log axis shows at least two
+    labelled ticks (:func:`_readable_log_axis`). Returns ``fig``."""
+    line = figure_subtitle(params or {})
+    st = fig._suptitle
+    text = st.get_text() if st is not None else ""
+    if line and line not in text:
+        if st is not None:
+            st.set_text(f"{text}\n{line}" if text else line)
+        else:
+            fig.suptitle(line, fontsize=9)
+    fig.draw_without_rendering()   # the tick labels as they will be drawn
+    for ax in fig.axes:
+        if not (ax.axison and ax.get_visible()):
+            continue
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log" and shows_tick_labels(axis) \
+                    and _labelled_ticks(axis) < 2:
+                _readable_log_axis(axis)
+    return fig
 
 
 def figure_legend(fig, axes) -> None:

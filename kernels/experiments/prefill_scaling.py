@@ -738,6 +738,7 @@ def plot_time_vs_T(times: pd.DataFrame):
                    label="a batch (N > 1 sequences)")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.margins(0.08)   # the last batch's square inside the frame, not on it
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
         axis(_plain_log_formatter())   # "2×10⁶" beside a batch marker read as the batch's value
     ax.set_xlabel("total tokens T (log)")

@@ -132,11 +132,13 @@ def draw(folder: Path) -> Dict[str, object]:
     drawers = FIGURES.get(folder.name)
     if drawers is None:
         raise ValueError(f"{folder}: not a notebook result folder (known: {', '.join(FIGURES)})")
+    from .common import finish_figure
+
     figs = {}
     for name, drawer in drawers.items():
         fig = drawer(folder)
         if fig is not None:
-            figs[name] = fig
+            figs[name] = finish_figure(fig, _params(folder))   # as Run.save_fig does
     return figs
 
 

@@ -10,7 +10,8 @@ from kernels.bench.provenance import collect_provenance, git_info
 from kernels.packages import package_version
 
 FIELDS = ("gpu", "gpu_slug", "sm_count", "l2_bytes", "driver", "cuda", "torch", "triton", "fla",
-          "flashinfer", "python", "git_sha", "git_dirty", "params", "timestamp", "hostname")
+          "flashinfer", "python", "git_sha", "git_dirty", "timing_methods_rev", "params",
+          "timestamp", "hostname")
 
 
 def test_fields_and_json():
@@ -19,6 +20,9 @@ def test_fields_and_json():
     json.dumps(rec)  # JSON-ready as is
     assert rec["params"]["B"] == [1, 4]
     assert rec["torch"] == importlib.metadata.version("torch")
+    from kernels.bench.timing import TIMING_METHODS_REV
+
+    assert rec["timing_methods_rev"] == TIMING_METHODS_REV >= 1   # 0: runs before the field
     ts = dt.datetime.fromisoformat(rec["timestamp"])
     assert ts.utcoffset() == dt.timedelta(0)
 

@@ -271,6 +271,8 @@ def test_load_errors_name_file_and_field(tmp_path, case, match):
     with pytest.raises(SolutionError, match=match) as e:
         load_solution(path, op="decode")
     assert str(path) in str(e.value)
+    if case == "import-error":   # where in the solution's code
+        assert str(e.value).endswith("(at kernel.py:1 in <module>)")
 
 
 def test_cuda_solution_on_a_cpu_host_says_why():
@@ -313,6 +315,53 @@ def test_solutions_param_keeps_its_op_only(capsys):
     assert "a decode solution, not used by this prefill notebook" in capsys.readouterr().out
     bad = remote_solutions([f"solution:{PY}"], op="prefill")
     assert not bad["py_decode"] and "a decode definition" in bad["py_decode"].reason
+
+
+def test_gpu_only_conveniences_run_in_the_worker_off_cuda():
+    """The Triton fixture written for the GPU (an NVTX range as decorator and as context
+    manager, ``torch.cuda.current_stream()``, ``torch.cuda.synchronize()``, a
+    ``device="cuda"`` default) is gated on the CPU in its worker: the worker made those
+    harmless and its status says which, once."""
+    from kernels.contest.remote import remote_solutions
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA: the shims are for CPU machines")
+    x = make_prefill_inputs([5], seed=2)
+    ref = prefill_reference(**x)
+    sols = remote_solutions([], [str(FIX / "nvtx_prefill")], op="prefill", timeout_s=300)
+    sol = sols["fixture-nvtx-prefill"]
+    try:
+        assert sol.version == (
+            "triton, destination-passing, its device='cuda' default given the inputs' "
+            "device; off CUDA: torch.cuda.nvtx as no-op, torch.cuda.synchronize as no-op, "
+            "torch.cuda.current_stream as a host stand-in")
+        res = sol.run("T5", x, ref, device="cpu")
+        assert res["gate"]["status"] == "pass", res["gate"]
+    finally:
+        sol.worker.close(kill=True)
+
+
+def test_an_error_inside_a_solution_names_its_file_and_line(tmp_path, decode_case):
+    """Raised in the solution's own code (here a helper of the entry), the error names the
+    file (from the kit's folder) and line; raised by a wrapper of the entry before its body
+    (an NVTX decorator in this process, which keeps torch as it is), the entry's own line."""
+    kit = tmp_path / "kit"
+    (kit / "solution" / "python").mkdir(parents=True)
+    (kit / "config.toml").write_text((PY / "config.toml").read_text())
+    (kit / "solution" / "python" / "kernel.py").write_text(
+        "import torch\n\n\ndef _helper(q):\n    raise ValueError('no ' + str(q.dtype))\n\n\n"
+        "def run(q, k, v, state, A_log, a, dt_bias, b, scale, output, new_state):\n"
+        "    _helper(q)\n")
+    with pytest.raises(Exception, match=r"solution/python/kernel.py:5 in _helper: "
+                                        r"ValueError: no torch.bfloat16") as e:
+        load_solution(kit)(**decode_case[0])
+    assert isinstance(e.value.__cause__, ValueError)
+    if torch.cuda.is_available():
+        return
+    fn = load_solution(FIX / "nvtx_prefill")
+    with pytest.raises(Exception, match=r"solution/triton/kernel.py:\d+ in run \(raised by "
+                                        r"a wrapper of the entry\).*NVTX"):
+        fn(**make_prefill_inputs([2], seed=1))
 
 
 # --------------------------------------------------------------------------- GPU
@@ -424,6 +473,36 @@ def test_runner_solutions_option(tmp_path):
     bad = _json(tmp_path, name="no-def", drop=("definition",))
     with pytest.raises(RunnerError, match="--solutions: .*no-def.json: missing field 'definition'"):
         _solution_paths(str(bad))
+
+
+def test_runner_loads_every_entry_before_the_first_notebook(tmp_path, capsys):
+    """A solution whose entry cannot be resolved stops the run before any notebook (exit 2,
+    the loader's message); a loadable one gets one line, off CUDA naming the shims; with
+    ``--solutions-may-fail`` the bad one is a warning."""
+    from kernels import runner
+    from kernels.contest.formats import read_solution
+
+    bad = _json(tmp_path, name="fixture-no-entry", entry="kernel.py::missing")
+    out = tmp_path / "out"
+    argv = ["--profile", "smoke", "--notebooks", "01", "--output-root", str(out),
+            "--no-progress", "--solutions", f"{PY},{bad}"]
+    assert runner.main(argv) == 2
+    cap = capsys.readouterr()
+    assert (f"error: --solutions: {bad}: field 'spec.entry_point': kernel.py defines no "
+            "function 'missing'") in cap.err
+    assert "solution fixture-py-decode: kernel.py::run loads (python, destination-passing" \
+        in cap.out
+    assert "== 01_decode_crossover" not in cap.out
+    assert not [p for p in out.rglob("*") if p.suffix in (".ipynb", ".csv")]
+    sols = [(str(p), read_solution(p)) for p in (FIX / "nvtx_prefill", bad)]
+    assert runner._check_solutions(sols, may_fail=True)
+    cap = capsys.readouterr()
+    assert "(--solutions-may-fail: the notebooks report it unavailable)" in cap.err
+    line = next(ln for ln in cap.out.splitlines() if "fixture-nvtx-prefill" in ln)
+    assert "device='cuda' default given the inputs' device" in line or torch.cuda.is_available()
+    if not torch.cuda.is_available():   # said once for the run
+        assert cap.out.count("off CUDA:") == 1
+        assert "solutions' workers, off CUDA: torch.cuda.nvtx as no-op" in cap.out
 
 
 def test_runner_refuses_two_shapes_of_one_op(tmp_path):

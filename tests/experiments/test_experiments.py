@@ -500,12 +500,14 @@ def _defaults(mod):
 
 @pytest.mark.parametrize("has_gpu,profile,root", [(False, "smoke", "results/smoke"),
                                                   (True, "full", "results")])
-def test_auto_takes_the_profile_make_run_would(has_gpu, profile, root):
+def test_auto_takes_the_profile_make_run_would(has_gpu, profile, root, monkeypatch):
     """A notebook run by hand with the defaults gets what ``make run`` passes: the
     device's profile, its values, and the repository's results folder (absolute, so
     the kernel's working directory ``notebooks/`` does not matter)."""
     from kernels.experiments.common import resolve_auto
-    from kernels.runner import REPO_ROOT, load_profile
+    from kernels.runner import OUTPUT_ROOT_ENV, REPO_ROOT, load_profile
+
+    monkeypatch.delenv(OUTPUT_ROOT_ENV)   # tests/conftest.py's: a user's run has none
 
     got = resolve_auto(_defaults(dx), dx.PARAMS, dx.STEM, has_gpu=has_gpu)
     prof = load_profile(profile)
@@ -520,9 +522,11 @@ def test_auto_takes_the_profile_make_run_would(has_gpu, profile, root):
     assert untouched and all(got[k] == _defaults(dx)[k] for k in untouched)
 
 
-def test_auto_keeps_values_edited_in_the_cell_and_explicit_names():
+def test_auto_keeps_values_edited_in_the_cell_and_explicit_names(monkeypatch):
     from kernels.experiments.common import resolve_auto
-    from kernels.runner import REPO_ROOT
+    from kernels.runner import OUTPUT_ROOT_ENV, REPO_ROOT
+
+    monkeypatch.delenv(OUTPUT_ROOT_ENV)
 
     edited = dict(_defaults(dx), batch_sizes=[2, 3], head_dim=64)
     got = resolve_auto(edited, dx.PARAMS, dx.STEM, has_gpu=False)
@@ -537,6 +541,19 @@ def test_auto_keeps_values_edited_in_the_cell_and_explicit_names():
     # device decides when it is explicit
     assert resolve_auto(dict(_defaults(dx), device="cpu"), dx.PARAMS, dx.STEM)["profile"] == "smoke"
     assert resolve_auto(dict(_defaults(dx), device="cuda"), dx.PARAMS, dx.STEM)["profile"] == "full"
+
+
+def test_auto_output_root_follows_the_environment(tmp_path, monkeypatch):
+    """``GDN_OUTPUT_ROOT`` redirects ``output_root="auto"`` (the tests set it for the whole
+    session); an explicit root stays as given."""
+    from kernels.experiments.common import resolve_auto
+    from kernels.runner import OUTPUT_ROOT_ENV
+
+    monkeypatch.setenv(OUTPUT_ROOT_ENV, str(tmp_path / "elsewhere"))
+    got = resolve_auto(_defaults(dx), dx.PARAMS, dx.STEM, has_gpu=False)
+    assert got["output_root"] == str(tmp_path / "elsewhere") and got["profile"] == "smoke"
+    named = dict(_defaults(dx), output_root="/somewhere")
+    assert resolve_auto(named, dx.PARAMS, dx.STEM, has_gpu=False)["output_root"] == "/somewhere"
 
 
 def test_auto_output_root_needs_a_known_profile():
@@ -576,9 +593,10 @@ def test_every_notebook_resolves_auto_as_make_run_would(path, has_gpu, profile, 
     notebook's, the device's profile values (its dict for that stem included) fill the
     defaults, and results go to the repository's results folder."""
     import kernels.device as device
-    from kernels.runner import REPO_ROOT, load_profile
+    from kernels.runner import OUTPUT_ROOT_ENV, REPO_ROOT, load_profile
 
     monkeypatch.setattr(device, "has_gpu", lambda: has_gpu)
+    monkeypatch.delenv(OUTPUT_ROOT_ENV)
     mod, namespace = _notebook_module(path)
     assert mod.STEM == path.stem
     assert namespace["profile"] == "auto" and namespace["output_root"] == "auto"

@@ -1,5 +1,6 @@
 """Every figure a notebook draws from its CSVs (:data:`kernels.experiments.redraw.FIGURES`)
-is one a reviewer can paste: a title, labelled axes (times in the suite's one unit, µs),
+is one a reviewer can paste: a title naming the head shape and the profile, labelled axes
+(times in the suite's one unit, µs; a log axis with at least two labelled ticks),
 no empty panel, no legend over data, no series hidden under another, at most
 :data:`~kernels.experiments.common.MAX_FIGURE_WIDTH_IN` (11.5 in, docs/notebooks.md) wide
 as saved (tight bounding box, legends included).
@@ -29,8 +30,11 @@ def _numeric(labels) -> bool:
     return all(re.fullmatch(r"[\d.,\s−\-+e$^{}\\mathdefault×⁰¹²³⁴⁵⁶⁷⁸⁹]*", t) for t in txt)
 
 
-def audit_figure(fig, name: str) -> list:
-    """What makes ``fig`` hard to read or paste; empty when nothing."""
+def audit_figure(fig, name: str, params: dict = None) -> list:
+    """What makes ``fig`` hard to read or paste; empty when nothing. ``params`` (the run's):
+    the title must name its head shape and profile (``figure_subtitle``)."""
+    from kernels.experiments.common import _labelled_ticks, figure_subtitle, shows_tick_labels
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.lines import Line2D
 
@@ -46,6 +50,9 @@ def audit_figure(fig, name: str) -> list:
             and not hasattr(ax, "_colorbar")]   # a colour bar is labelled by its panel's title
     if not sup and not all(ax.get_title() for ax in axes):
         problems.append("no title")
+    if params is not None and figure_subtitle(params) not in sup:
+        problems.append(f"the title does not name the shape and profile "
+                        f"({figure_subtitle(params)!r})")
     for i, ax in enumerate(axes):
         where = f"panel {i} ({ax.get_title() or 'untitled'})"
         n_data = (sum(int(np.isfinite(np.asarray(ln.get_ydata(), float)).sum())
@@ -55,6 +62,11 @@ def audit_figure(fig, name: str) -> list:
                         for c in ax.collections) + len(ax.images))
         if not n_data:
             problems.append(f"{where}: empty")
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log" and shows_tick_labels(axis) \
+                    and _labelled_ticks(axis) < 2:
+                problems.append(f"{where}: its log {axis.axis_name} axis has fewer than two "
+                                "labelled ticks")
         ylab = ax.get_ylabel()
         shared = [o for o in ax.get_shared_y_axes().get_siblings(ax) if o is not ax]
         if not ylab and not any(o.get_ylabel() for o in shared):
@@ -148,9 +160,12 @@ CASES = [pytest.param(AUDITED / stem, id=stem) for stem in FIGURES if (AUDITED /
 
 @pytest.mark.parametrize("folder", CASES)
 def test_committed_figures_read_well(folder):
+    from kernels.experiments.redraw import _params
+
     figs = draw(folder)
     assert figs, f"no figure drawn from {folder}"
-    problems = {name: p for name, fig in figs.items() if (p := audit_figure(fig, name))}
+    params = _params(folder)
+    problems = {name: p for name, fig in figs.items() if (p := audit_figure(fig, name, params))}
     assert not problems, f"{folder}: " + "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
 
 
@@ -199,3 +214,31 @@ def test_redraw_command_writes_the_figures(tmp_path, capsys):
     assert f"redrew {dst / 'time_vs_T.png'}" in out and (dst / "time_vs_T.png").stat().st_size > 10_000
     assert redraw.main([str(tmp_path / "nope")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_finish_figure_names_the_shape_and_labels_a_narrow_log_axis():
+    """A figure saved by a notebook gets the shape and profile on its title, and a log axis
+    spanning less than a decade (one labelled tick or none) gets labelled values."""
+    from kernels.experiments.common import figure_subtitle, finish_figure, new_figure
+
+    params = dict(num_q_heads=2, num_v_heads=4, head_dim=32, profile="smoke")
+    assert figure_subtitle(params) == "HQ=2 HV=4 D=32, profile smoke"
+    assert figure_subtitle(dict(num_v_heads=8, head_dim=128)) == "HV=8 D=128"
+    fig, axes = new_figure(1, 1)
+    ax = axes[0][0]
+    ax.plot([6, 200], [3100.0, 5200.0], marker="o")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    from matplotlib.ticker import NullFormatter
+
+    ax.yaxis.set_minor_formatter(NullFormatter())   # inside one decade: no label at all
+    ax.set_xlabel("total tokens T (log)")
+    ax.set_ylabel("time per call (µs, log)")
+    fig.suptitle("GDN prefill time vs length")
+    assert any("log y axis has fewer than two labelled ticks" in q
+               for q in audit_figure(fig, "narrow", params))
+    finish_figure(fig, params)
+    assert fig._suptitle.get_text() == "GDN prefill time vs length\nHQ=2 HV=4 D=32, profile smoke"
+    assert audit_figure(fig, "narrow", params) == []
+    finish_figure(fig, params)   # idempotent
+    assert fig._suptitle.get_text().count("profile smoke") == 1

@@ -6,13 +6,15 @@ token, with autosave left on; headless Chromium (Debian's ``chromium`` + ``chrom
 installed by ``scripts/install_browser.sh``) driven by Selenium opens each committed
 notebook in turn and picks Run → Run All Cells. The parameters stay as committed
 (``profile`` / ``output_root`` ``"auto"``), on the CPU interpreter (the server sees no
-GPU), so each notebook runs the smoke profile and writes into the repository's
-``results/smoke/``. Checked per notebook: every code cell ran, no cell shows an error,
-every figure the run saved is an ``<img>`` the browser decoded, the provenance landed in
-``results/smoke/cpu-interpreter/<notebook>/`` with the smoke values, and after a save
-the notebook file is byte for byte the committed one. One server and one browser serve
-all notebooks; each notebook's kernel is shut down after its test. A screenshot per
-notebook goes to ``results/smoke/cpu-interpreter/jupyterlab_<notebook>.png``.
+GPU), so each notebook runs the smoke profile; ``"auto"`` writes where ``GDN_OUTPUT_ROOT``
+points, here the test's own folder (a person's ``make lab`` run: the repository's
+``results/smoke/``, which this test leaves as it was). Checked per notebook: every code
+cell ran, no cell shows an error, every figure the run saved is an ``<img>`` the browser
+decoded, the provenance landed in ``<that root>/cpu-interpreter/<notebook>/`` with the
+smoke values, and after a save the notebook file is byte for byte the committed one. One
+server and one browser serve all notebooks; each notebook's kernel is shut down after its
+test. A screenshot per notebook goes to ``<that root>/cpu-interpreter/jupyterlab_<notebook>.png``
+(the test prints where).
 
 Without jupyterlab, selenium, chromium or chromedriver the tests skip with the
 reason; with ``GDN_REQUIRE_BROWSER=1`` (CI) they fail instead.
@@ -35,7 +37,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-OUT = ROOT / "results" / "smoke" / "cpu-interpreter"
 RUN_LIMIT_S = 600
 
 
@@ -78,9 +79,13 @@ def lab(tmp_path_factory):
         "notification.jupyterlab-settings"
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    from kernels.runner import OUTPUT_ROOT_ENV
+    from tests.results_guard import smoke_results_state
+
+    results = tmp_path / "results"
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(cfg), JUPYTER_DATA_DIR=str(tmp_path / "data"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), CUDA_VISIBLE_DEVICES="",
-               TRITON_INTERPRET="1", MPLBACKEND="Agg")
+               TRITON_INTERPRET="1", MPLBACKEND="Agg", **{OUTPUT_ROOT_ENV: str(results)})
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in paths if p != str(ROOT)])
     log = open(tmp_path / "lab.log", "w")
@@ -103,7 +108,8 @@ def lab(tmp_path_factory):
                 log.flush()
                 pytest.fail(f"JupyterLab did not start: {(tmp_path / 'lab.log').read_text()[-3000:]}")
             time.sleep(0.5)
-        yield dict(base=base, token=token, log=tmp_path / "lab.log")
+        yield dict(base=base, token=token, log=tmp_path / "lab.log", results=results,
+                   out=results / "cpu-interpreter", users=smoke_results_state())
     finally:
         proc.terminate()
         try:
@@ -210,8 +216,9 @@ def test_notebook_runs_in_jupyterlab_in_chromium(lab, browser, notebook):
         time.sleep(2)
     seconds = time.time() - started
     saved = browser.execute_async_script(_SAVE_JS)
-    OUT.mkdir(parents=True, exist_ok=True)
-    shot = OUT / f"jupyterlab_{stem}.png"
+    out = lab["out"]
+    out.mkdir(parents=True, exist_ok=True)
+    shot = out / f"jupyterlab_{stem}.png"
     imgs = browser.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output img")
     if imgs:
         browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", imgs[0])
@@ -226,15 +233,19 @@ def test_notebook_runs_in_jupyterlab_in_chromium(lab, browser, notebook):
         "\n---\n".join(state["errors"])
     assert state["prompts"] and all(re.fullmatch(r"\[\d+\]:", p) for p in state["prompts"]), (
         f"not every code cell of {notebook} ran within {RUN_LIMIT_S} s: prompts {state['prompts']}")
-    # "auto": the smoke profile, into the repository's results/ from notebooks/'s kernel
-    res = OUT / stem
+    # "auto": the smoke profile, into GDN_OUTPUT_ROOT (the test's folder) from notebooks/'s
+    # kernel; the repository's results/smoke/ untouched
+    from tests.results_guard import smoke_results_state
+
+    assert smoke_results_state() == lab["users"], "the notebook wrote into results/smoke/"
+    res = out / stem
     prov = json.loads((res / "provenance.json").read_text())
     assert (res / "provenance.json").stat().st_mtime >= started
     from kernels.runner import load_profile
 
     smoke = load_profile("smoke")
     assert prov["params"]["profile"] == "smoke"
-    assert prov["params"]["output_root"] == str(ROOT / smoke["defaults"]["output_root"])
+    assert prov["params"]["output_root"] == str(lab["results"])
     for k, v in smoke["notebooks"][stem].items():
         assert prov["params"][k] == v, k
     drawn = [i for i in state["imgs"] if i["w"] > 0 and i["h"] > 0 and i["src"].startswith("data:image/png")]

@@ -58,7 +58,10 @@ def _has_gpu() -> bool:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """Run all notebooks once; returns (result dir, runner output, seconds)."""
+    from tests.results_guard import smoke_results_state
+
     root = tmp_path_factory.mktemp("smoke-results")
+    users = smoke_results_state()
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "kernels.runner", "--profile", "smoke", "--notebooks", "all",
@@ -67,6 +70,8 @@ def smoke(tmp_path_factory):
     seconds = time.perf_counter() - t0
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"runner failed ({proc.returncode}):\n{log[-6000:]}"
+    # a user's `make run` results (results/smoke/) are left as they were
+    assert smoke_results_state() == users, "the test run wrote into results/smoke/"
     slugs = [p for p in root.iterdir() if p.is_dir()]
     assert len(slugs) == 1, f"expected one <gpu-slug> folder under {root}: {slugs}"
     return slugs[0], log, seconds
@@ -255,15 +260,19 @@ def test_multi_gpu_smoke_specifics(smoke):
 
 @pytest.mark.parametrize("stem", list(REQUIRED))
 def test_figures_read_well_on_smoke_data(smoke, stem):
-    """The figures the smoke CSVs draw pass the audit of ``tests/experiments/test_figures.py`` (title,
-    labelled axes in µs, no empty panel, no legend over data, ≤ 1,400 px inline)."""
-    from kernels.experiments.redraw import draw
+    """The figures the smoke CSVs draw pass the audit of ``tests/experiments/test_figures.py`` (title
+    naming the shape and profile, labelled axes in µs, a log axis with two labelled ticks or
+    more, no empty panel, no legend over data, ≤ 1,400 px inline)."""
+    from kernels.experiments.redraw import _params, draw
     from test_figures import audit_figure
 
     out, _, _ = smoke
     figs = draw(out / stem)
     assert figs or stem == "02_prefill_launch_overhead", f"{stem}: no figure drawn from its CSVs"
-    problems = {name: p for name, fig in figs.items() if (p := audit_figure(fig, name))}
+    params = _params(out / stem)   # titles name the smoke shape and profile
+    assert params.get("profile") == "smoke"
+    problems = {name: p for name, fig in figs.items()
+                if (p := audit_figure(fig, name, params))}
     assert not problems, "; ".join(f"{n}: {', '.join(p)}" for n, p in problems.items())
 
 
