@@ -13,7 +13,8 @@ implementation against the torch path (the contest rule, :func:`kernels.checks.c
 at ``gate_T`` tokens; the GDN call's arguments are captured from the layer itself. (2)
 **prefill** — the GDN layer and the decoder block (GDN layer, its norms and the sparse MoE
 as transformers runs them) at each length: time per implementation with ``methods``
-(``graph``: GPU time of captured calls; ``host``: host time of an eager call). (3) **the
+(``graph``: GPU time where the call can be captured; ``event`` where it cannot, e.g. an MoE
+that synchronises; ``host``: host time of an eager call). (3) **the
 GDN share** — torch.profiler over ``profile_calls`` eager calls of the block (prefill at
 each length, decode step at each batch size): device time summed by kernel, a kernel counted
 as GDN when its launch lies inside the ``record_function`` range :data:`GDN_RANGE` around the
@@ -60,7 +61,8 @@ PARAMS = COMMON_PARAMS + (
     Param("torch_max_T", "int", 8192, "the torch path is timed and profiled up to this length"),
     Param("decode_batch_sizes", "list", [1, 4, 16, 64, 256], "sequences of a decode step"),
     Param("decode_context", "int", 64, "tokens prefilled per sequence before the decode steps"),
-    Param("methods", "list", ["graph", "host"], "timing methods of the layer and block (kernels/bench/timing.py)"),
+    Param("methods", "list", ["graph", "event", "host"],
+          "timing methods of the layer and block (kernels/bench/timing.py; event: GPU time where graph cannot capture)"),
     Param("compare_methods", "list", ["graph"], "timing methods of the drop-in against gdn_prefill / gdn_decode"),
     Param("profile_calls", "int", 3, "profiled eager calls per point of the GDN share"),
     Param("repetitions", "int", 10, "timed calls per point"),
@@ -149,15 +151,21 @@ _CALL_KEYS = ("g", "beta", "initial_state", "output_final_state", "use_qk_l2norm
 
 @contextlib.contextmanager
 def _recording(run: Run, name: str, seen: dict):
-    """While open, the layer's call of the module function ``name`` (whatever is bound)
-    records its arguments in ``seen`` (``args``, ``kwargs``), and the layer's raw gate
-    inputs ``b``, ``a`` (from ``fix_query_key_value_ordering``) in ``seen["ba"]``."""
+    """While open, the layer's call of the module function ``name`` records its arguments
+    in ``seen`` (``args``, ``kwargs``) and returns zeros instead of computing (the layer's
+    output is not used: capturing a 131,072-token call costs no GDN computation); the
+    layer's raw gate inputs ``b``, ``a`` (from ``fix_query_key_value_ordering``) go to
+    ``seen["ba"]``."""
+    import torch
+
     mod, layer = _module(run), run.state["layer"]
     bound, split = getattr(mod, name), layer.fix_query_key_value_ordering
 
-    def record(*a, **k):
-        seen.update(args=a, kwargs={n: v for n, v in k.items() if n in _CALL_KEYS})
-        return bound(*a, **k)
+    def record(q, k, v, *a, **kw):
+        seen.update(args=(q, k, v) + a, kwargs={n: x for n, x in kw.items() if n in _CALL_KEYS})
+        B, _, HV, D = v.shape
+        return torch.zeros_like(v), (torch.zeros(B, HV, q.shape[-1], D, device=v.device)
+                                     if kw.get("output_final_state") else None)
 
     def record_split(*a, **k):
         out = split(*a, **k)
@@ -174,14 +182,11 @@ def _recording(run: Run, name: str, seen: dict):
 
 
 def _captured_call(run: Run, h):
-    """The layer's GDN prefill call on ``h`` (torch path bound): ``{args, kwargs, ba}``."""
+    """The layer's GDN prefill call on ``h``: ``{args, kwargs, ba}``."""
     import torch
 
-    from kernels.model import hf
-
     seen = {}
-    with torch.no_grad(), hf.use(run.state["layer"], "torch"), \
-            _recording(run, "torch_chunk_gated_delta_rule", seen):
+    with torch.no_grad(), _recording(run, "torch_chunk_gated_delta_rule", seen):
         run.state["layer"](h)
     return seen
 
@@ -498,8 +503,8 @@ def contest_inputs(run: Run, seen: dict) -> dict:
 
 
 def _captured_decode(run: Run, B: int) -> dict:
-    """The layer's GDN decode call at batch ``B`` (torch path bound, ``decode_context``
-    tokens cached): ``{args, kwargs, ba}``; its initial state handed over as ours leaves it
+    """The layer's GDN decode call at batch ``B`` (``decode_context`` tokens cached by the
+    torch path): ``{args, kwargs, ba}``; its initial state handed over as ours leaves it
     in a cache (the ``[K, V]`` view of a k-last buffer)."""
     import torch
 
