@@ -1,6 +1,7 @@
 """Notebook 06 — ours inside Qwen3-Next: one Gated DeltaNet layer and one decoder block of
 transformers' Qwen3-Next (the contest's per-GPU shape: 4 key heads, 8 value heads, head size
-128; the rest of Qwen3-Next-80B-A3B's published config; random weights, seeded), run with
+128; the rest of Qwen3-Next-80B-A3B's published config; random weights, seeded: every
+matrix normal(0, initializer_range), :func:`_init_weights`), run with
 each implementation of its two GDN functions bound by :func:`kernels.model.hf.use`:
 
 * ``ours`` (:mod:`kernels.model.fla_compat`), ``fla`` (FLA's functions, what transformers
@@ -120,13 +121,31 @@ def start(params: dict) -> Run:
         shared_expert_intermediate_size=p["moe_intermediate_size"],
         num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
     torch.manual_seed(p["seed"])
-    block = Qwen3NextDecoderLayer(cfg, layer_idx=0).to(run.device, torch.bfloat16).eval()
+    with torch.device(run.device):
+        block = Qwen3NextDecoderLayer(cfg, layer_idx=0)
+    _init_weights(block, cfg.initializer_range, p["seed"])
+    block = block.to(torch.bfloat16).eval()
     run.state.update(cfg=cfg, block=block, layer=block.linear_attn)
     run.extra_provenance["model"] = dict(
         config="Qwen3-Next-80B-A3B (published) at TP4 GDN heads", gdn_heads=(
             p["num_k_heads"], p["num_v_heads"], p["head_dim"]), hidden=p["hidden_size"],
         experts=(p["num_experts"], p["num_experts_per_tok"], p["moe_intermediate_size"]))
     return run
+
+
+def _init_weights(block, std: float, seed: int) -> None:
+    """Every matrix (projections, convolution, router, experts) drawn from
+    ``normal(0, std)``, seeded, as transformers' ``_init_weights`` does for a model: a bare
+    decoder layer is not initialised by transformers (its experts are ``torch.empty``, its
+    router zeros, which would send every token to the same experts). Vectors (norms,
+    ``A_log``, ``dt_bias``) keep their constructed values."""
+    import torch
+
+    for i, (_, w) in enumerate(sorted(block.named_parameters())):
+        if w.dim() >= 2:
+            g = torch.Generator(device=w.device).manual_seed(seed * 1009 + i)
+            with torch.no_grad():
+                w.normal_(0.0, std, generator=g)
 
 
 def _hidden(run: Run, B: int, T: int, seed: int):
@@ -683,7 +702,9 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         over = compare[compare["ratio"] > COMPARE_TARGET]
         lines.append(f"- the drop-in over gdn_prefill / gdn_decode on the same work: "
                      f"{compare['ratio'].min():.2f}x to {worst['ratio']:.2f}x (worst: "
-                     f"{worst['part']} T={worst['T']} B={worst['B']}, {worst['method']}); "
+                     f"{worst['part']} T={worst['T']} B={worst['B']}, {worst['method']}"
+                     + (f"; its L2-norm launch alone {fmt_us(worst['qk_norm_us'])}"
+                        if pd.notna(worst["qk_norm_us"]) else "") + "); "
                      + ("within" if over.empty else f"{len(over)} of {len(compare)} points over")
                      + f" the {COMPARE_TARGET:.2f}x target")
     if not decode.empty:
