@@ -529,10 +529,12 @@ token). `kernels.model` gives our kernels that signature and binds them in
 (`kernels.model.use_ours(model)`). This notebook builds one GDN layer and one decoder block
 (GDN layer, RMS norms, the sparse MoE) from Qwen3-Next-80B-A3B's published config at the
 contest's per-GPU shape (4 key heads, 8 value heads, head size 128), random weights
-(seeded), and runs them with ours, FLA and the layer's own torch path: a correctness gate
-against the torch path, prefill of the layer and the block from 512 to 131,072 tokens
-(GPU time with `graph` where the call can be captured, `event` otherwise, host time with
-`host`), the GDN call's share of the block, and decode steps of the block at B = 1 … 256.
+(seeded), and runs them with ours, FLA, FlashQLA (where `flash_qla` imports in this
+process) and the layer's own torch path: a correctness gate against the torch path,
+prefill of the layer and the block from 512 to 131,072 tokens (GPU time with `graph`, host
+time with `host`), the GDN call's share of the block by kernel (torch.profiler), the
+drop-in against our contest entry points on the same work, and decode steps of the block
+at B = 1 … 256.
 
 Run it with `python -m kernels.runner --notebooks 06` (profile `full` on a GPU, `smoke`
 on the CPU: a tiny config under the Triton interpreter, plumbing only)."""),
@@ -545,19 +547,34 @@ against the torch path, on the same inputs (contest rule, atol = rtol = 1e-2).""
     ("code", """\
 gate = xp.run_gate(run)
 gate"""),
-    ("md", "## 2. Prefill: the GDN call, the GDN layer and the decoder block"),
+    ("md", "## 2. Prefill: the GDN layer and the decoder block"),
     ("code", """\
 prefill = xp.run_prefill(run)
 run.show(xp.plot_block_times(run, prefill, "T", "block", "Decoder block prefill"), "block_prefill")
 run.show(xp.plot_block_times(run, prefill, "T", "gdn layer", "GDN layer prefill"), "layer_prefill")
 prefill"""),
-    ("md", "## 3. The GDN call's share of the block"),
+    ("md", """\
+## 3. The GDN call's share of the block, by kernel
+torch.profiler over eager calls of the block; a kernel is the GDN call's when its launch
+lies inside the `record_function` range around the GDN function (every implementation, the
+torch path's many small kernels included), the rest of the block's otherwise.
+`gdn_kernels.csv` lists every kernel with its time per call. Without a GPU the share is
+host time inside the ranges (labelled so)."""),
     ("code", """\
-share = xp.gdn_share(prefill)
-run.write_csv(share, "gdn_share")
+share, kernels = xp.run_share(run)
 run.show(xp.plot_share(run, share), "gdn_share")
 share"""),
-    ("md", "## 4. Decode steps of the block"),
+    ("md", """\
+## 4. The drop-in against our contest entry points
+The drop-in on the layer's captured arguments (q/k repeated to the value heads, gates
+precomputed, the L2 norm requested) against `gdn_prefill` / `gdn_decode` on the same work
+in the contest's layout; both gated against the reference first. `qk_norm_us`: the
+drop-in's separate L2-norm launch alone (prefill)."""),
+    ("code", """\
+dropin_gate, compare = xp.run_compare(run)
+display(dropin_gate)
+compare"""),
+    ("md", "## 5. Decode steps of the block"),
     ("code", """\
 decode = xp.run_decode(run)
 run.show(xp.plot_block_times(run, decode, "B", "block decode step", "Decoder block decode step"), "block_decode")
@@ -565,7 +582,8 @@ decode"""),
     ("md", "## Conclusion"),
     ("code", """\
 conclusion = run.with_profile_note(xp.conclusion_markdown(dict(
-    gate=gate, prefill=prefill, decode=decode, share=share)))
+    gate=gate, prefill=prefill, decode=decode, share=share, dropin_gate=dropin_gate,
+    compare=compare)))
 run.write_text(conclusion, "conclusion.md")
 display(Markdown(conclusion))"""),
     ("code", "run.finish()"),

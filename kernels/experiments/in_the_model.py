@@ -1,24 +1,37 @@
 """Notebook 06 — ours inside Qwen3-Next: one Gated DeltaNet layer and one decoder block of
 transformers' Qwen3-Next (the contest's per-GPU shape: 4 key heads, 8 value heads, head size
-128; the rest of Qwen3-Next-80B-A3B's published config; random weights, seeded), run with
+128; the rest of Qwen3-Next-80B-A3B's published config; random weights, seeded: every
+matrix normal(0, initializer_range), :func:`_init_weights`), run with
 each implementation of its two GDN functions bound by :func:`kernels.model.hf.use`:
 
 * ``ours`` (:mod:`kernels.model.fla_compat`), ``fla`` (FLA's functions, what transformers
-  binds where FLA is installed), ``torch`` (the layer's own torch path, the reference).
+  binds where FLA is installed), ``flashqla`` (FlashQLA's prefill, FLA's decode call; only
+  where ``flash_qla`` imports in this process, else skipped with the reason), ``torch``
+  (the layer's own torch path, the reference).
 
-Sections: (1) **gate** — the layer's output and the GDN call's final state of ``ours`` and
-``fla`` against the torch path (the contest rule, :func:`kernels.checks.check_outputs`) at
-``gate_T`` tokens; the GDN call's arguments are captured from the layer itself. (2)
+Sections: (1) **gate** — the layer's output and the GDN call's final state of each
+implementation against the torch path (the contest rule, :func:`kernels.checks.check_outputs`)
+at ``gate_T`` tokens; the GDN call's arguments are captured from the layer itself. (2)
 **prefill** — the GDN layer and the decoder block (GDN layer, its norms and the sparse MoE
 as transformers runs them) at each length: time per implementation with ``methods``
-(``graph``: GPU time where the call can be captured; ``event`` where it cannot; ``host``:
-host time of an eager call), and the GDN call's share of the block (the GDN function alone
-on the captured arguments against the block, same method). (3) **decode** — one cached
-token through the block at each batch size, the same methods. Only what passed the gate is
-timed; a method that cannot time a call (a capture that fails) is skipped with its reason.
+(``graph``: GPU time where the call can be captured; ``event`` where it cannot, e.g. an MoE
+that synchronises; ``host``: host time of an eager call). (3) **the
+GDN share** — torch.profiler over ``profile_calls`` eager calls of the block (prefill at
+each length, decode step at each batch size): device time summed by kernel, a kernel counted
+as GDN when its launch lies inside the ``record_function`` range :data:`GDN_RANGE` around the
+GDN function call (the same attribution for every implementation, the torch path's many
+small kernels included), the rest of the block otherwise. Without CUDA activities (the CPU
+smoke run) the share is host time inside the ranges, labelled so. (4) **the adaptation's
+cost** — the drop-in on the layer's captured arguments against :func:`kernels.prefill.gdn_prefill`
+/ :func:`kernels.decode.gdn_decode` on the same work (inputs in the contest's layout built from
+the same tensors: q/k at the key heads, L2-normalised; the raw gates ``a``, ``b`` the layer
+computed), both gated against :mod:`kernels.reference` first, timed with ``compare_methods``.
+(5) **decode** — one cached token through the block at each batch size. Only what passed
+its gate is timed; a method that cannot time a call is skipped with its reason.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Dict
 
 import pandas as pd
@@ -29,10 +42,14 @@ from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figu
                      fmt_us, new_figure, progress, start_run)
 
 STEM = "06_in_the_model"
-IMPLS = ("ours", "fla", "torch")
+IMPLS = ("ours", "fla", "flashqla", "torch")
+#: record_function ranges of the profiled calls: the GDN function call inside the layer, and
+#: one call of the block.
+GDN_RANGE, BLOCK_RANGE = "gdn06::gdn_call", "gdn06::block"
 
 PARAMS = COMMON_PARAMS + (
-    Param("impls", "list", list(IMPLS), "ours, fla (FLA's functions), torch (the layer's own path)"),
+    Param("impls", "list", list(IMPLS),
+          "ours, fla (FLA's functions), flashqla (where flash_qla imports), torch (the layer's own path)"),
     Param("num_k_heads", "int", 4, "GDN key heads (Qwen3-Next-80B-A3B's 16 at TP4)"),
     Param("num_v_heads", "int", 8, "GDN value heads (32 at TP4)"),
     Param("head_dim", "int", 128, "GDN key and value head size"),
@@ -42,10 +59,13 @@ PARAMS = COMMON_PARAMS + (
     Param("moe_intermediate_size", "int", 512, "expert MLP width (published)"),
     Param("gate_T", "int", 512, "tokens of the gate's prefill"),
     Param("prefill_lengths", "list", [512, 2048, 8192, 32768, 131072], "tokens of one prompt"),
-    Param("torch_max_T", "int", 8192, "the torch path is timed up to this length"),
+    Param("torch_max_T", "int", 8192, "the torch path is timed and profiled up to this length"),
     Param("decode_batch_sizes", "list", [1, 4, 16, 64, 256], "sequences of a decode step"),
     Param("decode_context", "int", 64, "tokens prefilled per sequence before the decode steps"),
-    Param("methods", "list", ["graph", "event", "host"], "timing methods (kernels/bench/timing.py)"),
+    Param("methods", "list", ["graph", "event", "host"],
+          "timing methods of the layer and block (kernels/bench/timing.py; event: GPU time where graph cannot capture)"),
+    Param("compare_methods", "list", ["graph"], "timing methods of the drop-in against gdn_prefill / gdn_decode"),
+    Param("profile_calls", "int", 3, "profiled eager calls per point of the GDN share"),
     Param("repetitions", "int", 10, "timed calls per point"),
     Param("warmup", "int", 2, "untimed calls first (compilation, FLA's autotuning)"),
     Param("seed", "int", 0, "seed of the weights and inputs"),
@@ -53,6 +73,14 @@ PARAMS = COMMON_PARAMS + (
 
 GATE_COLUMNS = ["impl", "what", "status", "max_abs_err", "rel_l2_err", "reason"]
 TIMES_COLUMNS = ["impl", "part", "T", "B", "method", "median_us", "p20_us", "p80_us", "n"]
+SHARE_COLUMNS = ["impl", "part", "T", "B", "source", "gdn_us", "rest_us", "share",
+                 "gdn_kernels", "rest_kernels", "calls"]
+KERNEL_COLUMNS = ["impl", "part", "T", "B", "group", "kernel", "us_per_call", "launches_per_call"]
+COMPARE_COLUMNS = ["part", "T", "B", "method", "dropin_us", "contest_us", "qk_norm_us", "ratio"]
+COMPARE_GATE_COLUMNS = ["part", "T", "B", "call", "status", "max_abs_err", "rel_l2_err", "reason"]
+#: the drop-in's time over the contest entry point's (the adaptation costs nothing
+#: measurable at or below it)
+COMPARE_TARGET = 1.05
 
 
 def collect_params(namespace: dict) -> dict:
@@ -60,14 +88,30 @@ def collect_params(namespace: dict) -> dict:
     return _collect(namespace, PARAMS, STEM)
 
 
+def _flashqla_importable() -> str:
+    """Why ``flash_qla`` cannot be used in this process ('' when it imports)."""
+    try:
+        import flash_qla  # noqa: F401
+    except Exception as e:      # ImportError, or its import-time device checks
+        return f"flash_qla does not import in this process ({short_reason(e)})"
+    return ""
+
+
 def start(params: dict) -> Run:
-    """Open the run; build the config, the GDN layer and the decoder block (bf16, seeded)."""
+    """Open the run; build the config, the GDN layer and the decoder block (bf16, seeded).
+    ``flashqla`` is dropped from the implementations (recorded in skipped.csv) where
+    ``flash_qla`` does not import in-process."""
     run = start_run(STEM, params)
     import torch
     from transformers import Qwen3NextConfig
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextDecoderLayer
 
     p = run.params
+    if "flashqla" in p["impls"]:
+        why = _flashqla_importable()
+        if why:
+            run.skip("flashqla (all sections)", why)
+            p["impls"] = [i for i in p["impls"] if i != "flashqla"]
     cfg = Qwen3NextConfig(
         hidden_size=p["hidden_size"], linear_num_key_heads=p["num_k_heads"],
         linear_num_value_heads=p["num_v_heads"], linear_key_head_dim=p["head_dim"],
@@ -77,13 +121,31 @@ def start(params: dict) -> Run:
         shared_expert_intermediate_size=p["moe_intermediate_size"],
         num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
     torch.manual_seed(p["seed"])
-    block = Qwen3NextDecoderLayer(cfg, layer_idx=0).to(run.device, torch.bfloat16).eval()
+    with torch.device(run.device):
+        block = Qwen3NextDecoderLayer(cfg, layer_idx=0)
+    _init_weights(block, cfg.initializer_range, p["seed"])
+    block = block.to(torch.bfloat16).eval()
     run.state.update(cfg=cfg, block=block, layer=block.linear_attn)
     run.extra_provenance["model"] = dict(
         config="Qwen3-Next-80B-A3B (published) at TP4 GDN heads", gdn_heads=(
             p["num_k_heads"], p["num_v_heads"], p["head_dim"]), hidden=p["hidden_size"],
         experts=(p["num_experts"], p["num_experts_per_tok"], p["moe_intermediate_size"]))
     return run
+
+
+def _init_weights(block, std: float, seed: int) -> None:
+    """Every matrix (projections, convolution, router, experts) drawn from
+    ``normal(0, std)``, seeded, as transformers' ``_init_weights`` does for a model: a bare
+    decoder layer is not initialised by transformers (its experts are ``torch.empty``, its
+    router zeros, which would send every token to the same experts). Vectors (norms,
+    ``A_log``, ``dt_bias``) keep their constructed values."""
+    import torch
+
+    for i, (_, w) in enumerate(sorted(block.named_parameters())):
+        if w.dim() >= 2:
+            g = torch.Generator(device=w.device).manual_seed(seed * 1009 + i)
+            with torch.no_grad():
+                w.normal_(0.0, std, generator=g)
 
 
 def _hidden(run: Run, B: int, T: int, seed: int):
@@ -94,43 +156,78 @@ def _hidden(run: Run, B: int, T: int, seed: int):
                        dtype=torch.bfloat16)
 
 
+def _module(run: Run):
+    """The module whose globals the GDN layer calls (transformers' modeling file)."""
+    import sys
+
+    return sys.modules[type(run.state["layer"]).__module__]
+
+
 #: The captured GDN call's keyword arguments the notebook passes on (the model's others
 #: are transformers' own).
-_CALL_KEYS = ("g", "beta", "initial_state", "use_qk_l2norm_in_kernel")
+_CALL_KEYS = ("g", "beta", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel")
+
+
+@contextlib.contextmanager
+def _recording(run: Run, name: str, seen: dict):
+    """While open, the layer's call of the module function ``name`` records its arguments
+    in ``seen`` (``args``, ``kwargs``) and returns zeros instead of computing (the layer's
+    output is not used: capturing a 131,072-token call costs no GDN computation); the
+    layer's raw gate inputs ``b``, ``a`` (from ``fix_query_key_value_ordering``) go to
+    ``seen["ba"]``."""
+    import torch
+
+    mod, layer = _module(run), run.state["layer"]
+    bound, split = getattr(mod, name), layer.fix_query_key_value_ordering
+
+    def record(q, k, v, *a, **kw):
+        seen.update(args=(q, k, v) + a, kwargs={n: x for n, x in kw.items() if n in _CALL_KEYS})
+        B, _, HV, D = v.shape
+        return torch.zeros_like(v), (torch.zeros(B, HV, q.shape[-1], D, device=v.device)
+                                     if kw.get("output_final_state") else None)
+
+    def record_split(*a, **k):
+        out = split(*a, **k)
+        seen["ba"] = (out[4], out[5])
+        return out
+
+    setattr(mod, name, record)
+    layer.fix_query_key_value_ordering = record_split
+    try:
+        yield seen
+    finally:
+        setattr(mod, name, bound)
+        del layer.fix_query_key_value_ordering      # the class's method again
 
 
 def _captured_call(run: Run, h):
-    """The layer's GDN prefill call's arguments (captured from the torch path)."""
+    """The layer's GDN prefill call on ``h``: ``{args, kwargs, ba}``."""
+    import torch
+
+    seen = {}
+    with torch.no_grad(), _recording(run, "torch_chunk_gated_delta_rule", seen):
+        run.state["layer"](h)
+    return seen
+
+
+def _gdn_fn(impl: str, name: str = "torch_chunk_gated_delta_rule"):
+    """``impl``'s function for transformers' ``name``, as :func:`kernels.model.hf.use`
+    binds it."""
     from kernels.model import hf
 
-    mod = __import__(type(run.state["layer"]).__module__, fromlist=["x"])
-    seen = {}
-    with hf.use(run.state["layer"], "torch"):
-        torch_fn = mod.torch_chunk_gated_delta_rule
-
-        def record(*a, **k):
-            seen.update(args=a, kwargs=k)
-            return torch_fn(*a, **k)
-
-        mod.torch_chunk_gated_delta_rule = record
-        run.state["layer"](h)
-    return seen["args"], seen["kwargs"]
-
-
-def _gdn_fn(impl: str):
-    from kernels.model import fla_compat, hf
-
     if impl == "ours":
-        return fla_compat.chunk_gated_delta_rule
-    if impl == "fla":
-        return hf._fla("torch_chunk_gated_delta_rule")
+        return hf.TARGETS[name]
+    if impl in ("fla", "flashqla"):
+        return hf.peer_function(impl, name)
     import transformers.models.qwen3_next.modeling_qwen3_next as m
-    return getattr(m.torch_chunk_gated_delta_rule, "__wrapped__", m.torch_chunk_gated_delta_rule)
+    fn = getattr(m, name)
+    return getattr(fn, "__wrapped__", fn)
 
 
 def run_gate(run: Run) -> pd.DataFrame:
-    """The layer's output and the GDN call's final state per implementation against the
-    torch path → ``gate.csv``; the passing implementations in ``run.state["passed"]``."""
+    """The layer's output and the GDN call's output and final state per implementation
+    against the torch path → ``gate.csv``; the passing implementations in
+    ``run.state["passed"]``."""
     import torch
 
     from kernels.checks import check_outputs
@@ -138,9 +235,8 @@ def run_gate(run: Run) -> pd.DataFrame:
 
     p = run.params
     h = _hidden(run, 1, p["gate_T"], p["seed"])
-    args, kwargs = _captured_call(run, h)
-    kwargs = {k: v for k, v in kwargs.items() if k in _CALL_KEYS}
-    kwargs["output_final_state"] = True
+    seen = _captured_call(run, h)
+    args, kwargs = seen["args"], dict(seen["kwargs"], output_final_state=True)
     with torch.no_grad():
         with hf.use(run.state["layer"], "torch"):
             ref_layer = run.state["layer"](h)
@@ -176,9 +272,14 @@ def _time(run: Run, fn, methods, base: dict, what: str) -> list:
                           what, base)
 
 
+def _prefill_impls(run: Run, T: int) -> list:
+    """The passing implementations run at ``T`` tokens (torch up to ``torch_max_T``)."""
+    return [i for i in run.state["passed"] if i != "torch" or T <= run.params["torch_max_T"]]
+
+
 def run_prefill(run: Run) -> pd.DataFrame:
-    """Per length and passing implementation: the GDN call alone (captured arguments), the
-    GDN layer and the decoder block → ``prefill_times.csv``."""
+    """Per length and passing implementation: the GDN layer and the decoder block →
+    ``prefill_times.csv``."""
     import torch
 
     from kernels.model import hf
@@ -188,15 +289,9 @@ def run_prefill(run: Run) -> pd.DataFrame:
     rows = []
     for T in progress(p["prefill_lengths"], "prefill lengths", "length"):
         h = _hidden(run, 1, T, p["seed"] + T)
-        args, kwargs = _captured_call(run, h)
-        kwargs = {k: v for k, v in kwargs.items() if k in _CALL_KEYS}
-        for impl in run.state["passed"]:
-            if impl == "torch" and T > p["torch_max_T"]:
-                continue
-            gdn = _gdn_fn(impl)
+        for impl in _prefill_impls(run, T):
             with torch.no_grad(), hf.use(run.state["layer"], impl):
-                for part, fn in (("gdn call", lambda: gdn(*args, **kwargs)),
-                                 ("gdn layer", lambda: run.state["layer"](h)),
+                for part, fn in (("gdn layer", lambda: run.state["layer"](h)),
                                  ("block", lambda: run.state["block"](h, position_embeddings=None))):
                     rows += _time(run, fn, methods, dict(impl=impl, part=part, T=T, B=1),
                                   f"prefill {impl} {part} T={T}")
@@ -205,11 +300,23 @@ def run_prefill(run: Run) -> pd.DataFrame:
     return df
 
 
+def _decode_cache(run: Run, B: int):
+    """A cache holding ``decode_context`` tokens per sequence, prefilled through the block
+    with whatever is bound; and the next token's hidden state."""
+    from transformers import DynamicCache
+
+    p = run.params
+    cache = DynamicCache(config=run.state["cfg"])
+    run.state["block"](_hidden(run, B, p["decode_context"], p["seed"]),
+                       position_embeddings=None, past_key_values=cache)
+    return cache, _hidden(run, B, 1, p["seed"] + 1)
+
+
 def run_decode(run: Run) -> pd.DataFrame:
     """Per batch size and passing implementation: one cached token through the block
-    (``decode_context`` tokens prefilled first) → ``decode_times.csv``."""
+    (``decode_context`` tokens prefilled first) → ``decode_times.csv``. FlashQLA has no
+    decode kernel (its binding runs FLA's decode call): not timed here."""
     import torch
-    from transformers import DynamicCache
 
     from kernels.model import hf
 
@@ -217,12 +324,9 @@ def run_decode(run: Run) -> pd.DataFrame:
     methods = run.usable_methods(p["methods"])
     rows = []
     for B in progress(p["decode_batch_sizes"], "decode batch sizes", "B"):
-        for impl in run.state["passed"]:
+        for impl in [i for i in run.state["passed"] if i != "flashqla"]:
             with torch.no_grad(), hf.use(run.state["block"], impl):
-                cache = DynamicCache(config=run.state["cfg"])
-                run.state["block"](_hidden(run, B, p["decode_context"], p["seed"]),
-                                   position_embeddings=None, past_key_values=cache)
-                x = _hidden(run, B, 1, p["seed"] + 1)
+                cache, x = _decode_cache(run, B)
                 rows += _time(run, lambda: run.state["block"](x, position_embeddings=None,
                                                          past_key_values=cache),
                               methods, dict(impl=impl, part="block decode step", T=1, B=B),
@@ -232,24 +336,298 @@ def run_decode(run: Run) -> pd.DataFrame:
     return df
 
 
-def gdn_share(prefill: pd.DataFrame) -> pd.DataFrame:
-    """The GDN call's time over the block's, per implementation, length and method."""
-    if prefill.empty:
-        return pd.DataFrame(columns=["impl", "T", "method", "gdn_us", "block_us", "share"])
-    t = prefill.pivot_table(index=["impl", "T", "method"], columns="part",
-                            values="median_us").reset_index()
-    if "gdn call" not in t or "block" not in t:
-        return pd.DataFrame(columns=["impl", "T", "method", "gdn_us", "block_us", "share"])
-    t = t.rename(columns={"gdn call": "gdn_us", "block": "block_us"})
-    t["share"] = t["gdn_us"] / t["block_us"]
-    return t[["impl", "T", "method", "gdn_us", "block_us", "share"]].dropna()
+# ----------------------------------------------------------------------------- GDN share
 
+@contextlib.contextmanager
+def _gdn_ranges(run: Run):
+    """While open, the two GDN functions bound in the layer's module run inside a
+    ``record_function`` range :data:`GDN_RANGE` (whichever implementation is bound)."""
+    from torch.profiler import record_function
+
+    from kernels.model.hf import TARGETS
+
+    mod = _module(run)
+    saved = {n: getattr(mod, n) for n in TARGETS}
+
+    def ranged(fn):
+        def call(*a, **k):
+            with record_function(GDN_RANGE):
+                return fn(*a, **k)
+        return call
+
+    for n, fn in saved.items():
+        setattr(mod, n, ranged(fn))
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(mod, n, fn)
+
+
+def profile_events(fn, calls: int, cuda: bool) -> list:
+    """Chrome-trace events of ``calls`` eager calls of ``fn()`` under torch.profiler (CPU
+    activities, and CUDA with ``cuda``), each inside a :data:`BLOCK_RANGE` range, after one
+    call outside the profiler and one inside it but outside the ranges."""
+    import os
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from kernels.bench.chrome_trace import load_events
+
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        fn()           # outside the ranges: the profiler's first-call costs land here
+        for _ in range(calls):
+            with record_function(BLOCK_RANGE):
+                fn()
+        if cuda:
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        return load_events(path)
+
+
+def attribute_kernels(events: list, calls: int, cuda: bool):
+    """Split the block's time into the GDN call's and the rest's, per call.
+
+    With ``cuda``: every GPU kernel launched (by CUPTI correlation id) from an API call
+    inside a :data:`BLOCK_RANGE` range, summed by kernel name; a kernel is ``gdn`` when its
+    launch lies inside a :data:`GDN_RANGE` range, ``rest`` otherwise. Without: host time
+    inside the ranges (no kernel table). Returns ``(share dict, kernel rows)``; raises
+    ValueError when the trace has no block range or (with ``cuda``) no kernel in one."""
+    import numpy as np
+
+    from kernels.bench.chrome_trace import annotations, api_calls, gpu_activities
+
+    blocks, gdns = annotations(events, BLOCK_RANGE), annotations(events, GDN_RANGE)
+    if blocks.empty:
+        raise ValueError(f"the trace has no {BLOCK_RANGE!r} range")
+    if not cuda:
+        inside = [any((b0 <= g0) and (g0 <= b1) for b0, b1 in zip(blocks["start_us"],
+                                                               blocks["end_us"]))
+                  for g0 in gdns["start_us"]]
+        gdn_us = float(gdns.loc[inside, "dur_us"].sum()) / calls
+        block_us = float(blocks["dur_us"].sum()) / calls
+        return dict(source="host time in the ranges (no CUDA activities)", gdn_us=gdn_us,
+                    rest_us=max(block_us - gdn_us, 0.0), share=gdn_us / block_us,
+                    gdn_kernels=0, rest_kernels=0, calls=calls), []
+    api = api_calls(events)
+    api = api[api["correlation"] >= 0]
+
+    def launched_in(ranges) -> set:
+        ids = set()
+        for r0, r1 in zip(ranges["start_us"], ranges["end_us"]):
+            inside = (api["start_us"] >= r0) & (api["start_us"] <= r1)
+            ids.update(api.loc[inside, "correlation"].tolist())
+        return ids
+
+    kern = gpu_activities(events)
+    kern = kern[(kern["kind"] == "kernel") & kern["correlation"].isin(launched_in(blocks))]
+    if kern.empty:
+        raise ValueError("no GPU kernel launched inside the block's ranges")
+    kern = kern.assign(group=np.where(kern["correlation"].isin(launched_in(gdns)), "gdn",
+                                      "rest"))
+    by = kern.groupby(["group", "name"], sort=False)["dur_us"].agg(["sum", "size"])
+    rows = [dict(group=g, kernel=n, us_per_call=float(r["sum"]) / calls,
+                 launches_per_call=float(r["size"]) / calls) for (g, n), r in by.iterrows()]
+    tot = kern.groupby("group")["dur_us"].sum()
+    cnt = kern.groupby("group").size()
+    gdn_us, rest_us = float(tot.get("gdn", 0.0)) / calls, float(tot.get("rest", 0.0)) / calls
+    return dict(source="GPU kernels (torch.profiler, eager)", gdn_us=gdn_us, rest_us=rest_us,
+                share=gdn_us / (gdn_us + rest_us), gdn_kernels=int(cnt.get("gdn", 0)) // calls,
+                rest_kernels=int(cnt.get("rest", 0)) // calls, calls=calls), rows
+
+
+def run_share(run: Run):
+    """The GDN call's share of the block by kernel (see the module docstring): prefill at
+    each length, the decode step at each batch size, per passing implementation →
+    ``gdn_share.csv`` and ``gdn_kernels.csv``; returns ``(share, kernels)``."""
+    import torch
+
+    from kernels.model import hf
+
+    p = run.params
+    cuda = run.on_gpu
+    if not cuda:
+        run.skip("GDN share by kernel (gdn_kernels.csv)",
+                 "no CUDA activities off the GPU: the share is host time in the ranges")
+    points = [("prefill", T, 1) for T in p["prefill_lengths"]] + \
+        [("decode step", 1, B) for B in p["decode_batch_sizes"]]
+    shares, kernels = [], []
+    for part, T, B in progress(points, "GDN share (profiler)", "point"):
+        impls = _prefill_impls(run, T) if part == "prefill" else \
+            [i for i in run.state["passed"] if i != "flashqla"]
+        for impl in impls:
+            base = dict(impl=impl, part=part, T=T, B=B)
+            try:
+                with torch.no_grad(), hf.use(run.state["block"], impl):
+                    if part == "prefill":
+                        h = _hidden(run, 1, T, p["seed"] + T)
+                        fn = lambda: run.state["block"](h, position_embeddings=None)  # noqa: E731
+                    else:
+                        cache, x = _decode_cache(run, B)
+                        fn = lambda: run.state["block"](x, position_embeddings=None,  # noqa: E731
+                                                        past_key_values=cache)
+                    with _gdn_ranges(run):
+                        events = profile_events(fn, p["profile_calls"], cuda)
+                share, rows = attribute_kernels(events, p["profile_calls"], cuda)
+            except Exception as e:
+                run.skip(f"GDN share {impl} {part} T={T} B={B}", short_reason(e))
+                continue
+            shares.append(dict(base, **share))
+            kernels += [dict(base, **r) for r in rows]
+    share = pd.DataFrame(shares, columns=SHARE_COLUMNS)
+    kern = pd.DataFrame(kernels, columns=KERNEL_COLUMNS)
+    run.write_csv(share, "gdn_share")
+    if cuda:
+        run.write_csv(kern, "gdn_kernels")
+    return share, kern
+
+
+# ----------------------------------------------------------------------------- the drop-in's cost
+
+def contest_inputs(run: Run, seen: dict) -> dict:
+    """The captured GDN call's work in the contest's layout (:func:`kernels.prefill.gdn_prefill`
+    / :func:`kernels.decode.gdn_decode`): ``q``, ``k`` at the key heads (transformers'
+    repeat undone: head ``h`` of the key heads is head ``h * HV / HQ`` of the repeat),
+    L2-normalised as the call would; ``v``; the layer's raw ``a``, ``b`` with its ``A_log``,
+    ``dt_bias`` in f32 (what its ``g``, ``beta`` are computed from); the initial state
+    k-last (None for a prompt). Prefill inputs are packed ``[T, ...]`` with ``cu_seqlens``;
+    decode inputs keep their ``[B, 1, ...]`` shape."""
+    import torch
+
+    from kernels.prefill.qk_norm import qk_l2norm
+
+    layer = run.state["layer"]
+    q, k, v = seen["args"][:3]
+    B, T, HV, D = v.shape
+    r = HV // layer.num_k_heads
+    q, k = qk_l2norm(q[:, :, ::r].contiguous(), k[:, :, ::r].contiguous())
+    b, a = seen["ba"]
+    h0 = seen["kwargs"].get("initial_state")
+    out = dict(q=q, k=k, v=v.contiguous(),
+               state=None if h0 is None else h0.float().transpose(-1, -2).contiguous(),
+               A_log=layer.A_log.detach().float(), a=a.contiguous(),
+               dt_bias=layer.dt_bias.detach().float(), b=b.contiguous())
+    if h0 is None:       # a prompt: packed
+        out.update(q=q[0], k=k[0], v=out["v"][0], a=out["a"][0], b=out["b"][0],
+                   cu_seqlens=torch.tensor([0, T], dtype=torch.int64, device=v.device))
+    return out
+
+
+def _captured_decode(run: Run, B: int) -> dict:
+    """The layer's GDN decode call at batch ``B`` (``decode_context`` tokens cached by the
+    torch path): ``{args, kwargs, ba}``; its initial state handed over as ours leaves it
+    in a cache (the ``[K, V]`` view of a k-last buffer)."""
+    import torch
+
+    from kernels.model import hf
+
+    seen = {}
+    with torch.no_grad(), hf.use(run.state["block"], "torch"):
+        cache, x = _decode_cache(run, B)
+        with _recording(run, "torch_recurrent_gated_delta_rule", seen):
+            run.state["block"](x, position_embeddings=None, past_key_values=cache)
+    h0 = seen["kwargs"]["initial_state"].float()
+    seen["kwargs"]["initial_state"] = h0.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return seen
+
+
+def _compare_point(run: Run, part: str, T: int, B: int, seen: dict, methods):
+    """Gate the drop-in (captured arguments) and the contest's entry point (the same work
+    in its layout) against :mod:`kernels.reference`; time both when both pass. Returns
+    ``(gate rows, time rows)``."""
+    import torch
+
+    from kernels.checks import check_outputs
+    from kernels.decode import gdn_decode
+    from kernels.model.fla_compat import (chunk_gated_delta_rule,
+                                          fused_recurrent_gated_delta_rule)
+    from kernels.prefill import gdn_prefill
+    from kernels.prefill.qk_norm import qk_l2norm
+    from kernels.reference import decode_reference, prefill_reference_chunked
+
+    ci = contest_inputs(run, seen)
+    args, kw = seen["args"], seen["kwargs"]
+    if part == "prefill":
+        dropin = lambda **o: chunk_gated_delta_rule(*args, **dict(kw, **o))  # noqa: E731
+        contest = lambda: gdn_prefill(**ci)  # noqa: E731
+        ref = prefill_reference_chunked(**ci)
+        unpack = lambda o, ht: (o[0], ht.transpose(-1, -2))  # noqa: E731
+    else:
+        dropin = lambda **o: fused_recurrent_gated_delta_rule(*args, **dict(kw, **o))  # noqa: E731
+        contest = lambda: gdn_decode(**ci)  # noqa: E731
+        ref = decode_reference(**ci)
+        unpack = lambda o, ht: (o, ht.transpose(-1, -2))  # noqa: E731
+    base = dict(part=part, T=T, B=B)
+    gates, ok = [], True
+    for call, fn in (("drop-in", lambda: unpack(*dropin(output_final_state=True))),
+                     ("contest entry point", lambda: contest()[:2])):
+        try:
+            with torch.no_grad():
+                res = check_outputs(fn(), ref)
+            gates.append(dict(base, call=call, status="pass" if res.ok else "fail",
+                              max_abs_err=res.max_abs_err, rel_l2_err=res.rel_l2_err,
+                              reason=res.reason))
+            ok = ok and res.ok
+        except Exception as e:
+            gates.append(dict(base, call=call, status="error", max_abs_err=float("nan"),
+                              rel_l2_err=float("nan"), reason=short_reason(e)))
+            ok = False
+    if not ok:
+        run.skip(f"drop-in vs contest {part} T={T} B={B}", "a call failed its gate")
+        return gates, []
+    what = f"drop-in vs contest {part} T={T} B={B}"
+    times = {"drop-in": _time(run, dropin, methods, {}, f"{what} drop-in"),
+             "contest": _time(run, contest, methods, {}, f"{what} contest")}
+    if part == "prefill" and kw.get("use_qk_l2norm_in_kernel"):
+        qc, kc = args[0].contiguous(), args[1].contiguous()
+        times["qk norm"] = _time(run, lambda: qk_l2norm(qc, kc), methods, {}, f"{what} qk norm")
+    med = {c: {t["method"]: t["median_us"] for t in rows} for c, rows in times.items()}
+    rows = []
+    for m in methods:
+        d, c = med["drop-in"].get(m), med["contest"].get(m)
+        if d is None or c is None:
+            continue
+        rows.append(dict(base, method=m, dropin_us=d, contest_us=c,
+                         qk_norm_us=med.get("qk norm", {}).get(m, float("nan")), ratio=d / c))
+    return gates, rows
+
+
+def run_compare(run: Run):
+    """The drop-in against the contest's entry points on the same work, prefill at each
+    length and decode at each batch size (see the module docstring) →
+    ``dropin_gate.csv``, ``dropin_vs_contest.csv``; returns ``(gate, times)``."""
+    p = run.params
+    methods = run.usable_methods(p["compare_methods"])
+    gates, rows = [], []
+    for T in progress(p["prefill_lengths"], "drop-in vs contest (prefill)", "length"):
+        g, r = _compare_point(run, "prefill", T, 1,
+                              _captured_call(run, _hidden(run, 1, T, p["seed"] + T)), methods)
+        gates, rows = gates + g, rows + r
+    for B in progress(p["decode_batch_sizes"], "drop-in vs contest (decode)", "B"):
+        g, r = _compare_point(run, "decode step", 1, B, _captured_decode(run, B), methods)
+        gates, rows = gates + g, rows + r
+    gate = pd.DataFrame(gates, columns=COMPARE_GATE_COLUMNS)
+    times = pd.DataFrame(rows, columns=COMPARE_COLUMNS)
+    run.write_csv(gate, "dropin_gate")
+    run.write_csv(times, "dropin_vs_contest")
+    return gate, times
+
+
+# ----------------------------------------------------------------------------- figures
 
 def _title(run: Run, what: str, method: str) -> str:
     p = run.params
     return (f"{what} — {run.gpu}; GDN HK={p['num_k_heads']} HV={p['num_v_heads']} "
             f"D={p['head_dim']}, MoE {p['num_experts']}x{p['num_experts_per_tok']}; "
-            f"method {method}")
+            f"{method}")
 
 
 def plot_block_times(run: Run, df: pd.DataFrame, x: str, part: str, what: str):
@@ -265,32 +643,39 @@ def plot_block_times(run: Run, df: pd.DataFrame, x: str, part: str, what: str):
             ax.plot(g[x], g["median_us"], marker="o", label=impl)
         ax.set(xscale="log", yscale="log", xlabel=x, ylabel="µs", title=m)
     figure_legend(fig, axes)
-    fig.suptitle(_title(run, what, ", ".join(methods)))
+    fig.suptitle(_title(run, what, "method " + ", ".join(methods)))
     return fig
 
 
 def plot_share(run: Run, share: pd.DataFrame):
-    """The block's time split into the GDN call and the rest, stacked, per length and
-    implementation (first GPU method of the run)."""
+    """The block's time split into the GDN call's kernels and the rest's, as stacked
+    fractions per length (prefill) or batch size (decode) and implementation; the block's
+    total above each bar."""
     if share.empty:
         return None
-    m = share["method"].iloc[0]
-    d = share[share["method"] == m].sort_values(["T", "impl"])
-    fig, axes = new_figure(1, 1, panel=(9.0, 3.8))
-    ax = axes[0][0]
-    labels = [f"{int(r.T)}\n{r.impl}" for r in d.itertuples()]
-    ax.bar(labels, d["gdn_us"], label="GDN call")
-    ax.bar(labels, (d["block_us"] - d["gdn_us"]).clip(lower=0), bottom=d["gdn_us"],
-           label="rest of the block (norms, projections, conv, MoE)")
-    ax.set(ylabel="µs", yscale="log", xlabel="tokens / implementation")
+    parts = [pt for pt in ("prefill", "decode step") if (share["part"] == pt).any()]
+    fig, axes = new_figure(1, len(parts), panel=(7.0, 3.8))
+    for ax, part in zip(axes[0], parts):
+        x = "T" if part == "prefill" else "B"
+        d = share[share["part"] == part].sort_values([x, "impl"])
+        labels = [f"{x}={int(getattr(r, x))}\n{r.impl}" for r in d.itertuples()]
+        total = d["gdn_us"] + d["rest_us"]
+        ax.bar(labels, d["share"], label="GDN call (its kernels)")
+        ax.bar(labels, 1 - d["share"], bottom=d["share"],
+               label="rest of the block (norms, projections, conv, MoE)")
+        for i, t in enumerate(total):
+            ax.text(i, 1.01, fmt_us(t), ha="center", va="bottom", fontsize=7)
+        ax.set(ylim=(0, 1.12), ylabel="share of the block's time", title=part)
+        ax.tick_params(axis="x", labelsize=7)
     figure_legend(fig, axes)
-    fig.suptitle(_title(run, "Decoder block prefill: the GDN call's share", m))
+    fig.suptitle(_title(run, "Decoder block: the GDN call's share", share["source"].iloc[0]))
     return fig
 
 
 def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
     """What the tables say, computed from them."""
-    gate, prefill, decode, share = dfs["gate"], dfs["prefill"], dfs["decode"], dfs["share"]
+    gate, prefill, decode = dfs["gate"], dfs["prefill"], dfs["decode"]
+    share, cgate, compare = dfs["share"], dfs["dropin_gate"], dfs["compare"]
     lines = ["### Conclusion", ""]
     for r in gate.itertuples():
         lines.append(f"- gate {r.impl}: {r.status} (max abs err {r.max_abs_err:.3g})"
@@ -302,10 +687,26 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
             if "ours" in t and "fla" in t:
                 lines.append(f"- block prefill T={T} ({m}): ours {fmt_us(t['ours'])}, "
                              f"fla {fmt_us(t['fla'])} ({t['fla'] / t['ours']:.2f}x)")
-    for r in share.itertuples():
-        if r.impl == "ours":
-            lines.append(f"- GDN share of the block, ours, T={r.T} ({r.method}): "
-                         f"{100 * r.share:.0f} %")
+    for r in share[share["impl"] == "ours"].itertuples():
+        at = f"T={r.T}" if r.part == "prefill" else f"B={r.B}"
+        lines.append(f"- GDN share of the block, ours, {r.part} {at}: {100 * r.share:.0f} % "
+                     f"of {fmt_us(r.gdn_us + r.rest_us)} ({r.source})")
+    bad = cgate[cgate["status"] != "pass"]
+    if len(cgate):
+        lines.append(f"- drop-in and contest entry point against the reference: "
+                     f"{len(cgate) - len(bad)} of {len(cgate)} pass"
+                     + (f" (failing: {', '.join(f'{r.call} {r.part} T={r.T} B={r.B}' for r in bad.itertuples())})"
+                        if len(bad) else ""))
+    if len(compare):
+        worst = compare.loc[compare["ratio"].idxmax()]
+        over = compare[compare["ratio"] > COMPARE_TARGET]
+        lines.append(f"- the drop-in over gdn_prefill / gdn_decode on the same work: "
+                     f"{compare['ratio'].min():.2f}x to {worst['ratio']:.2f}x (worst: "
+                     f"{worst['part']} T={worst['T']} B={worst['B']}, {worst['method']}"
+                     + (f"; its L2-norm launch alone {fmt_us(worst['qk_norm_us'])}"
+                        if pd.notna(worst["qk_norm_us"]) else "") + "); "
+                     + ("within" if over.empty else f"{len(over)} of {len(compare)} points over")
+                     + f" the {COMPARE_TARGET:.2f}x target")
     if not decode.empty:
         lines.append(f"- decode step of the block: {len(decode)} timed points "
                      f"(decode_times.csv)")

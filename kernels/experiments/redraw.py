@@ -64,6 +64,17 @@ def _mx():
     return prefill_multi_gpu
 
 
+def _ix():
+    from . import in_the_model
+    return in_the_model
+
+
+def _run06(folder: Path):
+    """What notebook 06's plot functions read from its run (GPU name, parameters)."""
+    from types import SimpleNamespace
+    return SimpleNamespace(gpu=_gpu(folder), params=_params(folder))
+
+
 def _where(folder: Path) -> str:
     return _mx().where(_prov(folder).get("experiment", {}))
 
@@ -121,6 +132,15 @@ FIGURES: Dict[str, Dict[str, Callable]] = {
         "scaling": _with("scaling.csv", lambda d, f: _mx().plot_scaling(d, _where(f))),
         "link": _with("link.csv", lambda d, f: _mx().plot_link(d, _csv(f, "exchange.csv"),
                                                                _where(f))),
+    },
+    "06_in_the_model": {
+        "block_prefill": _with("prefill_times.csv", lambda d, f: _ix().plot_block_times(
+            _run06(f), d, "T", "block", "Decoder block prefill")),
+        "layer_prefill": _with("prefill_times.csv", lambda d, f: _ix().plot_block_times(
+            _run06(f), d, "T", "gdn layer", "GDN layer prefill")),
+        "gdn_share": _with("gdn_share.csv", lambda d, f: _ix().plot_share(_run06(f), d)),
+        "block_decode": _with("decode_times.csv", lambda d, f: _ix().plot_block_times(
+            _run06(f), d, "B", "block decode step", "Decoder block decode step")),
     },
 }
 

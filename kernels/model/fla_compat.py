@@ -13,9 +13,15 @@ caller hands over; each difference and what it costs here:
 * **L2 norm of q and k** (``use_qk_l2norm_in_kernel=True``, what transformers passes):
   in the decode and token-recurrent kernels it is done on the loaded vectors (``QK_NORM``,
   no extra pass). The chunked prefill's kernels read ``q`` and ``k`` in several launches,
-  so there it is **one separate pass** (:func:`l2norm`, torch ops in f32, rounded to
-  bf16): it reads and writes ``q`` and ``k`` once more, ``4 * T * H * D`` bytes each,
-  plus a few elementwise launches.
+  so there it is **one separate launch** before them
+  (:func:`kernels.prefill.qk_norm.qk_l2norm`: ``q`` and ``k`` together, f32 row norms,
+  ``x / sqrt(sum(x^2) + 1e-6)`` as FLA's ``l2norm``): it reads and writes each once more,
+  ``4 * T * H * D`` bytes per tensor (bf16 in and out), ``H`` the heads the kernels read
+  (see the next point). At 131,072 tokens with ``q`` and ``k`` at the contest's 8 value
+  heads (transformers' repeat, ``D = 128``) that is 2 x 536.9 MB = 1,073.7 MB of traffic
+  (half with ``q``, ``k`` at the 4 key heads). FLA pays the same: its
+  ``chunk_gated_delta_rule`` runs its ``l2norm_fwd`` over ``q`` and over ``k`` (two
+  launches) before its chunked kernels.
 * **State layout**: FLA's ``[N, HV, K, V]`` (``state_v_first=False``, its default) or
   ours, k-last ``[N, HV, V, K]`` (``state_v_first=True``). A final state in FLA's layout
   is returned as the transposed *view* of a k-last buffer (same shape and values, no
@@ -54,10 +60,10 @@ from ..decode.table import config_for_device
 from ..launch import FastLaunch
 from ..prefill.pipeline import fused_launches
 from ..prefill.plan import call_plan
+from ..prefill.qk_norm import qk_l2norm
 from ..prefill.recurrent import recurrent_fwd
 
-__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "l2norm",
-           "DECODE_MAX_T"]
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "DECODE_MAX_T"]
 
 #: ``fused_recurrent_gated_delta_rule`` without ``cu_seqlens`` runs the decode kernel (its
 #: tokens unrolled, the per-batch config table) up to this many tokens per sequence, the
@@ -74,13 +80,6 @@ _UNSUPPORTED = {"use_gate_in_kernel": False, "use_beta_sigmoid_in_kernel": False
 #: FLA options accepted and not needed (``cu_seqlens_cpu``: a host copy of ``cu_seqlens``,
 #: used to check its values without a device-to-host copy).
 _ACCEPTED = ("cu_seqlens_cpu",)
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``x / sqrt(sum(x^2) + eps)`` over the last axis in f32, rounded to ``x``'s dtype
-    (FLA's ``l2norm``): the chunked prefill's separate pass."""
-    xf = x.float()
-    return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -236,7 +235,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             (zeros); left untouched.
         output_final_state: also return the final state (else None).
         use_qk_l2norm_in_kernel: L2-normalise ``q`` and ``k`` per head first (one separate
-            pass here, see the module's notes).
+            launch here, see the module's notes).
         state_v_first: the states are k-last `[N, HV, V, K]` (ours) instead of FLA's
             `[N, HV, K, V]`.
         cu_seqlens: `[N+1]` int32/int64 packed sequence bounds (then ``B == 1``), or None
@@ -255,7 +254,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dev = q.device
     q, k = _heads(q, HV), _heads(k, HV)
     if use_qk_l2norm_in_kernel:
-        q, k = l2norm(q), l2norm(k)
+        q, k = qk_l2norm(q, k)
     HQ = q.shape[2]
     h0, _ = _klast(initial_state, state_v_first, copy=True)
     cu = cu_seqlens if cu_seqlens is not None else _seqlens(B, T, dev)

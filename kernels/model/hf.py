@@ -12,8 +12,8 @@ module that defines the model's GDN layer class to our FLA-signature functions
 (:mod:`.fla_compat`), wrapped like transformers wraps FLA's (keyword arguments the
 function does not take are dropped). transformers' files are not changed.
 
-:func:`use` binds FLA's functions or the layer's own torch path the same way (notebook 06
-compares the three). The names are module globals, so the switch holds for every model of that class in the
+:func:`use` binds FLA's functions, FlashQLA's prefill or the layer's own torch path the
+same way (notebook 06 compares them). The names are module globals, so the switch holds for every model of that class in the
 process until :meth:`Swap.undo` (also a context manager: ``with use_ours(model): ...``).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 
 from .fla_compat import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
-__all__ = ["use_ours", "use", "IMPLS", "Swap", "TARGETS", "gdn_layers"]
+__all__ = ["use_ours", "use", "IMPLS", "Swap", "TARGETS", "gdn_layers", "peer_function"]
 
 #: The module-level names the GDN layer's ``forward`` calls, and our function for each.
 TARGETS = {
@@ -74,29 +74,46 @@ class Swap:
         return False
 
 
-def _fla(name):
-    """FLA's function for transformers' ``name``, wrapped as transformers wraps it."""
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk
+def peer_function(impl: str, name: str):
+    """The peer's function bound for transformers' ``name`` (one of :data:`TARGETS`):
+    ``fla``: FLA's ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``;
+    ``flashqla``: FlashQLA's ``chunk_gated_delta_rule`` for the prefill and FLA's recurrent
+    call for the cached token (FlashQLA has no decode kernel). ImportError where the
+    package does not import."""
+    if impl not in ("fla", "flashqla"):
+        raise ValueError(f"impl must be 'fla' or 'flashqla', got {impl!r}")
+    if name not in TARGETS:
+        raise ValueError(f"name must be one of {tuple(TARGETS)}, got {name!r}")
+    if name == "torch_chunk_gated_delta_rule":
+        if impl == "flashqla":
+            from flash_qla import chunk_gated_delta_rule as chunk
+        else:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk
+        return chunk
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as recurrent
-    return chunk if name == "torch_chunk_gated_delta_rule" else recurrent
+    return recurrent
 
 
 #: What :func:`use` can bind: ``ours`` (:mod:`.fla_compat`), ``fla`` (FLA's functions, as
-#: transformers binds them where FLA is installed) and ``torch`` (the layer's own torch
-#: path: the functions transformers wrote, the decorator's fallback).
-IMPLS = ("ours", "fla", "torch")
+#: transformers binds them where FLA is installed), ``flashqla`` (:func:`peer_function`)
+#: and ``torch`` (the layer's own torch path: the functions transformers wrote, the
+#: decorator's fallback).
+IMPLS = ("ours", "fla", "flashqla", "torch")
 
 
 def use(model, impl: str) -> Swap:
     """Bind ``impl`` (one of :data:`IMPLS`) in the module of ``model``'s GDN layers (see
     the module's notes); :func:`use_ours` is ``use(model, "ours")``. Returns the
-    :class:`Swap` that undoes it. ``fla`` raises ImportError where FLA is not installed."""
+    :class:`Swap` that undoes it. ``fla`` and ``flashqla`` raise ImportError where their
+    package does not import."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     layers = gdn_layers(model)
     if not layers:
         raise ValueError(f"model has no Gated DeltaNet layer (a module whose class name ends "
                          f"in 'GatedDeltaNet'): {type(model).__name__}")
+    if impl in ("fla", "flashqla"):     # import first: a failure binds nothing
+        peers = {name: _wrapped(peer_function(impl, name), name) for name in TARGETS}
     saved = {}
     for mod_name in sorted({type(m).__module__ for m in layers}):
         mod = sys.modules[mod_name]
@@ -110,8 +127,8 @@ def use(model, impl: str) -> Swap:
             original = _ORIGINAL.setdefault((mod_name, name), current)
             if impl == "ours":
                 fn = _wrapped(ours, name)
-            elif impl == "fla":
-                fn = _wrapped(_fla(name), name)
+            elif impl in ("fla", "flashqla"):
+                fn = peers[name]
             else:   # the torch function under transformers' decorator
                 fn = getattr(original, "__wrapped__", original)
             saved[(mod_name, name)] = current

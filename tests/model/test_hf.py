@@ -56,3 +56,23 @@ def test_refuses_a_model_without_gdn_layers():
         hf.use_ours(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="impl"):
         hf.use(torch.nn.Linear(2, 2), "triton")
+
+
+def test_peer_functions_named_and_flashqla_refused_where_it_does_not_import():
+    """``peer_function`` names bad arguments; binding FlashQLA where ``flash_qla`` does not
+    import raises ImportError and leaves transformers' binding as it was."""
+    with pytest.raises(ValueError, match="impl"):
+        hf.peer_function("ours", "torch_chunk_gated_delta_rule")
+    with pytest.raises(ValueError, match="name"):
+        hf.peer_function("fla", "chunk_gated_delta_rule")
+    try:
+        import flash_qla  # noqa: F401
+    except Exception:
+        model = tiny_model()
+        mod = __import__(type(hf.gdn_layers(model)[0]).__module__, fromlist=["x"])
+        bound = {n: getattr(mod, n) for n in hf.TARGETS}
+        with pytest.raises(ImportError):
+            hf.use(model, "flashqla")
+        assert {n: getattr(mod, n) for n in hf.TARGETS} == bound
+    else:
+        pytest.skip("flash_qla imports here: the refusal cannot be checked")

@@ -258,6 +258,33 @@ def test_multi_gpu_smoke_specifics(smoke):
     assert (folder / "conclusion.md").read_text().startswith("### Conclusion")
 
 
+def test_in_the_model_smoke_specifics(smoke):
+    """Notebook 06 on the CPU: ours passes the layer gate; the GDN share comes from host
+    time in the ranges (no CUDA activities, no kernel table, the reason in skipped.csv);
+    the drop-in and gdn_prefill / gdn_decode pass the reference before being timed, with
+    the ratio of their times."""
+    out, _, _ = smoke
+    folder = out / "06_in_the_model"
+    gate = pd.read_csv(folder / "gate.csv")
+    assert (gate[gate.impl == "ours"].status == "pass").all() and (gate.impl == "ours").any()
+    share = pd.read_csv(folder / "gdn_share.csv")
+    assert set(share.part) == {"prefill", "decode step"} and "ours" in set(share.impl)
+    assert share.share.between(0, 1).all() and (share.gdn_us > 0).all()
+    dgate = pd.read_csv(folder / "dropin_gate.csv")
+    assert set(dgate.call) == {"drop-in", "contest entry point"}
+    assert (dgate.status == "pass").all(), dgate.to_string()
+    cmp = pd.read_csv(folder / "dropin_vs_contest.csv")
+    assert set(cmp.part) == {"prefill", "decode step"}
+    assert list(cmp.ratio) == pytest.approx(list(cmp.dropin_us / cmp.contest_us))
+    assert (folder / "gdn_share.png").exists()
+    if not _has_gpu():
+        assert share.source.str.startswith("host time").all()
+        assert not (folder / "gdn_kernels.csv").exists()
+        skipped = pd.read_csv(folder / "skipped.csv")
+        assert skipped.what.str.startswith("GDN share by kernel").any()
+        assert set(cmp.method) == {"cpu_wall"}
+
+
 @pytest.mark.parametrize("stem", list(REQUIRED))
 def test_figures_read_well_on_smoke_data(smoke, stem):
     """The figures the smoke CSVs draw pass the audit of ``tests/experiments/test_figures.py`` (title
