@@ -111,3 +111,41 @@ def test_changed_signature_is_planned_for_itself(change):
     change(other)
     _matches(other, gdn_prefill(**other))
     assert len(plan_mod.CALLS) == 2
+
+
+@pytest.mark.parametrize("lens, kw, path, launches", [
+    ((4, 2), {}, "recurrent", 1), ((70, 60), {}, "walk", 2), ((300,), {"cp": True}, "cp", 3)],
+    ids=["recurrent", "walk", "cp"])
+def test_recorded_launches_equal_the_normal_path_bit_for_bit(lens, kw, path, launches):
+    """The launches recorded on a signature's first call, replayed on calls with other
+    tensors and ``cu_seqlens`` values of the signature (a fresh workspace each), give the
+    bits of the normal path (``prefill_fused``, which never records)."""
+    T = sum(lens)
+    for seed in range(3):
+        inp = _inputs(lens, seed=seed)
+        if len(lens) == 2:
+            split = (lens[0], lens[1], T // 2)[seed]
+            inp["cu_seqlens"] = torch.tensor([0, split, T], dtype=inp["cu_seqlens"].dtype)
+        out = gdn_prefill(**inp, **kw)
+        ref = pipeline.prefill_fused(**inp, **kw)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    (c,) = plan_mod.CALLS.values()
+    assert (c.plan.path if c.plan else "recurrent") == path
+    assert len(c.launches) == launches and c.tries == pipeline.RECORD_TRIES - 1
+
+
+def test_a_call_launching_outside_the_list_is_never_replayed(monkeypatch):
+    """A launch marked unrecordable on the way (the Gluon walk's TMA descriptors): no list,
+    every call takes the normal path and computes its results."""
+    from kernels import launch
+    real = pipeline.fused_launches
+
+    def marked(*a, **k):
+        launch.not_recordable()
+        return real(*a, **k)
+    monkeypatch.setattr(pipeline, "fused_launches", marked)
+    for seed in range(2):
+        inp = _inputs((70, 60), seed=seed)
+        _matches(inp, gdn_prefill(**inp))
+    (c,) = plan_mod.CALLS.values()
+    assert c.launches is None
