@@ -152,8 +152,9 @@ class FastLaunch:
 
     def __init__(self, fn):
         self.fn = fn
-        params = getattr(fn, "params", None) or []   # (the interpreter's wrapper has none)
-        self._n_plain = -1 if not params else 0
+        params = getattr(fn, "params", None)   # (the interpreter's wrapper has none)
+        self._n_plain = -1 if params is None else 0
+        params = params or []
         for p in params:                      # our kernels: plain parameters first
             if p.is_constexpr:
                 break
@@ -401,7 +402,7 @@ class Recorder:
         fast = fast_launch_enabled()
         dev = _device() if fast else None
         ws_ptr = workspace.data_ptr() if workspace is not None else None
-        entries, used = [], set()
+        entries, used, names = [], set(), []
         for fl, key, grid, args, kwargs in self.notes:
             slots, tmpl = [], list(args)
             for pos, x in enumerate(args):
@@ -418,6 +419,7 @@ class Recorder:
                     return None
             for pos, *_ in slots:   # (the recorded call's tensors are not kept)
                 tmpl[pos] = None
+            names.append(getattr(fl.fn, "__name__", "kernel"))
             if not fast:
                 entries.append((fl.fn, grid, tmpl, slots, kwargs))
                 continue
@@ -429,7 +431,7 @@ class Recorder:
                 addrs[pos] = None
             entries.append((_c_launch(ck, grid), addrs + list(tail),
                             [(pos, i, off) for pos, i, off, _ in slots]))
-        return LaunchList(fast, dev, entries, tuple(sorted(used)))
+        return LaunchList(fast, dev, entries, tuple(sorted(used)), tuple(names))
 
 
 @contextmanager
@@ -460,17 +462,47 @@ def _c_launch(ck, grid):
     return lambda stream, a: run(g0, g1, g2, stream, fn, md, None, None, None, *a)
 
 
+def _tensors(tmpl, slots, sources, workspace) -> list:
+    """A recorded argument list with this call's tensors in the slots: a source, or a view
+    cut from ``workspace`` as recorded (the interpreter's form of a list)."""
+    a = list(tmpl)
+    for pos, i, _, view in slots:
+        a[pos] = sources[i] if i >= 0 else workspace.view(view[0]).as_strided(
+            view[1], view[2], view[3])
+    return a
+
+
 class LaunchList:
     """A signature's launches, recorded once (:meth:`Recorder.build`): :meth:`run` replays
     them with this call's tensors in the slots."""
 
-    __slots__ = ("fast", "dev", "entries", "used")
+    __slots__ = ("fast", "dev", "entries", "used", "names")
 
-    def __init__(self, fast, dev, entries, used):
+    def __init__(self, fast, dev, entries, used, names):
         self.fast, self.dev, self.entries, self.used = fast, dev, entries, used
+        self.names = names   # the kernels' names, in launch order
 
     def __len__(self):
         return len(self.entries)
+
+    def parts(self, sources, workspace=None):
+        """``[(kernel name, launch)]``: each launch of :meth:`run` alone, its arguments
+        filled now (:mod:`kernels.bench.host_stages` times what the launches cost apart
+        from filling the slots)."""
+        out = []
+        for name, e in zip(self.names, self.entries):
+            if not self.fast:
+                fn, grid, tmpl, slots, kwargs = e
+                a = _tensors(tmpl, slots, sources, workspace)
+                out.append((name, lambda fn=fn, grid=grid, a=a, kw=kwargs: fn[grid](*a, **kw)))
+                continue
+            launch, tmpl, slots = e
+            a = tmpl.copy()
+            for pos, i, off in slots:
+                a[pos] = (sources[i].data_ptr() if i >= 0 else workspace.data_ptr()) + off
+            stream = _current_stream(self.dev)
+            out.append((name, lambda launch=launch, a=a: launch(stream, a)))
+        return out
 
     def run(self, sources, workspace=None) -> bool:
         """Launch the list with ``sources`` (as for :meth:`Recorder.build`) and
@@ -480,11 +512,7 @@ class LaunchList:
         not 16-byte aligned): the caller then takes its normal path."""
         if not self.fast:
             for fn, grid, tmpl, slots, kwargs in self.entries:
-                a = list(tmpl)
-                for pos, i, _, view in slots:
-                    a[pos] = sources[i] if i >= 0 else workspace.view(view[0]).as_strided(
-                        view[1], view[2], view[3])
-                fn[grid](*a, **kwargs)
+                fn[grid](*_tensors(tmpl, slots, sources, workspace), **kwargs)
             return True
         if (not fast_launch_enabled() or _device() != self.dev
                 or (_knobs is not None and not _no_hooks(_knobs.runtime))):

@@ -169,3 +169,23 @@ def test_a_tensor_given_twice_is_not_recorded_but_computed(monkeypatch):
         _matches(inp, gdn_decode(**inp))
     (c,) = ops._CALLS.values()
     assert c.launches is None and c.tries == ops.RECORD_TRIES - 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 64])
+def test_gpu_replayed_launch_gives_the_plain_bits(B, monkeypatch, cuda_device):
+    """On CUDA the recorded launch (Triton's C launch with this call's addresses) on calls
+    with other tensors gives the bits of a plain ``kernel[grid](...)`` launch, dense and
+    pooled (in place)."""
+    from kernels.spec import CONTEST
+    runs = []
+    for seed in range(3):
+        inp = make_decode_inputs(B, CONTEST, seed=seed, device=cuda_device, pool_size=2 * B)
+        pool = inp["state"].clone()
+        runs.append((inp, pool, gdn_decode(**dict(inp, state=pool), check_values=False)))
+    assert all(c.launches is not None for c in ops._CALLS.values())
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    for inp, pool, out in runs:
+        p = inp["state"].clone()
+        ref = gdn_decode(**dict(inp, state=p), check_values=False)
+        assert torch.equal(out[0], ref[0]) and torch.equal(pool, p)

@@ -149,3 +149,26 @@ def test_a_call_launching_outside_the_list_is_never_replayed(monkeypatch):
         _matches(inp, gdn_prefill(**inp))
     (c,) = plan_mod.CALLS.values()
     assert c.launches is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", [[6], [100, 28], [2048], [8192], [16384]],
+                         ids=["T6", "100+28", "T2048", "T8192", "T16384"])
+def test_gpu_replayed_launches_give_the_plain_bits(lens, monkeypatch, cuda_device):
+    """On CUDA the recorded list replays Triton's C launches with this call's addresses:
+    calls with other tensors and values of the signature give the bits of plain
+    ``kernel[grid](...)`` launches (``GDN_FAST_LAUNCH=0``), on every path; every path but
+    the Gluon walk is recorded."""
+    from kernels.gpu_limits import device_limits
+    from kernels.spec import CONTEST
+    outs = []
+    for seed in range(3):
+        inp = make_prefill_inputs(lens, CONTEST, seed=seed, device=cuda_device)
+        outs.append((inp, gdn_prefill(**inp)))
+    (c,) = plan_mod.CALLS.values()
+    gluon = c.plan is not None and getattr(c.plan, "phase_c_gluon", False)
+    assert (c.launches is None) == (gluon and device_limits(cuda_device).cc == 90)
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    for inp, out in outs:
+        plain = pipeline.prefill_fused(**inp)
+        assert torch.equal(out[0], plain[0]) and torch.equal(out[1], plain[1])
