@@ -41,7 +41,7 @@ import sys
 import time
 from typing import Callable, List, Sequence, Tuple
 
-__all__ = ["decode_stages", "prefill_stages", "recorded_launch_fn", "measure", "main", "DECODE_BATCHES",
+__all__ = ["decode_stages", "prefill_stages", "recorded_launch_fn", "key_costs", "measure", "main", "DECODE_BATCHES",
            "PREFILL_SHAPES", "COLUMNS"]
 
 #: The contest's decode batch sizes timed (issue 55: host-bound up to B = 64).
@@ -147,6 +147,64 @@ def recorded_launch_fn():
             fl.launch_keyed("empty", (1,), (), dict)
     lst = rec.build((), 0)
     return lambda: lst.run(())
+
+
+def key_costs(n: int = 100_000, device="cpu") -> List[dict]:
+    """What a repeat decode call (B = 1, the contest's heads) costs on the host apart from
+    its launch, and its signature's variants: ns per call over ``n`` calls
+    (``time.perf_counter_ns``), launches stubbed (the call's recorded list holds none), so
+    it runs on any machine. Rows ``kind="key"``: ``signature`` (the key of
+    :func:`kernels.decode.ops.signature`: per tensor type, shape, dtype, device,
+    contiguity), ``lookup`` (it and its dict lookup: the call's ``checks``),
+    ``signature_strides`` (strides for contiguity), ``data_ptrs`` (the eight addresses alone: a floor no safe key reaches),
+    ``call_stubbed`` (the whole repeat call, its launch list empty), and the recorded
+    replay's per-call checks (``fast_launch_enabled``, ``no_hooks``)."""
+    import torch
+
+    from .. import launch
+    from ..decode import gdn_decode, ops
+    from ..spec import CONTEST, make_decode_inputs
+
+    inp = make_decode_inputs(1, CONTEST, device=device)
+    q, k, v, st, A_log, a, dt_bias, b = (inp[x] for x in ("q", "k", "v", "state", "A_log",
+                                                          "a", "dt_bias", "b"))
+    ts = (q, k, v, st, A_log, a, dt_bias, b)
+    opts = (None, None, None, None, None, False, None, None, None)
+
+    def strides():
+        return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
+                k.device, v.shape, v.stride(), v.dtype, v.device, st.shape, st.stride(),
+                st.dtype, st.device, A_log.shape, A_log.stride(), A_log.dtype, A_log.device,
+                a.shape, a.stride(), a.dtype, a.device, dt_bias.shape, dt_bias.stride(),
+                dt_bias.dtype, dt_bias.device, b.shape, b.stride(), b.dtype, b.device)
+
+    real = ops._DECODE_LAUNCH.launch_keyed
+    ops._DECODE_LAUNCH.launch_keyed = lambda *a_, **k_: None   # (nothing noted: no launch)
+    try:
+        ops.clear_calls()
+        gdn_decode(*ts)   # the signature's first call records an empty list
+        cases = [("signature", lambda: ops.signature(*ts, *opts)),
+                 ("lookup", lambda: ops._CALLS.get(ops.signature(*ts, *opts))),
+                 ("signature_strides", strides),
+                 ("data_ptrs", lambda: [t.data_ptr() for t in ts]),
+                 ("call_stubbed", lambda: gdn_decode(*ts)),
+                 ("fast_launch_enabled", launch.fast_launch_enabled)]
+        if launch._knobs is not None:
+            cases.append(("no_hooks", lambda: launch._no_hooks(launch._knobs.runtime)))
+        rows = []
+        for name, fn in cases:
+            for _ in range(1000):
+                fn()
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                fn()
+            ns = (time.perf_counter_ns() - t0) / n
+            rows.append(dict(kind="key", shape="B=1", path=str(device), stage=name,
+                             host_us=round(ns / 1000, 4), p20_us="", p80_us="", calls=n))
+    finally:
+        ops._DECODE_LAUNCH.launch_keyed = real
+        ops.clear_calls()
+    return rows
 
 
 def _median_row(samples: Sequence[float]) -> dict:
@@ -255,11 +313,19 @@ def main(argv=None) -> int:
                     help="tiny shapes, few calls (a CPU run under the interpreter)")
     ap.add_argument("--rep", type=int, default=200, help="samples per stage")
     ap.add_argument("--calls", type=int, default=10, help="back-to-back calls per sample")
+    ap.add_argument("--keys", type=int, metavar="N", default=0,
+                    help="only the decode key costs (key_costs, N calls each, launches "
+                         "stubbed: any machine)")
     ns = ap.parse_args(argv)
-    if ns.rep < 1 or ns.calls < 1:
-        ap.error("--rep and --calls must be >= 1")
-    rows = measure(smoke=ns.smoke, rep=ns.rep, calls=ns.calls)
-    _print(rows)
+    if ns.rep < 1 or ns.calls < 1 or ns.keys < 0:
+        ap.error("--rep, --calls must be >= 1 and --keys >= 0")
+    if ns.keys:
+        rows = key_costs(ns.keys)
+        for r in rows:
+            print(f"{r['stage']:22s} {r['host_us'] * 1000:9.1f} ns")
+    else:
+        rows = measure(smoke=ns.smoke, rep=ns.rep, calls=ns.calls)
+        _print(rows)
     if ns.out:
         with open(ns.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
