@@ -34,3 +34,10 @@ def test_smoke_run_times_every_stage(tmp_path):
         if r["stage"] != "rest":
             assert math.isfinite(float(r["host_us"])) and float(r["host_us"]) > 0, r
             assert int(r["calls"]) == 4, r
+
+
+def test_key_costs_time_each_variant_with_the_launch_stubbed():
+    rows = host_stages.key_costs(n=50)
+    assert [r["stage"] for r in rows][:5] == ["signature", "lookup", "signature_strides",
+                                              "data_ptrs", "call_stubbed"]
+    assert all(r["kind"] == "key" and r["host_us"] > 0 and r["calls"] == 50 for r in rows)
