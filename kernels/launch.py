@@ -225,8 +225,10 @@ class FastLaunch:
         if rec is None:
             return go
 
-        def noted():   # a call being recorded: the launch noted when it happens
-            rec.note(self, key, grid, args, make_kwargs)
+        def noted():   # bound while recording: noted by the recording active at launch
+            r = getattr(_REC, "rec", None)
+            if r is not None:
+                r.note(self, key, grid, args, make_kwargs)
             go()
         return noted
 
@@ -363,15 +365,17 @@ def not_recordable() -> None:
     outside :class:`FastLaunch`'s keyed paths, e.g. a Gluon kernel with TMA descriptors):
     no list is built for it."""
     rec = getattr(_REC, "rec", None)
-    if rec is not None:
+    while rec is not None:   # (and the recordings it is inside of)
         rec.ok = False
+        rec = rec.parent
 
 
 class Recorder:
-    """The launches of one call, in launch order (:func:`recording`)."""
+    """The launches of one call, in launch order (:func:`recording`); ``parent``: the
+    recording this one is inside of (a launch bound there is noted here)."""
 
-    def __init__(self):
-        self.notes, self.ok = [], True
+    def __init__(self, parent=None):
+        self.notes, self.ok, self.parent = [], True, parent
 
     def note(self, fl, key, grid, args, make_kwargs):
         self.notes.append((fl, key, tuple(grid), args, make_kwargs()))
@@ -387,9 +391,13 @@ class Recorder:
         anything else (a tensor made inside a wrapper) fails the build. So does one
         tensor given twice (its slot would be ambiguous on the next call), a launch that
         did not take the keyed direct path (misaligned, disabled), and a launch of a
-        kernel whose launcher Triton's C launch cannot stand for."""
-        if not self.ok:
-            return None
+        kernel whose launcher Triton's C launch cannot stand for, and a recording marked
+        :func:`not_recordable` (or one it is inside of: a launch bound there)."""
+        r = self
+        while r is not None:
+            if not r.ok:
+                return None
+            r = r.parent
         ids = {}
         for i, t in enumerate(sources):
             if t is None:
@@ -439,7 +447,7 @@ def recording():
     """Note every :class:`FastLaunch` launch made on this thread inside the block
     (:class:`Recorder`; the launches themselves run as usual)."""
     prev = getattr(_REC, "rec", None)
-    rec = _REC.rec = Recorder()
+    rec = _REC.rec = Recorder(prev)
     try:
         yield rec
     finally:

@@ -361,15 +361,18 @@ def _launch_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqle
                        ht, guard=not c.checked, status=status, workspace=ws)
 
 
-def workspace_views(plan: Plan, device, buf=None) -> dict:
+def workspace_views(plan: Plan, device, buf=None, names=None) -> dict:
     """The plan's intermediates as views of one allocation (:func:`.plan.workspace_layout`),
     by name: a float32 buffer (``buf``, else a fresh one of ``plan.nbytes``), viewed once
-    per other dtype, cut by ``as_strided``. ``plan``: anything with a plan's ``nbytes`` and
-    ``views`` (also :mod:`.multi_gpu`'s rank plans)."""
+    per other dtype, cut by ``as_strided``; ``names``: only those views (None: all).
+    ``plan``: anything with a plan's ``nbytes`` and ``views`` (also :mod:`.multi_gpu`'s
+    rank plans)."""
     if buf is None:
         buf = torch.empty(plan.nbytes // 4, dtype=torch.float32, device=device)
     base, out = {torch.float32: buf}, {}
     for name, dtype, shape, strides, offset in plan.views:
+        if names is not None and name not in names:
+            continue
         whole = base.get(dtype)
         if whole is None:
             whole = base[dtype] = buf.view(dtype)
