@@ -159,15 +159,14 @@ def test_gpu_replayed_launches_give_the_plain_bits(lens, monkeypatch, cuda_devic
     calls with other tensors and values of the signature give the bits of plain
     ``kernel[grid](...)`` launches (``GDN_FAST_LAUNCH=0``), on every path; every path but
     the Gluon walk is recorded."""
-    from kernels.gpu_limits import device_limits
     from kernels.spec import CONTEST
     outs = []
     for seed in range(3):
         inp = make_prefill_inputs(lens, CONTEST, seed=seed, device=cuda_device)
         outs.append((inp, gdn_prefill(**inp)))
     (c,) = plan_mod.CALLS.values()
-    gluon = c.plan is not None and getattr(c.plan, "phase_c_gluon", False)
-    assert (c.launches is None) == (gluon and device_limits(cuda_device).cc == 90)
+    if c.plan is None or not c.plan.phase_c_gluon:   # (the Gluon walk is not recorded)
+        assert c.launches is not None
     monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
     for inp, out in outs:
         plain = pipeline.prefill_fused(**inp)
