@@ -32,11 +32,22 @@ needed) and its compiled kernel is kept. Off CUDA (the interpreter) or with
 raises a ``TypeError`` / ``AttributeError`` (Triton's internal launch API
 changed), the plain path is used from then on (with one warning) -- it is an
 optimisation, never a requirement. CUDA errors propagate.
+
+A call whose launches are fixed by its signature records them once (:func:`recording`,
+:class:`LaunchList`): the call runs its normal path with a recorder active, every
+``FastLaunch`` launch of it is noted, and the list built from the notes holds per launch
+the compiled kernel's C launcher, the grid and the full argument list with slots for the
+call's tensors (an input, an output, or a byte offset into the call's workspace). A
+repeat fills the slots with this call's addresses and runs the C launches: no key, no
+lookups, no Python layer of Triton. Under the interpreter the list launches
+``fn[grid](...)`` with this call's tensors in the slots (the same slots).
 """
 from __future__ import annotations
 
 import os
+import threading
 import warnings
+from contextlib import contextmanager
 
 from . import interpret
 
@@ -49,7 +60,8 @@ try:
 except ImportError:   # pragma: no cover - tritons before knobs: the runner path below
     _knobs = None
 
-__all__ = ["FastLaunch", "fast_launch_enabled", "dtypes", "signature"]
+__all__ = ["FastLaunch", "fast_launch_enabled", "dtypes", "signature", "recording",
+           "LaunchList", "keep_buffer", "not_recordable"]
 
 _DISABLED_REASON = None
 
@@ -140,8 +152,9 @@ class FastLaunch:
 
     def __init__(self, fn):
         self.fn = fn
-        params = getattr(fn, "params", None) or []   # (the interpreter's wrapper has none)
-        self._n_plain = -1 if not params else 0
+        params = getattr(fn, "params", None)   # (the interpreter's wrapper has none)
+        self._n_plain = -1 if params is None else 0
+        params = params or []
         for p in params:                      # our kernels: plain parameters first
             if p.is_constexpr:
                 break
@@ -153,6 +166,7 @@ class FastLaunch:
         # positions); (device, caller key) -> positions of the int arguments
         self._keyed = {}
         self._int_pos = {}
+        self._in_first = False
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
@@ -206,6 +220,19 @@ class FastLaunch:
         pipeline can bind its second kernel before launching its first and leave only the
         launch between the two. A key (or int class, or misaligned tensor) not seen yet
         binds to :meth:`launch_keyed`'s first-use path (compiling on the call)."""
+        go = self._bind(key, grid, args, make_kwargs)
+        rec = getattr(_REC, "rec", None)
+        if rec is None:
+            return go
+
+        def noted():   # bound while recording: noted by the recording active at launch
+            r = getattr(_REC, "rec", None)
+            if r is not None:
+                r.note(self, key, grid, args, make_kwargs)
+            go()
+        return noted
+
+    def _bind(self, key, grid, args, make_kwargs):
         if not fast_launch_enabled() or len(args) != self._n_plain:
             kwargs = make_kwargs()
             return lambda: self.fn[grid](*args, **kwargs)
@@ -238,6 +265,9 @@ class FastLaunch:
         and the ints classed, so a repeat costs a fraction of the generic key;
         ``make_kwargs()`` builds the keyword arguments, called only on a miss (first use,
         a misaligned tensor, a new int class), which takes :meth:`launch`."""
+        rec = getattr(_REC, "rec", None)
+        if rec is not None:
+            rec.note(self, key, grid, args, make_kwargs)
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return self.fn[grid](*args, **make_kwargs())
         dev = _device()
@@ -280,7 +310,11 @@ class FastLaunch:
     def _first(self, dev, key, grid, args, kwargs):
         """A keyed launch not seen yet: :meth:`launch`, and its compiled kernel kept for
         ``key`` and the ints' classes when every tensor is 16-byte aligned."""
-        ck = self.launch(grid, args, kwargs)
+        self._in_first = True
+        try:
+            ck = self.launch(grid, args, kwargs)
+        finally:
+            self._in_first = False
         tpos = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
         if fast_launch_enabled() and ck is not None and all(
                 args[i].data_ptr() % 16 == 0 for i in tpos):
@@ -291,6 +325,8 @@ class FastLaunch:
         return ck
 
     def launch(self, grid, args, kwargs):
+        if getattr(_REC, "rec", None) is not None and not self._in_first:
+            not_recordable()   # (no launch key here: a call launching so is not recorded)
         if not fast_launch_enabled() or len(args) != self._n_plain:
             return self.fn[grid](*args, **kwargs)
         key, addrs = self._key_addrs(args, kwargs)
@@ -307,3 +343,205 @@ class FastLaunch:
             self._disable(e)
             return self.fn[grid](*args, **kwargs)
         return ck
+
+
+# --- recorded launch lists ------------------------------------------------------------------
+
+_REC = threading.local()   # .rec: the Recorder of the call being recorded on this thread
+#: Buffers kept for the life of the process (:func:`keep_buffer`), by id: a recorded launch
+#: may hold them as constants.
+_KEPT: dict = {}
+
+
+def keep_buffer(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` as kept for the life of the process (e.g. the walkers' flag buffers): a
+    recorded launch list may pass it as a constant. Returns ``t``."""
+    _KEPT[id(t)] = t
+    return t
+
+
+def not_recordable() -> None:
+    """Say that the call being recorded launches something its list cannot replay (a launch
+    outside :class:`FastLaunch`'s keyed paths, e.g. a Gluon kernel with TMA descriptors):
+    no list is built for it."""
+    rec = getattr(_REC, "rec", None)
+    while rec is not None:   # (and the recordings it is inside of)
+        rec.ok = False
+        rec = rec.parent
+
+
+class Recorder:
+    """The launches of one call, in launch order (:func:`recording`); ``parent``: the
+    recording this one is inside of (a launch bound there is noted here)."""
+
+    def __init__(self, parent=None):
+        self.notes, self.ok, self.parent = [], True, parent
+
+    def note(self, fl, key, grid, args, make_kwargs):
+        self.notes.append((fl, key, tuple(grid), args, make_kwargs()))
+
+    def build(self, sources, given: int, workspace=None):
+        """The :class:`LaunchList` of the noted launches, or None where one cannot be built.
+
+        ``sources``: the call's tensors (None where absent), in an order the caller keeps
+        for every call of the signature; the first ``given`` are the caller's arguments,
+        the rest derived ones (outputs: fresh or an input itself). Each tensor argument of
+        a launch must be a source (by identity), a view into ``workspace`` (the call's
+        one intermediate allocation, at a byte offset) or a :func:`keep_buffer` buffer;
+        anything else (a tensor made inside a wrapper) fails the build. So does one
+        tensor given twice (its slot would be ambiguous on the next call), a launch that
+        did not take the keyed direct path (misaligned, disabled), and a launch of a
+        kernel whose launcher Triton's C launch cannot stand for, and a recording marked
+        :func:`not_recordable` (or one it is inside of: a launch bound there)."""
+        r = self
+        while r is not None:
+            if not r.ok:
+                return None
+            r = r.parent
+        ids = {}
+        for i, t in enumerate(sources):
+            if t is None:
+                continue
+            if id(t) in ids:
+                if i < given:
+                    return None
+                continue
+            ids[id(t)] = i
+        fast = fast_launch_enabled()
+        dev = _device() if fast else None
+        ws_ptr = workspace.data_ptr() if workspace is not None else None
+        entries, used, names = [], set(), []
+        for fl, key, grid, args, kwargs in self.notes:
+            slots, tmpl = [], list(args)
+            for pos, x in enumerate(args):
+                if not isinstance(x, torch.Tensor):
+                    continue
+                i = ids.get(id(x))
+                if i is not None:
+                    slots.append((pos, i, 0, None))
+                    used.add(i)
+                elif ws_ptr is not None and x.untyped_storage().data_ptr() == ws_ptr:
+                    slots.append((pos, -1, x.data_ptr() - ws_ptr,
+                                  (x.dtype, tuple(x.shape), x.stride(), x.storage_offset())))
+                elif id(x) not in _KEPT:
+                    return None
+            for pos, *_ in slots:   # (the recorded call's tensors are not kept)
+                tmpl[pos] = None
+            names.append(getattr(fl.fn, "__name__", "kernel"))
+            if not fast:
+                entries.append((fl.fn, grid, tmpl, slots, kwargs))
+                continue
+            hit = fl._hit(dev, key, args) if len(args) == fl._n_plain else None
+            if hit is None:
+                return None
+            ck, addrs, tail = hit
+            for pos, *_ in slots:
+                addrs[pos] = None
+            entries.append((_c_launch(ck, grid), addrs + list(tail),
+                            [(pos, i, off) for pos, i, off, _ in slots]))
+        return LaunchList(fast, dev, entries, tuple(sorted(used)), tuple(names))
+
+
+@contextmanager
+def recording():
+    """Note every :class:`FastLaunch` launch made on this thread inside the block
+    (:class:`Recorder`; the launches themselves run as usual)."""
+    prev = getattr(_REC, "rec", None)
+    rec = _REC.rec = Recorder(prev)
+    try:
+        yield rec
+    finally:
+        _REC.rec = prev
+
+
+def _c_launch(ck, grid):
+    """``launch(stream, args)``: the compiled kernel ``ck`` on ``grid``, ``args`` its full
+    argument list (tensors as addresses, constexprs included). Triton's C launch itself
+    where the kernel needs no scratch memory (what ``CudaLauncher.__call__`` adds on top
+    of it: allocating scratch), else that launcher."""
+    g0, g1, g2 = tuple(grid) + (1,) * (3 - len(grid))
+    run, fn, md = ck.run, ck.function, ck.packed_metadata
+    if (getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0 and hasattr(run, "launch")):
+        c, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+        ann, sig = run.arg_annotations, run.kernel_signature
+        return lambda stream, a: c(g0, g1, g2, stream, fn, coop, pdl, md, None, None, None,
+                                   None, None, ann, sig, a)
+    return lambda stream, a: run(g0, g1, g2, stream, fn, md, None, None, None, *a)
+
+
+def _tensors(tmpl, slots, sources, workspace) -> list:
+    """A recorded argument list with this call's tensors in the slots: a source, or a view
+    cut from ``workspace`` as recorded (the interpreter's form of a list)."""
+    a = list(tmpl)
+    for pos, i, _, view in slots:
+        a[pos] = sources[i] if i >= 0 else workspace.view(view[0]).as_strided(
+            view[1], view[2], view[3])
+    return a
+
+
+class LaunchList:
+    """A signature's launches, recorded once (:meth:`Recorder.build`): :meth:`run` replays
+    them with this call's tensors in the slots."""
+
+    __slots__ = ("fast", "dev", "entries", "used", "names")
+
+    def __init__(self, fast, dev, entries, used, names):
+        self.fast, self.dev, self.entries, self.used = fast, dev, entries, used
+        self.names = names   # the kernels' names, in launch order
+
+    def __len__(self):
+        return len(self.entries)
+
+    def parts(self, sources, workspace=None):
+        """``[(kernel name, launch)]``: each launch of :meth:`run` alone, its arguments
+        filled now (:mod:`kernels.bench.host_stages` times what the launches cost apart
+        from filling the slots)."""
+        out = []
+        for name, e in zip(self.names, self.entries):
+            if not self.fast:
+                fn, grid, tmpl, slots, kwargs = e
+                a = _tensors(tmpl, slots, sources, workspace)
+                out.append((name, lambda fn=fn, grid=grid, a=a, kw=kwargs: fn[grid](*a, **kw)))
+                continue
+            launch, tmpl, slots = e
+            a = tmpl.copy()
+            for pos, i, off in slots:
+                a[pos] = (sources[i].data_ptr() if i >= 0 else workspace.data_ptr()) + off
+            stream = _current_stream(self.dev)
+            out.append((name, lambda launch=launch, a=a: launch(stream, a)))
+        return out
+
+    def run(self, sources, workspace=None) -> bool:
+        """Launch the list with ``sources`` (as for :meth:`Recorder.build`) and
+        ``workspace`` (this call's, of the recorded size). False, having launched nothing,
+        where the list cannot stand for the normal path this time (direct launches off or
+        disabled since, another current device, a profiler's launch hooks set, a tensor
+        not 16-byte aligned): the caller then takes its normal path."""
+        if not self.fast:
+            for fn, grid, tmpl, slots, kwargs in self.entries:
+                fn[grid](*_tensors(tmpl, slots, sources, workspace), **kwargs)
+            return True
+        if (not fast_launch_enabled() or _device() != self.dev
+                or (_knobs is not None and not _no_hooks(_knobs.runtime))):
+            return False
+        ptrs, m = [None] * len(sources), 0
+        for i in self.used:
+            p = ptrs[i] = sources[i].data_ptr()
+            m |= p
+        if m & 15:
+            return False
+        base = workspace.data_ptr() if workspace is not None else 0
+        stream = _current_stream(self.dev)
+        for n, (launch, tmpl, slots) in enumerate(self.entries):
+            a = tmpl.copy()
+            for pos, i, off in slots:
+                a[pos] = (ptrs[i] if i >= 0 else base) + off
+            try:
+                launch(stream, a)
+            except (TypeError, AttributeError) as e:
+                if n:   # (a later launch: the earlier ones ran; not a launch API change)
+                    raise
+                FastLaunch._disable(e)
+                return False
+        return True

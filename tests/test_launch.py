@@ -280,3 +280,150 @@ def test_direct_launch_only_without_launch_hooks():
     assert launch._no_hooks(NS(launch_enter_hook=None, launch_exit_hook=None))
     assert not launch._no_hooks(NS(launch_enter_hook=on, launch_exit_hook=off))
     assert not launch._no_hooks(NS(launch_enter_hook=None, launch_exit_hook=lambda *a: None))
+
+
+# --- recorded launch lists (kernels.launch.recording, LaunchList) -----------------------------
+
+def _fast(monkeypatch, stream=5):
+    from kernels import launch
+    monkeypatch.setattr(launch, "fast_launch_enabled", lambda: True)
+    monkeypatch.setattr(launch, "_device", lambda: 0)
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: stream)
+    return launch
+
+
+def _record_two(launch, fl, x, y, out, ws, kept=None):
+    """A call's two launches as a pipeline makes them: one bound then launched, one keyed;
+    ``out`` a workspace view in the second."""
+    view = ws[16:32]
+    with launch.recording() as rec:
+        fl.bind_keyed("a", (2,), (x, 32), lambda: dict(K=1))()
+        fl.launch_keyed("b", (3, 4), (view if kept is None else kept, 48), lambda: dict(K=2))
+        fl.launch_keyed("c", (1,), (out, 16), lambda: dict(K=3))
+    return rec
+
+
+def test_recorded_list_replays_the_launches_with_this_calls_addresses(monkeypatch):
+    """A recorded list launches, in the recorded order, the kept kernels with this call's
+    addresses in the tensors' slots (a workspace view at its byte offset into this call's
+    workspace), the recorded ints, the constexpr tail and the current stream."""
+    launch = _fast(monkeypatch)
+    fn = _Jit()
+    fl = FastLaunch(fn)
+    x, y, out, ws = torch.zeros(64), torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    for _ in range(2):   # the first compiles (plain path), the second records direct hits
+        rec = _record_two(launch, fl, x, y, out, ws)
+    lst = rec.build((x, y, out), 2, ws)
+    assert len(lst) == 3
+    fn.compiled.launched.clear()
+    x2, y2, out2, ws2 = torch.zeros(64), torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    monkeypatch.setattr(launch, "_current_stream", lambda dev: 11)
+    assert lst.run((x2, y2, out2), ws2)
+    assert fn.compiled.launched == [
+        ((2, 1, 1), (x2.data_ptr(), 32, 1, 7), 11),
+        ((3, 4, 1), (ws2.data_ptr() + 64, 48, 2, 7), 11),
+        ((1, 1, 1), (out2.data_ptr(), 16, 3, 7), 11)]
+    assert fn.plain == 3   # (the three first launches only)
+
+
+def test_recorded_list_calls_tritons_c_launch_where_no_scratch_is_needed(monkeypatch):
+    """A launcher without scratch memory is called at Triton's C ``launch`` (what
+    ``CudaLauncher.__call__`` wraps), with the full argument list."""
+    launch = _fast(monkeypatch, stream=3)
+    monkeypatch.setattr(launch, "_DISABLED_REASON", None)
+    calls = []
+
+    class Launcher:
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+        arg_annotations, kernel_signature = "ann", b"sig"
+
+        def launch(self, *a):
+            calls.append(a)
+
+        def __call__(self, *a):   # (CudaLauncher.__call__: the keyed launch's path)
+            pass
+
+    fn = _Jit()
+    fn.compiled.run = Launcher()
+    fl = FastLaunch(fn)
+    x = torch.zeros(64)
+    for _ in range(2):
+        with launch.recording() as rec:
+            fl.launch_keyed("a", (2,), (x, 32), lambda: dict(K=1))
+    lst = rec.build((x,), 1)
+    calls.clear()
+    x2 = torch.zeros(64)
+    assert lst.run((x2,))
+    assert calls == [(2, 1, 1, 3, "function", False, True, "packed", None, None, None, None,
+                      None, "ann", b"sig", [x2.data_ptr(), 32, 1, 7])]
+
+
+def test_recorded_list_declines_what_it_cannot_stand_for(monkeypatch):
+    """A misaligned tensor or another current device: False and nothing launched (the
+    caller takes its normal path)."""
+    launch = _fast(monkeypatch)
+    fn = _Jit()
+    fl = FastLaunch(fn)
+    x, y, out, ws = torch.zeros(64), torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    for _ in range(2):
+        rec = _record_two(launch, fl, x, y, out, ws)
+    lst = rec.build((x, y, out), 2, ws)
+    fn.compiled.launched.clear()
+    assert not lst.run((x[1:], y, out), ws)
+    monkeypatch.setattr(launch, "_device", lambda: 1)
+    assert not lst.run((x, y, out), ws)
+    assert fn.compiled.launched == []
+
+
+def test_a_list_is_built_only_where_every_tensor_has_a_slot(monkeypatch):
+    """A tensor that is neither a source, nor in the workspace, nor a kept buffer (made
+    inside a wrapper: it would be stale on the next call), one tensor given twice (which
+    slot?), a launch marked unrecordable, a launch that did not take the direct path: no
+    list. A kept buffer is a constant."""
+    launch = _fast(monkeypatch)
+    fn = _Jit()
+    fl = FastLaunch(fn)
+    x, y, out, ws = torch.zeros(64), torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    _record_two(launch, fl, x, y, out, ws)
+    assert _record_two(launch, fl, x, y, out, ws, kept=torch.zeros(16)).build(
+        (x, y, out), 2, ws) is None
+    assert _record_two(launch, fl, x, y, out, ws).build((x, x, out), 2, ws) is None
+    assert _record_two(launch, fl, x, y, out, ws).build((x, y, out), 2, ws) is not None
+    buf = launch.keep_buffer(torch.zeros(16))
+    rec = _record_two(launch, fl, x, y, out, ws, kept=buf)   # (compiles "b" with it)
+    rec = _record_two(launch, fl, x, y, out, ws, kept=buf)
+    lst = rec.build((x, y, out), 2, ws)
+    fn.compiled.launched.clear()
+    lst.run((x, y, out), ws)
+    assert fn.compiled.launched[1][1][0] == buf.data_ptr()
+    with launch.recording() as rec:
+        fl.launch_keyed("a", (2,), (x, 32), lambda: dict(K=1))
+        launch.not_recordable()
+    assert rec.build((x,), 1) is None
+    with launch.recording() as rec:
+        fl.launch_keyed("a", (2,), (x[1:], 32), lambda: dict(K=1))   # misaligned: plain
+    assert rec.build((x[1:],), 1) is None
+
+
+def test_recorded_list_under_the_interpreter_launches_through_kernel_grid():
+    """Off CUDA the list launches ``fn[grid](...)`` with this call's tensors in the slots
+    and the workspace views cut from this call's workspace as recorded."""
+    from kernels import launch
+    calls = []
+
+    class Plain:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    fl = FastLaunch(Plain())
+    x, ws = torch.zeros(8), torch.zeros(16)
+    with launch.recording() as rec:
+        fl.launch_keyed("a", (2,), (x, ws.view(torch.int32)[4:8], 3), lambda: dict(K=1))
+    lst = rec.build((x,), 1, ws)
+    calls.clear()
+    x2, ws2 = torch.ones(8), torch.arange(16.0)
+    assert lst.run((x2,), ws2)
+    (grid, (a0, a1, n), kw), = calls
+    assert grid == (2,) and a0 is x2 and n == 3 and kw == dict(K=1)
+    assert a1.dtype == torch.int32 and a1.data_ptr() == ws2.data_ptr() + 16 and a1.shape == (4,)

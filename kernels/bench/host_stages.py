@@ -9,10 +9,14 @@ batches and notebook 02's prefill shapes:
   method takes it (back-to-back calls, no synchronisation inside a sample);
 * ``bare_launch``: one ``kernel[grid]()`` of an empty kernel (:func:`.timing.bare_launch_fn`),
   the floor of any Triton call on that host;
-* each stage of the call alone, on the same inputs, timed the same way: the checks, the
-  plan (or config) lookup, the allocations, and per kernel the building of its launch
-  (key, arguments, Triton's handles: ``bind:<kernel>``) and the launch itself
-  (``launch:<kernel>``); ``rest`` is the call less the stages (the glue between them);
+* ``recorded_launch``: the same empty kernel's recorded launch list replayed
+  (:func:`recorded_launch_fn`): the floor of a call that replays its launches;
+* each stage of a repeat call alone, on the same inputs, timed the same way: the signature
+  and its lookup (the checks, the plan), the allocations, and the replay of the launch list
+  recorded on the signature's first call (``replay``: this call's addresses into the slots,
+  Triton's C launches); ``rest`` is the call less the stages (the glue between them); after
+  it, per kernel of the list, its C launch alone with the arguments filled beforehand
+  (``launch:<kernel>``, a part of ``replay``);
 * ``gpu_graph``: the call's GPU time (:mod:`.timing`'s ``graph`` method; GPU only), so a
   host change can be seen to leave the GPU's work alone.
 
@@ -37,7 +41,7 @@ import sys
 import time
 from typing import Callable, List, Sequence, Tuple
 
-__all__ = ["decode_stages", "prefill_stages", "measure", "main", "DECODE_BATCHES",
+__all__ = ["decode_stages", "prefill_stages", "recorded_launch_fn", "key_costs", "measure", "main", "DECODE_BATCHES",
            "PREFILL_SHAPES", "COLUMNS"]
 
 #: The contest's decode batch sizes timed (issue 55: host-bound up to B = 64).
@@ -50,122 +54,157 @@ COLUMNS = ("kind", "shape", "path", "stage", "host_us", "p20_us", "p80_us", "cal
 Stage = Tuple[str, Callable[[], object]]
 
 
-def decode_stages(inp: dict) -> List[Stage]:
-    """The stages of one :func:`kernels.decode.gdn_decode` call on ``inp`` (a dense state,
-    the default options: a fresh output and new state), in the call's order."""
+def decode_stages(inp: dict) -> Tuple[List[Stage], List[Stage]]:
+    """``(stages, parts)`` of a repeat :func:`kernels.decode.gdn_decode` call on ``inp`` (a
+    dense state, the default options: a fresh output and new state), in the call's order:
+    the signature and its lookup (``checks``), the allocations, the recorded launch list's
+    replay (``replay``: the addresses read into its slots, the C launch); ``parts``: the
+    list's launches alone, arguments filled beforehand (``launch:<kernel>``, part of
+    ``replay``)."""
     import torch
 
-    from ..decode import ops
-    from ..spec import resolve_scale
+    from ..decode import gdn_decode, ops
 
     q, k, v, state = inp["q"], inp["k"], inp["v"], inp["state"]
     A_log, a, dt_bias, b = inp["A_log"], inp["a"], inp["dt_bias"], inp["b"]
-    B, T, HQ, D = q.shape
-    HV = v.shape[2]
-    cfg = ops.resolve_config(None, B, D, q.device)
+    sig = ops.signature(q, k, v, state, A_log, a, dt_bias, b, None, None, None, None, None,
+                        False, None, None, None)
+    gdn_decode(q, k, v, state, A_log, a, dt_bias, b)   # the signature's first call: recorded
+    c = ops._CALLS[sig]
     o, ht = torch.empty_like(v), torch.empty_like(state)
-    grid = (cfg.programs(B, HV, D),)
+    srcs = (q, k, v, state, A_log, a, dt_bias, b, None, None, None, None, o, ht, ht)
 
     def checks():   # a repeat's checks: the signature and its lookup
         return ops._CALLS.get(ops.signature(q, k, v, state, A_log, a, dt_bias, b, None, None,
                                             None, None, None, False, None, None, None))
 
-    def alloc():
-        return torch.empty_like(v), torch.empty_like(state)
-
-    def args():
-        key = (T, HQ, HV, D, cfg, False, False, True, state.dtype, None)
-        return key, (q, k, v, state, ht, ht, q, A_log, a, dt_bias, b, o, None,
-                     resolve_scale(None, D), state.shape[0])
-
-    key, call_args = args()
-
-    def kwargs():
-        return dict(T=T, HQ=HQ, HV=HV, D=D, BV=cfg.BV, BK=cfg.block_k(D), V_TILES=cfg.V_TILES,
-                    PREFETCH=cfg.PREFETCH, EVICT="evict_first" if cfg.EVICT_FIRST else "",
-                    POOLED=False, INTERMEDIATE=False, HAS_STATUS=False,
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-    return [("checks", checks),
-            ("alloc", alloc),
-            ("bind:decode", args),
-            ("launch:decode",
-             lambda: ops._DECODE_LAUNCH.launch_keyed(key, grid, call_args, kwargs))]
+    stages = [("checks", checks),
+              ("alloc", lambda: (torch.empty_like(v), torch.empty_like(state)))]
+    if c.launches is None:   # (not recorded: the keyed launch)
+        args = (q, k, v, state, ht, ht, q, A_log, a, dt_bias, b, o, None, c.scale, c.P)
+        return stages + [("launch", lambda: ops._DECODE_LAUNCH.launch_keyed(
+            c.key, c.grid, args, c.kwargs))], []
+    return (stages + [("replay", lambda: c.launches.run(srcs))],
+            _parts(c.launches, srcs, None))
 
 
-def prefill_stages(inp: dict) -> Tuple[str, List[Stage]]:
-    """``(path, stages)`` of one ``fused`` :func:`kernels.prefill.gdn_prefill` call on
-    ``inp`` (the default options), in the call's order, following
-    :func:`kernels.prefill.pipeline.fused_launches` for the plan's path."""
+def _parts(lst, srcs, ws) -> List[Stage]:
+    return [(f"launch:{name}", go) for name, go in lst.parts(srcs, ws)]
+
+
+def prefill_stages(inp: dict) -> Tuple[str, List[Stage], List[Stage]]:
+    """``(path, stages, parts)`` of a repeat ``fused`` :func:`kernels.prefill.gdn_prefill`
+    call on ``inp`` (the default options), in the call's order
+    (:func:`kernels.prefill.pipeline.run_call`): the signature and its lookup
+    (``checks+plan``), the outputs, the workspace (one allocation, where the plan has
+    one), the recorded launch list's replay; ``parts``: its launches alone."""
     import torch
 
+    from ..prefill import gdn_prefill
     from ..prefill import pipeline as pl
-    from ..prefill.chunk_index import num_slots
     from ..prefill.plan import CALLS
-    from ..prefill.intra_chunk import intra_chunk_fwd
-    from ..prefill.recurrent import recurrent_fwd
-    from ..prefill.state_walk import state_walk_fwd
-    from ..spec import resolve_scale, validate_prefill_inputs
+    from ..spec import check_cu_seqlens_values
 
     q, k, v, state = inp["q"], inp["k"], inp["v"], inp["state"]
     A_log, a, dt_bias, b, cu = inp["A_log"], inp["a"], inp["dt_bias"], inp["b"], inp["cu_seqlens"]
-    check_values = q.device.type != "cuda"
-    shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu, None,
-                                    check_values=check_values)
-    scale = resolve_scale(None, shape.head_dim)
-    guard = not check_values
-    plan = pl._shape_plan(q, shape, cu, None, None)
+
+    def signature():
+        return (pl.call_signature(q, k, v, state, A_log, a, dt_bias, b, cu, None, None, None,
+                                  None, None, None, None, "fused"), type(None), None)
+
+    gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu)   # the first call: recorded
+    c = CALLS[signature()]
+    path = c.plan.path if c.plan is not None else "recurrent"
     o, ht = torch.empty_like(v), torch.empty_like(state)
+    words = c.ws_words
+    ws = torch.empty(words, dtype=torch.float32, device=q.device) if words else None
+    srcs = (q, k, v, state, A_log, a, dt_bias, b, cu, None, None, None, o, ht)
+    stages = [("checks+plan", lambda: CALLS.get(signature()))]
+    if c.checked:   # (off CUDA: cu_seqlens' values checked on the host per call)
+        stages.append(("values", lambda: check_cu_seqlens_values(cu, c.T)))
+    stages.append(("alloc", lambda: (torch.empty_like(v), torch.empty_like(state))))
+    if words:
+        stages.append(("workspace", lambda: torch.empty(words, dtype=torch.float32,
+                                                        device=q.device)))
+    if c.launches is None:   # (not recordable, e.g. the Gluon walk: the normal path)
+        stages.append(("launches", lambda: pl._launch_call(
+            c, q, k, v, state, A_log, a, dt_bias, b, cu, o, ht, ws, None)))
+        return path, stages, []
+    stages.append(("replay", lambda: c.launches.run(srcs, ws)))
+    return path, stages, _parts(c.launches, srcs, ws)
 
-    def checks():   # a repeat's checks and plan: the signature and its lookup
-        return (CALLS.get((pl.call_signature(q, k, v, state, A_log, a, dt_bias, b, cu, None,
-                                             None, None, None, None, None, None, "fused"),
-                           type(None), None)))
 
-    stages = [("checks+plan", checks),
-              ("alloc", lambda: (torch.empty_like(v), torch.empty_like(state)))]
-    if plan.path == "recurrent":
-        stages.append(("bind+launch:recurrent",
-                       lambda: recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu, scale,
-                                             o, ht, guard=guard)))
-        return plan.path, stages
-    ws = pl.workspace_views(plan, q.device)
-    stages.append(("workspace", lambda: pl.workspace_views(plan, q.device)))
-    tb, gc, aqk, lb = ws["Tb"], ws["gc"], ws["Aqk"], ws.get("log_bound")
-    intra, walkers = plan.intra, None
-    if plan.path == "single":
-        flags = pl._walker_flags(q.device, num_slots(plan.T, plan.N) * plan.HV)
-        walkers = dict(plan.walkers, initial_state=state, final_state=ht, output=o,
-                       flags=flags, guard=guard, status=None)
-        intra = plan.intra_single
+def recorded_launch_fn():
+    """A callable that replays the recorded launch list of the empty kernel of
+    :func:`.timing.bare_launch_fn` (:class:`kernels.launch.LaunchList`): the floor of a
+    recorded call on this host, to set against ``bare_launch``."""
+    from ..launch import FastLaunch, recording
+    from .timing import _empty_kernel
 
-    def bind_intra():
-        return intra_chunk_fwd(k, v, cu, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                               scale=scale, defer=True, walkers=walkers, log_bound=lb,
-                               out=(tb, gc, aqk, ws.get("scratch")), **intra)[3]
+    fl = FastLaunch(_empty_kernel())
+    for _ in range(2):   # the first compiles, the second is recorded from the direct path
+        with recording() as rec:
+            fl.launch_keyed("empty", (1,), (), dict)
+    lst = rec.build((), 0)
+    return lambda: lst.run(())
 
-    binds = [("intra", bind_intra)]
-    if plan.path == "walk":
-        binds.append(("walk", lambda: pl._walk(plan.walk, q, k, v, tb, aqk, gc, cu, state, o,
-                                                ht, scale, guard, None)))
-    elif plan.path == "cp":
-        summary, negl = ws["summary"], ws["negligible"]
-        binds.append(("phase_a", lambda: state_walk_fwd(
-            k, tb, v, gc, cu, summary=summary, log_bound=lb, negligible=negl, defer=True,
-            **plan.phase_a)))
-        binds.append(("phase_c", lambda: state_walk_fwd(
-            k, tb, v, gc, cu, p=aqk, initial_state=state, summary=summary, output=o,
-            final_state=ht, negligible=negl, guard=guard, status=None, defer=True, q=q,
-            scale=scale, **plan.phase_c)))
-    elif plan.path != "single":   # the long paths: stages of the binds as one
-        binds.append(("long_phases", lambda: pl._cp_long(
-            plan, ws, q, k, v, cu, state, o, ht, scale, lambda: None, guard, None)))
-    for name, bind in binds:
-        stages.append((f"bind:{name}", bind))
-    if plan.path in ("single", "walk", "cp"):
-        for name, bind in binds:
-            stages.append((f"launch:{name}", bind()))
-    return plan.path, stages
+
+def key_costs(n: int = 100_000, device="cpu") -> List[dict]:
+    """What a repeat decode call (B = 1, the contest's heads) costs on the host apart from
+    its launch, and its signature's variants: ns per call over ``n`` calls
+    (``time.perf_counter_ns``), launches stubbed (the call's recorded list holds none), so
+    it runs on any machine. Rows ``kind="key"``: ``signature`` (the key of
+    :func:`kernels.decode.ops.signature`: per tensor type, shape, dtype, device,
+    contiguity), ``lookup`` (it and its dict lookup: the call's ``checks``),
+    ``signature_strides`` (strides for contiguity), ``data_ptrs`` (the eight addresses alone: a floor no safe key reaches),
+    ``call_stubbed`` (the whole repeat call, its launch list empty), and the recorded
+    replay's per-call checks (``fast_launch_enabled``, ``no_hooks``)."""
+    import torch
+
+    from .. import launch
+    from ..decode import gdn_decode, ops
+    from ..spec import CONTEST, make_decode_inputs
+
+    inp = make_decode_inputs(1, CONTEST, device=device)
+    q, k, v, st, A_log, a, dt_bias, b = (inp[x] for x in ("q", "k", "v", "state", "A_log",
+                                                          "a", "dt_bias", "b"))
+    ts = (q, k, v, st, A_log, a, dt_bias, b)
+    opts = (None, None, None, None, None, False, None, None, None)
+
+    def strides():
+        return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
+                k.device, v.shape, v.stride(), v.dtype, v.device, st.shape, st.stride(),
+                st.dtype, st.device, A_log.shape, A_log.stride(), A_log.dtype, A_log.device,
+                a.shape, a.stride(), a.dtype, a.device, dt_bias.shape, dt_bias.stride(),
+                dt_bias.dtype, dt_bias.device, b.shape, b.stride(), b.dtype, b.device)
+
+    real = ops._DECODE_LAUNCH.launch_keyed
+    ops._DECODE_LAUNCH.launch_keyed = lambda *a_, **k_: None   # (nothing noted: no launch)
+    try:
+        ops.clear_calls()
+        gdn_decode(*ts)   # the signature's first call records an empty list
+        cases = [("signature", lambda: ops.signature(*ts, *opts)),
+                 ("lookup", lambda: ops._CALLS.get(ops.signature(*ts, *opts))),
+                 ("signature_strides", strides),
+                 ("data_ptrs", lambda: [t.data_ptr() for t in ts]),
+                 ("call_stubbed", lambda: gdn_decode(*ts)),
+                 ("fast_launch_enabled", launch.fast_launch_enabled)]
+        if launch._knobs is not None:
+            cases.append(("no_hooks", lambda: launch._no_hooks(launch._knobs.runtime)))
+        rows = []
+        for name, fn in cases:
+            for _ in range(1000):
+                fn()
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                fn()
+            ns = (time.perf_counter_ns() - t0) / n
+            rows.append(dict(kind="key", shape="B=1", path=str(device), stage=name,
+                             host_us=round(ns / 1000, 4), p20_us="", p80_us="", calls=n))
+    finally:
+        ops._DECODE_LAUNCH.launch_keyed = real
+        ops.clear_calls()
+    return rows
 
 
 def _median_row(samples: Sequence[float]) -> dict:
@@ -184,7 +223,7 @@ def _time(fn, rep: int, calls: int, sync) -> dict:
                 calls=rep * calls)
 
 
-def _rows(kind, label, path, call, stages, rep, calls, sync, gpu) -> List[dict]:
+def _rows(kind, label, path, call, stages, parts, rep, calls, sync, gpu) -> List[dict]:
     from .timing import MethodUnavailable, time_fn
 
     base = dict(kind=kind, shape=label, path=path)
@@ -197,6 +236,8 @@ def _rows(kind, label, path, call, stages, rep, calls, sync, gpu) -> List[dict]:
         rows.append(dict(base, stage=name, **r))
     rows.append(dict(base, stage="rest", host_us=round(whole["host_us"] - total, 3),
                      p20_us="", p80_us="", calls=""))
+    for name, fn in parts:   # (parts of a stage above: not in rest)
+        rows.append(dict(base, stage=name, **_time(fn, rep, calls, sync)))
     if gpu:
         try:
             t = time_fn(call, "graph", rep=max(10, rep // 4), warmup=3)
@@ -230,22 +271,23 @@ def measure(*, smoke: bool = False, rep: int = 200, calls: int = 10,
     if smoke:
         shape, rep, calls = GDNShape(1, 2, 16), 2, 2
         decode_batches, prefill_shapes = (1,), ("T6", "2x64", "T256")
-    rows = [dict(kind="floor", shape="", path="", stage="bare_launch",
-                 **_time(bare_launch_fn(), rep, calls, sync))]
+    rows = [dict(kind="floor", shape="", path="", stage=name, **_time(fn, rep, calls, sync))
+            for name, fn in (("bare_launch", bare_launch_fn()),
+                             ("recorded_launch", recorded_launch_fn()))]
     for B in decode_batches:
         inp = make_decode_inputs(B, shape, device=device)
         args = [inp[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")]
-        rows += _rows("decode", f"B={B}", "", lambda: gdn_decode(*args), decode_stages(inp),
-                      rep, calls, sync, cuda)
+        rows += _rows("decode", f"B={B}", "", lambda: gdn_decode(*args),
+                      *decode_stages(inp), rep, calls, sync, cuda)
         print(f"decode B={B}: done", file=sys.stderr)
     for spec in prefill_shapes:
         _, lens = parse_shape(spec)
         inp = make_prefill_inputs(lens, shape, device=device)
         args = [inp[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b",
                                  "cu_seqlens")]
-        path, stages = prefill_stages(inp)
+        path, stages, parts = prefill_stages(inp)
         rows += _rows("prefill", lens_label(lens), path, lambda: gdn_prefill(*args), stages,
-                      rep, calls, sync, cuda)
+                      parts, rep, calls, sync, cuda)
         print(f"prefill {lens_label(lens)}: done", file=sys.stderr)
     return rows
 
@@ -255,6 +297,8 @@ def _print(rows) -> None:
     print(f"bare launch: {floor} µs host")
     for r in rows:
         if r["kind"] == "floor":
+            if r["stage"] != "bare_launch":
+                print(f"{r['stage']}: {r['host_us']} µs host")
             continue
         ratio = (f"  ({r['host_us'] / floor:.2f} x bare)" if r["stage"] == "call" and floor
                  else "")
@@ -269,11 +313,19 @@ def main(argv=None) -> int:
                     help="tiny shapes, few calls (a CPU run under the interpreter)")
     ap.add_argument("--rep", type=int, default=200, help="samples per stage")
     ap.add_argument("--calls", type=int, default=10, help="back-to-back calls per sample")
+    ap.add_argument("--keys", type=int, metavar="N", default=0,
+                    help="only the decode key costs (key_costs, N calls each, launches "
+                         "stubbed: any machine)")
     ns = ap.parse_args(argv)
-    if ns.rep < 1 or ns.calls < 1:
-        ap.error("--rep and --calls must be >= 1")
-    rows = measure(smoke=ns.smoke, rep=ns.rep, calls=ns.calls)
-    _print(rows)
+    if ns.rep < 1 or ns.calls < 1 or ns.keys < 0:
+        ap.error("--rep, --calls must be >= 1 and --keys >= 0")
+    if ns.keys:
+        rows = key_costs(ns.keys)
+        for r in rows:
+            print(f"{r['stage']:22s} {r['host_us'] * 1000:9.1f} ns")
+    else:
+        rows = measure(smoke=ns.smoke, rep=ns.rep, calls=ns.calls)
+        _print(rows)
     if ns.out:
         with open(ns.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)

@@ -12,7 +12,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..launch import FastLaunch
+from ..launch import FastLaunch, recording
 from ..spec import check_slot_values, resolve_scale, validate_decode_inputs
 from .config import DecodeConfig
 from .kernel import gdn_decode_kernel
@@ -82,6 +82,8 @@ def resolve_inplace(inplace, pooled: bool) -> bool:
 #: checks and the resolution of the options. At most :data:`MAX_CALLS`, then forgotten.
 _CALLS: dict = {}
 MAX_CALLS = 1024
+#: Calls of a signature that may try to record its launch (:class:`kernels.launch.Recorder`).
+RECORD_TRIES = 3
 
 
 def _meta(x):
@@ -114,7 +116,7 @@ class _Call:
     :func:`_prepare`)."""
 
     __slots__ = ("inplace", "intermediate", "pooled", "slot_values", "P", "hi_shape", "grid",
-                 "key", "scale", "kwargs")
+                 "key", "scale", "kwargs", "launches", "tries")
 
 
 def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
@@ -154,6 +156,10 @@ def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, outpu
                   HAS_STATUS=status is not None, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
     c.kwargs = lambda: kwargs
+    # the launch as recorded on a call of the signature (kernels.launch.LaunchList; None
+    # until then); a call whose launch cannot be recorded (a tensor given twice, one not
+    # 16-byte aligned) tries again, at most RECORD_TRIES times
+    c.launches, c.tries = None, RECORD_TRIES
     return c
 
 
@@ -165,7 +171,9 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
 
     The checks run in full once per :func:`signature`; a repeat looks its :class:`_Call` up
     and does only what changes per call: the slot values' host check where asked for, the
-    allocations, the launch with this call's tensors (their addresses)."""
+    allocations, the launch with this call's tensors (their addresses) as recorded on the
+    signature's first call (:class:`kernels.launch.LaunchList`; where it cannot stand for
+    this call, the keyed launch it was recorded from)."""
     try:
         sig = signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
                         inplace, output, intermediate_states, check_values, output_state,
@@ -187,9 +195,21 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
     ht = state if c.inplace else (output_state if output_state is not None
                                   else torch.empty_like(state))
     hi = state.new_empty(c.hi_shape) if c.intermediate else ht
-    _DECODE_LAUNCH.launch_keyed(c.key, c.grid, (
-        q, k, v, state, ht, hi, state_indices if c.pooled else q, A_log, a, dt_bias, b, o,
-        status, c.scale, c.P), c.kwargs)
+    # the call's tensors in a fixed order: the slots of the recorded launch (the first 12
+    # given by the caller, then the outputs)
+    srcs = (q, k, v, state, A_log, a, dt_bias, b, state_indices, status, output, output_state,
+            o, ht, hi)
+    lst = c.launches
+    if lst is None or not lst.run(srcs):
+        args = (q, k, v, state, ht, hi, state_indices if c.pooled else q, A_log, a, dt_bias, b,
+                o, status, c.scale, c.P)
+        if lst is None and c.tries and sig is not None:   # record the launch once
+            c.tries -= 1
+            with recording() as rec:
+                _DECODE_LAUNCH.launch_keyed(c.key, c.grid, args, c.kwargs)
+            c.launches = rec.build(srcs, 12)
+        else:
+            _DECODE_LAUNCH.launch_keyed(c.key, c.grid, args, c.kwargs)
     return (o, ht, hi) if c.intermediate else (o, ht)
 
 

@@ -154,7 +154,7 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if variant in _PREPARED:
         c = prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
                          output_state, check_values, status, cp, config,
-                         recurrent=variant == "recurrent")
+                         recurrent=variant == "recurrent", record=sig is not None)
         if sig is not None:
             if len(CALLS) >= MAX_CALLS:
                 CALLS.clear()

@@ -50,6 +50,7 @@ and final state of every rank is NaN.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -68,8 +69,9 @@ from .plan import long_path_args  # noqa: E402
 from .context_parallel import cp_long_segment_chunks, segment_combine_t_fwd  # noqa: E402
 from .dots import mm  # noqa: E402
 from .intra_chunk import intra_chunk_fwd  # noqa: E402
-from ..launch import FastLaunch  # noqa: E402
-from .pipeline import phase_c_fwd, workspace_views  # noqa: E402
+from ..launch import FastLaunch, recording  # noqa: E402
+from .pipeline import (RECORD_TRIES, call_signature, phase_c_fwd,  # noqa: E402
+                       workspace_views)
 from .plan import (MAX_PLANS, fitted_config, intra_kwargs, layout_views,  # noqa: E402
                    phase_c_gluon, workspace_layout)
 from .state_walk_t import state_walk_t_fwd  # noqa: E402
@@ -416,60 +418,159 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     if group is None and not dist.is_initialized():
         raise ValueError("group: torch.distributed is not initialised (no default group)")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    try:
+        sig = (call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, None,
+                              None, check_values, None, None, config, "multi_gpu"),
+               type(bounds), tuple([(type(x), x) for x in bounds]), group, world, rank)
+        c = _CALLS.get(sig)
+    except (AttributeError, TypeError):   # not a tensor, unhashable: the checks say which
+        sig = c = None
+    if c is None:
+        c = _prepare(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds, world,
+                     rank, check_values, config)
+        if sig is not None:
+            if len(_CALLS) >= MAX_PLANS:
+                _CALLS.clear()
+            _CALLS[sig] = c
+            c.tries = RECORD_TRIES
+    elif c.checked:
+        _check_cu_values(cu_seqlens, c.plan.T)
+    p, dev = c.plan, q.device
+    buf = torch.empty(p.nbytes // 4, dtype=torch.float32, device=dev)
+    o = torch.empty(p.t1 - p.t0, p.HV, p.D, dtype=torch.bfloat16, device=dev)
+    ht = torch.empty(p.N, p.HV, p.D, p.D, dtype=torch.float32, device=dev)
+    # the call's tensors in a fixed order: the recorded launches' slots (9 given, 2 made)
+    srcs = (q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht)
+    args = (p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, c.scale, o, ht)
+    if c.lists is None:
+        if not c.tries:
+            _run(None, args, workspace_views(p, dev, buf), group)
+            return o, ht
+        c.tries -= 1
+        with recording() as binds:   # (the binds, so that their launches are noted)
+            recs = []
+            _run(recs, args, workspace_views(p, dev, buf), group)
+        built = [r.build(srcs, 9, buf) if binds.ok else None for r in recs]
+        c.lists = None if None in built else tuple(built)
+        return o, ht
+    before, after = c.lists
+    ws = None
+    if not before.run(srcs, buf):
+        ws = workspace_views(p, dev, buf)
+        for go in _bind_before(*args, ws):
+            go()
+    if p.compose is not None:
+        _exchange(p, ws or workspace_views(p, dev, buf, c.between), group, dev)
+    if not after.run(srcs, buf):
+        ws = ws or workspace_views(p, dev, buf)
+        for go in _bind_after(*args, ws):
+            go()
+    if p.compose is not None:
+        ht.masked_fill_((ws or workspace_views(p, dev, buf, ("drop",)))["drop"], 0.0)
+    return o, ht
+
+
+#: What a rank call's signature fixes (:class:`_RankCall`; at most :data:`.plan.MAX_PLANS`).
+_CALLS: dict = {}
+
+
+class _RankCall:
+    """A checked rank call's signature (:func:`_prepare`): its :class:`RankPlan`, the scale,
+    whether ``cu_seqlens``' values are checked on the host per call, the names of the
+    views the exchange and the fold use (cut alone between the recorded halves), and the
+    launches as recorded on a call, ``(before the exchange, after it)``
+    (:class:`kernels.launch.LaunchList`; None until then) with the tries left."""
+
+    __slots__ = ("plan", "scale", "checked", "between", "lists", "tries")
+
+
+def _check_cu_values(cu_seqlens, T: int) -> None:
+    cu = cu_seqlens.detach().to("cpu", torch.int64)
+    if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != T:
+        raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at "
+                         f"bounds[-1] = {T}, got {cu.tolist()[:16]}")
+
+
+def _prepare(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds, world, rank,
+             check_values, config) -> _RankCall:
+    """Every check of a rank call (the values of ``cu_seqlens`` where ``check_values``
+    resolves so) and its plan."""
     shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                                     check_values=False)
     t0, t1, T = _check_bounds(bounds, world, rank, q.shape[0])
     if check_values is None:
         check_values = q.device.type != "cuda"
     if check_values:
-        cu = cu_seqlens.detach().to("cpu", torch.int64)
-        if int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != T:
-            raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at "
-                             f"bounds[-1] = {T}, got {cu.tolist()[:16]}")
+        _check_cu_values(cu_seqlens, T)
     HV, D, T_r, N = shape.num_v_heads, shape.head_dim, t1 - t0, cu_seqlens.numel() - 1
-    p = rank_plan(T_r, N, HV, D, rank, world, t0, T, config, state is not None,
-                  not check_values, q.device)
-    scale = resolve_scale(scale, D)
-    dev = q.device
-    ws = workspace_views(p, dev)
-    o = torch.empty(T_r, HV, D, dtype=torch.bfloat16, device=dev)
-    ht = torch.empty(N, HV, D, D, dtype=torch.float32, device=dev)
-    cu_local, meta, summ, negl, s0 = (ws["cu_local"], ws.get("meta"), ws["summary"],
-                                      ws["negligible"], ws["s0"])
+    c = _RankCall()
+    c.plan = rank_plan(T_r, N, HV, D, rank, world, t0, T, config, state is not None,
+                       not check_values, q.device)
+    c.scale, c.checked = resolve_scale(scale, D), bool(check_values)
+    c.between = frozenset(("mine", "zs", "drop") + tuple(x for f in c.plan.folds for x in f))
+    c.lists, c.tries = None, 0
+    return c
+
+
+def _bind_before(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, ws):
+    """The launches before the exchange, bound: the rank's indices, the intra-chunk kernel,
+    phase A, the last piece's map (with more than one rank)."""
+    cu_local, meta, summ, negl = ws["cu_local"], ws.get("meta"), ws["summary"], ws["negligible"]
     tb, gc, aq, lb = ws["Tb"], ws["gc"], ws["Aqk"], ws["log_bound"]
-    # every launch bound before the first (the host time between launches is what the
-    # device waits for); the indices on the device, from cu_seqlens, in one launch
-    go_index = _INDEX_LAUNCH.bind(p.index[0], (cu_seqlens, cu_local, meta, ws.get("drop"),
-                                               t0, t1, T, T_r, N), p.index[1])
-    go_intra = intra_chunk_fwd(k, v, cu_local, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                               scale=scale, log_bound=lb, out=(tb, gc, aq, ws.get("scratch")),
-                               defer=True, **p.intra)[3]
-    go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, summary=summ, log_bound=lb,
-                            negligible=negl, scale=scale, defer=True, **p.phase_a)
+    T_r = p.t1 - p.t0
+    gos = [_INDEX_LAUNCH.bind(p.index[0], (cu_seqlens, cu_local, meta, ws.get("drop"), p.t0,
+                                           p.t1, p.T, T_r, p.N), p.index[1]),
+           intra_chunk_fwd(k, v, cu_local, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                           scale=scale, log_bound=lb, out=(tb, gc, aq, ws.get("scratch")),
+                           defer=True, **p.intra)[3],
+           state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, summary=summ, log_bound=lb,
+                            negligible=negl, scale=scale, defer=True, **p.phase_a)]
+    if p.compose is not None:
+        gos.append(_COMPOSE_LAUNCH.bind(p.compose[0], (summ, negl, state, meta, cu_local,
+                                                       ws["mine"], T_r), p.compose[1]))
+    return gos
+
+
+def _bind_after(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, ws):
+    """The launches after the exchange, bound: the entering states (rank > 0), phase B,
+    phase C."""
+    cu_local, summ, negl, s0 = ws["cu_local"], ws["summary"], ws["negligible"], ws["s0"]
     h0 = ws["h0"] if p.enter is not None else state
-    go_b = segment_combine_t_fwd(summ, s0, negl, cu_local, h0, defer=True, **p.phase_b)
-    go_c = phase_c_fwd(p.phase_c_gluon, q, k, v, tb, aq, gc, cu_local, s0=s0, output=o,
-                       final_state=ht, scale=scale, defer=True, **p.phase_c)
-    if p.compose is not None:
-        mine, zs = ws["mine"], ws["zs"]
-        go_compose = _COMPOSE_LAUNCH.bind(p.compose[0], (summ, negl, state, meta, cu_local,
-                                                         mine, T_r), p.compose[1])
+    gos = []
     if p.enter is not None:
-        s_t = ws[p.folds[-1][2]]
-        go_enter = _ENTER_LAUNCH.bind(p.enter[0], (state, s_t, meta, h0), p.enter[1])
-    go_index()
-    go_intra()
-    go_a()
-    if p.compose is not None:
-        go_compose()
-        _all_gather(zs, mine, group=group)   # (concatenated: gloo and nccl)
-        if p.enter is not None:
-            s_t = _zeros(dev, HV, D)
-            for f, m, out in p.folds:   # S^T = S^T M_r^T + F_r^T over the earlier ranks
-                s_t = torch.baddbmm(ws[f], s_t, ws[m], out=ws[out])
-            go_enter()
-    go_b()
-    go_c()
+        gos.append(_ENTER_LAUNCH.bind(p.enter[0], (state, ws[p.folds[-1][2]], ws["meta"], h0),
+                                      p.enter[1]))
+    gos.append(segment_combine_t_fwd(summ, s0, negl, cu_local, h0, defer=True, **p.phase_b))
+    gos.append(phase_c_fwd(p.phase_c_gluon, q, k, v, ws["Tb"], ws["Aqk"], ws["gc"], cu_local,
+                           s0=s0, output=o, final_state=ht, scale=scale, defer=True,
+                           **p.phase_c))
+    return gos
+
+
+def _exchange(p, ws, group, dev) -> None:
+    """The all-gather of the last pieces' maps and, on rank ``r > 0``, the fold over the
+    earlier ranks into the state entering this rank (the entering-state launch reads it)."""
+    _all_gather(ws["zs"], ws["mine"], group=group)   # (concatenated: gloo and nccl)
+    if p.enter is not None:
+        s_t = _zeros(dev, p.HV, p.D)
+        for f, m, out in p.folds:   # S^T = S^T M_r^T + F_r^T over the earlier ranks
+            s_t = torch.baddbmm(ws[f], s_t, ws[m], out=ws[out])
+
+
+def _run(recs, args, ws, group) -> None:
+    """A rank call by its normal path: every launch bound before the first (the host time
+    between launches is what the device waits for), the launches before the exchange, the
+    exchange, the launches after it, the final states of sequences ending elsewhere zeroed.
+    ``recs``: a list that gets the recordings of the two halves (None: no recording)."""
+    p, ht = args[0], args[-1]
+    before, after = _bind_before(*args, ws), _bind_after(*args, ws)
+    for gos in (before, after):
+        with (recording() if recs is not None else nullcontext()) as rec:
+            for go in gos:
+                go()
+        if recs is not None:
+            recs.append(rec)
+        if gos is before and p.compose is not None:
+            _exchange(p, ws, group, args[1].device)
     if p.compose is not None:
         ht.masked_fill_(ws["drop"], 0.0)
-    return o, ht

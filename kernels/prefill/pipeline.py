@@ -58,6 +58,7 @@ from typing import Union
 
 import torch
 
+from ..launch import keep_buffer, not_recordable, recording
 from ..spec import check_cu_seqlens_values, resolve_scale, validate_prefill_inputs
 from .chunk_index import num_slots, prepare_chunk_indices
 from .context_parallel import segment_combine_t_fwd, segment_split_fwd
@@ -203,7 +204,7 @@ def _walker_flags(device, n: int):
     if buf is None or buf.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        buf = keep_buffer(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
         _FLAGS[device] = buf
         _FLAGS_KEPT.append(buf)
     return buf
@@ -241,13 +242,22 @@ def prefill_recurrent(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
                     status)
 
 
+#: Calls of a remembered signature that may try to record its launches
+#: (:class:`kernels.launch.Recorder`; a call whose launches cannot be recorded, e.g. one
+#: tensor given twice or one not 16-byte aligned, leaves the next call to try).
+RECORD_TRIES = 3
+
+
 class PreparedCall:
     """What a checked call of ``fused`` or ``recurrent`` fixes for every call of its
     signature (:func:`call_signature`): the plan (None: the recurrent variant), the scale,
     whether ``cu_seqlens``' values are checked on the host per call (else guarded on the
-    device), the final state's shape."""
+    device), the final state's shape, the workspace's size in float32 words (0: none), the
+    launches as recorded on a call (:class:`kernels.launch.LaunchList`, None until then)
+    and how many more calls may try to record them."""
 
-    __slots__ = ("plan", "scale", "checked", "T", "state_shape")
+    __slots__ = ("plan", "scale", "checked", "T", "state_shape", "ws_words", "launches",
+                 "tries")
 
 
 def _meta(x):
@@ -276,9 +286,10 @@ def call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, outp
 
 def prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
                  output_state, check_values, status, cp, config,
-                 recurrent: bool = False) -> PreparedCall:
+                 recurrent: bool = False, record: bool = False) -> PreparedCall:
     """Every check of a ``fused`` (``recurrent``: ``recurrent``) call, the values of
-    ``cu_seqlens`` too where ``check_values`` resolves so, and its plan."""
+    ``cu_seqlens`` too where ``check_values`` resolves so, and its plan. ``record``: the
+    call is remembered for its signature, so :func:`run_call` records its launches."""
     if check_values is None:
         check_values = q.device.type != "cuda" if isinstance(q, torch.Tensor) else True
     shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
@@ -298,6 +309,9 @@ def prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output
         c.plan = _shape_plan(q, shape, cu_seqlens, cp, config)
     c.scale, c.checked, c.T = resolve_scale(scale, D), bool(check_values), T
     c.state_shape = (N, HV, D, D)
+    c.ws_words = (c.plan.nbytes // 4 if c.plan is not None and c.plan.path != "recurrent"
+                  else 0)
+    c.launches, c.tries = None, RECORD_TRIES if record else 0
     return c
 
 
@@ -305,7 +319,9 @@ def run_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, 
              output_state, status):
     """What changes per call of a prepared signature: the host check of ``cu_seqlens``'
     values (where the call checks them on the host), the outputs (fresh unless given), the
-    launches with this call's tensors."""
+    workspace (one allocation), the launches with this call's tensors: as recorded on the
+    signature's first call (:class:`kernels.launch.LaunchList`) where that list stands for
+    this call, else the normal path it was recorded from."""
     if c.checked:
         check_cu_seqlens_values(cu_seqlens, c.T)
     # empty_like where a validated input has the shape: the cheapest allocation on the host
@@ -313,25 +329,50 @@ def run_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, 
     ht = output_state if output_state is not None else (
         torch.empty_like(state) if state is not None
         else torch.empty(c.state_shape, dtype=torch.float32, device=q.device))
-    guard = not c.checked
-    if c.plan is None:
-        recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, c.scale, o, ht,
-                      guard=guard, status=status)
-    else:
-        fused_launches(c.plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, c.scale, o,
-                       ht, guard=guard, status=status)
+    ws = (torch.empty(c.ws_words, dtype=torch.float32, device=q.device) if c.ws_words
+          else None)
+    # the call's tensors in a fixed order: the recorded launches' slots (12 given, 2 made)
+    srcs = (q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, status, output, output_state,
+            o, ht)
+    lst = c.launches
+    if lst is None or not lst.run(srcs, ws):
+        if lst is None and c.tries:
+            c.tries -= 1
+            with recording() as rec:
+                _launch_call(c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht, ws,
+                             status)
+            c.launches = rec.build(srcs, 12, ws)
+        else:
+            _launch_call(c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht, ws,
+                         status)
     if c.checked and status is not None:
         status.zero_()
     return o, ht
 
 
-def workspace_views(plan: Plan, device) -> dict:
+def _launch_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht,
+                 ws, status) -> None:
+    """A prepared call's launches by the normal path (what a recording notes)."""
+    if c.plan is None:
+        recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, c.scale, o, ht,
+                      guard=not c.checked, status=status)
+    else:
+        fused_launches(c.plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, c.scale, o,
+                       ht, guard=not c.checked, status=status, workspace=ws)
+
+
+def workspace_views(plan: Plan, device, buf=None, names=None) -> dict:
     """The plan's intermediates as views of one allocation (:func:`.plan.workspace_layout`),
-    by name: a float32 buffer, viewed once per other dtype, cut by ``as_strided``. ``plan``:
-    anything with a plan's ``nbytes`` and ``views`` (also :mod:`.multi_gpu`'s rank plans)."""
-    buf = torch.empty(plan.nbytes // 4, dtype=torch.float32, device=device)
+    by name: a float32 buffer (``buf``, else a fresh one of ``plan.nbytes``), viewed once
+    per other dtype, cut by ``as_strided``; ``names``: only those views (None: all).
+    ``plan``: anything with a plan's ``nbytes`` and ``views`` (also :mod:`.multi_gpu`'s
+    rank plans)."""
+    if buf is None:
+        buf = torch.empty(plan.nbytes // 4, dtype=torch.float32, device=device)
     base, out = {torch.float32: buf}, {}
     for name, dtype, shape, strides, offset in plan.views:
+        if names is not None and name not in names:
+            continue
         whole = base.get(dtype)
         if whole is None:
             whole = base[dtype] = buf.view(dtype)
@@ -340,7 +381,7 @@ def workspace_views(plan: Plan, device) -> dict:
 
 
 def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o,
-                   ht, guard=False, status=None, gates="raw") -> None:
+                   ht, guard=False, status=None, gates="raw", workspace=None) -> None:
     """Run ``plan`` (:class:`.plan.Plan`) on validated inputs and allocated outputs: the
     ``fused`` variant's kernels. ``guard``: the kernel that writes the outputs checks
     ``cu_seqlens`` on the device (:mod:`.guard`; ``status`` gets its bits; :mod:`.graph`
@@ -348,12 +389,13 @@ def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
     and the post-sigmoid beta (FLA's convention, :mod:`kernels.model.fla_compat`), passed to
     the kernels that compute the gates. Every launch is bound (arguments ordered, handles
     fetched) before the first one: on the eager path the host time between launches is what
-    the GPU waits for."""
+    the GPU waits for. ``workspace``: the float32 buffer the intermediates are cut from
+    (None: a fresh one)."""
     if plan.path == "recurrent":
         recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
                       guard=guard, status=status, gates=gates)
         return None
-    ws = workspace_views(plan, q.device)
+    ws = workspace_views(plan, q.device, workspace)
     tb, gc, aqk = ws["Tb"], ws["gc"], ws["Aqk"]
     walkers, intra = None, plan.intra
     if plan.path == "single":
@@ -441,6 +483,7 @@ def phase_c_fwd(gluon: bool, q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, fin
     split tail, :func:`.config.tail_split_rule`) goes to either. The one place both launch
     sites (:func:`_cp_long`, :mod:`.multi_gpu`) go through."""
     if gluon and tma_ready(q, k, v, tb, aq, output):
+        not_recordable()   # (its launch builds TMA descriptors from the addresses)
         return state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
                                     final_state=final_state, scale=scale, seg_t=seg_t,
                                     tail=tail, seg_mult=seg_mult, guard=guard, status=status,

@@ -1,5 +1,6 @@
 """The host-stage profiler (kernels.bench.host_stages) on the CPU: its smoke run times every
-stage of a decode call and of prefill calls on three paths, and writes the rows."""
+stage of a repeat decode call and of repeat prefill calls on three paths (the replay of the
+recorded launch list and each of its launches alone), and writes the rows."""
 import csv
 import math
 
@@ -15,17 +16,28 @@ def test_smoke_run_times_every_stage(tmp_path):
     by = {}
     for r in rows:
         by.setdefault((r["kind"], r["shape"]), []).append(r)
-    assert [r["stage"] for r in by[("floor", "")]] == ["bare_launch"]
+    assert [r["stage"] for r in by[("floor", "")]] == ["bare_launch", "recorded_launch"]
     stages = {key: [r["stage"] for r in rs] for key, rs in by.items()}
-    assert stages[("decode", "B=1")] == ["call", "checks", "alloc", "bind:decode",
-                                         "launch:decode", "rest"]
+    assert stages[("decode", "B=1")] == ["call", "checks", "alloc", "replay", "rest",
+                                         "launch:gdn_decode_kernel"]
     paths = {key: rs[0]["path"] for key, rs in by.items() if key[0] == "prefill"}
     assert paths == {("prefill", "6"): "recurrent", ("prefill", "2x64"): "single",
                      ("prefill", "256"): "walk"}
-    assert stages[("prefill", "256")] == ["call", "checks+plan", "alloc", "workspace",
-                                          "bind:intra", "bind:walk", "launch:intra",
-                                          "launch:walk", "rest"]
+    # (off CUDA the values of cu_seqlens are checked on the host: the "values" stage)
+    assert stages[("prefill", "6")] == ["call", "checks+plan", "values", "alloc", "replay",
+                                        "rest", "launch:recurrent_prefill_kernel"]
+    assert stages[("prefill", "256")] == ["call", "checks+plan", "values", "alloc",
+                                          "workspace", "replay", "rest",
+                                          "launch:intra_chunk_kernel",
+                                          "launch:state_walk_kernel"]
     for r in rows:
         if r["stage"] != "rest":
             assert math.isfinite(float(r["host_us"])) and float(r["host_us"]) > 0, r
             assert int(r["calls"]) == 4, r
+
+
+def test_key_costs_time_each_variant_with_the_launch_stubbed():
+    rows = host_stages.key_costs(n=50)
+    assert [r["stage"] for r in rows][:5] == ["signature", "lookup", "signature_strides",
+                                              "data_ptrs", "call_stubbed"]
+    assert all(r["kind"] == "key" and r["host_us"] > 0 and r["calls"] == 50 for r in rows)

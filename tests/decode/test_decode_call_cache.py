@@ -123,3 +123,69 @@ def test_caller_buffers_and_fresh_outputs():
     buf = torch.empty(2, 1, 2, 16, dtype=torch.bfloat16)
     o3, _ = gdn_decode(**inp, output=buf)
     assert o3 is buf and torch.equal(o3, o1)
+
+
+def _counting_runs(monkeypatch):
+    """The replays of recorded launch lists, counted (those that launched)."""
+    from kernels import launch
+    runs, real = [], launch.LaunchList.run
+
+    def run(self, *a, **kw):
+        ok = real(self, *a, **kw)
+        runs.append(ok)
+        return ok
+    monkeypatch.setattr(launch.LaunchList, "run", run)
+    return runs
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(pool_size=5), dict(intermediate=True)],
+                         ids=["dense", "pool-in-place", "intermediate"])
+def test_recorded_launch_equals_the_normal_path_bit_for_bit(kw, monkeypatch):
+    """The launch recorded on a signature's first call, replayed on calls with other
+    tensors and values of the signature, gives the bits of the normal (keyed) path."""
+    runs = _counting_runs(monkeypatch)
+    opt = dict(intermediate_states=True) if kw.pop("intermediate", False) else {}
+    for seed in range(3):
+        inp = _inputs(seed=seed, **kw)
+        fresh = dict(inp, state=inp["state"].clone())
+        out = gdn_decode(**inp, **opt)              # replayed after the first call
+        calls = dict(ops._CALLS)
+        ops.clear_calls()
+        ref = gdn_decode(**fresh, **opt)            # a first call: the normal path
+        ops._CALLS.update(calls)
+        assert len(out) == len(ref)
+        for x, y in zip(out, ref):
+            assert torch.equal(x, y)
+    (c,) = ops._CALLS.values()
+    assert len(c.launches) == 1 and runs.count(True) == 2
+
+
+def test_a_tensor_given_twice_is_not_recorded_but_computed(monkeypatch):
+    """``k`` passed as ``q`` too: its slot would be ambiguous on the next call, so no list
+    is recorded; the calls still compute their results (the keyed path)."""
+    inp = _inputs()
+    inp["k"] = inp["q"]
+    for _ in range(2):
+        _matches(inp, gdn_decode(**inp))
+    (c,) = ops._CALLS.values()
+    assert c.launches is None and c.tries == ops.RECORD_TRIES - 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 64])
+def test_gpu_replayed_launch_gives_the_plain_bits(B, monkeypatch, cuda_device):
+    """On CUDA the recorded launch (Triton's C launch with this call's addresses) on calls
+    with other tensors gives the bits of a plain ``kernel[grid](...)`` launch, dense and
+    pooled (in place)."""
+    from kernels.spec import CONTEST
+    runs = []
+    for seed in range(3):
+        inp = make_decode_inputs(B, CONTEST, seed=seed, device=cuda_device, pool_size=2 * B)
+        pool = inp["state"].clone()
+        runs.append((inp, pool, gdn_decode(**dict(inp, state=pool), check_values=False)))
+    assert all(c.launches is not None for c in ops._CALLS.values())
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    for inp, pool, out in runs:
+        p = inp["state"].clone()
+        ref = gdn_decode(**dict(inp, state=p), check_values=False)
+        assert torch.equal(out[0], ref[0]) and torch.equal(pool, p)

@@ -246,3 +246,43 @@ def test_replay_config_widens_the_table_config_only_where_the_batch_fills_the_gp
     std64 = config_for(64).fit(d)
     assert std64.BV * std64.V_TILES >= REPLAY_MIN_ROWS
     assert replay_config_for(64, d, hv, "cpu", n_sm=1) == std64  # already as wide
+
+
+@pytest.mark.parametrize("make, exc, match", BAD)
+def test_bad_inputs_raise_after_a_good_call_of_the_signature(make, exc, match):
+    """A signature checked once (kernels.decode.replay: repeats skip the metadata checks):
+    every bad input is still rejected, the values (ring headers, rollback) checked per call."""
+    from kernels.decode import replay
+    replay.clear_calls()
+    good = _bad(lambda i, r, kw: None)
+    for _ in range(2):   # the first records, the second replays
+        inp, ring, kw = good()
+        gdn_replay_decode(**inp, ring=ring, check_values=True)
+    test_bad_inputs_raise_naming_the_argument_before_writing(make, exc, match)
+    assert len(replay._CALLS) == 1 and next(iter(replay._CALLS.values())).launches
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["dense", "pool"])
+def test_recorded_replay_launch_equals_the_normal_path_bit_for_bit(pooled):
+    """The launch recorded on a signature's first call, replayed with other tensors (state,
+    ring, rollback) of the signature, gives the bits of the normal path (a first call)."""
+    from kernels.decode import replay
+    replay.clear_calls()
+    for seed in range(3):
+        inp = _inputs(2, 2, seed=seed, **({"pool_size": 4} if pooled else {}))
+        ring = _ring(inp["state"].shape[0], 3)
+        ring.head[:, 1] = seed % 2
+        back = torch.tensor([seed % 2, 0], dtype=torch.int32, device=DEVICE)
+        runs = []
+        for fresh in (False, True):
+            calls = dict(replay._CALLS)
+            if fresh:
+                replay.clear_calls()
+            st, rg = inp["state"].clone(), ring.clone()
+            out, _ = gdn_replay_decode(**dict(inp, state=st), ring=rg, rollback=back,
+                                       config=CFG)
+            runs.append((out, st, rg.k, rg.u, rg.g, rg.head))
+            replay._CALLS.update(calls)
+        assert all(torch.equal(x, y) for x, y in zip(*runs))
+    (c,) = replay._CALLS.values()
+    assert len(c.launches) == 1

@@ -164,3 +164,49 @@ def test_workspace_layout_extra_views():
     nbytes, views = layout_views(got)
     assert nbytes % WORKSPACE_ALIGN == 0 and nbytes >= got[-1][3] + got[-1][4]
     assert views[-1] == ("drop", torch.bool, (3, 1, 1, 1), (1, 1, 1, 1), got[-1][3])
+
+
+@pytest.fixture
+def fake_rank0():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    yield
+    dist.destroy_process_group()
+
+
+def test_recorded_halves_equal_the_normal_path_bit_for_bit(fake_rank0):
+    """Rank 0 of 2 (its results do not read the exchange, which the fake group leaves
+    empty): the launches before and after the exchange, recorded on the signature's first
+    call, replayed on calls with other tensors and values give the normal path's bits
+    (a first call each); checked once per signature."""
+    bounds = [0, 128, 250]
+    multi_gpu.clear_rank_plans()
+    multi_gpu._CALLS.clear()
+    for seed in range(3):
+        x = make_prefill_inputs([100, 150], GDNShape(1, 2, 16), seed=seed, device=DEV)
+        mine = {n: (t[:128] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+        out = multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
+        calls = dict(multi_gpu._CALLS)
+        multi_gpu._CALLS.clear()
+        ref = multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
+        multi_gpu._CALLS.clear()
+        multi_gpu._CALLS.update(calls)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    (c,) = multi_gpu._CALLS.values()
+    assert [len(x) for x in c.lists] == [4, 2]   # index, intra, A, compose | B, C
+
+
+def test_rank1_records_the_entering_state_after_the_exchange(fake_rank1):
+    """Rank 1 of 2: the entering-state launch opens the second half; bad bounds are still
+    rejected on a repeat of the signature."""
+    x = make_prefill_inputs([100, 150], GDNShape(1, 2, 16), seed=0, device=DEV)
+    mine = {n: (t[128:] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+    multi_gpu._CALLS.clear()
+    multi_gpu.prefill_multi_gpu(**mine, bounds=[0, 128, 250], check_values=False)
+    (c,) = multi_gpu._CALLS.values()
+    assert [len(x) for x in c.lists] == [4, 3]
+    assert c.lists[1].names[0] == "enter_state_kernel"
+    for bad, exc in (([0, 128.0, 250], ValueError), ((0, 120, 250), ValueError)):
+        with pytest.raises(exc, match="bounds|q must hold"):
+            multi_gpu.prefill_multi_gpu(**mine, bounds=bad, check_values=False)

@@ -111,3 +111,63 @@ def test_changed_signature_is_planned_for_itself(change):
     change(other)
     _matches(other, gdn_prefill(**other))
     assert len(plan_mod.CALLS) == 2
+
+
+@pytest.mark.parametrize("lens, kw, path, launches", [
+    ((4, 2), {}, "recurrent", 1), ((70, 60), {}, "walk", 2), ((300,), {"cp": True}, "cp", 3)],
+    ids=["recurrent", "walk", "cp"])
+def test_recorded_launches_equal_the_normal_path_bit_for_bit(lens, kw, path, launches):
+    """The launches recorded on a signature's first call, replayed on calls with other
+    tensors and ``cu_seqlens`` values of the signature (a fresh workspace each), give the
+    bits of the normal path (``prefill_fused``, which never records)."""
+    T = sum(lens)
+    for seed in range(3):
+        inp = _inputs(lens, seed=seed)
+        if len(lens) == 2:
+            split = (lens[0], lens[1], T // 2)[seed]
+            inp["cu_seqlens"] = torch.tensor([0, split, T], dtype=inp["cu_seqlens"].dtype)
+        out = gdn_prefill(**inp, **kw)
+        ref = pipeline.prefill_fused(**inp, **kw)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    (c,) = plan_mod.CALLS.values()
+    assert (c.plan.path if c.plan else "recurrent") == path
+    assert len(c.launches) == launches and c.tries == pipeline.RECORD_TRIES - 1
+
+
+def test_a_call_launching_outside_the_list_is_never_replayed(monkeypatch):
+    """A launch marked unrecordable on the way (the Gluon walk's TMA descriptors): no list,
+    every call takes the normal path and computes its results."""
+    from kernels import launch
+    real = pipeline.fused_launches
+
+    def marked(*a, **k):
+        launch.not_recordable()
+        return real(*a, **k)
+    monkeypatch.setattr(pipeline, "fused_launches", marked)
+    for seed in range(2):
+        inp = _inputs((70, 60), seed=seed)
+        _matches(inp, gdn_prefill(**inp))
+    (c,) = plan_mod.CALLS.values()
+    assert c.launches is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", [[6], [100, 28], [2048], [8192], [16384]],
+                         ids=["T6", "100+28", "T2048", "T8192", "T16384"])
+def test_gpu_replayed_launches_give_the_plain_bits(lens, monkeypatch, cuda_device):
+    """On CUDA the recorded list replays Triton's C launches with this call's addresses:
+    calls with other tensors and values of the signature give the bits of plain
+    ``kernel[grid](...)`` launches (``GDN_FAST_LAUNCH=0``), on every path; every path but
+    the Gluon walk is recorded."""
+    from kernels.spec import CONTEST
+    outs = []
+    for seed in range(3):
+        inp = make_prefill_inputs(lens, CONTEST, seed=seed, device=cuda_device)
+        outs.append((inp, gdn_prefill(**inp)))
+    (c,) = plan_mod.CALLS.values()
+    if c.plan is None or not c.plan.phase_c_gluon:   # (the Gluon walk is not recorded)
+        assert c.launches is not None
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    for inp, out in outs:
+        plain = pipeline.prefill_fused(**inp)
+        assert torch.equal(out[0], plain[0]) and torch.equal(out[1], plain[1])
