@@ -464,9 +464,14 @@ def _c_launch(ck, grid):
     if (getattr(run, "global_scratch_size", 1) == 0
             and getattr(run, "profile_scratch_size", 1) == 0 and hasattr(run, "launch")):
         c, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
-        ann, sig = run.arg_annotations, run.kernel_signature
-        return lambda stream, a: c(g0, g1, g2, stream, fn, coop, pdl, md, None, None, None,
-                                   None, None, ann, sig, a)
+        if hasattr(run, "arg_annotations"):   # Triton 3.7: the arguments as one list
+            ann, sig = run.arg_annotations, run.kernel_signature
+            return lambda stream, a: c(g0, g1, g2, stream, fn, coop, pdl, md, None, None,
+                                       None, None, None, ann, sig, a)
+        # Triton 3.6 (the GPU host's): scratch pointers, then the launcher's own arguments
+        # (metadata, launch metadata, the two hooks) and the kernel's, spread
+        return lambda stream, a: c(g0, g1, g2, stream, fn, coop, pdl, None, None, md, None,
+                                   None, None, *a)
     return lambda stream, a: run(g0, g1, g2, stream, fn, md, None, None, None, *a)
 
 

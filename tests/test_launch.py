@@ -247,12 +247,14 @@ def test_prefill_launch_keys_fix_what_triton_specialises_on(monkeypatch):
 
     monkeypatch.setattr(launch.FastLaunch, "bind_keyed", record)
     monkeypatch.setattr(launch.FastLaunch, "launch_keyed", lambda *a: record(*a)())
-    status = torch.zeros(1, dtype=torch.int32)
+    # the inputs where kernels run (the unkeyed launches of the older variants run for real)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    status = torch.zeros(1, dtype=torch.int32, device=dev)
     for lens in ([6], [64], [512], [100, 28], [8192], [16384], [65536]):   # every path
         for cu_dtype in (torch.int64, torch.int32):
             for with_state in (True, False):
                 x = make_prefill_inputs(lens, GDNShape(1, 2, 16), with_state=with_state,
-                                        cu_dtype=cu_dtype)
+                                        cu_dtype=cu_dtype, device=dev)
                 for kw in (dict(), dict(check_values=False, status=status),
                            dict(config=PrefillConfig(storage="precise", pdl=False)),
                            dict(cp=False), dict(variant="unfused"),
