@@ -13,11 +13,12 @@ Sections: (1) **gate** — the layer's output and the GDN call's final state of 
 implementation against the torch path (the contest rule, :func:`kernels.checks.check_outputs`)
 at ``gate_T`` tokens; the GDN call's arguments are captured from the layer itself. (2)
 **prefill** — the GDN layer and the decoder block (GDN layer, its norms and the sparse MoE
-as transformers runs them) at each length: time per implementation with ``methods``
-(``graph``: GPU time where the call can be captured; ``event`` where it cannot, e.g. an MoE
-that synchronises; ``host``: host time of an eager call). (3) **the
+as transformers runs them) at each length: time per implementation with ``methods`` (the
+layer) and ``block_methods`` (the block) (``graph``: GPU time where the call can be captured;
+``event`` where it cannot, e.g. an MoE that synchronises; ``host``: host time of an eager
+call). (3) **the
 GDN share** — torch.profiler over ``profile_calls`` eager calls of the block (prefill at
-each length, decode step at each batch size): device time summed by kernel, a kernel counted
+each of ``share_lengths``, decode step at each of ``share_batch_sizes``): device time summed by kernel, a kernel counted
 as GDN when its launch lies inside the ``record_function`` range :data:`GDN_RANGE` around the
 GDN function call (the same attribution for every implementation, the torch path's many
 small kernels included), the rest of the block otherwise. Without CUDA activities (the CPU
@@ -26,7 +27,7 @@ cost** — the drop-in on the layer's captured arguments against :func:`kernels.
 / :func:`kernels.decode.gdn_decode` on the same work (inputs in the contest's layout built from
 the same tensors: q/k at the key heads, L2-normalised; the raw gates ``a``, ``b`` the layer
 computed), both gated against :mod:`kernels.reference` first, timed with ``compare_methods``.
-(5) **decode** — one cached token through the block at each batch size. Only what passed
+(5) **decode** — one cached token through the block at each batch size (``block_methods``). Only what passed
 its gate is timed; a method that cannot time a call is skipped with its reason.
 """
 from __future__ import annotations
@@ -63,8 +64,12 @@ PARAMS = COMMON_PARAMS + (
     Param("decode_batch_sizes", "list", [1, 4, 16, 64, 256], "sequences of a decode step"),
     Param("decode_context", "int", 64, "tokens prefilled per sequence before the decode steps"),
     Param("methods", "list", ["graph", "event", "host"],
-          "timing methods of the layer and block (kernels/bench/timing.py; event: GPU time where graph cannot capture)"),
+          "timing methods of the GDN layer (kernels/bench/timing.py; event: GPU time where graph cannot capture)"),
+    Param("block_methods", "list", ["graph", "event"],
+          "timing methods of the decoder block, prefill and decode step (no host: its eager MoE syncs with the host, so host time is event time at 10x the calls)"),
     Param("compare_methods", "list", ["graph"], "timing methods of the drop-in against gdn_prefill / gdn_decode"),
+    Param("share_lengths", "list", [512, 8192, 131072], "prefill lengths of the GDN share (profiled)"),
+    Param("share_batch_sizes", "list", [1, 64, 256], "decode batch sizes of the GDN share (profiled)"),
     Param("profile_calls", "int", 3, "profiled eager calls per point of the GDN share"),
     Param("repetitions", "int", 10, "timed calls per point"),
     Param("warmup", "int", 2, "untimed calls first (compilation, FLA's autotuning)"),
@@ -285,7 +290,8 @@ def run_prefill(run: Run) -> pd.DataFrame:
     from kernels.model import hf
 
     p = run.params
-    methods = run.usable_methods(p["methods"])
+    methods = {"gdn layer": run.usable_methods(p["methods"]),
+               "block": run.usable_methods(p["block_methods"])}
     rows = []
     for T in progress(p["prefill_lengths"], "prefill lengths", "length"):
         h = _hidden(run, 1, T, p["seed"] + T)
@@ -293,7 +299,7 @@ def run_prefill(run: Run) -> pd.DataFrame:
             with torch.no_grad(), hf.use(run.state["layer"], impl):
                 for part, fn in (("gdn layer", lambda: run.state["layer"](h)),
                                  ("block", lambda: run.state["block"](h, position_embeddings=None))):
-                    rows += _time(run, fn, methods, dict(impl=impl, part=part, T=T, B=1),
+                    rows += _time(run, fn, methods[part], dict(impl=impl, part=part, T=T, B=1),
                                   f"prefill {impl} {part} T={T}")
     df = pd.DataFrame(rows).reindex(columns=TIMES_COLUMNS)
     run.write_csv(df, "prefill_times")
@@ -314,14 +320,15 @@ def _decode_cache(run: Run, B: int):
 
 def run_decode(run: Run) -> pd.DataFrame:
     """Per batch size and passing implementation: one cached token through the block
-    (``decode_context`` tokens prefilled first) → ``decode_times.csv``. FlashQLA has no
+    (``decode_context`` tokens prefilled first), timed with ``block_methods`` →
+    ``decode_times.csv``. FlashQLA has no
     decode kernel (its binding runs FLA's decode call): not timed here."""
     import torch
 
     from kernels.model import hf
 
     p = run.params
-    methods = run.usable_methods(p["methods"])
+    methods = run.usable_methods(p["block_methods"])
     rows = []
     for B in progress(p["decode_batch_sizes"], "decode batch sizes", "B"):
         for impl in [i for i in run.state["passed"] if i != "flashqla"]:
@@ -446,7 +453,8 @@ def attribute_kernels(events: list, calls: int, cuda: bool):
 
 def run_share(run: Run):
     """The GDN call's share of the block by kernel (see the module docstring): prefill at
-    each length, the decode step at each batch size, per passing implementation →
+    each of ``share_lengths``, the decode step at each of ``share_batch_sizes`` (fewer
+    points than the timings: each profiled point costs seconds), per passing implementation →
     ``gdn_share.csv`` and ``gdn_kernels.csv``; returns ``(share, kernels)``."""
     import torch
 
@@ -457,8 +465,8 @@ def run_share(run: Run):
     if not cuda:
         run.skip("GDN share by kernel (gdn_kernels.csv)",
                  "no CUDA activities off the GPU: the share is host time in the ranges")
-    points = [("prefill", T, 1) for T in p["prefill_lengths"]] + \
-        [("decode step", 1, B) for B in p["decode_batch_sizes"]]
+    points = [("prefill", T, 1) for T in p["share_lengths"]] + \
+        [("decode step", 1, B) for B in p["share_batch_sizes"]]
     shares, kernels = [], []
     for part, T, B in progress(points, "GDN share (profiler)", "point"):
         impls = _prefill_impls(run, T) if part == "prefill" else \

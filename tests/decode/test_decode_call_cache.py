@@ -16,6 +16,7 @@ from kernels.reference import decode_reference
 from kernels.spec import GDNShape, make_decode_inputs
 
 SHAPE = GDNShape(1, 2, 16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/decode/test_decode.py
 NAMES = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")
 
 
@@ -27,7 +28,7 @@ def _fresh():
 
 
 def _inputs(B=2, seed=0, **kw):
-    return make_decode_inputs(B, SHAPE, seed=seed, **kw)
+    return make_decode_inputs(B, SHAPE, seed=seed, device=DEVICE, **kw)
 
 
 def _matches(inp, out, **kw):
@@ -58,7 +59,7 @@ def _bad_cases():
     yield "a-shape", lambda x: x.update(a=x["a"][:1]), ValueError
     yield "b-not-tensor", lambda x: x.update(b=x["b"].tolist()), TypeError
     yield "dt_bias-noncontig", lambda x: x.update(
-        dt_bias=torch.zeros(4)[::2]), ValueError
+        dt_bias=torch.zeros(4, device=DEVICE)[::2]), ValueError
     yield "scale-nan", lambda x: x.update(scale=float("nan")), ValueError
     yield "scale-negative", lambda x: x.update(scale=-1.0), ValueError
 
@@ -78,8 +79,8 @@ def test_bad_inputs_are_rejected_after_a_good_signature(name, change, error):
     ("inplace", 1, TypeError),                     # 1 == True, but only a bool is accepted
     ("intermediate_states", 1, TypeError),
     ("config", "no-such-config", ValueError),
-    ("output", torch.empty(2, 1, 2, 16), TypeError),   # f32, not bf16
-    ("status", torch.zeros(1, dtype=torch.int32), ValueError),   # status without a pool
+    ("output", torch.empty(2, 1, 2, 16, device=DEVICE), TypeError),   # f32, not bf16
+    ("status", torch.zeros(1, dtype=torch.int32, device=DEVICE), ValueError),   # status without a pool
 ])
 def test_bad_options_are_rejected_after_a_good_signature(option, value, error):
     good = _inputs()
@@ -92,12 +93,13 @@ def test_bad_options_are_rejected_after_a_good_signature(option, value, error):
 def test_pool_slot_values_are_checked_on_every_host_call():
     inp = _inputs(pool_size=5)
     ref = decode_reference(**inp)
-    out, pool = gdn_decode(**dict(inp, state=inp["state"].clone()))
+    # check_values=True: the host checks of slot values (on by default only off CUDA)
+    out, pool = gdn_decode(**dict(inp, state=inp["state"].clone()), check_values=True)
     assert check_outputs((out, pool), ref).ok
-    for bad, msg in ((torch.tensor([1, 7], dtype=torch.int32), "pool size"),
-                     (torch.tensor([3, 3], dtype=torch.int32), "repeat")):
+    for bad, msg in ((torch.tensor([1, 7], dtype=torch.int32, device=DEVICE), "pool size"),
+                     (torch.tensor([3, 3], dtype=torch.int32, device=DEVICE), "repeat")):
         with pytest.raises(ValueError, match=msg):
-            gdn_decode(**dict(inp, state_indices=bad))
+            gdn_decode(**dict(inp, state_indices=bad), check_values=True)
 
 
 def test_changed_signature_gets_its_own_entry():
@@ -120,7 +122,7 @@ def test_caller_buffers_and_fresh_outputs():
     o1, s1 = gdn_decode(**inp)
     o2, s2 = gdn_decode(**inp)
     assert o1.data_ptr() != o2.data_ptr() and s1.data_ptr() != s2.data_ptr()
-    buf = torch.empty(2, 1, 2, 16, dtype=torch.bfloat16)
+    buf = torch.empty(2, 1, 2, 16, dtype=torch.bfloat16, device=DEVICE)
     o3, _ = gdn_decode(**inp, output=buf)
     assert o3 is buf and torch.equal(o3, o1)
 

@@ -232,18 +232,19 @@ def test_replay_config_widens_the_table_config_only_where_the_batch_fills_the_gp
     """The replay's default config is the standard step's, widened to REPLAY_MIN_ROWS rows
     per program (same warps, one tile) once that still gives every SM two programs; off
     CUDA (no SM count), at small batches and where the table is already as wide it stays."""
-    from kernels.decode import config_for
     from kernels.decode.replay import REPLAY_MIN_ROWS, replay_config_for
+    from kernels.decode.table import config_for_device
 
     d, hv = 128, 8
-    std1 = config_for(1).fit(d)                    # the built-in table off GPU: BV8
+    # the table replay_config_for reads for "cpu": the built-in one, on a GPU host too
+    std1 = config_for_device(1, "cpu", d)          # BV8
     assert std1.BV * std1.V_TILES < REPLAY_MIN_ROWS
     # B=1: 1 * 8 * 128/16 = 64 programs at 16 rows, fewer than two per SM of 132
     assert replay_config_for(1, d, hv, "cpu", n_sm=132) == std1
     wide = replay_config_for(1, d, hv, "cpu", n_sm=32)          # 64 >= 2 * 32: widened
     assert (wide.BV, wide.V_TILES, wide.num_warps) == (REPLAY_MIN_ROWS, 1, std1.num_warps)
     assert replay_config_for(1, d, hv, "cpu") == std1            # no SM count: the table's
-    std64 = config_for(64).fit(d)
+    std64 = config_for_device(64, "cpu", d)
     assert std64.BV * std64.V_TILES >= REPLAY_MIN_ROWS
     assert replay_config_for(64, d, hv, "cpu", n_sm=1) == std64  # already as wide
 

@@ -1,5 +1,5 @@
-"""The FLA-signature drop-in (kernels/model/fla_compat.py) on the CPU (Triton interpreter,
-small shapes): against our reference (kernels/reference.py) and against FLA's semantics as
+"""The FLA-signature drop-in (kernels/model/fla_compat.py) on the GPU where there is one,
+else on the CPU (Triton interpreter; small shapes): against our reference (kernels/reference.py) and against FLA's semantics as
 transformers' torch functions write them (the same signature, the L2 norm, the [K, V]
 state), both calls, both state layouts, varlen, q/k at the value heads' count; bad inputs
 raise naming the argument and leave the inputs untouched."""
@@ -15,6 +15,7 @@ from kernels.reference import gates_reference, prefill_reference
 from kernels.spec import GDNShape, make_prefill_inputs
 
 SHAPE = GDNShape(2, 4, 16)   # HQ, HV, D: small for the interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/decode/test_decode.py
 
 
 def _torch_fns():
@@ -33,13 +34,13 @@ def _fla_inputs(B, T, H=2, HV=4, D=16, seed=0):
     g = -torch.rand(B, T, HV, generator=gen) * 0.5
     beta = torch.rand(B, T, HV, generator=gen).bfloat16()
     h0 = torch.randn(B, HV, D, D, generator=gen) * 0.1      # FLA's [N, HV, K, V]
-    return q, k, v, g, beta, h0
+    return tuple(x.to(DEVICE) for x in (q, k, v, g, beta, h0))
 
 
 def test_chunk_varlen_matches_our_reference():
     """Raw gates turned into FLA's (g = log decay, beta) give our reference's outputs;
     the k-last state (state_v_first) in and out."""
-    inp = make_prefill_inputs([5, 70], SHAPE, seed=1, with_state=True)
+    inp = make_prefill_inputs([5, 70], SHAPE, seed=1, with_state=True, device=DEVICE)
     decay, beta = gates_reference(inp["A_log"], inp["a"], inp["dt_bias"], inp["b"])
     o, ht = chunk_gated_delta_rule(
         inp["q"][None], inp["k"][None], inp["v"][None], decay.log()[None], beta[None],
@@ -96,7 +97,7 @@ def test_recurrent_varlen_and_no_state():
     state means zeros; output_final_state=False gives None."""
     _, torch_rec = _torch_fns()
     q, k, v, g, beta, _ = _fla_inputs(1, 9, seed=3)
-    cu = torch.tensor([0, 4, 9])
+    cu = torch.tensor([0, 4, 9], device=DEVICE)
     o, ht = fused_recurrent_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu,
                                              output_final_state=True,
                                              use_qk_l2norm_in_kernel=True)

@@ -1,6 +1,6 @@
 """use_ours(model) in a transformers Qwen3-Next (tiny config: a GDN layer and an attention
-layer, whose cache tracks the length; random weights, CPU under the
-Triton interpreter): prefill and a cached decode step give the layer's own torch path's
+layer, whose cache tracks the length; random weights; on the GPU where
+there is one, else on the CPU under the Triton interpreter): prefill and a cached decode step give the layer's own torch path's
 logits; undo restores transformers' binding; a model without GDN layers is refused."""
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 pytest.importorskip("transformers")
 
 from kernels.model import hf  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/decode/test_decode.py
 
 
 def tiny_model():
@@ -25,15 +27,15 @@ def tiny_model():
 
 
 def _prefill_then_step(model):
-    ids = torch.arange(6)[None] % 64
+    ids = torch.arange(6, device=DEVICE)[None] % 64
     with torch.no_grad():
         out = model(ids, use_cache=True)
-        step = model(torch.tensor([[7]]), past_key_values=out.past_key_values, use_cache=True)
+        step = model(torch.tensor([[7]], device=DEVICE), past_key_values=out.past_key_values, use_cache=True)
     return out.logits.float(), step.logits.float()
 
 
 def test_use_ours_matches_the_torch_path_and_undoes():
-    model = tiny_model()
+    model = tiny_model().to(DEVICE)
     mod = __import__(type(hf.gdn_layers(model)[0]).__module__, fromlist=["x"])
     bound = {n: getattr(mod, n) for n in hf.TARGETS}
     with hf.use(model, "torch"):

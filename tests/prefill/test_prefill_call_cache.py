@@ -17,6 +17,7 @@ from kernels.reference import prefill_reference
 from kernels.spec import GDNShape, make_prefill_inputs
 
 SHAPE = GDNShape(1, 2, 16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/decode/test_decode.py
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +28,12 @@ def _fresh():
 
 
 def _inputs(lens=(4, 2), seed=0, **kw):
-    return make_prefill_inputs(list(lens), SHAPE, seed=seed, **kw)
+    return make_prefill_inputs(list(lens), SHAPE, seed=seed, device=DEVICE, **kw)
+
+
+def _cu(values, dtype=torch.int64):
+    """``cu_seqlens`` of these values on the tests' device."""
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
 
 
 def _matches(inp, out):
@@ -46,7 +52,7 @@ def test_repeat_skips_checks_and_plan_and_computes_each_call(lens):
         outs = []
         for seed, split in ((0, lens[0]), (1, lens[1]), (2, T // 2)):
             inp = _inputs(lens, seed=seed)
-            inp["cu_seqlens"] = torch.tensor([0, split, T], dtype=inp["cu_seqlens"].dtype)
+            inp["cu_seqlens"] = _cu([0, split, T], inp["cu_seqlens"].dtype)
             outs.append(gdn_prefill(**inp))
             _matches(inp, outs[-1])
     assert (checks.call_count, plans.call_count) == (1, 1)
@@ -62,11 +68,11 @@ def _bad_cases():
     yield "A_log-device", lambda x: x.update(A_log=x["A_log"].to("meta")), ValueError
     yield "a-shape", lambda x: x.update(a=x["a"][:1]), ValueError
     yield "cu-dtype", lambda x: x.update(cu_seqlens=x["cu_seqlens"].float()), TypeError
-    yield "cu-start", lambda x: x.update(cu_seqlens=torch.tensor([1, 4, 6])), ValueError
-    yield "cu-decreasing", lambda x: x.update(cu_seqlens=torch.tensor([0, 5, 4])), ValueError
-    yield "cu-end", lambda x: x.update(cu_seqlens=torch.tensor([0, 4, 5])), ValueError
+    yield "cu-start", lambda x: x.update(cu_seqlens=_cu([1, 4, 6])), ValueError
+    yield "cu-decreasing", lambda x: x.update(cu_seqlens=_cu([0, 5, 4])), ValueError
+    yield "cu-end", lambda x: x.update(cu_seqlens=_cu([0, 4, 5])), ValueError
     yield "scale-nan", lambda x: x.update(scale=float("nan")), ValueError
-    yield "output-dtype", lambda x: x.update(output=torch.empty(6, 2, 16)), TypeError
+    yield "output-dtype", lambda x: x.update(output=torch.empty(6, 2, 16, device=DEVICE)), TypeError
     yield "cp-recurrent", lambda x: x.update(variant="recurrent", cp=True), ValueError
 
 
@@ -75,12 +81,13 @@ def _bad_cases():
 def test_bad_inputs_are_rejected_after_a_good_signature(name, change, error):
     good = _inputs()
     good["cu_seqlens"] = good["cu_seqlens"].to(torch.int64)
-    gdn_prefill(**good)
-    gdn_prefill(**good, variant="recurrent")
+    # check_values=True: the host checks of cu_seqlens' values (on by default only off CUDA)
+    gdn_prefill(**good, check_values=True)
+    gdn_prefill(**good, variant="recurrent", check_values=True)
     bad = dict(good)
     change(bad)
     with pytest.raises(error):
-        gdn_prefill(**bad)
+        gdn_prefill(**bad, check_values=True)
 
 
 def test_unchecked_values_stay_guarded_on_the_device():
@@ -88,8 +95,8 @@ def test_unchecked_values_stay_guarded_on_the_device():
     not checked on the host, and the device guard still turns every output to NaN."""
     good = _inputs()
     _matches(good, gdn_prefill(**good, check_values=False))
-    bad = dict(good, cu_seqlens=torch.tensor([0, 5, 4], dtype=good["cu_seqlens"].dtype))
-    status = torch.zeros(1, dtype=torch.int32)
+    bad = dict(good, cu_seqlens=_cu([0, 5, 4], good["cu_seqlens"].dtype))
+    status = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     with mock.patch.object(pipeline, "validate_prefill_inputs",
                            wraps=pipeline.validate_prefill_inputs) as checks:
         o, ht = gdn_prefill(**bad, check_values=False, status=status)
@@ -125,7 +132,7 @@ def test_recorded_launches_equal_the_normal_path_bit_for_bit(lens, kw, path, lau
         inp = _inputs(lens, seed=seed)
         if len(lens) == 2:
             split = (lens[0], lens[1], T // 2)[seed]
-            inp["cu_seqlens"] = torch.tensor([0, split, T], dtype=inp["cu_seqlens"].dtype)
+            inp["cu_seqlens"] = _cu([0, split, T], inp["cu_seqlens"].dtype)
         out = gdn_prefill(**inp, **kw)
         ref = pipeline.prefill_fused(**inp, **kw)
         assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])

@@ -1,5 +1,5 @@
-"""The one-launch L2 norm of q and k (kernels/prefill/qk_norm.py) on the CPU (Triton
-interpreter): FLA's formula exactly, torch.nn.functional.normalize's result up to bf16
+"""The one-launch L2 norm of q and k (kernels/prefill/qk_norm.py) on the GPU where there
+is one, else on the CPU (Triton interpreter): FLA's formula exactly, torch.nn.functional.normalize's result up to bf16
 rounding, zero rows and ragged row counts, bad inputs named."""
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.prefill.qk_norm import EPS, qk_l2norm
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # as tests/decode/test_decode.py
 
 
 def _fla_l2norm(x, eps=EPS):
@@ -20,8 +22,8 @@ def test_matches_fla_and_torch_normalize(shape):
     """Both outputs equal FLA's l2norm (f32 inside, one bf16 rounding) to the last bit but
     one, and torch's normalize to bf16 rounding; unit row norms; inputs untouched."""
     gen = torch.Generator().manual_seed(len(shape))
-    q = (torch.randn(*shape, generator=gen) * 3).bfloat16()
-    k = torch.randn(*shape, generator=gen).bfloat16()
+    q = (torch.randn(*shape, generator=gen) * 3).bfloat16().to(DEVICE)
+    k = torch.randn(*shape, generator=gen).bfloat16().to(DEVICE)
     q0, k0 = q.clone(), k.clone()
     qn, kn = qk_l2norm(q, k)
     assert qn.dtype == kn.dtype == torch.bfloat16 and qn.shape == kn.shape == q.shape
@@ -37,16 +39,15 @@ def test_matches_fla_and_torch_normalize(shape):
 def test_zero_rows_stay_zero_and_eps_is_inside_the_root():
     """A zero row gives zeros (as FLA and normalize do); a tiny row is divided by
     sqrt(sum + eps), not by its own norm (FLA's semantics, not normalize's)."""
-    q = torch.zeros(4, 16, dtype=torch.bfloat16)
-    k = torch.zeros(4, 16, dtype=torch.bfloat16)
+    q = torch.zeros(4, 16, dtype=torch.bfloat16, device=DEVICE)
+    k = torch.zeros(4, 16, dtype=torch.bfloat16, device=DEVICE)
     q[1] = 1.0
     k[2] = 1e-4
     qn, kn = qk_l2norm(q, k)
-    assert torch.equal(qn[0], torch.zeros(16, dtype=torch.bfloat16))
-    assert torch.equal(kn[0], torch.zeros(16, dtype=torch.bfloat16))
-    torch.testing.assert_close(qn[1].float(), torch.full((16,), 0.25))
+    assert not qn[0].any() and not kn[0].any()
+    torch.testing.assert_close(qn[1].float(), torch.full((16,), 0.25, device=DEVICE))
     expected = 1e-4 / (16 * 1e-8 + EPS) ** 0.5
-    torch.testing.assert_close(kn[2].float(), torch.full((16,), expected), rtol=1e-2, atol=0)
+    torch.testing.assert_close(kn[2].float(), torch.full((16,), expected, device=DEVICE), rtol=1e-2, atol=0)
 
 
 def test_empty_and_bad_inputs():
