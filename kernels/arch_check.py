@@ -240,7 +240,7 @@ def _multi_gpu_rank():
     x["cu_seqlens"] = torch.tensor([0, 131072])
     with mock.patch.object(multi_gpu.dist, "get_world_size", lambda group=None: 2), \
             mock.patch.object(multi_gpu.dist, "get_rank", lambda group=None: 1), \
-            mock.patch.object(multi_gpu, "_all_gather", lambda out, inp, group=None: None):
+            mock.patch.object(multi_gpu, "all_gather_into", lambda out, inp, group=None: None):
         multi_gpu.prefill_multi_gpu(**x, bounds=[0, 65536, 131072], group=object(),
                                     check_values=False)
 

@@ -62,9 +62,9 @@ def lab_args(notebook_dir: str) -> list:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from jupyterlab.labapp import LabApp
 
-    from kernels.runner import NOTEBOOK_DIR, _prepare_environment
+    from kernels.runner import NOTEBOOK_DIR, prepare_environment
 
-    _prepare_environment()   # the kernels see what make run's see: this checkout, TRITON_INTERPRET
+    prepare_environment()   # the kernels see what make run's see: this checkout, TRITON_INTERPRET
     argv = list(sys.argv[1:] if argv is None else argv)
     LabApp.launch_instance(argv=lab_args(str(NOTEBOOK_DIR)) + argv)
     return 0

@@ -331,7 +331,7 @@ def current_gpu_slug() -> str:
     return gpu_slug()
 
 
-def _prepare_environment() -> None:
+def prepare_environment() -> None:
     """Make the kernel subprocess see the same world as this process: TRITON_INTERPRET
     as the Makefile sets it, the repository importable, this environment's kernelspec."""
     if "TRITON_INTERPRET" not in os.environ:
@@ -627,7 +627,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _run_all(args, profile, root, plans, notes, solutions) -> int:
     from .bench.results import sweep_leftovers
 
-    _prepare_environment()
+    prepare_environment()
     if solutions and not _check_solutions(solutions, args.solutions_may_fail):
         return 2
     slug = current_gpu_slug()

@@ -39,6 +39,7 @@ import torch
 
 __all__ = [
     "GDNShape",
+    "tensor_meta",
     "CONTEST",
     "DECODE_BATCH_SIZES",
     "PREFILL_SHAPES",
@@ -521,3 +522,10 @@ def check_cu_seqlens_values(cu_seqlens, T: int) -> None:
         raise ValueError(f"cu_seqlens must be non-decreasing, got {cu.tolist()[:16]}")
     if int(cu[-1]) != T:
         raise ValueError(f"cu_seqlens[-1] must equal T={T} (q.shape[0]), got {int(cu[-1])}")
+
+
+def tensor_meta(x):
+    """What the metadata checks of a call read of one argument, as part of a call's signature
+    key (``decode.ops.signature``, ``prefill.pipeline.call_signature``, the replay's): its
+    type, shape, dtype, device and contiguity; None for None."""
+    return None if x is None else (type(x), x.shape, x.dtype, x.device, x.is_contiguous())

@@ -139,9 +139,9 @@ def recorded_launch_fn():
     :func:`.timing.bare_launch_fn` (:class:`kernels.launch.LaunchList`): the floor of a
     recorded call on this host, to set against ``bare_launch``."""
     from ..launch import FastLaunch, recording
-    from .timing import _empty_kernel
+    from .timing import empty_kernel
 
-    fl = FastLaunch(_empty_kernel())
+    fl = FastLaunch(empty_kernel())
     for _ in range(2):   # the first compiles, the second is recorded from the direct path
         with recording() as rec:
             fl.launch_keyed("empty", (1,), (), dict)

@@ -509,7 +509,7 @@ def _time_host(fn, rep):
 
 
 @functools.lru_cache(maxsize=1)
-def _empty_kernel():
+def empty_kernel():
     import triton
 
     @triton.jit
@@ -522,7 +522,7 @@ def _empty_kernel():
 def bare_launch_fn():
     """A callable that launches an empty Triton kernel (one program, no arguments) with
     ``kernel[grid]()``: ``host`` of it is the host's floor for any Triton call."""
-    k = _empty_kernel()
+    k = empty_kernel()
     return lambda: k[(1,)]()
 
 

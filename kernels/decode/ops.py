@@ -13,7 +13,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from ..launch import FastLaunch, recording
-from ..spec import check_slot_values, resolve_scale, validate_decode_inputs
+from ..spec import check_slot_values, resolve_scale, tensor_meta, validate_decode_inputs
 from .config import DecodeConfig
 from .kernel import gdn_decode_kernel
 from .table import config_for_device
@@ -86,10 +86,6 @@ MAX_CALLS = 1024
 RECORD_TRIES = 3
 
 
-def _meta(x):
-    return None if x is None else (type(x), x.shape, x.dtype, x.device, x.is_contiguous())
-
-
 def signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config, inplace,
               output, intermediate_states, check_values, output_state, status) -> tuple:
     """Everything the checks of a call read, as a key: per tensor its type, shape, dtype,
@@ -106,9 +102,9 @@ def signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config
             type(dt_bias), dt_bias.shape, dt_bias.dtype, dt_bias.device,
             dt_bias.is_contiguous(),
             type(b), b.shape, b.dtype, b.device, b.is_contiguous(),
-            type(scale), scale, _meta(state_indices), type(config), config, type(inplace),
-            inplace, _meta(output), type(intermediate_states), intermediate_states,
-            type(check_values), check_values, _meta(output_state), _meta(status))
+            type(scale), scale, tensor_meta(state_indices), type(config), config, type(inplace),
+            inplace, tensor_meta(output), type(intermediate_states), intermediate_states,
+            type(check_values), check_values, tensor_meta(output_state), tensor_meta(status))
 
 
 class _Call:

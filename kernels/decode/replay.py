@@ -26,9 +26,9 @@ import triton
 
 from ..gpu_limits import device_limits
 from ..launch import FastLaunch, recording
-from ..spec import check_slot_values, resolve_scale
+from ..spec import check_slot_values, resolve_scale, tensor_meta
 from .config import DecodeConfig
-from .ops import (MAX_CALLS, RECORD_TRIES, _meta, check_buffer, check_status, resolve_config,
+from .ops import (MAX_CALLS, RECORD_TRIES, check_buffer, check_status, resolve_config,
                   signature, validate_call)
 from .replay_kernel import gdn_replay_kernel
 from .table import config_for_device
@@ -241,9 +241,9 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
     try:
         sig = (signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
                          None, output, False, check_values, None, status),
-               type(ring), _meta(ring.k), _meta(ring.u), _meta(ring.g), _meta(ring.head),
-               _meta(ring.count), type(ring.L), ring.L, type(ring.max_tokens),
-               ring.max_tokens, _meta(rollback))
+               type(ring), tensor_meta(ring.k), tensor_meta(ring.u), tensor_meta(ring.g), tensor_meta(ring.head),
+               tensor_meta(ring.count), type(ring.L), ring.L, type(ring.max_tokens),
+               ring.max_tokens, tensor_meta(rollback))
         c = _CALLS.get(sig)
     except (AttributeError, TypeError):   # not a tensor, an unhashable option: checks say
         sig = c = None

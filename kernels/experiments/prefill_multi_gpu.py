@@ -209,6 +209,8 @@ def _rank_main(rank: int, world: int, spec: dict, tmp: str) -> None:
             gate=ctx.gate, times=ctx.times, link=ctx.link, skipped=ctx.skipped)))
     dist.barrier()
     dist.destroy_process_group()
+    from kernels.prefill.multi_gpu import end_rank_process
+    end_rank_process()
 
 
 class _Ranks:
@@ -253,7 +255,7 @@ class _Ranks:
         import torch
         import torch.distributed as dist
 
-        from kernels.prefill.multi_gpu import _all_gather, exchange_bytes
+        from kernels.prefill.multi_gpu import all_gather_into, exchange_bytes
 
         if self.world < 2:
             self._skip("link probe", "world_size is 1")
@@ -274,7 +276,7 @@ class _Ranks:
                         self.rank, lambda: None)
                     moved = n * 4
                 else:
-                    fn, moved = (lambda: _all_gather(dst, src)), self.world * n * 4
+                    fn, moved = (lambda: all_gather_into(dst, src)), self.world * n * 4
                 t = self._time(fn, None)
                 algbw = moved / (t["median_us"] * 1e-6) / 1e9
                 bus = algbw if what == "scan hop" else algbw * (self.world - 1) / self.world

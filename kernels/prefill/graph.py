@@ -54,7 +54,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from .chunk_index import cu_status  # noqa: E402
-from .pipeline import _begin, fused_launches  # noqa: E402
+from .pipeline import begin_call, fused_launches  # noqa: E402
 from .plan import bucket_of, call_plan  # noqa: E402
 
 __all__ = ["prefill_graph", "bucket_of", "graph_cache_info", "clear_graph_cache",
@@ -195,7 +195,7 @@ def prefill_graph(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, 
     kernel checks ``cu_seqlens`` on the device (NaN outputs if invalid, see :mod:`.guard`),
     whether or not the host checked it too."""
     global _warned
-    shape, scale_r, o, ht, _ = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
+    shape, scale_r, o, ht, _ = begin_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
                                       output, output_state, check_values, status)
     T, N = q.shape[0], cu_seqlens.numel() - 1
     on_cuda = q.device.type == "cuda"

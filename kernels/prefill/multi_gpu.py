@@ -78,7 +78,22 @@ from .state_walk_t import state_walk_t_fwd  # noqa: E402
 
 __all__ = ["prefill_multi_gpu", "even_bounds", "exchange_bytes", "piece_compose_kernel",
            "rank_index_kernel", "enter_state_kernel", "RankPlan", "rank_plan",
-           "clear_rank_plans"]
+           "clear_rank_plans", "end_rank_process"]
+
+
+def end_rank_process() -> None:
+    """End a spawned rank process now, once its process group is destroyed and its results
+    are written: flush stdout/stderr and ``os._exit(0)``, skipping the interpreter's
+    teardown. Under load (a CI run of notebook 05's smoke beside other gloo jobs on two
+    cores) a rank that returned normally was seen to die in that teardown with "terminate
+    called without an active exception" (SIGABRT), which fails the whole call although its
+    work was done."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def even_bounds(T: int, world_size: int, align: int = BT) -> list:
@@ -234,7 +249,7 @@ def enter_state_kernel(
 
 #: torch's all-gather into one tensor (``all_gather_single`` from torch 2.12; the older name
 #: before it, which 2.12 deprecates).
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 _COMPOSE_LAUNCH = FastLaunch(piece_compose_kernel)
@@ -550,7 +565,7 @@ def _bind_after(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
 def _exchange(p, ws, group, dev) -> None:
     """The all-gather of the last pieces' maps and, on rank ``r > 0``, the fold over the
     earlier ranks into the state entering this rank (the entering-state launch reads it)."""
-    _all_gather(ws["zs"], ws["mine"], group=group)   # (concatenated: gloo and nccl)
+    all_gather_into(ws["zs"], ws["mine"], group=group)   # (concatenated: gloo and nccl)
     if p.enter is not None:
         s_t = _zeros(dev, p.HV, p.D)
         for f, m, out in p.folds:   # S^T = S^T M_r^T + F_r^T over the earlier ranks

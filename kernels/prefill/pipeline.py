@@ -59,7 +59,7 @@ from typing import Union
 import torch
 
 from ..launch import keep_buffer, not_recordable, recording
-from ..spec import check_cu_seqlens_values, resolve_scale, validate_prefill_inputs
+from ..spec import check_cu_seqlens_values, resolve_scale, tensor_meta, validate_prefill_inputs
 from .chunk_index import num_slots, prepare_chunk_indices
 from .context_parallel import segment_combine_t_fwd, segment_split_fwd
 from .gates import chunk_gates_fwd, gates_torch
@@ -91,7 +91,7 @@ def check_out_tensor(name: str, t, shape, dtype, device) -> None:
         raise ValueError(f"{name} must be contiguous (got strides {t.stride()})")
 
 
-def _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
+def begin_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
            check_values, status=None):
     """Validate, resolve the scale, allocate (or check) the outputs. Returns ``(shape,
     scale, output, output_state, checked)``; ``checked``: the values of ``cu_seqlens``
@@ -153,7 +153,7 @@ def _staged(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, out
     """The compositions before ``fused``: gates (``torch_gates``: 8 torch ops and a cumsum
     kernel, else one kernel), the intra-chunk kernel (host-built chunk table when
     ``use_indices``), the walk of the plan without CP, with the outputs inline."""
-    shape, scale, o, ht, checked = _begin(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+    shape, scale, o, ht, checked = begin_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                           scale, output, output_state, check_values, status)
     plan = _shape_plan(q, shape, cu_seqlens, False, config)
     idx = prepare_chunk_indices(cu_seqlens, T=q.shape[0]) if use_indices else None
@@ -260,10 +260,6 @@ class PreparedCall:
                  "tries")
 
 
-def _meta(x):
-    return None if x is None else (type(x), x.shape, x.dtype, x.device, x.is_contiguous())
-
-
 def call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
                    output_state, check_values, status, cp, config, variant) -> tuple:
     """Everything the checks and the plan of a call read, as a key: per tensor its type,
@@ -279,8 +275,8 @@ def call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, outp
             dt_bias.is_contiguous(),
             type(b), b.shape, b.dtype, b.device, b.is_contiguous(),
             type(cu_seqlens), cu_seqlens.shape, cu_seqlens.dtype, cu_seqlens.device,
-            cu_seqlens.is_contiguous(), _meta(state), type(scale), scale, _meta(output),
-            _meta(output_state), type(check_values), check_values, _meta(status),
+            cu_seqlens.is_contiguous(), tensor_meta(state), type(scale), scale, tensor_meta(output),
+            tensor_meta(output_state), type(check_values), check_values, tensor_meta(status),
             type(cp), cp, type(config), config, variant)
 
 

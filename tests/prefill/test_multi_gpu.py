@@ -25,7 +25,8 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from kernels.checks import check_outputs  # noqa: E402
 from kernels.prefill.config import ACCURATE_CONFIG  # noqa: E402
-from kernels.prefill.multi_gpu import even_bounds, exchange_bytes, prefill_multi_gpu  # noqa: E402
+from kernels.prefill.multi_gpu import (end_rank_process, even_bounds, exchange_bytes,  # noqa: E402
+                                      prefill_multi_gpu)
 from kernels.reference import prefill_reference  # noqa: E402
 from kernels.spec import CONTEST as CONTEST_SHAPE, GDNShape, make_prefill_inputs  # noqa: E402
 
@@ -96,6 +97,7 @@ def _worker(rank, init, out):
             results[world, i] = (o, ht, untouched)
     torch.save(results, f"{out}.{rank}")
     dist.destroy_process_group()
+    end_rank_process()   # (its docstring: a teardown abort seen under load)
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +183,7 @@ def _nccl_worker(rank, init, out, lens, bounds):
     dist.all_reduce(ht)
     torch.save((o.cpu(), ht.cpu()), f"{out}.{rank}")
     dist.destroy_process_group()
+    end_rank_process()   # (its docstring: a teardown abort seen under load)
 
 
 @pytest.mark.gpu
