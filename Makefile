@@ -7,7 +7,7 @@
 #                 printed on failure: 1 a notebook failed or a solution never passed
 #                 the gate, 2 bad arguments (make itself then exits 2 either way)
 #   make test   - bootstrap an environment, run the whole test suite (CPU: two
-#                 pytest-xdist workers, ~19 minutes on 2 CPU cores; TEST_WORKERS=0: one process)
+#                 pytest-xdist workers, ~11-14 minutes on 2 CPU cores; TEST_WORKERS=0: one process)
 # and helpers:
 #   make lab     - JupyterLab on notebooks/ with this environment's `python3` kernel
 #                  (a notebook run there uses profile/output_root "auto": the same
