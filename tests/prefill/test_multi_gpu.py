@@ -1,12 +1,15 @@
 """Context parallelism across ranks (:mod:`kernels.prefill.multi_gpu`) with the gloo backend:
-2 and 3 CPU processes (``torch.multiprocessing``) under the Triton interpreter, each holding
-a contiguous slice of the packed tokens, against the float32 reference of the whole call.
+2, 3 and 4 CPU processes (``torch.multiprocessing``) under the Triton interpreter, each
+holding a contiguous slice of the packed tokens, against the float32 reference of the whole
+call.
 
-Cheap by construction: one spawn of three processes runs every case (the two-rank cases on a
-group of ranks 0 and 1, so ``group=`` is not the default group there), every rank holds at
+Cheap by construction: one spawn of four processes runs every case (the two- and three-rank
+cases on groups of the first ranks, so ``group=`` is not the default group there), every
+rank holds at
 most four chunks, and the parent computes the references while the ranks run. The cases
 cover sequences that start, end, straddle or lie inside a rank (one spanning a whole rank,
-where its transition ``M`` crosses the link), boundaries inside and between chunks, empty
+where its transition ``M`` crosses the link; at 4 ranks one through every rank, at D = 16
+and D = 128), boundaries inside and between chunks, empty
 sequences on rank boundaries, ``D = 16`` and ``D = 128``, with and without initial states,
 slow decays (the state carries across ranks), and the device guard of an invalid
 ``cu_seqlens``. On a host with two GPUs, two NCCL ranks at the contest's heads as well
@@ -49,7 +52,15 @@ CASES = {
         (G2, [64, 0, 64, 0, 64], [0, 64, 128, 192], True, False,
          "sequences ending on rank boundaries, empty ones there"),
     ],
+    4: [
+        (S16, [30, 250, 40], [0, 64, 128, 256, 320], False, True,
+         "a sequence through all four ranks, ranks 1 and 2 inside it, slow decay"),
+        (S128, [260], [0, 64, 128, 192, 260], True, True,
+         "D=128: one sequence straddling every rank, initial state"),
+    ],
 }
+#: processes spawned: the largest group (the smaller ones are groups of its first ranks)
+WORLD = max(CASES)
 
 
 #: The case each rank calls twice (the second call replays the recorded launches).
@@ -68,8 +79,9 @@ def _invalid(case) -> bool:
 
 
 def _worker(rank, init, out):
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=3)
-    groups = {2: dist.new_group([0, 1]), 3: dist.group.WORLD}
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
+    groups = {w: dist.new_group(list(range(w))) for w in CASES if w < WORLD}
+    groups[WORLD] = dist.group.WORLD
     results = {}
     for world, cases in CASES.items():
         if rank >= world:
@@ -104,7 +116,7 @@ def _worker(rank, init, out):
 def ranks(tmp_path_factory):
     """Every case's ``(output slice, summed final states, inputs untouched)`` per rank."""
     tmp = tmp_path_factory.mktemp("ranks")
-    ctx = mp.start_processes(_worker, args=(tmp / "init", tmp / "out"), nprocs=3, join=False,
+    ctx = mp.start_processes(_worker, args=(tmp / "init", tmp / "out"), nprocs=WORLD, join=False,
                              start_method="spawn")
     try:
         refs = {(w, i): None if _invalid(c) else prefill_reference(
@@ -113,17 +125,17 @@ def ranks(tmp_path_factory):
     finally:
         while not ctx.join():
             pass
-    return [torch.load(tmp / f"out.{r}") for r in range(3)], refs
+    return [torch.load(tmp / f"out.{r}") for r in range(WORLD)], refs
 
 
 def test_a_repeat_call_replays_the_same_bits(ranks):
     """Each rank's second call of a signature (its launches recorded on the first, the
     exchange between the two halves) gives the first call's bits."""
     per_rank, _ = ranks
-    assert all(per_rank[r]["repeat", r] for r in range(3))
+    assert all(per_rank[r]["repeat", r] for r in range(REPEAT[0]))
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", sorted(CASES))
 def test_ranks_match_reference(world, ranks):
     per_rank, refs = ranks
     for i, case in enumerate(CASES[world]):
