@@ -588,7 +588,8 @@ def plot_link(link: pd.DataFrame, exchange: pd.DataFrame, subtitle: str):
     ax.plot(hop.bytes_per_rank, hop.busbw_gbs, marker="v", ms=7, ls="", color="tab:green",
             label="a scan's hop (send/recv)")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("bytes per rank")
+    ax.set_yscale("log")   # small messages run orders below the link's rate: a linear axis
+    ax.set_xlabel("bytes per rank")   # drew the exchange and a scan's hop onto the probe
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("All-gather bandwidth", fontsize=9)
     if ncols == 2:
