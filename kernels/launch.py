@@ -61,7 +61,7 @@ except ImportError:   # pragma: no cover - tritons before knobs: the runner path
     _knobs = None
 
 __all__ = ["FastLaunch", "fast_launch_enabled", "dtypes", "signature", "recording",
-           "LaunchList", "keep_buffer", "not_recordable"]
+           "LaunchList", "keep_buffer", "not_recordable", "replay_or_launch"]
 
 _DISABLED_REASON = None
 
@@ -453,6 +453,24 @@ def recording():
     finally:
         _REC.rec = prev
 
+
+
+def replay_or_launch(call, sources, given: int, launch, workspace=None) -> None:
+    """One call's launches: ``call.launches`` (a :class:`LaunchList`, None until recorded)
+    run with this call's ``sources``; where there is none, or it cannot stand for this
+    call, ``launch()`` (the normal path), noted and built into ``call.launches`` while no
+    list exists and ``call.tries`` (tries left) lasts. ``given``, ``workspace``: as for
+    :meth:`Recorder.build`."""
+    lst = call.launches
+    if lst is not None and lst.run(sources, workspace):
+        return
+    if lst is None and call.tries:
+        call.tries -= 1
+        with recording() as rec:
+            launch()
+        call.launches = rec.build(sources, given, workspace)
+    else:
+        launch()
 
 def _c_launch(ck, grid):
     """``launch(stream, args)``: the compiled kernel ``ck`` on ``grid``, ``args`` its full

@@ -12,7 +12,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from ..launch import FastLaunch, recording
+from ..launch import FastLaunch, replay_or_launch
 from ..spec import check_slot_values, resolve_scale, tensor_meta, validate_decode_inputs
 from .config import DecodeConfig
 from .kernel import gdn_decode_kernel
@@ -154,8 +154,8 @@ def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, outpu
     c.kwargs = lambda: kwargs
     # the launch as recorded on a call of the signature (kernels.launch.LaunchList; None
     # until then); a call whose launch cannot be recorded (a tensor given twice, one not
-    # 16-byte aligned) tries again, at most RECORD_TRIES times
-    c.launches, c.tries = None, RECORD_TRIES
+    # 16-byte aligned) tries again, at most RECORD_TRIES times (set where it is remembered)
+    c.launches, c.tries = None, 0
     return c
 
 
@@ -184,6 +184,7 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
             if len(_CALLS) >= MAX_CALLS:
                 _CALLS.clear()
             _CALLS[sig] = c
+            c.tries = RECORD_TRIES   # recorded only where the signature is remembered
     elif c.slot_values:
         check_slot_values(state_indices, c.P)
     # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)
@@ -195,17 +196,9 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
     # given by the caller, then the outputs)
     srcs = (q, k, v, state, A_log, a, dt_bias, b, state_indices, status, output, output_state,
             o, ht, hi)
-    lst = c.launches
-    if lst is None or not lst.run(srcs):
-        args = (q, k, v, state, ht, hi, state_indices if c.pooled else q, A_log, a, dt_bias, b,
-                o, status, c.scale, c.P)
-        if lst is None and c.tries and sig is not None:   # record the launch once
-            c.tries -= 1
-            with recording() as rec:
-                _DECODE_LAUNCH.launch_keyed(c.key, c.grid, args, c.kwargs)
-            c.launches = rec.build(srcs, 12)
-        else:
-            _DECODE_LAUNCH.launch_keyed(c.key, c.grid, args, c.kwargs)
+    replay_or_launch(c, srcs, 12, lambda: _DECODE_LAUNCH.launch_keyed(
+        c.key, c.grid, (q, k, v, state, ht, hi, state_indices if c.pooled else q, A_log, a,
+                        dt_bias, b, o, status, c.scale, c.P), c.kwargs))
     return (o, ht, hi) if c.intermediate else (o, ht)
 
 

@@ -25,7 +25,7 @@ import torch
 import triton
 
 from ..gpu_limits import device_limits
-from ..launch import FastLaunch, recording
+from ..launch import FastLaunch, replay_or_launch
 from ..spec import check_slot_values, resolve_scale, tensor_meta
 from .config import DecodeConfig
 from .ops import (MAX_CALLS, RECORD_TRIES, check_buffer, check_status, resolve_config,
@@ -265,19 +265,11 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
     # the call's tensors in a fixed order: the recorded launch's slots (17 given, 1 made)
     srcs = (q, k, v, state, A_log, a, dt_bias, b, state_indices, rollback, status, output,
             ring.k, ring.u, ring.g, ring.head, ring.count, o)
-    lst = c.launches
-    if lst is None or not lst.run(srcs):
-        args = (q, k, v, state, state_indices if c.pooled else q, A_log, a, dt_bias, b, o,
-                ring.k, ring.u, ring.g, ring.head, ring.count,
-                rollback if rollback is not None else q, status, c.scale, c.P, ring.L,
-                ring.max_live, ring.capacity)
-        if lst is None and c.tries:   # record the launch once
-            c.tries -= 1
-            with recording() as rec:
-                _REPLAY_LAUNCH.launch_keyed(c.key, c.grid, args, c.kwargs)
-            c.launches = rec.build(srcs, 17)
-        else:
-            _REPLAY_LAUNCH.launch_keyed(c.key, c.grid, args, c.kwargs)
+    replay_or_launch(c, srcs, 17, lambda: _REPLAY_LAUNCH.launch_keyed(
+        c.key, c.grid, (q, k, v, state, state_indices if c.pooled else q, A_log, a, dt_bias,
+                        b, o, ring.k, ring.u, ring.g, ring.head, ring.count,
+                        rollback if rollback is not None else q, status, c.scale, c.P,
+                        ring.L, ring.max_live, ring.capacity), c.kwargs))
     return o, state
 
 

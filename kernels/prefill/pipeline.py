@@ -58,7 +58,7 @@ from typing import Union
 
 import torch
 
-from ..launch import keep_buffer, not_recordable, recording
+from ..launch import keep_buffer, not_recordable, replay_or_launch
 from ..spec import check_cu_seqlens_values, resolve_scale, tensor_meta, validate_prefill_inputs
 from .chunk_index import num_slots, prepare_chunk_indices
 from .context_parallel import segment_combine_t_fwd, segment_split_fwd
@@ -91,11 +91,11 @@ def check_out_tensor(name: str, t, shape, dtype, device) -> None:
         raise ValueError(f"{name} must be contiguous (got strides {t.stride()})")
 
 
-def begin_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
-           check_values, status=None):
-    """Validate, resolve the scale, allocate (or check) the outputs. Returns ``(shape,
-    scale, output, output_state, checked)``; ``checked``: the values of ``cu_seqlens``
-    were checked on the host (else the last kernel guards the outputs on the device)."""
+def _check_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
+                output_state, check_values, status):
+    """Every check of a call before anything is launched: the inputs (their values too
+    where ``check_values`` resolves so: by default off CUDA), ``status``, the given
+    outputs. Returns ``(shape, check_values, T, HV, D, N)``."""
     if check_values is None:
         check_values = q.device.type != "cuda" if isinstance(q, torch.Tensor) else True
     shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
@@ -107,6 +107,17 @@ def begin_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, 
         check_out_tensor("output", output, (T, HV, D), torch.bfloat16, q.device)
     if output_state is not None:
         check_out_tensor("output_state", output_state, (N, HV, D, D), torch.float32, q.device)
+    return shape, bool(check_values), T, HV, D, N
+
+
+def begin_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
+               check_values, status=None):
+    """Validate, resolve the scale, allocate (or check) the outputs. Returns ``(shape,
+    scale, output, output_state, checked)``; ``checked``: the values of ``cu_seqlens``
+    were checked on the host (else the last kernel guards the outputs on the device)."""
+    shape, check_values, T, HV, D, N = _check_call(
+        q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
+        check_values, status)
     # empty_like where a validated input has the shape: the cheapest allocation on the host
     o = output if output is not None else torch.empty_like(v)
     ht = output_state if output_state is not None else (
@@ -286,17 +297,9 @@ def prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output
     """Every check of a ``fused`` (``recurrent``: ``recurrent``) call, the values of
     ``cu_seqlens`` too where ``check_values`` resolves so, and its plan. ``record``: the
     call is remembered for its signature, so :func:`run_call` records its launches."""
-    if check_values is None:
-        check_values = q.device.type != "cuda" if isinstance(q, torch.Tensor) else True
-    shape = validate_prefill_inputs(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale,
-                                    check_values=check_values)
-    check_status_tensor(status, q.device)
-    T, HV, D = q.shape[0], shape.num_v_heads, shape.head_dim
-    N = cu_seqlens.numel() - 1
-    if output is not None:
-        check_out_tensor("output", output, (T, HV, D), torch.bfloat16, q.device)
-    if output_state is not None:
-        check_out_tensor("output_state", output_state, (N, HV, D, D), torch.float32, q.device)
+    shape, check_values, T, HV, D, N = _check_call(
+        q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, output_state,
+        check_values, status)
     c = PreparedCall()
     if recurrent:
         fitted_config(config, D)
@@ -330,17 +333,8 @@ def run_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, 
     # the call's tensors in a fixed order: the recorded launches' slots (12 given, 2 made)
     srcs = (q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, status, output, output_state,
             o, ht)
-    lst = c.launches
-    if lst is None or not lst.run(srcs, ws):
-        if lst is None and c.tries:
-            c.tries -= 1
-            with recording() as rec:
-                _launch_call(c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht, ws,
-                             status)
-            c.launches = rec.build(srcs, 12, ws)
-        else:
-            _launch_call(c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht, ws,
-                         status)
+    replay_or_launch(c, srcs, 12, lambda: _launch_call(
+        c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht, ws, status), ws)
     if c.checked and status is not None:
         status.zero_()
     return o, ht
