@@ -37,6 +37,7 @@ from typing import Dict
 
 import pandas as pd
 
+from kernels.bench.anatomy import profile_events, range_share
 from kernels.bench.gate import short_reason
 
 from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figure_legend,
@@ -371,86 +372,6 @@ def _gdn_ranges(run: Run):
             setattr(mod, n, fn)
 
 
-def profile_events(fn, calls: int, cuda: bool) -> list:
-    """Chrome-trace events of ``calls`` eager calls of ``fn()`` under torch.profiler (CPU
-    activities, and CUDA with ``cuda``), each inside a :data:`BLOCK_RANGE` range, after one
-    call outside the profiler and one inside it but outside the ranges."""
-    import os
-    import tempfile
-
-    import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from kernels.bench.chrome_trace import load_events
-
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
-        fn()           # outside the ranges: the profiler's first-call costs land here
-        for _ in range(calls):
-            with record_function(BLOCK_RANGE):
-                fn()
-        if cuda:
-            torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        return load_events(path)
-
-
-def attribute_kernels(events: list, calls: int, cuda: bool):
-    """Split the block's time into the GDN call's and the rest's, per call.
-
-    With ``cuda``: every GPU kernel launched (by CUPTI correlation id) from an API call
-    inside a :data:`BLOCK_RANGE` range, summed by kernel name; a kernel is ``gdn`` when its
-    launch lies inside a :data:`GDN_RANGE` range, ``rest`` otherwise. Without: host time
-    inside the ranges (no kernel table). Returns ``(share dict, kernel rows)``; raises
-    ValueError when the trace has no block range or (with ``cuda``) no kernel in one."""
-    import numpy as np
-
-    from kernels.bench.chrome_trace import annotations, api_calls, gpu_activities
-
-    blocks, gdns = annotations(events, BLOCK_RANGE), annotations(events, GDN_RANGE)
-    if blocks.empty:
-        raise ValueError(f"the trace has no {BLOCK_RANGE!r} range")
-    if not cuda:
-        inside = [any((b0 <= g0) and (g0 <= b1) for b0, b1 in zip(blocks["start_us"],
-                                                               blocks["end_us"]))
-                  for g0 in gdns["start_us"]]
-        gdn_us = float(gdns.loc[inside, "dur_us"].sum()) / calls
-        block_us = float(blocks["dur_us"].sum()) / calls
-        return dict(source="host time in the ranges (no CUDA activities)", gdn_us=gdn_us,
-                    rest_us=max(block_us - gdn_us, 0.0), share=gdn_us / block_us,
-                    gdn_kernels=0, rest_kernels=0, calls=calls), []
-    api = api_calls(events)
-    api = api[api["correlation"] >= 0]
-
-    def launched_in(ranges) -> set:
-        ids = set()
-        for r0, r1 in zip(ranges["start_us"], ranges["end_us"]):
-            inside = (api["start_us"] >= r0) & (api["start_us"] <= r1)
-            ids.update(api.loc[inside, "correlation"].tolist())
-        return ids
-
-    kern = gpu_activities(events)
-    kern = kern[(kern["kind"] == "kernel") & kern["correlation"].isin(launched_in(blocks))]
-    if kern.empty:
-        raise ValueError("no GPU kernel launched inside the block's ranges")
-    kern = kern.assign(group=np.where(kern["correlation"].isin(launched_in(gdns)), "gdn",
-                                      "rest"))
-    by = kern.groupby(["group", "name"], sort=False)["dur_us"].agg(["sum", "size"])
-    rows = [dict(group=g, kernel=n, us_per_call=float(r["sum"]) / calls,
-                 launches_per_call=float(r["size"]) / calls) for (g, n), r in by.iterrows()]
-    tot = kern.groupby("group")["dur_us"].sum()
-    cnt = kern.groupby("group").size()
-    gdn_us, rest_us = float(tot.get("gdn", 0.0)) / calls, float(tot.get("rest", 0.0)) / calls
-    return dict(source="GPU kernels (torch.profiler, eager)", gdn_us=gdn_us, rest_us=rest_us,
-                share=gdn_us / (gdn_us + rest_us), gdn_kernels=int(cnt.get("gdn", 0)) // calls,
-                rest_kernels=int(cnt.get("rest", 0)) // calls, calls=calls), rows
-
-
 def run_share(run: Run):
     """The GDN call's share of the block by kernel (see the module docstring): prefill at
     each of ``share_lengths``, the decode step at each of ``share_batch_sizes`` (fewer
@@ -483,8 +404,9 @@ def run_share(run: Run):
                         fn = lambda: run.state["block"](x, position_embeddings=None,  # noqa: E731
                                                         past_key_values=cache)
                     with _gdn_ranges(run):
-                        events = profile_events(fn, p["profile_calls"], cuda)
-                share, rows = attribute_kernels(events, p["profile_calls"], cuda)
+                        events = profile_events(fn, p["profile_calls"], cuda, BLOCK_RANGE)
+                share, rows = range_share(events, p["profile_calls"], cuda, BLOCK_RANGE,
+                                          GDN_RANGE)
             except Exception as e:
                 run.skip(f"GDN share {impl} {part} T={T} B={B}", short_reason(e))
                 continue

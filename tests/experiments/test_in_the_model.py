@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
+from kernels.bench.anatomy import range_share
 from kernels.experiments import in_the_model as xp
 
 
@@ -44,7 +45,8 @@ def _trace():
 
 
 def test_kernels_attributed_to_the_gdn_call_by_range():
-    share, rows = xp.attribute_kernels(_trace(), calls=2, cuda=True)
+    share, rows = range_share(_trace(), calls=2, cuda=True, call_range=xp.BLOCK_RANGE,
+                              part_range=xp.GDN_RANGE)
     assert share["gdn_us"] == pytest.approx(60.0)
     assert share["rest_us"] == pytest.approx(105.0)
     assert share["share"] == pytest.approx(60.0 / 165.0)
@@ -58,7 +60,8 @@ def test_kernels_attributed_to_the_gdn_call_by_range():
 
 def test_host_time_share_without_cuda_counts_only_ranges_inside_blocks():
     ev = _trace() + [_range(xp.GDN_RANGE, -30, 1000)]     # a GDN range outside the blocks
-    share, rows = xp.attribute_kernels(ev, calls=2, cuda=False)
+    share, rows = range_share(ev, calls=2, cuda=False, call_range=xp.BLOCK_RANGE,
+                              part_range=xp.GDN_RANGE)
     assert rows == []
     assert share["gdn_us"] == pytest.approx(100.0) and share["rest_us"] == pytest.approx(400.0)
     assert "host time" in share["source"]
@@ -66,9 +69,11 @@ def test_host_time_share_without_cuda_counts_only_ranges_inside_blocks():
 
 def test_attribution_without_block_range_or_kernels_raises():
     with pytest.raises(ValueError, match="no 'gdn06::block' range"):
-        xp.attribute_kernels([_range(xp.GDN_RANGE, 0, 10)], calls=1, cuda=True)
+        range_share([_range(xp.GDN_RANGE, 0, 10)], calls=1, cuda=True,
+                    call_range=xp.BLOCK_RANGE, part_range=xp.GDN_RANGE)
     with pytest.raises(ValueError, match="no GPU kernel"):
-        xp.attribute_kernels([_range(xp.BLOCK_RANGE, 0, 10)], calls=1, cuda=True)
+        range_share([_range(xp.BLOCK_RANGE, 0, 10)], calls=1, cuda=True,
+                    call_range=xp.BLOCK_RANGE, part_range=xp.GDN_RANGE)
 
 
 def _run(HQ=2, HV=4):
