@@ -65,11 +65,18 @@ def decode_targets(folder: Path) -> pd.DataFrame:
     return out.reset_index()
 
 
+def _host_bound(host: pd.Series, gpu: pd.Series) -> pd.Series:
+    """Whether an eager call is host-bound: its host time per call exceeds its GPU time
+    (``graph``), so back-to-back eager calls leave the GPU idle between them."""
+    return (host > gpu).map({True: "**yes**", False: "no"}).where(host.notna() & gpu.notna())
+
+
 def decode_methods(folder: Path, label: str = "ours-adaptive") -> pd.DataFrame:
     """Per B: ``label``'s median under each timing method of notebook 01 (three GPU-time
     methods and ``host``, µs of host time per eager call), the bare-launch floor of
     ``host`` (one empty Triton kernel launched in the same run), ours' host time over it,
-    and the implementation with the lowest host time at that B."""
+    whether the eager call is host-bound (host > ``graph``), and the implementation with
+    the lowest host time at that B."""
     d = pd.read_csv(folder / "01_decode_crossover" / "decode_times.csv")
     ours = d[d.label == label].pivot_table(index="B", columns="method", values="median_us")
     out = pd.DataFrame({m: ours.get(m) for m in METHODS if m in ours.columns})
@@ -77,6 +84,8 @@ def decode_methods(folder: Path, label: str = "ours-adaptive") -> pd.DataFrame:
     if not host.empty:
         out["bare launch"] = host.groupby("B").floor_us.first()
         out["host / bare"] = out["host"] / out["bare launch"]
+        if "graph" in out:
+            out["host-bound"] = _host_bound(out["host"], out["graph"])
         low = host.loc[host.groupby("B").median_us.idxmin()].set_index("B")
         out["lowest host"] = low.label + " " + low.median_us.map(lambda x: f"{x:.1f}")
     return out.reset_index()
@@ -154,8 +163,8 @@ def prefill_targets(folder: Path) -> pd.DataFrame:
 def prefill_host(folder: Path, label: str = "ours-fused") -> pd.DataFrame:
     """Per shape of notebook 02: ``label``'s GPU time (``graph``, ``cupti_cold``) and host
     time per eager call (``host``), the bare-launch floor measured in the same run, ours'
-    host time over it, and the implementation with the lowest host time at that shape.
-    Empty where the run has no ``host`` rows."""
+    host time over it, whether the eager call is host-bound (host > ``graph``), and the
+    implementation with the lowest host time at that shape. Empty where the run has no ``host`` rows."""
     p = pd.read_csv(folder / "02_prefill_launch_overhead" / "prefill_times.csv",
                     dtype={"lens": str})
     host = p[p.method == "host"]
@@ -167,6 +176,7 @@ def prefill_host(folder: Path, label: str = "ours-fused") -> pd.DataFrame:
     out = pd.DataFrame({m: ours.get(m) for m in ("graph", "cupti_cold", "host")}).loc[order]
     out["bare launch"] = host.groupby("lens").floor_us.first()
     out["host / bare"] = out["host"] / out["bare launch"]
+    out["host-bound"] = _host_bound(out["host"], out["graph"])
     low = host.loc[host.groupby("lens").median_us.idxmin()].set_index("lens")
     out["lowest host"] = low.label + " " + low.median_us.map(lambda x: f"{x:.1f}")
     return out.rename_axis("lens").reset_index()

@@ -63,12 +63,17 @@ def test_decode_methods_host_against_the_bare_launch(tmp_path):
                  floor_us=10.0, label=label)
             for label, hs in (("ours-adaptive", (30.0, 25.0)), ("fla", (90.0, 20.0)))
             for B, h in zip((1, 64), hs)]
-    pd.concat([d, pd.DataFrame(host)]).to_csv(path, index=False)
+    graph = [dict(impl="ours", config="c", B=B, method="graph", median_us=g, p20_us=g, p80_us=g,
+                  floor_us=0.25 * B, label="ours-adaptive") for B, g in ((1, 1.8), (64, 26.0))]
+    pd.concat([d, pd.DataFrame(host + graph)]).to_csv(path, index=False)
     m = decode_methods(gpu).set_index("B")
     assert m.loc[1, "cupti_cold"] == 2.0 and m.loc[1, "host"] == 30.0
     assert m.loc[1, "host / bare"] == pytest.approx(3.0) and m.loc[64, "bare launch"] == 10.0
     assert m.loc[1, "lowest host"] == "ours-adaptive 30.0"
     assert m.loc[64, "lowest host"] == "fla 20.0"
+    # host-bound: host time per eager call above the GPU time (graph) at that B
+    assert m.loc[1, "host-bound"] == "**yes**"           # 30 µs of host against 1.8 of GPU
+    assert m.loc[64, "host-bound"] == "no"               # 25 against 26
 
 
 def test_replay_targets_best_L_against_the_standard_step(tmp_path):
@@ -223,6 +228,7 @@ def test_prefill_host_against_the_bare_launch(tmp_path):
     h = prefill_host(gpu).set_index("lens").loc["6"]
     assert h["graph"] == 20.0 and h["cupti_cold"] == 42.0 and h["host"] == 45.0
     assert h["host / bare"] == pytest.approx(3.0) and h["lowest host"] == "fla 40.0"
+    assert h["host-bound"] == "**yes**"                # 45 µs of host against 20 of GPU
 
 
 def test_multi_gpu_scaling_table_on_the_results_page(tmp_path):
