@@ -13,7 +13,7 @@ Sections: (1) **gate** — the layer's output and the GDN call's final state of 
 implementation against the torch path (the contest rule, :func:`kernels.checks.check_outputs`)
 at ``gate_T`` tokens; the GDN call's arguments are captured from the layer itself. (2)
 **prefill** — the GDN layer and the decoder block (GDN layer, its norms and the sparse MoE
-as transformers runs them) at each length: time per implementation with ``methods`` (the
+as transformers runs them, its experts by ``experts_implementation``) at each length: time per implementation with ``methods`` (the
 layer) and ``block_methods`` (the block) (``graph``: GPU time where the call can be captured;
 ``event`` where it cannot, e.g. an MoE that synchronises; ``host``: host time of an eager
 call). (3) **the
@@ -45,6 +45,8 @@ from .common import (COMMON_PARAMS, Param, Run, collect_params as _collect, figu
 
 STEM = "06_in_the_model"
 IMPLS = ("ours", "fla", "flashqla", "torch")
+#: transformers' MoE experts implementations (``config._experts_implementation``).
+EXPERTS = ("grouped_mm", "batched_mm", "eager")
 #: record_function ranges of the profiled calls: the GDN function call inside the layer, and
 #: one call of the block.
 GDN_RANGE, BLOCK_RANGE = "gdn06::gdn_call", "gdn06::block"
@@ -59,6 +61,8 @@ PARAMS = COMMON_PARAMS + (
     Param("num_experts", "int", 512, "MoE experts (published)"),
     Param("num_experts_per_tok", "int", 10, "experts per token (published)"),
     Param("moe_intermediate_size", "int", 512, "expert MLP width (published)"),
+    Param("experts_implementation", "str", "grouped_mm",
+          "transformers' MoE experts: grouped_mm (grouped GEMMs, no host sync: the block captures in a graph), batched_mm, or eager (a loop over the hit experts that syncs)"),
     Param("gate_T", "int", 512, "tokens of the gate's prefill"),
     Param("prefill_lengths", "list", [512, 2048, 8192, 32768, 131072], "tokens of one prompt"),
     Param("torch_max_T", "int", 8192, "the torch path is timed and profiled up to this length"),
@@ -67,7 +71,7 @@ PARAMS = COMMON_PARAMS + (
     Param("methods", "list", ["graph", "event", "host"],
           "timing methods of the GDN layer (kernels/bench/timing.py; event: GPU time where graph cannot capture)"),
     Param("block_methods", "list", ["graph", "event"],
-          "timing methods of the decoder block, prefill and decode step (no host: its eager MoE syncs with the host, so host time is event time at 10x the calls)"),
+          "timing methods of the decoder block, prefill and decode step (graph where the block captures; event otherwise, e.g. with the eager experts, which sync)"),
     Param("compare_methods", "list", ["graph"], "timing methods of the drop-in against gdn_prefill / gdn_decode"),
     Param("share_lengths", "list", [512, 8192, 131072], "prefill lengths of the GDN share (profiled)"),
     Param("share_batch_sizes", "list", [1, 64, 256], "decode batch sizes of the GDN share (profiled)"),
@@ -90,8 +94,14 @@ COMPARE_TARGET = 1.05
 
 
 def collect_params(namespace: dict) -> dict:
-    """This notebook's parameters from ``namespace`` (the notebook's ``globals()``)."""
-    return _collect(namespace, PARAMS, STEM)
+    """This notebook's parameters from ``namespace`` (the notebook's ``globals()``); an
+    ``experts_implementation`` outside :data:`EXPERTS` raises ValueError (before any model
+    is built)."""
+    params = _collect(namespace, PARAMS, STEM)
+    if params["experts_implementation"] not in EXPERTS:
+        raise ValueError(f"experts_implementation must be one of {', '.join(EXPERTS)}, got "
+                         f"{params['experts_implementation']!r}")
+    return params
 
 
 def _flashqla_importable() -> str:
@@ -126,6 +136,7 @@ def start(params: dict) -> Run:
         moe_intermediate_size=p["moe_intermediate_size"],
         shared_expert_intermediate_size=p["moe_intermediate_size"],
         num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+    cfg._experts_implementation = p["experts_implementation"]
     torch.manual_seed(p["seed"])
     with torch.device(run.device):
         block = Qwen3NextDecoderLayer(cfg, layer_idx=0)
@@ -135,7 +146,8 @@ def start(params: dict) -> Run:
     run.extra_provenance["model"] = dict(
         config="Qwen3-Next-80B-A3B (published) at TP4 GDN heads", gdn_heads=(
             p["num_k_heads"], p["num_v_heads"], p["head_dim"]), hidden=p["hidden_size"],
-        experts=(p["num_experts"], p["num_experts_per_tok"], p["moe_intermediate_size"]))
+        experts=(p["num_experts"], p["num_experts_per_tok"], p["moe_intermediate_size"]),
+        experts_implementation=p["experts_implementation"])
     return run
 
 
@@ -556,7 +568,8 @@ def run_compare(run: Run):
 def _title(run: Run, what: str, method: str) -> str:
     p = run.params
     return (f"{what} — {run.gpu}; GDN HK={p['num_k_heads']} HV={p['num_v_heads']} "
-            f"D={p['head_dim']}, MoE {p['num_experts']}x{p['num_experts_per_tok']}; "
+            f"D={p['head_dim']}, MoE {p['num_experts']}x{p['num_experts_per_tok']} "
+            f"({p['experts_implementation']}); "
             f"{method}")
 
 

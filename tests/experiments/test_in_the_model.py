@@ -118,7 +118,8 @@ def test_contest_inputs_decode_state_k_last():
 def test_share_figure_and_conclusion_line():
     run = SimpleNamespace(gpu="test-gpu", params=dict(num_k_heads=4, num_v_heads=8,
                                                       head_dim=128, num_experts=512,
-                                                      num_experts_per_tok=10))
+                                                      num_experts_per_tok=10,
+                                                      experts_implementation="grouped_mm"))
     share = pd.DataFrame([dict(impl=i, part=pt, T=t, B=b, source="GPU kernels", gdn_us=g,
                                rest_us=r, share=g / (g + r), gdn_kernels=1, rest_kernels=2,
                                calls=3)
@@ -128,6 +129,7 @@ def test_share_figure_and_conclusion_line():
                          columns=xp.SHARE_COLUMNS)
     fig = xp.plot_share(run, share)
     assert len(fig.axes) == 2 and "GDN call's share" in fig._suptitle.get_text()
+    assert "MoE 512x10 (grouped_mm)" in fig._suptitle.get_text()   # the experts named
     assert len(fig.axes[0].patches) == 4             # 2 bars x (GDN, rest)
     compare = pd.DataFrame([dict(part="prefill", T=512, B=1, method="graph", dropin_us=106.0,
                                  contest_us=100.0, qk_norm_us=4.0, ratio=1.06),
@@ -141,3 +143,10 @@ def test_share_figure_and_conclusion_line():
     assert "1.00x to 1.06x" in text and "1 of 2 points over the 1.05x target" in text
     assert "its L2-norm launch alone 4" in text
     assert "ours, prefill T=512: 10 %" in text
+
+
+def test_experts_implementation_is_checked_with_the_parameters():
+    ns = {p.name: p.default for p in xp.PARAMS}
+    assert xp.collect_params(ns)["experts_implementation"] == "grouped_mm"
+    with pytest.raises(ValueError, match="experts_implementation must be one of"):
+        xp.collect_params(dict(ns, experts_implementation="grouped"))
