@@ -470,14 +470,17 @@ outputs and the final states of the sequences that end on it.
 This notebook starts one process per rank (`torch.multiprocessing`, NCCL on GPUs with
 NVLink multicast off, gloo processes on the CPU) and measures, for one sequence of 32k to 2M
 tokens: ours on one GPU and on all ranks, FLA on one GPU and FLA's `cp_context` on all ranks
-(FLA takes no initial state there, so the inputs have none by default), each gated against
-the float32 reference before it is timed; then the scaling efficiency, and the exchange
-against the link's all-gather bandwidth. Targets: ≥ 1.8× on two GPUs from 262,144 tokens,
-faster than FLA's CP at every length, the exchange ≤ 5 % of the call at 1,048,576.
+(FLA takes no initial state there, so the inputs have none by default), FlashQLA on one GPU
+(in the peer worker, its own site `GDN_QLA_SITE`; unavailable, with the reason, where it
+cannot run), each gated against the float32 reference before it is timed; then the scaling
+efficiency (speedup / number of GPUs) with the host time per eager call beside the GPU
+time, and the exchange against the link's all-gather bandwidth. Targets: ≥ 1.8× on two GPUs
+from 262,144 tokens (on 4 or 8 GPUs: the same 90 % efficiency), faster than FLA's CP at
+every length, the exchange ≤ 5 % of the call at 1,048,576.
 
-Run it with `python -m kernels.runner --notebooks 05` on a host with `world_size` GPUs
-(results under `results/2x-<gpu-slug>/`), or on the CPU with the smoke profile (gloo
-processes, the interpreter: plumbing only). The parameters are below."""),
+Run it with `python -m kernels.runner --notebooks 05` on a host with `world_size` GPUs (2,
+4 or 8; results under `results/<world_size>x-<gpu-slug>/`), or on the CPU with the smoke
+profile (gloo processes, the interpreter: plumbing only). The parameters are below."""),
     ("params", None),
     ("code", IMPORTS.format(module="prefill_multi_gpu")),
     ("md", """\
@@ -492,7 +495,11 @@ res["gate"]"""),
     ("code", """\
 run.show(xp.plot_times(res["times"], xp.where(xp.experiment_of(run))), "time_vs_T")
 res["times"]"""),
-    ("md", "## 3. Scaling efficiency"),
+    ("md", """\
+## 3. Scaling efficiency
+Per length: ours on one GPU and on all ranks, the speedup and the efficiency (speedup /
+number of GPUs), FLA and FLA's CP, FlashQLA on one GPU, and the host µs per eager call
+beside the GPU times."""),
     ("code", """\
 scaling = xp.scaling_table(run, res["times"])
 run.write_csv(scaling, "scaling")

@@ -12,6 +12,9 @@ mkdir -p "$root"
 # shellcheck source=scripts/gpu_host.sh
 source scripts/gpu_host.sh
 gpu_lite && gpu_env
+# FlashQLA's one-GPU rows: its site where its parts were stashed on this (warm) machine
+# (docs/gpu_host.md, "FlashQLA"); else those rows report unavailable with the reason
+if [ -d /root/qlaparts ]; then gpu_qla_unpack; else echo "no /root/qlaparts: FlashQLA rows unavailable"; fi
 nvidia-smi topo -m > "$root/topo.txt" 2>&1
 nvidia-smi --query-gpu=index,name,memory.total --format=csv >> "$root/topo.txt" 2>&1
 timeout 540 python3 -m kernels.runner --profile full --notebooks 05 --output-root "$root" \

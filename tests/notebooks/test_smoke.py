@@ -233,7 +233,8 @@ def test_scaling_smoke_specifics(smoke):
 def test_multi_gpu_smoke_specifics(smoke):
     """Notebook 05 on the CPU: two gloo rank processes; ours gated on one and on both ranks
     (each rank its slice, a sequence straddling them) and timed with the host clock only;
-    FLA unavailable with its reason; the link probe and the exchange measured."""
+    FLA and FlashQLA (its row through the peer worker) unavailable with their reasons; the
+    scaling table's efficiency and host columns; the link probe and the exchange measured."""
     out, _, _ = smoke
     folder = out / "05_prefill_multi_gpu"
     assert (out / "05_prefill_multi_gpu.ipynb").exists()
@@ -250,6 +251,10 @@ def test_multi_gpu_smoke_specifics(smoke):
     if not _has_gpu():
         assert set(times.method) == {"cpu_wall"}
         assert (gate[~gate.impl.str.startswith("ours")].status == "unavailable").all()
+        assert gate[gate.impl == "flashqla"].reason.str.contains("CUDA GPU").all()
+    assert "flashqla" in set(gate.impl)
+    scaling = pd.read_csv(folder / "scaling.csv")
+    assert {"efficiency", "ours 2 GPUs host (µs)", "flashqla 1 GPU (µs)"} <= set(scaling.columns)
     link = pd.read_csv(folder / "link.csv")
     assert set(link.what) == {"probe", "exchange", "scan hop"} and (link.busbw_gbs > 0).all()
     assert len(pd.read_csv(folder / "exchange.csv")) == 1

@@ -11,9 +11,11 @@ cover sequences that start, end, straddle or lie inside a rank (one spanning a w
 where its transition ``M`` crosses the link; at 4 ranks one through every rank, at D = 16
 and D = 128), boundaries inside and between chunks, empty
 sequences on rank boundaries, ``D = 16`` and ``D = 128``, with and without initial states,
-slow decays (the state carries across ranks), and the device guard of an invalid
-``cu_seqlens``. On a host with two GPUs, two NCCL ranks at the contest's heads as well
-(skipped elsewhere).
+slow decays (the state carries across ranks), the device guard of an invalid
+``cu_seqlens``, and calls padded to whole chunks per rank (a padding sequence last, cut by
+:func:`even_bounds`) where the ranks past the real tokens hold only padding (at 2, 3 and 4
+ranks; one token per rank at 4; D = 128 at 2). On a host with two GPUs, two NCCL ranks at
+the contest's heads as well (skipped elsewhere).
 """
 from __future__ import annotations
 
@@ -37,26 +39,39 @@ S16 = GDNShape(1, 1, 16)
 G2 = GDNShape(1, 2, 16)            # two value heads per q/k head
 S128 = GDNShape(1, 1, 128)
 
-# (shape, lens, bounds, with_state, slow decay, what it covers)
+# (shape, lens, bounds, with_state, slow decay, padded, what it covers); padded: the last
+# sequence is padding (zero tokens, zero initial state: :func:`_inputs`) that brings the call
+# to a whole number of chunks per rank, the bounds those of :func:`even_bounds`, as a caller
+# pads a short call; the ranks past the real tokens then hold only padding
 CASES = {
     2: [
-        (G2, [100, 0, 150, 70], [0, 150, 320], True, False,
+        (G2, [100, 0, 150, 70], [0, 150, 320], True, False, False,
          "cut inside a chunk and a sequence; an empty sequence inside rank 0"),
-        (S128, [200], [0, 130, 200], True, True,
+        (S128, [200], [0, 130, 200], True, True, False,
          "D=128: one sequence straddling, two segments on rank 0, initial state"),
-        (S16, [64, 64], [0, 64, 128], False, False, "invalid cu_seqlens, device guard"),
+        (S16, [64, 64], [0, 64, 128], False, False, False, "invalid cu_seqlens, device guard"),
+        (S16, [40, 88], even_bounds(128, 2), True, False, True,
+         "padding: rank 1 holds only padding (the padding sequence straddles)"),
+        (S128, [64, 64], even_bounds(128, 2), True, True, True,
+         "D=128 padding: it starts on rank 1's first token, rank 1 holds only it"),
     ],
     3: [
-        (S16, [40, 330, 20], [0, 100, 260, 390], False, True,
+        (S16, [40, 330, 20], [0, 100, 260, 390], False, True, False,
          "a sequence through all ranks, rank 1 inside it (two segments, M exchanged)"),
-        (G2, [64, 0, 64, 0, 64], [0, 64, 128, 192], True, False,
+        (G2, [64, 0, 64, 0, 64], [0, 64, 128, 192], True, False, False,
          "sequences ending on rank boundaries, empty ones there"),
+        (G2, [30, 0, 20, 142], even_bounds(192, 3), True, True, True,
+         "padding: ranks 1 and 2 hold only padding, rank 1 inside it, slow decay"),
     ],
     4: [
-        (S16, [30, 250, 40], [0, 64, 128, 256, 320], False, True,
+        (S16, [30, 250, 40], [0, 64, 128, 256, 320], False, True, False,
          "a sequence through all four ranks, ranks 1 and 2 inside it, slow decay"),
-        (S128, [260], [0, 64, 128, 192, 260], True, True,
+        (S128, [260], [0, 64, 128, 192, 260], True, True, False,
          "D=128: one sequence straddling every rank, initial state"),
+        (S16, [2, 2], even_bounds(4, 4), True, True, True,
+         "padding: one token per rank, ranks 2 and 3 hold only padding"),
+        (S16, [64, 0, 192], even_bounds(256, 4), True, True, True,
+         "padding from rank 1's first token (an empty sequence there): ranks 1-3 hold only it"),
     ],
 }
 #: processes spawned: the largest group (the smaller ones are groups of its first ranks)
@@ -67,11 +82,22 @@ WORLD = max(CASES)
 REPEAT = (3, 0)
 
 
-def _inputs(shape, lens, with_state, slow):
+def _inputs(shape, lens, with_state, slow, padded):
     x = make_prefill_inputs(lens, shape, seed=3, with_state=with_state)
     if slow:   # decay ~0.99 per token: the state carries across the ranks
         x["A_log"] = torch.full_like(x["A_log"], -4.6)
+    if padded:   # the last sequence is padding: zero tokens, zero initial state
+        for n in ("q", "k", "v", "a", "b"):
+            x[n][sum(lens) - lens[-1]:] = 0
+        if with_state:
+            x["state"][-1] = 0
     return x
+
+
+def _padding_only_ranks(case) -> list:
+    """The ranks of a padded case that hold no real token (only the padding sequence's)."""
+    shape, lens, bounds, *_ = case
+    return [r for r in range(len(bounds) - 1) if bounds[r] >= sum(lens) - lens[-1]]
 
 
 def _invalid(case) -> bool:
@@ -87,8 +113,8 @@ def _worker(rank, init, out):
         if rank >= world:
             continue
         for i, case in enumerate(cases):
-            shape, lens, bounds, with_state, slow, _ = case
-            x = _inputs(shape, lens, with_state, slow)
+            shape, lens, bounds, with_state, slow, padded, _ = case
+            x = _inputs(shape, lens, with_state, slow, padded)
             if _invalid(case):
                 x["cu_seqlens"] = torch.tensor([0, 70, 100])           # ends short of T
             t0, t1 = bounds[rank], bounds[rank + 1]
@@ -120,7 +146,7 @@ def ranks(tmp_path_factory):
                              start_method="spawn")
     try:
         refs = {(w, i): None if _invalid(c) else prefill_reference(
-                    **_inputs(c[0], c[1], c[3], c[4]))
+                    **_inputs(*c[:2], *c[3:6]))
                 for w, cases in CASES.items() for i, c in enumerate(cases)}
     finally:
         while not ctx.join():
@@ -148,6 +174,16 @@ def test_ranks_match_reference(world, ranks):
             continue
         res = check_outputs((o, ht), ref)
         assert res.ok, f"{case[-1]}: {res.reason} (max abs {res.max_abs_err:.3e})"
+
+
+def test_padded_cases_have_padding_only_ranks():
+    """Each padded case has ranks that hold only padding (and at 2, 3 and 4 ranks)."""
+    padded = {w: [c for c in cases if c[5]] for w, cases in CASES.items()}
+    assert all(padded.values())
+    for w, cases in padded.items():
+        for c in cases:
+            assert _padding_only_ranks(c), c[-1]
+            assert c[2] == even_bounds(sum(c[1]), w), c[-1]
 
 
 def test_even_bounds_and_bytes():
