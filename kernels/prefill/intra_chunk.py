@@ -36,7 +36,11 @@ With ``RAW_GATES`` the kernel also computes ``g``, ``beta`` and the
 per-chunk cumulative sum from ``a``, ``b``, ``A_log``, ``dt_bias`` (stage 1
 fused in; with ``GATES="log"`` from the precomputed ``g`` and ``beta`` FLA's convention
 passes, read from ``a`` and ``b``) and writes ``gc`` for the later stages. With ``WALKERS`` (the one-launch
-path) the grid has extra programs that walk the sequences (:func:`_walker`).
+path) the grid has extra programs that walk the sequences (:func:`_walker`). With
+``QK_NORM`` (FLA's ``use_qk_l2norm_in_kernel``) the rows of ``q`` and ``k`` enter
+L2-normalised as f32 factors ``rq = 1/|q_t|``, ``rk = 1/|k_t|`` on the products' rows and
+columns (``diag(rk) K K^T diag(rk)``, ``diag(rq) Q K^T diag(rk)``), stored to ``qkn`` for
+the walks, which multiply them into their gate factors (:mod:`.state_walk`).
 """
 from __future__ import annotations
 

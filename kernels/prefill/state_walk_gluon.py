@@ -253,10 +253,13 @@ if HAVE_GLUON:
         t0 = ubos + i * BT
         n_t = ueos - t0
         live = o_t < n_t
-        if QK_NORM:
+        if QK_NORM:   # the token columns' factors with 1 / |q_t|, 1 / |k_t| (qkn), at once
+            # (b_gc dies here: fewer live registers than holding the norms to their uses)
             p_n = qkn + (t0 + o_t) * (2 * HQ) + 2 * i_hk
-            b_rq = gl.load(p_n, mask=live, other=0.0)
             b_rk = gl.load(p_n + 1, mask=live, other=0.0)
+            e_k = gl.exp(b_gc) * b_rk
+            d_k = gl.exp(b_gl - b_gc) * b_rk
+            e_q = scale * gl.exp(b_gc) * gl.load(p_n, mask=live, other=0.0)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         k_i = k_s.index(s)
         if PARTIAL:
@@ -270,9 +273,8 @@ if HAVE_GLUON:
         else:
             X = warpgroup_mma_wait(1, deps=[X])            # S^T q^T stays in flight
         vt = v_s.index(s).permute((1, 0)).load(acc_t)     # v^T [R, BT]
-        e_k = gl.exp(b_gc)
-        if QK_NORM:
-            e_k = e_k * b_rk
+        if not QK_NORM:
+            e_k = gl.exp(b_gc)
         Rt = vt.to(gl.float32) - X * e_k[None, :]
         if PARTIAL:
             Rt = gl.where(live[None, :], Rt, 0.0)
@@ -290,9 +292,8 @@ if HAVE_GLUON:
             N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
         if PARTIAL:
             N = gl.where(live[None, :], N, 0.0)
-        d_k = gl.exp(b_gl - b_gc)
-        if QK_NORM:
-            d_k = d_k * b_rk
+        if not QK_NORM:
+            d_k = gl.exp(b_gl - b_gc)
         if SPLIT_TAIL:
             Dt = N * d_k[None, :]
             Dh = Dt.to(gl.bfloat16)
@@ -301,9 +302,8 @@ if HAVE_GLUON:
         else:
             Db = gl.convert_layout((N * d_k[None, :]).to(gl.bfloat16), a_k)
         Nb = gl.convert_layout(N.to(gl.bfloat16), a_t)
-        e_q = scale * gl.exp(b_gc)
-        if QK_NORM:
-            e_q = e_q * b_rq
+        if not QK_NORM:
+            e_q = scale * gl.exp(b_gc)
         O = warpgroup_mma(Nb, aq_s.index(s).permute((1, 0)),
                           OQ * e_q[None, :], is_async=True)
         S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
@@ -525,7 +525,8 @@ def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_s
             qk_norms, float(scale), T, N)
     kw = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, SEG_T=int(seg_t), SPLIT=seg_mult is not None,
               GUARD=bool(guard), HAS_STATUS=bool(guard) and status is not None,
-              TAIL=tail, QK_NORM=qk_norms is not None, STAGES=STAGES, STATE_REGS=STATE_REGS, PRODUCER_REGS=PRODUCER_REGS,
+              TAIL=tail, QK_NORM=qk_norms is not None, STAGES=STAGES,
+              STATE_REGS=STATE_REGS, PRODUCER_REGS=PRODUCER_REGS,
               num_warps=4)
     grid = (int(T) // int(seg_t) + N, H)
 

@@ -76,15 +76,20 @@ def test_phase_c_fwd_takes_the_planned_kernel(gluon, offset, want):
         assert t.call_args.kwargs["BV"] == 128 and t.call_args.kwargs["s0"] is kw["s0"]
 
 
-#: Spill bound of the compile test (bytes per thread, any configuration).
+#: Spill bound of the compile test (bytes per thread, any configuration without the L2 norm).
 MAX_SPILL_BYTES = 64
+#: ... and with the L2 norm of q and k (``QK_NORM``, the FLA drop-in's call): three more
+#: factor vectors live in the step; 8 B without the split, 144 B with it (triton 3.7.1).
+#: Its speed is not measured yet: a growth past this bound is a regression.
+MAX_SPILL_BYTES_QK_NORM = 160
 
 
 def test_gluon_phase_c_compiles_for_sm90(tmp_path):
     """The sm_90 dispatch captures the Gluon phase C on the long paths (no split at 16,384
-    tokens, the split at 65,536; ``fused`` and ``graph``) and every launch compiles for
-    sm_90a, fits (shared memory, registers of all partitions) and spills at most
-    :data:`MAX_SPILL_BYTES`."""
+    tokens, the split at 65,536; ``fused`` and ``graph``; the FLA drop-in with the L2 norm
+    in the kernels, ``QK_NORM``) and every launch compiles for sm_90a, fits (shared memory,
+    registers of all partitions) and spills at most :data:`MAX_SPILL_BYTES`
+    (:data:`MAX_SPILL_BYTES_QK_NORM` with the norm)."""
     pytest.importorskip("triton.backends.nvidia", reason="triton without its NVIDIA backend")
     if not swg.HAVE_GLUON:
         pytest.skip("this Triton has no triton.experimental.gluon")
@@ -102,9 +107,12 @@ def test_gluon_phase_c_compiles_for_sm90(tmp_path):
     # the peeled partial step keeps a few values of the loop live past it: 8 B spilled
     # without the split, 64 B with it (triton 3.7.1); phase C ran at the unpeeled probe's
     # speed with them (docs/notes/long_context.md), a growth past that bound is a regression
-    assert all(r["fits"] and not r["error"] and r["spill_bytes"] <= MAX_SPILL_BYTES
-               for r in rows), rows
+    assert all(r["fits"] and not r["error"] and r["spill_bytes"] <= (
+        MAX_SPILL_BYTES_QK_NORM if r["constexprs"]["QK_NORM"] else MAX_SPILL_BYTES)
+        for r in rows), rows
     assert {r["constexprs"]["SPLIT"] for r in rows} == {False, True}
+    assert {(r["constexprs"]["SPLIT"], r["constexprs"]["QK_NORM"]) for r in rows} == {
+        (False, False), (True, False), (False, True), (True, True)}
     where = {w.split()[-1] for r in rows for w in r["launches"]}
     assert {"T16384", "T65536"} <= where
     assert all(r["num_warps"] == 12 for r in rows)   # 4 + 4 state warps, 1 (+3) producer
