@@ -275,3 +275,48 @@ def test_gluon_phase_c_writes_only_its_rows(end):
     assert bool((out[end:] == 7.0).all()), "rows of the next sequence were written"
     assert torch.equal(out[:end], o[:end]) and torch.equal(hts[0], ht[0])
     assert bool((hts[1] == 7.0).all())
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("split", [False, True], ids=["no-split", "split"])
+def test_gluon_phase_c_qk_norm_equals_triton(split):
+    """The FLA drop-in with ``use_qk_l2norm_in_kernel`` (``QK_NORM``: the norms' factors
+    from the intra-chunk kernel) on the long path: the Gluon phase C's outputs and states
+    bitwise the Triton one's (``phase_c_gluon`` patched off), and the float32 reference on
+    normalised q/k under the contest rule."""
+    from kernels.model.fla_compat import chunk_gated_delta_rule
+    from kernels.reference import _run_tokens
+    lens = [3000, 700, 1500, 90] if split else [1000, 37, 0, 2100, 64]
+    x = _inputs(lens, True)
+    HV = SHAPE.num_v_heads
+    q = (x["q"].float() * torch.linspace(0.1, 10, x["q"].shape[0], device="cuda")[:, None,
+                                                                                  None]).bfloat16()
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    g = -torch.rand(1, q.shape[0], HV, device="cuda", generator=gen) * 0.05
+    beta = torch.rand(1, q.shape[0], HV, device="cuda", generator=gen).bfloat16()
+    args = (q[None], x["k"][None], x["v"][None], g, beta)
+    kw = dict(initial_state=x["state"], output_final_state=True, state_v_first=True,
+              use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu_seqlens"])
+    with _long(4, split), mock.patch.object(pipeline, "state_walk_gluon_fwd",
+                                            wraps=swg.state_walk_gluon_fwd) as spy:
+        gl_out = chunk_gated_delta_rule(*args, **kw)
+        torch.cuda.synchronize()
+    assert spy.call_count == 1 and spy.call_args.kwargs["qk_norms"] is not None
+    with _long(4, split), mock.patch.object(plan_mod, "phase_c_gluon", lambda *a: False):
+        tr_out = chunk_gated_delta_rule(*args, **kw)
+        torch.cuda.synchronize()
+    _same((gl_out[0][0], gl_out[1]), (tr_out[0][0], tr_out[1]))
+    n = lambda t: t.float() / torch.sqrt((t.float() ** 2).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    qn, kn = n(q), n(x["k"])
+    o = torch.zeros(q.shape[0], HV, SHAPE.head_dim, device="cuda")
+    hs, t = [], 0
+    for i, L in enumerate(lens):
+        on, S = _run_tokens(x["state"][i].transpose(-1, -2).float(), qn[t:t + L], kn[t:t + L],
+                            x["v"][t:t + L], g[0, t:t + L].exp(), beta[0, t:t + L].float(),
+                            SHAPE.head_dim ** -0.5, HV // SHAPE.num_q_heads)
+        o[t:t + L] = on
+        hs.append(S.transpose(-1, -2))
+        t += L
+    r = check_outputs((gl_out[0][0], gl_out[1]), (o.bfloat16(), torch.stack(hs)))
+    assert r.ok, f"{r.reason} (max abs {r.max_abs_err:.3e})"
