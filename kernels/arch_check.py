@@ -12,7 +12,9 @@ compute capability of :data:`kernels.gpu_limits.ARCHS` the module
    table (``kernels/decode_configs/``) can pick, ``gdn_replay_decode`` (B = 1 and 64,
    T = 1 and 4, L = 8 and 16), and ``gdn_prefill`` (``fused`` and
    ``graph`` with the default config at every contest prefill shape and the
-   long-context lengths :data:`LONG_LENGTHS`; with ``--scope all``, the default, also
+   long-context lengths :data:`LONG_LENGTHS`, and the FLA drop-in's chunked call with the
+   L2 norm of ``q`` and ``k`` in the kernels at those lengths; with ``--scope all``, the
+   default, also
    ``fused`` with :data:`~kernels.prefill.ACCURATE_CONFIG`, at the contest shapes
    notebook 02's ``no_sync``, ``fused_gates`` and ``unfused``, and one rank of
    :func:`~kernels.prefill.multi_gpu.prefill_multi_gpu` with its collective stubbed) — on CPU tensors, with the device queries of the launch
@@ -221,9 +223,31 @@ def _entry_points(scope: str = "all"):
         for name, kw in runs:
             yield f"prefill {name} {label}", (lambda args=args, kw=kw: gdn_prefill(
                 *args, check_values=False, **kw))
+    # the FLA drop-in with the L2 norm of q and k in the kernels (transformers' Qwen3-Next
+    # call): the chunked kernels' QK_NORM launches, the long paths' (Gluon phase C) included
+    for n in LONG_LENGTHS:
+        yield f"prefill fla qk_norm T{n}", (lambda n=n: _fla_qk_norm(n))
     if scope == "all":
         yield "prefill multi_gpu rank 1 of 2 T131072", _multi_gpu_rank
     del torch
+
+
+def _fla_qk_norm(T: int):
+    """:func:`.model.fla_compat.chunk_gated_delta_rule` with ``use_qk_l2norm_in_kernel`` on
+    one sequence of ``T`` tokens (FLA's precomputed gates, a k-last initial state)."""
+    import torch
+
+    from .model.fla_compat import chunk_gated_delta_rule
+    from .spec import make_prefill_inputs
+
+    x = make_prefill_inputs([T])
+    HV = x["v"].shape[1]
+    g = torch.full((1, T, HV), -0.1)
+    beta = torch.full((1, T, HV), 0.5, dtype=torch.bfloat16)
+    chunk_gated_delta_rule(x["q"][None], x["k"][None], x["v"][None], g, beta,
+                           initial_state=x["state"], output_final_state=True,
+                           use_qk_l2norm_in_kernel=True, state_v_first=True,
+                           cu_seqlens=x["cu_seqlens"])
 
 
 def _multi_gpu_rank():

@@ -577,8 +577,8 @@ share"""),
 ## 4. The drop-in against our contest entry points
 The drop-in on the layer's captured arguments (q/k repeated to the value heads, gates
 precomputed, the L2 norm requested) against `gdn_prefill` / `gdn_decode` on the same work
-in the contest's layout; both gated against the reference first. `qk_norm_us`: the
-drop-in's separate L2-norm launch alone (prefill)."""),
+in the contest's layout; both gated against the reference first. `qk_norm_us`: a separate
+L2-norm launch alone (prefill; the drop-in normalises in its kernels, no such launch)."""),
     ("code", """\
 dropin_gate, compare = xp.run_compare(run)
 display(dropin_gate)

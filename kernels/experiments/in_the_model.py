@@ -646,7 +646,7 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
         lines.append(f"- the drop-in over gdn_prefill / gdn_decode on the same work: "
                      f"{compare['ratio'].min():.2f}x to {worst['ratio']:.2f}x (worst: "
                      f"{worst['part']} T={worst['T']} B={worst['B']}, {worst['method']}"
-                     + (f"; its L2-norm launch alone {fmt_us(worst['qk_norm_us'])}"
+                     + (f"; a separate L2-norm launch alone {fmt_us(worst['qk_norm_us'])}"
                         if pd.notna(worst["qk_norm_us"]) else "") + "); "
                      + ("within" if over.empty else f"{len(over)} of {len(compare)} points over")
                      + f" the {COMPARE_TARGET:.2f}x target")

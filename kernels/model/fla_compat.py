@@ -11,17 +11,16 @@ caller hands over; each difference and what it costs here:
   (``GATES="log"``: the intra-chunk kernel, the token-recurrent kernel, the decode
   kernel): no extra pass.
 * **L2 norm of q and k** (``use_qk_l2norm_in_kernel=True``, what transformers passes):
-  in the decode and token-recurrent kernels it is done on the loaded vectors (``QK_NORM``,
-  no extra pass). The chunked prefill's kernels read ``q`` and ``k`` in several launches,
-  so there it is **one separate launch** before them
-  (:func:`kernels.prefill.qk_norm.qk_l2norm`: ``q`` and ``k`` together, f32 row norms,
-  ``x / sqrt(sum(x^2) + 1e-6)`` as FLA's ``l2norm``): it reads and writes each once more,
-  ``4 * T * H * D`` bytes per tensor (bf16 in and out), ``H`` the heads the kernels read
-  (see the next point). At 131,072 tokens with ``q`` and ``k`` at the contest's 8 value
-  heads (transformers' repeat, ``D = 128``) that is 2 x 536.9 MB = 1,073.7 MB of traffic
-  (half with ``q``, ``k`` at the 4 key heads). FLA pays the same: its
-  ``chunk_gated_delta_rule`` runs its ``l2norm_fwd`` over ``q`` and over ``k`` (two
-  launches) before its chunked kernels.
+  in the kernels, no extra pass. The decode and token-recurrent kernels normalise the
+  loaded vectors (``QK_NORM``). The chunked prefill (``fused_launches(..., qk_norm=True)``)
+  applies ``r = 1 / sqrt(sum(x^2) + 1e-6)`` (f32, FLA's ``l2norm``) as row factors on the
+  products ``q`` and ``k`` enter: the intra-chunk kernel computes ``rq``, ``rk`` from its
+  ``q``, ``k`` tiles, scales ``K K^T`` and ``Q K^T`` by them and stores them (8 bytes per
+  token and q/k head, in the call's workspace); the walks multiply them into the gate
+  factors of ``k S``, ``q S`` and ``k^T v_new``. The bf16 inputs are used as given (FLA
+  rounds the normalised vectors to bf16 first: a difference of rounding only). FLA runs
+  its ``l2norm_fwd`` over ``q`` and over ``k`` (two launches, each reading and writing the
+  tensor) before its chunked kernels.
 * **State layout**: FLA's ``[N, HV, K, V]`` (``state_v_first=False``, its default) or
   ours, k-last ``[N, HV, V, K]`` (``state_v_first=True``). A final state in FLA's layout
   is returned as the transposed *view* of a k-last buffer (same shape and values, no
@@ -60,7 +59,6 @@ from ..decode.table import config_for_device
 from ..launch import FastLaunch
 from ..prefill.pipeline import fused_launches
 from ..prefill.plan import call_plan
-from ..prefill.qk_norm import qk_l2norm
 from ..prefill.recurrent import recurrent_fwd
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "DECODE_MAX_T"]
@@ -234,8 +232,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         initial_state: `[N, HV, K, V]` f32 (`[N, HV, V, K]` with ``state_v_first``) or None
             (zeros); left untouched.
         output_final_state: also return the final state (else None).
-        use_qk_l2norm_in_kernel: L2-normalise ``q`` and ``k`` per head first (one separate
-            launch here, see the module's notes).
+        use_qk_l2norm_in_kernel: L2-normalise ``q`` and ``k`` per head (in the kernels,
+            see the module's notes).
         state_v_first: the states are k-last `[N, HV, V, K]` (ours) instead of FLA's
             `[N, HV, K, V]`.
         cu_seqlens: `[N+1]` int32/int64 packed sequence bounds (then ``B == 1``), or None
@@ -253,8 +251,6 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                         use_qk_l2norm_in_kernel, cu_cpu)
     dev = q.device
     q, k = _heads(q, HV), _heads(k, HV)
-    if use_qk_l2norm_in_kernel:
-        q, k = qk_l2norm(q, k)
     HQ = q.shape[2]
     h0, _ = _klast(initial_state, state_v_first, copy=True)
     cu = cu_seqlens if cu_seqlens is not None else _seqlens(B, T, dev)
@@ -262,12 +258,13 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ht = torch.empty(N, HV, D, D, dtype=torch.float32, device=dev)
     Tt = B * T
     if Tt:
-        plan = call_plan(Tt, N, HV, D, dev, None, None)
+        plan = call_plan(Tt, N, HV, D, dev, None, None,
+                         qk_heads=HQ if use_qk_l2norm_in_kernel else 0)
         fused_launches(plan, q.view(Tt, HQ, D), k.view(Tt, HQ, D),
                        v.contiguous().view(Tt, HV, D), h0, None,
                        g.contiguous().view(Tt, HV), None, beta.contiguous().view(Tt, HV), cu,
                        D ** -0.5 if scale is None else float(scale), o.view(Tt, HV, D), ht,
-                       guard=not checked, gates="log")
+                       guard=not checked, gates="log", qk_norm=use_qk_l2norm_in_kernel)
     elif output_final_state:   # no tokens: the final state is the initial one
         ht.copy_(h0) if h0 is not None else ht.zero_()
     return o, (_final(ht, state_v_first, False) if output_final_state else None)

@@ -36,7 +36,11 @@ With ``RAW_GATES`` the kernel also computes ``g``, ``beta`` and the
 per-chunk cumulative sum from ``a``, ``b``, ``A_log``, ``dt_bias`` (stage 1
 fused in; with ``GATES="log"`` from the precomputed ``g`` and ``beta`` FLA's convention
 passes, read from ``a`` and ``b``) and writes ``gc`` for the later stages. With ``WALKERS`` (the one-launch
-path) the grid has extra programs that walk the sequences (:func:`_walker`).
+path) the grid has extra programs that walk the sequences (:func:`_walker`). With
+``QK_NORM`` (FLA's ``use_qk_l2norm_in_kernel``) the rows of ``q`` and ``k`` enter
+L2-normalised as f32 factors ``rq = 1/|q_t|``, ``rk = 1/|k_t|`` on the products' rows and
+columns (``diag(rk) K K^T diag(rk)``, ``diag(rq) Q K^T diag(rk)``), stored to ``qkn`` for
+the walks, which multiply them into their gate factors (:mod:`.state_walk`).
 """
 from __future__ import annotations
 
@@ -56,7 +60,8 @@ from .gates import log_decay  # noqa: E402
 from .guard import guard_outputs  # noqa: E402
 from ..launch import FastLaunch, dtypes  # noqa: E402
 from .pdl import grid_trigger, pdl_supported  # noqa: E402
-from .state_walk import fused_chunk_step_tm, load_state_tile, store_state_tile  # noqa: E402
+from .state_walk import (check_qk_norms, fused_chunk_step_tm, l2_rnorm,  # noqa: E402
+                         load_state_tile, store_state_tile)
 
 __all__ = ["intra_chunk_kernel", "intra_chunk_fwd", "BC", "solve_bands", "SOLVE", "SOLVES",
            "SOLVE_PRECISION", "OFFDIAG_PRECISION", "STORAGE"]
@@ -211,7 +216,7 @@ def _store_band(p_w, X3, b_beta, D: tl.constexpr, n_t, H: tl.constexpr, BC: tl.c
 def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale, T, N,
             H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
             BT: tl.constexpr, BVW: tl.constexpr, USE_H0: tl.constexpr,
-            WALK_PREC: tl.constexpr, INLINE_PREC: tl.constexpr):
+            WALK_PREC: tl.constexpr, INLINE_PREC: tl.constexpr, QK_NORM: tl.constexpr):
     """``WALKERS``: walker ``j`` of head ``i_h`` owns ``BVW`` state columns of one sequence and
     walks its chunks as the walk kernel would (:func:`.state_walk.fused_chunk_step_tm`), each
     chunk once the program of that chunk slot has stored ``Tb``, ``Aqk`` and ``gc`` and
@@ -242,7 +247,7 @@ def _walker(j, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale, T, N
         t0 = bos + c * BT
         b_S = fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, tl.minimum(eos - t0, BT),
                                   i_h, i_hk, i_v, scale, H, HQ, K, V, BT, BVW, WALK_PREC,
-                                  INLINE_PREC)
+                                  INLINE_PREC, QK_NORM)
     store_state_tile(ht, b_S, i_n, i_h, i_v, H, K, V, BVW)
 
 
@@ -266,6 +271,7 @@ def intra_chunk_kernel(
     flags,          # [>= slots * H] int32, zero between calls (WALKERS) or None
     status,         # [1] int32 out: the guard's status bits (WALKERS and HAS_STATUS) or None
     lb,             # [slots, H] f32 out: log bound of each chunk's transition (STORE_LB) or None
+    qkn,            # [T, HQ, 2] f32 out: L2-norm factors (rq, rk) of q, k rows (QK_NORM) or None
     cu_seqlens,     # [N+1] int32/int64
     chunk_indices,  # [NC, 2] int32 (USE_INDICES) or None
     scale,          # output scale
@@ -297,6 +303,7 @@ def intra_chunk_kernel(
     LB_DIAG: tl.constexpr = True,       # STORE_LB: |k_t|^2 from A's diagonal (else from k)
     GATES: tl.constexpr = "raw",        # RAW_GATES: "raw" a, b (with A_log, dt_bias), or
                                         # "log": a = g (log decay), b = beta (FLA's inputs)
+    QK_NORM: tl.constexpr = False,      # q, k rows L2-normalised (factors; stored into qkn)
 ):
     tl.static_assert(BT == 4 * BC)
     grid_trigger(PDL_TRIGGER)
@@ -315,7 +322,7 @@ def intra_chunk_kernel(
                              K, HAS_STATUS, False) != 0:
                 return
             _walker(i_p - n_slots, i_h, w, v, k, q, p, gc, o, h0, ht, flags, cu_seqlens, scale,
-                    T, N, H, G, K, V, BT, BVW, USE_H0, WALK_PREC, INLINE_PREC)
+                    T, N, H, G, K, V, BT, BVW, USE_H0, WALK_PREC, INLINE_PREC, QK_NORM)
             return
     i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, chunk_indices, N, T, BT, USE_INDICES)
     if i_c * BT >= eos - bos:
@@ -353,7 +360,17 @@ def intra_chunk_kernel(
 
     # 1. A = beta K K^T exp(gc_i - gc_j), strictly lower
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
-    b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta[:, None] * b_decay
+    if QK_NORM:
+        # k_t / |k_t| (q_t / |q_t| below) as factors on the products' rows and columns:
+        # K^ K^T = diag(rk) K K^T diag(rk), Q^ K^T = diag(rq) Q K^T diag(rk); the factors
+        # go to qkn for the walks (one program of the G value heads sharing the q/k head
+        # stores them)
+        b_rk = l2_rnorm(b_k)
+        b_decay = b_decay * b_rk[None, :]
+        b_beta_k = b_beta * b_rk
+    else:
+        b_beta_k = b_beta
+    b_A = tl.dot(b_k, tl.trans(b_k)) * b_beta_k[:, None] * b_decay
     if STORE_LB:
         # log of a bound on the norm of the chunk's state transition, the product of
         # exp(g_t) (I - beta_t k_t k_t^T) over its tokens: each factor's norm is at most
@@ -366,6 +383,8 @@ def intra_chunk_kernel(
         else:
             b_kf = b_k.to(tl.float32)
             b_bkn = b_beta * tl.sum(b_kf * b_kf, axis=1)
+            if QK_NORM:
+                b_bkn = b_bkn * b_rk * b_rk
         b_lk = tl.log(tl.maximum(b_bkn - 1.0, 1.0))
         b_gl = tl.sum(tl.where(o_r == tl.minimum(n_t, BT) - 1, b_gc, 0.0), axis=0)
         tl.store(lb + slot_of(i_n, i_c, bos, BT) * H + i_h, b_gl + tl.sum(b_lk, axis=0))
@@ -373,7 +392,15 @@ def intra_chunk_kernel(
     # the causal q k^T term now, while k is loaded, and stored at once (k, q and the
     # decays die before the solve: fewer live registers through it)
     b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_r[:, None], other=0.0)
-    b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
+    if QK_NORM:
+        b_rq = l2_rnorm(b_q)
+        b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_rq[:, None] * b_decay
+        if i_h % G == 0:
+            p_n = qkn + (t0 * HQ + i_hk) * 2 + o_r * (2 * HQ)
+            tl.store(p_n, b_rq, mask=m_r)
+            tl.store(p_n + 1, b_rk, mask=m_r)
+    else:
+        b_Aqk = tl.dot(b_q, tl.trans(b_k)) * b_decay
     b_Aqk = tl.where(o_r[:, None] >= o_r[None, :], b_Aqk, 0.0)
     tl.store(p + (t0 * H + i_h) * BT + o_at, (scale * b_Aqk).to(p.dtype.element_ty),
              mask=m_r[:, None])
@@ -445,7 +472,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                     maxnreg: Optional[int] = None, pdl_trigger: str = "",
                     defer: bool = False, walkers: Optional[dict] = None,
                     log_bound: Optional[torch.Tensor] = None, out: Optional[tuple] = None,
-                    gates: str = "raw"):
+                    gates: str = "raw", qk_norms: Optional[torch.Tensor] = None):
     """Allocate the outputs, launch :func:`intra_chunk_kernel` once; returns ``(Tb, gc,
     Aqk)``: ``Tb = Tm diag(beta)`` and ``scale * Aqk`` (``[T, HV, 64]`` each, dtype
     :data:`STORAGE` ``[storage]``) and ``gc`` ``[T, HV]`` f32.
@@ -476,6 +503,11 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     ``gates`` (raw-gates mode): ``"raw"``, or ``"log"``: ``a`` holds the log decay ``g``
     `[T, HV]` f32 and ``b`` the post-sigmoid ``beta`` (FLA's inputs,
     :mod:`kernels.model.fla_compat`); ``A_log``, ``dt_bias`` are then not read.
+    ``qk_norms``: `[T, HQ, 2]` f32, written: the rows of ``q`` and ``k`` enter
+    L2-normalised (``x / sqrt(sum(x^2) + 1e-6)``, FLA's ``use_qk_l2norm_in_kernel``) as
+    f32 factors on the products ``K K^T`` and ``Q K^T`` (and in the walker programs), and
+    the factors ``(1/|q_t|, 1/|k_t|)`` are stored there for the walks (their
+    ``qk_norms``); None: the rows as given.
     """
     if gates not in ("raw", "log"):
         raise ValueError(f"gates must be 'raw' or 'log', got {gates!r}")
@@ -486,6 +518,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
+    check_qk_norms(qk_norms, k)
     raw = gc is None
     dev = k.device
     if out is not None:
@@ -518,11 +551,11 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
         go = _nothing
     else:
         args = (q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_, flags, status,
-                log_bound, cu_seqlens, chunk_indices, float(scale), T, N)
+                log_bound, qk_norms, cu_seqlens, chunk_indices, float(scale), T, N)
         # the launch key: what the keyword arguments follow from, and the tensors' dtypes
         key = (H, HQ, K, V, raw, gates, solve, num_warps, maxnreg, pdl_trigger, wkey,
                dtypes(q, k, v, a, b, A_log, dt_bias, gc, beta, w, P, At, h0, ht_, o_, flags,
-                      status, log_bound, cu_seqlens, chunk_indices))
+                      status, log_bound, qk_norms, cu_seqlens, chunk_indices))
 
         def kwargs():
             walk_opts = {} if wkey is None else dict(
@@ -530,6 +563,7 @@ def intra_chunk_fwd(k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, 
                 INLINE_PREC=wkey[2], GUARD=wkey[3], HAS_STATUS=wkey[3] and status is not None)
             return dict(
                 RAW_GATES=raw, GATES=gates, STORE_LB=log_bound is not None,
+                QK_NORM=qk_norms is not None,
                 LB_DIAG=(log_bound is not None
                          and gpu_limits.device_limits(dev).cc // 10 != 10),
                 H=H, G=H // HQ, K=K, V=V, BT=BT, BC=BC, USE_INDICES=use_indices, SOLVE=solve,

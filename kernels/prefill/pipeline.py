@@ -127,22 +127,22 @@ def begin_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output, 
 
 
 def _walk(walk, q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale, guard, status,
-          **override):
+          qk_norms=None, **override):
     """The walk without context parallelism, as planned (:attr:`.plan.Plan.walk`:
     :func:`.state_walk_t.state_walk_t_fwd` or :func:`.state_walk.state_walk_fwd`), forming
     the outputs inline and guarding ``cu_seqlens`` when ``guard``; ``override``: keyword
-    arguments over the plan's (the compositions launch without PDL). Returns the bound
-    launch."""
+    arguments over the plan's (the compositions launch without PDL); ``qk_norms``: the
+    intra-chunk kernel's L2-norm factors (None: no norm). Returns the bound launch."""
     transposed, kw = walk
     if override:
         kw = dict(kw, **override)
     if transposed:
         return state_walk_t_fwd(q, k, v, tb, aqk, gc, cu_seqlens, initial_state=state,
                                 output=o, final_state=ht, scale=scale, guard=guard,
-                                status=status, defer=True, **kw)
+                                status=status, defer=True, qk_norms=qk_norms, **kw)
     return state_walk_fwd(k, tb, v, gc, cu_seqlens, p=aqk, initial_state=state, output=o,
                           final_state=ht, guard=guard, status=status, defer=True, q=q,
-                          scale=scale, **kw)
+                          scale=scale, qk_norms=qk_norms, **kw)
 
 
 def _shape_plan(q, shape, cu_seqlens, cp, config) -> Plan:
@@ -371,7 +371,8 @@ def workspace_views(plan: Plan, device, buf=None, names=None) -> dict:
 
 
 def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o,
-                   ht, guard=False, status=None, gates="raw", workspace=None) -> None:
+                   ht, guard=False, status=None, gates="raw", workspace=None,
+                   qk_norm: bool = False) -> None:
     """Run ``plan`` (:class:`.plan.Plan`) on validated inputs and allocated outputs: the
     ``fused`` variant's kernels. ``guard``: the kernel that writes the outputs checks
     ``cu_seqlens`` on the device (:mod:`.guard`; ``status`` gets its bits; :mod:`.graph`
@@ -380,12 +381,20 @@ def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
     the kernels that compute the gates. Every launch is bound (arguments ordered, handles
     fetched) before the first one: on the eager path the host time between launches is what
     the GPU waits for. ``workspace``: the float32 buffer the intermediates are cut from
-    (None: a fresh one)."""
+    (None: a fresh one). ``qk_norm``: L2-normalise the rows of ``q`` and ``k`` in the
+    kernels (FLA's ``use_qk_l2norm_in_kernel``): the intra-chunk kernel applies the factors
+    ``1 / sqrt(sum(x^2) + 1e-6)`` to ``K K^T`` and ``Q K^T`` and stores them in the
+    workspace's ``qk_norm`` view, which every walk reads (8 bytes per row, no pass over
+    ``q`` and ``k``); the plan must be made for it (``qk_heads``, :func:`.plan.call_plan`)."""
     if plan.path == "recurrent":
         recurrent_fwd(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht,
-                      guard=guard, status=status, gates=gates)
+                      guard=guard, status=status, gates=gates, qk_norm=qk_norm)
         return None
+    if plan.qk_heads != (q.shape[1] if qk_norm else 0):
+        raise ValueError(f"qk_norm={qk_norm} needs a plan made with qk_heads="
+                         f"{q.shape[1] if qk_norm else 0}, got {plan.qk_heads}")
     ws = workspace_views(plan, q.device, workspace)
+    qkn = ws.get("qk_norm")
     tb, gc, aqk = ws["Tb"], ws["gc"], ws["Aqk"]
     walkers, intra = None, plan.intra
     if plan.path == "single":
@@ -398,13 +407,13 @@ def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
     go_intra = intra_chunk_fwd(
         k, v, cu_seqlens, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
         defer=True, walkers=walkers, log_bound=lb, out=(tb, gc, aqk, ws.get("scratch")),
-        gates=gates, **intra)[3]
+        gates=gates, qk_norms=qkn, **intra)[3]
     if walkers is not None:
         go_intra()
         return None
     if not plan.seg_chunks:
         go_walk = _walk(plan.walk, q, k, v, tb, aqk, gc, cu_seqlens, state, o, ht, scale,
-                        guard, status)
+                        guard, status, qkn)
         go_intra()
         go_walk()
         return None
@@ -413,11 +422,11 @@ def fused_launches(plan: Plan, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                         status)
     summary, negl = ws["summary"], ws["negligible"]
     go_summary = state_walk_fwd(k, tb, v, gc, cu_seqlens, summary=summary, log_bound=lb,
-                                negligible=negl, defer=True, **plan.phase_a)
+                                negligible=negl, defer=True, qk_norms=qkn, **plan.phase_a)
     go_walk = state_walk_fwd(k, tb, v, gc, cu_seqlens, p=aqk, initial_state=state,
                              summary=summary, output=o, final_state=ht, negligible=negl,
                              guard=guard, status=status, defer=True, q=q, scale=scale,
-                             **plan.phase_c)
+                             qk_norms=qkn, **plan.phase_c)
     go_intra()
     go_summary()
     go_walk()
@@ -444,14 +453,15 @@ def _cp_long(plan: Plan, ws: dict, q, k, v, cu_seqlens, state, o, ht, scale, go_
     remember across segments), and the three phases work on half-segment slots."""
     tb, gc, aq, lb = ws["Tb"], ws["gc"], ws["Aqk"], ws["log_bound"]
     summ, s0, negl, seg_mult = ws["summary"], ws["s0"], ws["negligible"], ws.get("seg_mult")
+    qkn = ws.get("qk_norm")
     go_a = state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, summary=summ, log_bound=lb,
                             negligible=negl, seg_mult=seg_mult, scale=scale, defer=True,
-                            **plan.phase_a)
+                            qk_norms=qkn, **plan.phase_a)
     go_b = segment_combine_t_fwd(summ, s0, negl, cu_seqlens, state, seg_mult=seg_mult,
                                  defer=True, **plan.phase_b)
     go_c = phase_c_fwd(plan.phase_c_gluon, q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=o,
                        final_state=ht, guard=guard, status=status, seg_mult=seg_mult,
-                       scale=scale, defer=True, **plan.phase_c)
+                       scale=scale, defer=True, qk_norms=qkn, **plan.phase_c)
     go_split = (segment_split_fwd(lb, cu_seqlens, seg_mult, defer=True, **plan.split_args)
                 if seg_mult is not None else None)
     go_intra()
@@ -465,20 +475,21 @@ def _cp_long(plan: Plan, ws: dict, q, k, v, cu_seqlens, state, o, ht, scale, go_
 
 def phase_c_fwd(gluon: bool, q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_state,
                 scale: float, seg_t: int, tail: int, seg_mult=None, guard: bool = False,
-                status=None, defer: bool = False, **triton_kw):
+                status=None, defer: bool = False, qk_norms=None, **triton_kw):
     """Phase C of the long path as planned: the Gluon walk where the plan picked it
     (``gluon``: :func:`.config.walk_gluon_rule`) and TMA can address the tensors
     (:func:`.state_walk_gluon.tma_ready`), else :func:`.state_walk_t.state_walk_t_fwd` with
     ``triton_kw`` (the plan's ``phase_c``: tile, warps, stages, precisions); ``tail`` (the
-    split tail, :func:`.config.tail_split_rule`) goes to either. The one place both launch
+    split tail, :func:`.config.tail_split_rule`) goes to either, and so do ``qk_norms``
+    (the L2-norm factors of ``q``, ``k`` rows, or None). The one place both launch
     sites (:func:`_cp_long`, :mod:`.multi_gpu`) go through."""
     if gluon and tma_ready(q, k, v, tb, aq, output):
         not_recordable()   # (its launch builds TMA descriptors from the addresses)
         return state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
                                     final_state=final_state, scale=scale, seg_t=seg_t,
                                     tail=tail, seg_mult=seg_mult, guard=guard, status=status,
-                                    defer=defer)
+                                    defer=defer, qk_norms=qk_norms)
     return state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, s0=s0, output=output,
                             final_state=final_state, scale=scale, seg_t=seg_t, tail=tail,
                             seg_mult=seg_mult, guard=guard, status=status, defer=defer,
-                            **triton_kw)
+                            qk_norms=qk_norms, **triton_kw)

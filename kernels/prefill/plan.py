@@ -148,6 +148,9 @@ class Plan:
         layout, nbytes: the workspace's views ``(name, dtype, shape, offset, bytes)`` and
             the bytes of its one allocation (:func:`workspace_layout`); views: the same as
             ``(name, dtype, shape, strides, element offset)``, what a call cuts them with.
+        qk_heads: the q/k heads of a call that L2-normalises ``q`` and ``k`` in the kernels
+            (FLA's ``use_qk_l2norm_in_kernel``; the workspace then has the ``qk_norm``
+            factors, :func:`workspace_layout`), 0 for a call that does not.
     """
 
     path: str
@@ -174,6 +177,7 @@ class Plan:
     nbytes: int = 0
     views: tuple = ()
     phase_c_gluon: bool = False
+    qk_heads: int = 0
 
     @property
     def label(self) -> str:
@@ -248,17 +252,19 @@ def plan_key(cp):
 
 def prefill_plan(T: int, N: int, HV: int, D: int, device="cuda",
                  cp: Union[None, bool, int] = None, config: Optional[PrefillConfig] = None,
-                 graph: bool = False) -> Plan:
+                 graph: bool = False, qk_heads: int = 0) -> Plan:
     """The :class:`Plan` of a ``fused`` call of ``T`` tokens in ``N`` sequences with ``HV``
     value heads of size ``D`` on ``device`` (``"cuda"``: the current GPU).
 
     ``graph``: the ``graph`` variant's plan: the recurrent rule on the call's ``T``, the
     chunked path planned for its bucket (:func:`bucket_of`), whose kernels the graph
-    replays."""
+    replays. ``qk_heads``: the plan of a call with ``qk_heads`` q/k heads that L2-normalises
+    them in the kernels (:attr:`Plan.qk_heads`; 0: none)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return call_plan(int(T), int(N), int(HV), int(D), device, cp, config, bool(graph))
+    return call_plan(int(T), int(N), int(HV), int(D), device, cp, config, bool(graph),
+                     int(qk_heads))
 
 
 #: Plans by the key of :func:`call_plan` (at most :data:`MAX_PLANS`; then forgotten at once).
@@ -267,18 +273,20 @@ MAX_PLANS = 4096
 
 
 def call_plan(T: int, N: int, HV: int, D: int, device: torch.device, cp, config,
-              graph: bool = False) -> Plan:
+              graph: bool = False, qk_heads: int = 0) -> Plan:
     """:func:`prefill_plan` for a call: ints, the inputs' ``device`` (with its index), the
     caller's ``cp`` and ``config``; remembered on exactly these (one dict lookup per
     call, as :func:`kernels.decode.table.config_for_device`), built on a miss (``cp`` and
-    ``config`` checked then)."""
-    key = (T, N, HV, D, device, cp.__class__, cp, config, graph)
+    ``config`` checked then). ``qk_heads`` (:attr:`Plan.qk_heads`) is part of the key: a
+    call with the L2 norm in the kernels never shares a plan with one without."""
+    key = (T, N, HV, D, device, cp.__class__, cp, config, graph, qk_heads)
     try:
         plan = _PLANS.get(key)
     except TypeError:   # an unhashable cp or config: plan_key / fitted_config say why
         plan = None
     if plan is None:
-        plan = _plan(T, N, HV, D, device, plan_key(cp), fitted_config(config, D), graph)
+        plan = _plan(T, N, HV, D, device, plan_key(cp), fitted_config(config, D), graph,
+                     qk_heads)
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
@@ -300,7 +308,7 @@ def clear_plan_cache() -> None:
 
 
 def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
-          graph: bool = False) -> Plan:
+          graph: bool = False, qk_heads: int = 0) -> Plan:
     """Apply the rules (:func:`prefill_plan` on checked arguments: :func:`plan_key`, the
     fitted config)."""
     cp = cp_key[1]
@@ -341,7 +349,7 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
     trigger = "start" if cfg.pdl else ""
     kw = dict(path=path, T=T, N=N, HV=HV, D=D, BV=BV, seg_chunks=seg, split=split,
               launches=LAUNCHES[launch_key(path)]["kernels"],
-              log_eps=cfg.log_eps, note=note, config=cfg,
+              log_eps=cfg.log_eps, note=note, config=cfg, qk_heads=qk_heads,
               intra=dict(intra_kwargs(cfg), pdl_trigger=trigger))
     if not seg:
         kw["walk"] = _walk_args(T, N, HV, D, BV, device, n_sm, cfg, prec)
@@ -370,7 +378,8 @@ def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,
                                loop_stages=loop_stages, pdl=cfg.pdl, log_eps=cfg.log_eps,
                                **prec))
     if path != "recurrent":
-        layout = workspace_layout(T, N, HV, D, seg, long, split, cfg.storage, cfg.solve)
+        layout = workspace_layout(T, N, HV, D, seg, long, split, cfg.storage, cfg.solve,
+                                  qk_heads=qk_heads)
         nbytes, views = layout_views(layout)
         kw.update(layout=layout, nbytes=nbytes, views=views)
     return Plan(**kw)
@@ -418,7 +427,7 @@ def _walk_args(T, N, HV, D, BV, device, n_sm, cfg, prec) -> tuple:
 
 def workspace_layout(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
                      long: bool = False, split: bool = False, storage: str = "compact",
-                     solve: str = "batched", extra: tuple = ()) -> tuple:
+                     solve: str = "batched", extra: tuple = (), qk_heads: int = 0) -> tuple:
     """The intermediates of one ``fused`` call (outputs excluded) as views of one buffer:
     ``(name, dtype, shape, byte offset, bytes)``, each at a multiple of
     :data:`WORKSPACE_ALIGN`.
@@ -429,7 +438,9 @@ def workspace_layout(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
     ``[S, HV, D, 2D]`` f32 (``[S, HV, 2D, D]`` on the long path, ``long``), the segments'
     flags ``[S, HV]`` int32, on the long path the entering states ``[S, HV, D, D]`` and,
     where the device chooses the split (``split``: ``S`` counts half-segment slots), the
-    segments per sequence ``[N]`` int32; then ``extra``, more views ``(name, dtype,
+    segments per sequence ``[N]`` int32; with ``qk_heads`` (the L2 norm of ``q`` and ``k``
+    in the kernels) their rows' factors ``qk_norm`` ``[T, qk_heads, 2]`` f32 (written by the
+    intra-chunk kernel, read by the walks); then ``extra``, more views ``(name, dtype,
     shape)`` (:mod:`.multi_gpu`'s rank buffers)."""
     views = [("gc", torch.float32, (T, HV)), ("Tb", STORAGE[storage], (T, HV, BT)),
              ("Aqk", STORAGE[storage], (T, HV, BT))]
@@ -444,6 +455,8 @@ def workspace_layout(T: int, N: int, HV: int, D: int, seg_chunks: int = 0,
             views.append(("s0", torch.float32, (S, HV, D, D)))
         if split:
             views.append(("seg_mult", torch.int32, (N,)))
+    if qk_heads:
+        views.append(("qk_norm", torch.float32, (T, qk_heads, 2)))
     views += list(extra)
     out, off = [], 0
     for name, dtype, shape in views:

@@ -1,5 +1,6 @@
-"""The L2 norm of ``q`` and ``k`` in one launch: the chunked prefill's
-``use_qk_l2norm_in_kernel`` (:mod:`kernels.model.fla_compat`).
+"""The L2 norm of ``q`` and ``k`` in one launch, as new tensors: notebook 06's contest-layout
+inputs (:func:`kernels.experiments.in_the_model.contest_inputs`: ``gdn_prefill`` and
+``gdn_decode`` take normalised ``q``, ``k``) and its timing of such a pass.
 
 Per row ``x`` (one token's head, ``D`` values), in float32, rounded back to the input's
 dtype::
@@ -12,10 +13,10 @@ not tiny. One program normalises the same ``BR`` rows of ``q`` and of ``k``: eac
 read once and written once, in one launch (the torch form takes several elementwise
 launches, each reading and writing a full f32 or bf16 tensor).
 
-Why a separate launch and not in the prefill's loads: the ``fused`` pipeline reads ``q`` and
-``k`` in more than one kernel (the intra-chunk kernel, the state walks); normalising in each
-would repeat the reduction per load and touch every kernel of the pipeline. The decode and
-token-recurrent kernels read each vector once and normalise it there (``QK_NORM``).
+The FLA drop-in (:mod:`kernels.model.fla_compat`, ``use_qk_l2norm_in_kernel``) does not
+use it: every kernel normalises in place (the chunked prefill with row factors,
+:func:`kernels.prefill.pipeline.fused_launches` ``qk_norm``; the decode and
+token-recurrent kernels ``QK_NORM``).
 """
 from __future__ import annotations
 

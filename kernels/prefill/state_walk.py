@@ -35,6 +35,7 @@ from .. import interpret
 
 interpret.install()
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -46,7 +47,34 @@ from ..launch import FastLaunch, dtypes  # noqa: E402
 from .pdl import grid_trigger, grid_wait, launch_options, pdl_supported  # noqa: E402
 
 __all__ = ["state_walk_kernel", "state_walk_fwd", "walk_flags", "load_state_tile",
-           "store_state_tile", "fused_chunk_step_tm"]
+           "store_state_tile", "fused_chunk_step_tm", "l2_rnorm", "load_qk_rnorms",
+           "check_qk_norms"]
+
+
+@triton.jit
+def l2_rnorm(x):
+    """``1 / sqrt(sum(x^2) + 1e-6)`` per row of a ``[BT, K]`` tile, in f32 (FLA's
+    ``l2norm``; ``use_qk_l2norm_in_kernel``): the factor that L2-normalises the row."""
+    xf = x.to(tl.float32)
+    return 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) + 1e-6)
+
+
+@triton.jit
+def load_qk_rnorms(qkn, t0, o_bt, m_t, i_hk, HQ: tl.constexpr):
+    """``(rq, rk)`` ``[BT]`` f32 of the chunk's rows from ``t0`` (``QK_NORM``: the
+    intra-chunk kernel's ``[T, HQ, 2]`` buffer of :func:`l2_rnorm` factors; rows past the
+    end 0)."""
+    p_n = qkn + (t0 * HQ + i_hk) * 2 + o_bt * (2 * HQ)
+    return (tl.load(p_n, mask=m_t, other=0.0), tl.load(p_n + 1, mask=m_t, other=0.0))
+
+
+def check_qk_norms(qk_norms, k) -> None:
+    """A ``qk_norms`` buffer (or None) must be f32 ``[T, HQ, 2]`` for ``k`` ``[T, HQ, K]``."""
+    if qk_norms is not None and (qk_norms.dtype != torch.float32 or tuple(
+            qk_norms.shape) != (k.shape[0], k.shape[1], 2) or not qk_norms.is_contiguous()):
+        raise ValueError(f"qk_norms must be a contiguous float32 [T, HQ, 2] = "
+                         f"{(k.shape[0], k.shape[1], 2)}, got {qk_norms.dtype} "
+                         f"{tuple(qk_norms.shape)}")
 
 
 @triton.jit
@@ -73,12 +101,14 @@ def store_state_tile(ht, b_S, i_n, i_h, i_v, H: tl.constexpr, K: tl.constexpr, V
 def fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, n_t, i_h, i_hk, i_v, scale,
                         H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BT: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-                        OUT_PREC: tl.constexpr):
+                        OUT_PREC: tl.constexpr, QK_NORM: tl.constexpr = False):
     """One chunk of the fused walk with the ``"tm"`` intermediates for the ``[K, BV]`` state
     tile ``b_S`` (``w`` holds ``Tb``, ``p`` holds ``scale * Aqk``, ``[T, H, BT]``): writes
     the chunk's outputs and returns the state after it. The same arithmetic as one
     iteration of :func:`state_walk_kernel`; used by the intra-chunk
-    kernel's walker programs (the one-launch path)."""
+    kernel's walker programs (the one-launch path). ``QK_NORM``: the rows of ``q`` and
+    ``k`` L2-normalised, as factors (:func:`l2_rnorm` of the loaded tiles: a walker may
+    run before the program that stores the norms buffer)."""
     o_bt = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -90,14 +120,24 @@ def fused_chunk_step_tm(b_S, w, v, k, q, p, gc, o, t0, n_t, i_h, i_hk, i_v, scal
     b_gl = tl.load(gc + (t0 + n_t - 1) * H + i_h)
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
     b_u = tl.load(v + (t0 * H + i_h) * V + o_tv, mask=m_t[:, None], other=0.0).to(tl.float32)
-    b_rhs = b_u - tl.exp(b_gc)[:, None] * mm(b_k, b_S, DOT_PREC)
+    # the row factors of k S, q S and k^T v_new (times the norms' with QK_NORM)
+    b_ek = tl.exp(b_gc)
+    b_eq = scale * tl.exp(b_gc)
+    b_dk = tl.exp(b_gl - b_gc)
+    if QK_NORM:
+        b_rk = l2_rnorm(b_k)
+        b_ek = b_ek * b_rk
+        b_dk = b_dk * b_rk
+    b_rhs = b_u - b_ek[:, None] * mm(b_k, b_S, DOT_PREC)
     b_tb = tl.load(w + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
     b_v = mm(b_tb, b_rhs, DOT_PREC)
     b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
+    if QK_NORM:
+        b_eq = b_eq * l2_rnorm(b_q)
     b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
-    b_o = mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None] + mm(b_aq, b_v, OUT_PREC)
+    b_o = mm(b_q, b_S, OUT_PREC) * b_eq[:, None] + mm(b_aq, b_v, OUT_PREC)
     tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty), mask=m_t[:, None])
-    b_vd = b_v * tl.exp(b_gl - b_gc)[:, None]
+    b_vd = b_v * b_dk[:, None]
     return b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
 
 
@@ -130,6 +170,7 @@ def state_walk_kernel(
     lb,             # [chunk slots, H] f32 log transition bound per chunk (TRUNC, SUMMARY)
     negl,           # [S, H] int32: 1 where a segment's M is negligible (TRUNC): out
                     # (SUMMARY), in (CHAIN)
+    qkn,            # [T, HQ, 2] f32 L2-norm factors (rq, rk) of q, k rows (QK_NORM) or None
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
     H: tl.constexpr,            # value heads
@@ -157,6 +198,7 @@ def state_walk_kernel(
     GUARD: tl.constexpr = False,        # FUSE_OUTPUT: outputs NaN if cu_seqlens is invalid
     HAS_STATUS: tl.constexpr = False,   # GUARD: store the status bits into status (.guard)
     TRUNC: tl.constexpr = False,        # skip what the decay makes negligible (see below)
+    QK_NORM: tl.constexpr = False,      # q, k rows L2-normalised: factors from qkn
 ):
     # PDL (see .pdl): only h0 is read before grid_wait; every program waits before it
     # exits, so this kernel's completion implies the earlier kernels' completion
@@ -236,7 +278,11 @@ def state_walk_kernel(
         # v_new = Tb (v - exp(gc) k S): u holds the values, w holds Tb = Tm diag(beta)
         b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
         b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
-        b_rhs = b_u - tl.exp(b_gc)[:, None] * mm(b_k, b_S, DOT_PREC)
+        b_ek = tl.exp(b_gc)   # the row factor of k S (and of q S, k^T v_new below)
+        if QK_NORM:   # k_t / |k_t|, q_t / |q_t|: the norms' factors on the same rows
+            b_rq, b_rk = load_qk_rnorms(qkn, t0, o_bt, m_t, i_hk, HQ)
+            b_ek = b_ek * b_rk
+        b_rhs = b_u - b_ek[:, None] * mm(b_k, b_S, DOT_PREC)
         b_tb = tl.load(w + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
         b_v = mm(b_tb, b_rhs, DOT_PREC)
         b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
@@ -246,13 +292,19 @@ def state_walk_kernel(
             else:
                 b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
             b_aq = tl.load(p + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
-            b_o = (mm(b_q, b_S, OUT_PREC) * (scale * tl.exp(b_gc))[:, None]
+            b_eq = scale * tl.exp(b_gc)
+            if QK_NORM:
+                b_eq = b_eq * b_rq
+            b_o = (mm(b_q, b_S, OUT_PREC) * b_eq[:, None]
                    + mm(b_aq, b_v, OUT_PREC))
             tl.store(o + (t0 * H + i_h) * V + o_tv, b_o.to(o.dtype.element_ty),
                      mask=m_t[:, None])
         # S = exp(gc_last) S + k^T (exp(gc_last - gc) v_new): the decay goes on the
         # small [BT, BV] residual tile, k stays bf16
-        b_vd = b_v * tl.exp(b_gl - b_gc)[:, None]
+        b_dk = tl.exp(b_gl - b_gc)
+        if QK_NORM:
+            b_dk = b_dk * b_rk
+        b_vd = b_v * b_dk[:, None]
         b_S = b_S * tl.exp(b_gl) + mm(tl.trans(b_k), b_vd, DOT_PREC)
 
     if SUMMARY:
@@ -290,7 +342,8 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
                    chain_precision: str = "tf32x3", pdl: bool = False, pdl_trigger: str = "",
                    loop_stages: Optional[int] = None, defer: bool = False, q=None,
                    scale: float = 1.0, pipe_skip: str = "", guard: bool = False, status=None,
-                   log_bound=None, negligible=None, log_eps: Optional[float] = None):
+                   log_bound=None, negligible=None, log_eps: Optional[float] = None,
+                   qk_norms=None):
     """Launch :func:`state_walk_kernel` once; which tensors are given picks the flags.
 
     ``tb`` is ``Tb = Tm diag(beta)`` ``[T, HV, 64]`` (:func:`.intra_chunk.intra_chunk_fwd`),
@@ -314,9 +367,12 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     (`[S, HV]` int32) with ``log_bound`` (the intra-chunk kernel's, phase A: written) or
     ``chain`` (phase C: read): skip what the gates' decay has made negligible (``TRUNC``) below
     ``exp(log_eps)`` (:attr:`.config.PrefillConfig.log_eps`, required with it). The flags
-    that follow from the tensors given: :func:`walk_flags`.
+    that follow from the tensors given: :func:`walk_flags`. ``qk_norms``: `[T, HQ, 2]` f32
+    (the intra-chunk kernel's ``qk_norms``): the rows of ``q`` and ``k`` enter
+    L2-normalised (``QK_NORM``), else as given.
     """
     T, HQ, K = k.shape
+    check_qk_norms(qk_norms, k)
     H, V = v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
     if tb.dim() != 3 or tb.shape[2] != BT:
@@ -337,12 +393,12 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
     cols = K + V if is_summary else V
     grid = (units, H, cols // BV)
     args = (p, k, tb, v, gc, initial_state, cu_seqlens, output, final_state, summary, q,
-            float(scale), status, log_bound, negligible, T, N)
+            float(scale), status, log_bound, negligible, qk_norms, T, N)
     # the launch key: what the keyword arguments follow from, and the tensors' dtypes
     key = (H, HQ, K, V, seg_t, BV, num_warps, num_stages, dot_precision, out_precision,
            chain, chain_precision, pdl, pdl_trigger, loop_stages, pipe_skip, guard, log_eps,
            dtypes(p, k, tb, v, gc, initial_state, cu_seqlens, output, final_state, summary,
-                  q, status, log_bound, negligible))
+                  q, status, log_bound, negligible, qk_norms))
 
     def kwargs():
         pdl_opts = launch_options(pdl, k.device)
@@ -354,6 +410,7 @@ def state_walk_fwd(k, tb, v, gc, cu_seqlens, *, p=None, initial_state=None, outp
             **walk_flags(h0=initial_state, output=output, summary=summary, chain=chain,
                          guard=guard, status=status, negligible=negligible,
                          pipe_skip=pipe_skip),
+            QK_NORM=qk_norms is not None,
             **pdl_opts, num_warps=num_warps, num_stages=num_stages)
 
     go = _WALK_LAUNCH.bind_keyed(key, grid, args, kwargs)

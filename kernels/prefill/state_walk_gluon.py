@@ -227,14 +227,18 @@ if HAVE_GLUON:
     def _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
               kfix, ubos, ueos, i_h, scale, W: gl.constexpr, H: gl.constexpr,
               K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
-              PARTIAL: gl.constexpr, SPLIT_TAIL: gl.constexpr):
+              PARTIAL: gl.constexpr, SPLIT_TAIL: gl.constexpr, qkn, i_hk,
+              HQ: gl.constexpr, QK_NORM: gl.constexpr):
         """Chunk ``i`` of the unit for rows ``64 W ..`` of ``S^T``: returns the new ``S``
         and the next chunk's ``gc`` (all, last row). ``PARTIAL``: the unit's last chunk
         holds fewer than ``BT`` tokens (the module doc's three measures); the full chunks'
         step carries none of them (peeled: the loop body stays the probe's).
         ``SPLIT_TAIL``: a chunk of the split tail (the module doc): ``R`` and the decayed
         ``N`` as bf16 ``hi + lo``, two ``wgmma`` each (``hi`` first, ``lo`` accumulated
-        into its result: the Triton walk's ``"bf16x2"`` order, :func:`.dots.mm`)."""
+        into its result: the Triton walk's ``"bf16x2"`` order, :func:`.dots.mm`).
+        ``QK_NORM``: the rows of ``q`` and ``k`` L2-normalised, their factors (``qkn``, the
+        intra-chunk kernel's) on the token columns of ``X``, ``OQ`` and the decayed ``N``,
+        as the Triton walk applies them."""
         R: gl.constexpr = V // 2
         acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, K, 16])
@@ -249,6 +253,13 @@ if HAVE_GLUON:
         t0 = ubos + i * BT
         n_t = ueos - t0
         live = o_t < n_t
+        if QK_NORM:   # the token columns' factors with 1 / |q_t|, 1 / |k_t| (qkn), at once
+            # (b_gc dies here: fewer live registers than holding the norms to their uses)
+            p_n = qkn + (t0 + o_t) * (2 * HQ) + 2 * i_hk
+            b_rk = gl.load(p_n + 1, mask=live, other=0.0)
+            e_k = gl.exp(b_gc) * b_rk
+            d_k = gl.exp(b_gl - b_gc) * b_rk
+            e_q = scale * gl.exp(b_gc) * gl.load(p_n, mask=live, other=0.0)
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
         k_i = k_s.index(s)
         if PARTIAL:
@@ -262,7 +273,9 @@ if HAVE_GLUON:
         else:
             X = warpgroup_mma_wait(1, deps=[X])            # S^T q^T stays in flight
         vt = v_s.index(s).permute((1, 0)).load(acc_t)     # v^T [R, BT]
-        Rt = vt.to(gl.float32) - X * gl.exp(b_gc)[None, :]
+        if not QK_NORM:
+            e_k = gl.exp(b_gc)
+        Rt = vt.to(gl.float32) - X * e_k[None, :]
         if PARTIAL:
             Rt = gl.where(live[None, :], Rt, 0.0)
         tb_t = tb_s.index(s).permute((1, 0))
@@ -279,16 +292,20 @@ if HAVE_GLUON:
             N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
         if PARTIAL:
             N = gl.where(live[None, :], N, 0.0)
+        if not QK_NORM:
+            d_k = gl.exp(b_gl - b_gc)
         if SPLIT_TAIL:
-            Dt = N * gl.exp(b_gl - b_gc)[None, :]
+            Dt = N * d_k[None, :]
             Dh = Dt.to(gl.bfloat16)
             Db = gl.convert_layout(Dh, a_k)
             Dl = gl.convert_layout((Dt - Dh.to(gl.float32)).to(gl.bfloat16), a_k)
         else:
-            Db = gl.convert_layout((N * gl.exp(b_gl - b_gc)[None, :]).to(gl.bfloat16), a_k)
+            Db = gl.convert_layout((N * d_k[None, :]).to(gl.bfloat16), a_k)
         Nb = gl.convert_layout(N.to(gl.bfloat16), a_t)
+        if not QK_NORM:
+            e_q = scale * gl.exp(b_gc)
         O = warpgroup_mma(Nb, aq_s.index(s).permute((1, 0)),
-                          OQ * (scale * gl.exp(b_gc))[None, :], is_async=True)
+                          OQ * e_q[None, :], is_async=True)
         S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
         if SPLIT_TAIL:
             S = warpgroup_mma(Dl, k_i, S, is_async=True)
@@ -317,7 +334,8 @@ if HAVE_GLUON:
     def _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
                   kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, W: gl.constexpr,
                   H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                  STAGES: gl.constexpr, TAIL: gl.constexpr):
+                  STAGES: gl.constexpr, TAIL: gl.constexpr, qkn, i_hk, HQ: gl.constexpr,
+                  QK_NORM: gl.constexpr):
         """Rows ``64 W ..`` of ``S^T`` over the unit's chunks (the module doc): the full
         chunks, the split tail's full chunks (``last`` units: their last ``TAIL`` chunks),
         then a partial last one if the unit ends mid-chunk (:func:`_step`; only a ``last``
@@ -348,16 +366,18 @@ if HAVE_GLUON:
         for i in range(n_main):
             S, b_gc, b_gl = _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s, aq_s,
                                   o_s, ready, empty, kfix, ubos, ueos, i_h, scale, W, H, K,
-                                  V, BT, STAGES, False, False)
+                                  V, BT, STAGES, False, False, qkn, i_hk, HQ, QK_NORM)
         if TAIL > 0:
             for i in range(n_main, n_full):
                 S, b_gc, b_gl = _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s,
                                       aq_s, o_s, ready, empty, kfix, ubos, ueos, i_h, scale,
-                                      W, H, K, V, BT, STAGES, False, True)
+                                      W, H, K, V, BT, STAGES, False, True, qkn, i_hk, HQ,
+                                      QK_NORM)
         if n_full < n_c:
             S, b_gc, b_gl = _step(n_full, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_s,
                                   aq_s, o_s, ready, empty, kfix, ubos, ueos, i_h, scale, W,
-                                  H, K, V, BT, STAGES, True, TAIL > 0)
+                                  H, K, V, BT, STAGES, True, TAIL > 0, qkn, i_hk, HQ,
+                                  QK_NORM)
         tma.store_wait(0)
         if last:
             gl.store(ht + ht_off + p_rows, S)
@@ -366,19 +386,21 @@ if HAVE_GLUON:
     def _state_wg0(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
                    kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                   STAGES: gl.constexpr, TAIL: gl.constexpr):
+                   STAGES: gl.constexpr, TAIL: gl.constexpr, qkn, i_hk, HQ: gl.constexpr,
+                   QK_NORM: gl.constexpr):
         _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, kfix,
                   s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, 0, H, K, V, BT, STAGES,
-                  TAIL)
+                  TAIL, qkn, i_hk, HQ, QK_NORM)
 
     @gluon.jit
     def _state_wg1(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty,
                    kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, H: gl.constexpr,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                   STAGES: gl.constexpr, TAIL: gl.constexpr):
+                   STAGES: gl.constexpr, TAIL: gl.constexpr, qkn, i_hk, HQ: gl.constexpr,
+                   QK_NORM: gl.constexpr):
         _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_s, aq_s, o_s, ready, empty, kfix,
                   s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, 1, H, K, V, BT, STAGES,
-                  TAIL)
+                  TAIL, qkn, i_hk, HQ, QK_NORM)
 
     @gluon.jit(do_not_specialize=["T", "N"])
     def state_walk_gluon_kernel(
@@ -392,11 +414,12 @@ if HAVE_GLUON:
         ht,                       # [N, H, V, K] f32 out: final state, k-last
         status,                   # [1] int32 out (GUARD and HAS_STATUS) or None
         seg_mult,                 # [N] int32: slots per unit (SPLIT) or None
+        qkn,                      # [T, HQ, 2] f32 L2-norm factors of q, k rows (QK_NORM) or None
         scale, T, N,
         H: gl.constexpr, G: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
         BT: gl.constexpr, SEG_T: gl.constexpr, SPLIT: gl.constexpr, GUARD: gl.constexpr,
         HAS_STATUS: gl.constexpr, STAGES: gl.constexpr, STATE_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, TAIL: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, TAIL: gl.constexpr, QK_NORM: gl.constexpr = False,
     ):
         """Phase C: program ``(slot, value head)`` walks its unit from ``s0[slot, head]``
         (module doc); ``num_warps = 4`` (the first state warpgroup) plus a 4-warp state
@@ -414,6 +437,7 @@ if HAVE_GLUON:
             return
         n_c = gl.cdiv(ueos - ubos, BT).to(gl.int32)   # (at most SEG_T / BT * 2)
         last = ueos >= eos
+        HQ: gl.constexpr = H // G
         s_off = (i_u * H + i_h).to(gl.int64) * (V * K)
         ht_off = (i_n * H + i_h).to(gl.int64) * (V * K)
 
@@ -436,10 +460,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_state_wg0, (gc, s0, ht, o, o_desc, k_s, q_s, v0_s, tb_s, aq_s, o0_s, ready,
                           empty, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, H,
-                          K, V, BT, STAGES, TAIL)),
+                          K, V, BT, STAGES, TAIL, qkn, i_h // G, HQ, QK_NORM)),
             (_state_wg1, (gc, s0, ht, o, o_desc, k_s, q_s, v1_s, tb_s, aq_s, o1_s, ready,
                           empty, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, H,
-                          K, V, BT, STAGES, TAIL)),
+                          K, V, BT, STAGES, TAIL, qkn, i_h // G, HQ, QK_NORM)),
             (_producer, (k_desc, q_desc, v_desc, tb_desc, aq_desc, k_s, q_s, v0_s, v1_s,
                          tb_s, aq_s, ready, empty, ubos, n_c, i_h, i_h // G, K, V, BT,
                          STAGES)),
@@ -461,7 +485,8 @@ def tma_ready(*tensors) -> bool:
 
 def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_state,
                          scale: float, seg_t: int, tail: int, seg_mult=None,
-                         guard: bool = False, status=None, defer: bool = False):
+                         guard: bool = False, status=None, defer: bool = False,
+                         qk_norms=None):
     """Launch :func:`state_walk_gluon_kernel` once: phase C of the long path, as
     :func:`.state_walk_t.state_walk_t_fwd` with ``s0`` (and its ``seg_mult``, ``guard``,
     ``status``) launches it.
@@ -475,6 +500,8 @@ def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_s
         tail: the split tail's chunks (:func:`.config.tail_split_rule`), as the Triton
             walk's ``tail``.
         guard, status: as the Triton walk's (:mod:`.guard`).
+        qk_norms: `[T, HQ, 2]` f32 (the intra-chunk kernel's): ``q``, ``k`` rows enter
+            L2-normalised (``QK_NORM``), as the Triton walk's ``qk_norms``.
     Returns None, or with ``defer`` the bound launch without launching it.
     """
     T, HQ, K = k.shape
@@ -495,10 +522,11 @@ def state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, s0, output, final_s
             desc(v, H * V, [BT, V // 2], lv), desc(tb, H * BT, [BT, BT], lt),
             desc(aq, H * BT, [BT, BT], lt), desc(output, H * V, [BT, V // 2], lv),
             output, gc, s0, cu_seqlens, final_state, status if guard else None, seg_mult,
-            float(scale), T, N)
+            qk_norms, float(scale), T, N)
     kw = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, SEG_T=int(seg_t), SPLIT=seg_mult is not None,
               GUARD=bool(guard), HAS_STATUS=bool(guard) and status is not None,
-              TAIL=tail, STAGES=STAGES, STATE_REGS=STATE_REGS, PRODUCER_REGS=PRODUCER_REGS,
+              TAIL=tail, QK_NORM=qk_norms is not None, STAGES=STAGES,
+              STATE_REGS=STATE_REGS, PRODUCER_REGS=PRODUCER_REGS,
               num_warps=4)
     grid = (int(T) // int(seg_t) + N, H)
 

@@ -41,6 +41,7 @@ import triton.language as tl  # noqa: E402
 from .chunk_index import BT, bound_suffix_start, bound_total, slot_of, unit_bounds  # noqa: E402
 from .dots import mm  # noqa: E402
 from .guard import walk_guard  # noqa: E402
+from .state_walk import check_qk_norms, load_qk_rnorms  # noqa: E402
 from ..launch import FastLaunch, dtypes  # noqa: E402
 from .pdl import grid_wait, launch_options  # noqa: E402
 
@@ -51,20 +52,28 @@ __all__ = ["state_walk_t_kernel", "state_walk_t_fwd", "walk_t_flags"]
 def _chunk_step(q, k, v, tb, aq, gc, o, b_St, t0, ueos, i_h, i_hk, o_bt, o_qk, o_tt, o_vt,
                 m_v, scale, H: tl.constexpr, HQ: tl.constexpr, K: tl.constexpr,
                 BT: tl.constexpr, V: tl.constexpr, DOT_PREC: tl.constexpr,
-                OUT_PREC: tl.constexpr, SUMMARY: tl.constexpr, SPLIT_TAIL: tl.constexpr):
+                OUT_PREC: tl.constexpr, SUMMARY: tl.constexpr, SPLIT_TAIL: tl.constexpr,
+                qkn, QK_NORM: tl.constexpr):
     """One chunk (first token ``t0``) of :func:`state_walk_t_kernel`'s walk: stores its
     outputs (not ``SUMMARY``) and returns the new ``S^T``. ``SPLIT_TAIL``: a chunk of the
     split tail (:data:`.config.TAIL_SPLIT_CHUNKS`): ``rhs^T Tb^T`` and the state update in
     ``"bf16x2"``, the update accumulating onto the decayed state, then the ``hi``, then the
     ``lo`` product (:func:`.dots.mm`; the Gluon phase C issues its ``wgmma`` in that
-    order)."""
+    order). ``QK_NORM``: the rows of ``q`` and ``k`` L2-normalised by the factors in ``qkn``
+    (on the columns of ``(k S)^T``, ``(q S)^T`` and of the decayed ``v_new^T``)."""
     m_t = o_bt < (ueos - t0)
     b_gc = tl.load(gc + t0 * H + i_h + o_bt * H, mask=m_t, other=0.0)
     b_gl = tl.load(gc + (tl.minimum(t0 + BT, ueos) - 1) * H + i_h)
     b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
     b_vt = tl.load(v + (t0 * H + i_h) * V + o_vt, mask=m_t[None, :] & m_v, other=0.0)
+    b_ek = tl.exp(b_gc)   # the column factor of (k S)^T (and of (q S)^T, the update below)
+    b_dk = tl.exp(b_gl - b_gc)
+    if QK_NORM:
+        b_rq, b_rk = load_qk_rnorms(qkn, t0, o_bt, m_t, i_hk, HQ)
+        b_ek = b_ek * b_rk
+        b_dk = b_dk * b_rk
     # rhs^T = v^T - (k S)^T exp(gc): rows past the end are 0 (k, v masked)
-    b_rt = b_vt.to(tl.float32) - mm(b_St, tl.trans(b_k), DOT_PREC) * tl.exp(b_gc)[None, :]
+    b_rt = b_vt.to(tl.float32) - mm(b_St, tl.trans(b_k), DOT_PREC) * b_ek[None, :]
     b_tb = tl.load(tb + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
     if SPLIT_TAIL:
         b_nt = mm(b_rt, tl.trans(b_tb), "bf16x2")
@@ -73,15 +82,18 @@ def _chunk_step(q, k, v, tb, aq, gc, o, b_St, t0, ueos, i_h, i_hk, o_bt, o_qk, o
     if not SUMMARY:
         b_q = tl.load(q + (t0 * HQ + i_hk) * K + o_qk, mask=m_t[:, None], other=0.0)
         b_aq = tl.load(aq + (t0 * H + i_h) * BT + o_tt, mask=m_t[:, None], other=0.0)
-        b_ot = (mm(b_St, tl.trans(b_q), OUT_PREC) * (scale * tl.exp(b_gc))[None, :]
+        b_eq = scale * tl.exp(b_gc)
+        if QK_NORM:
+            b_eq = b_eq * b_rq
+        b_ot = (mm(b_St, tl.trans(b_q), OUT_PREC) * b_eq[None, :]
                 + mm(b_nt, tl.trans(b_aq), OUT_PREC))
         tl.store(o + (t0 * H + i_h) * V + o_vt, b_ot.to(o.dtype.element_ty),
                  mask=m_t[None, :])
     # S'^T = exp(gc_last) S^T + (exp(gc_last - gc) v_new)^T k
     if SPLIT_TAIL:
-        b_St = mm(b_nt * tl.exp(b_gl - b_gc)[None, :], b_k, "bf16x2", b_St * tl.exp(b_gl))
+        b_St = mm(b_nt * b_dk[None, :], b_k, "bf16x2", b_St * tl.exp(b_gl))
     else:
-        b_St = b_St * tl.exp(b_gl) + mm(b_nt * tl.exp(b_gl - b_gc)[None, :], b_k, DOT_PREC)
+        b_St = b_St * tl.exp(b_gl) + mm(b_nt * b_dk[None, :], b_k, DOT_PREC)
     return b_St
 
 
@@ -103,6 +115,7 @@ def state_walk_t_kernel(
     lb,             # [chunk slots, H] f32 log transition bound per chunk (TRUNC) or None
     negl,           # [S, H] int32 out: 1 where the segment's M is negligible (TRUNC) or None
     seg_mult,       # [N] int32: slots per unit of each sequence (SPLIT) or None
+    qkn,            # [T, HQ, 2] f32 L2-norm factors (rq, rk) of q, k rows (QK_NORM) or None
     scale,          # output scale
     T,              # total tokens (not specialised)
     N,              # sequences (not specialised)
@@ -127,6 +140,7 @@ def state_walk_t_kernel(
     SPLIT: tl.constexpr = False,        # units of seg_mult[n] slots (set on the device)
     SUMMARY_LAST: tl.constexpr = False,  # SUMMARY: each sequence's last segment too
     TAIL: tl.constexpr = 0,             # FROM_S0: split tail's chunks (.config.tail_split_rule)
+    QK_NORM: tl.constexpr = False,      # q, k rows L2-normalised: factors from qkn
 ):
     """One program per ``(sequence or segment slot, value head, BV state columns)``: walks
     its chunks from ``h0`` / ``s0`` (or zeros) and writes every output row and the final
@@ -201,12 +215,12 @@ def state_walk_t_kernel(
     for i_c in tl.range(c_start, n_main, num_stages=LOOP_STAGES):
         b_St = _chunk_step(q, k, v, tb, aq, gc, o, b_St, ubos + i_c * BT, ueos, i_h, i_hk,
                            o_bt, o_qk, o_tt, o_vt, m_v, scale, H, HQ, K, BT, V,
-                           DOT_PREC, OUT_PREC, SUMMARY, False)
+                           DOT_PREC, OUT_PREC, SUMMARY, False, qkn, QK_NORM)
     if TAIL > 0:
         for i_c in tl.range(n_main, n_c, num_stages=LOOP_STAGES):
             b_St = _chunk_step(q, k, v, tb, aq, gc, o, b_St, ubos + i_c * BT, ueos, i_h,
                                i_hk, o_bt, o_qk, o_tt, o_vt, m_v, scale, H, HQ, K, BT,
-                               V, DOT_PREC, OUT_PREC, SUMMARY, True)
+                               V, DOT_PREC, OUT_PREC, SUMMARY, True, qkn, QK_NORM)
     if SUMMARY:
         tl.store(summ + (i_u * H + i_h).to(tl.int64) * ((K + V) * K) + o_vk, b_St)
     elif ueos >= eos:   # the sequence's last segment (always, without CP)
@@ -236,7 +250,7 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
                      out_precision: str = "bf16", pdl: bool = False, seg_t: int = 0,
                      summary=None, s0=None, guard: bool = False, status=None,
                      log_bound=None, negligible=None, seg_mult=None, summary_last: bool = False,
-                     log_eps=None, tail: int = 0, defer: bool = False):
+                     log_eps=None, tail: int = 0, defer: bool = False, qk_norms=None):
     """Launch :func:`state_walk_t_kernel` once.
 
     Args:
@@ -268,12 +282,15 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
             default: phase B does not need it; :mod:`.multi_gpu` does).
         guard: check ``cu_seqlens`` on the device and write NaN outputs if it is invalid
             (:mod:`.guard`; not with ``summary``); ``status``: `[1]` int32 for its bits.
+        qk_norms: `[T, HQ, 2]` f32, the intra-chunk kernel's L2-norm factors of the rows
+            of ``q`` and ``k``: they enter normalised (``QK_NORM``); None: as given.
     Returns None, or with ``defer`` the bound launch without launching it. The flags that
     follow from the tensors given: :func:`walk_t_flags`.
     """
     T, HQ, K = k.shape
     H, V = v.shape[1], v.shape[2]
     N = cu_seqlens.numel() - 1
+    check_qk_norms(qk_norms, k)
     if V % BV or K % BV or BV < 16:
         raise ValueError(f"BV must divide V={V} and K={K} and be >= 16, got {BV}")
     if (summary is not None or s0 is not None) != bool(seg_t):
@@ -292,19 +309,19 @@ def state_walk_t_fwd(q, k, v, tb, aq, gc, cu_seqlens, *, initial_state=None, out
     units = (int(T) // seg_t + N) if seg_t else N
     rows = K + V if summary is not None else V
     args = (q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output, final_state,
-            status, log_bound, negligible, seg_mult, float(scale), T, N)
+            status, log_bound, negligible, seg_mult, qk_norms, float(scale), T, N)
     # the launch key: what the keyword arguments follow from, and the tensors' dtypes
     key = (H, HQ, K, V, BV, num_warps, num_stages, loop_stages, dot_precision, out_precision,
            pdl, int(seg_t), guard, summary_last, log_eps, tail,
            dtypes(q, k, v, tb, aq, gc, initial_state, s0, summary, cu_seqlens, output,
-                  final_state, status, log_bound, negligible, seg_mult))
+                  final_state, status, log_bound, negligible, seg_mult, qk_norms))
 
     def kwargs():
         pdl_opts = launch_options(pdl, k.device)
         return dict(
             H=H, G=H // HQ, K=K, V=V, BT=BT, BV=BV, DOT_PREC=dot_precision,
             OUT_PREC=out_precision, LOG_EPS=log_eps, SEG_T=int(seg_t), LOOP_STAGES=loop_stages,
-            TAIL=tail, PDL_WAIT=bool(pdl_opts),
+            TAIL=tail, PDL_WAIT=bool(pdl_opts), QK_NORM=qk_norms is not None,
             **walk_t_flags(h0=initial_state, summary=summary, s0=s0, guard=guard,
                            status=status, log_bound=log_bound, seg_mult=seg_mult,
                            summary_last=summary_last),

@@ -141,7 +141,7 @@ def test_share_figure_and_conclusion_line():
         gate=pd.DataFrame(columns=xp.GATE_COLUMNS), prefill=empty, decode=empty, share=share,
         dropin_gate=pd.DataFrame(columns=xp.COMPARE_GATE_COLUMNS), compare=compare))
     assert "1.00x to 1.06x" in text and "1 of 2 points over the 1.05x target" in text
-    assert "its L2-norm launch alone 4" in text
+    assert "a separate L2-norm launch alone 4" in text
     assert "ours, prefill T=512: 10 %" in text
 
 

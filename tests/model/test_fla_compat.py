@@ -141,3 +141,111 @@ def test_bad_inputs_name_the_argument(fn, change, exc, name):
     with pytest.raises(exc, match=name):
         fn(**args)
     assert torch.equal(h0, before)
+
+
+# ----------------------------------------------------------------------------- L2 norm
+# use_qk_l2norm_in_kernel in the chunked prefill: the norms are factors inside the kernels
+# (the intra-chunk kernel computes and stores them, every walk reads them); each path the
+# plan can take, against the float32 reference on f32-normalised q and k.
+
+def _l2n(x):
+    x = x.float()
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def _norm_reference(q, k, v, g, beta, h0, lens):
+    """FLA-layout float32 reference (``[1, T, ..]``, ``h0`` ``[N, HV, K, V]`` or None) of
+    the call with ``q``, ``k`` L2-normalised in float32."""
+    from kernels.reference import _run_tokens
+    H, HV, D = q.shape[2], v.shape[2], q.shape[3]
+    qn, kn = _l2n(q[0]), _l2n(k[0])
+    o = torch.zeros(q.shape[1], HV, D)
+    hs, t = [], 0
+    for n, L in enumerate(lens):
+        S0 = h0[n].float().cpu() if h0 is not None else torch.zeros(HV, D, D)
+        on, S = _run_tokens(S0, qn[t:t + L].cpu(), kn[t:t + L].cpu(), v[0, t:t + L].cpu(),
+                            g[0, t:t + L].exp().cpu(), beta[0, t:t + L].float().cpu(),
+                            D ** -0.5, HV // H)
+        o[t:t + L] = on
+        hs.append(S)
+        t += L
+    return o.bfloat16()[None], torch.stack(hs)
+
+
+def _norm_inputs(lens, H, HV, D, seed):
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    # rows of very different norms (what the L2 norm is for): 0.05 .. 20
+    rs = lambda: torch.exp(torch.empty(1, T, H, 1).uniform_(-3, 3, generator=gen))  # noqa: E731
+    q = (torch.randn(1, T, H, D, generator=gen) * rs()).bfloat16()
+    k = (torch.randn(1, T, H, D, generator=gen) * rs()).bfloat16()
+    v = torch.randn(1, T, HV, D, generator=gen).bfloat16()
+    g = -torch.rand(1, T, HV, generator=gen) * 0.3
+    beta = torch.rand(1, T, HV, generator=gen).bfloat16()
+    h0 = torch.randn(len(lens), HV, D, D, generator=gen) * 0.1
+    return q, k, v, g, beta, h0
+
+
+def _rules(**patches):
+    from contextlib import ExitStack
+    from unittest import mock
+
+    from kernels.prefill import plan as plan_mod
+    stack = ExitStack()
+    if patches:
+        stack.enter_context(mock.patch.multiple(plan_mod, **patches))
+    stack.callback(plan_mod.clear_plan_cache)
+    plan_mod.clear_plan_cache()
+    return stack
+
+
+@pytest.mark.parametrize("lens, H, HV, D, state, rules, path", [
+    pytest.param([7, 13], 2, 4, 16, True, {}, "recurrent", id="recurrent"),
+    pytest.param([50, 30], 2, 4, 16, True, {}, "single", id="single-gva"),
+    pytest.param([90, 3, 0, 77], 4, 4, 16, False, {}, "walk", id="walk-hq=hv-nostate"),
+    pytest.param([150, 41], 1, 2, 32, True, dict(walk_transposed_rule=lambda *a, **k: True),
+                 "walk", id="walk-transposed"),
+    pytest.param([150, 41], 1, 2, 32, True, dict(walk_transposed_rule=lambda *a, **k: False),
+                 "walk", id="walk-untransposed"),
+    pytest.param([140, 5, 100], 2, 4, 16, True, dict(cp_segment_chunks=lambda *a: 1),
+                 "cp", id="cp"),
+    pytest.param([200, 70, 1], 2, 4, 16, True,
+                 dict(cp_segment_chunks=lambda *a: 1, cp_long=lambda T, N: True,
+                      cp_long_segment_chunks=lambda T, N: 1, cp_split=lambda s: False),
+                 "cp_long", id="cp-long"),
+    pytest.param([260, 77], 2, 2, 16, True,
+                 dict(cp_segment_chunks=lambda *a: 2, cp_long=lambda T, N: True,
+                      cp_long_segment_chunks=lambda T, N: 2, cp_split=lambda s: True),
+                 "cp_long_split", id="cp-long-split-hq=hv"),
+])
+def test_chunk_l2norm_in_kernel(lens, H, HV, D, state, rules, path):
+    """``use_qk_l2norm_in_kernel=True`` on q/k rows of norms 0.05 to 20: every path of the
+    plan (the recurrent kernel, one launch with walkers, the walk either way, chained CP,
+    the long path with and without the device split), varlen with partial last chunks and
+    an empty sequence, with and without an initial state, GVA and HQ == HV: the float32
+    reference on normalised q/k under the contest rule, no separate norm launch, and the
+    same call without the norm on pre-normalised inputs close to it."""
+    from unittest import mock
+
+    from kernels.prefill import plan as plan_mod
+    from kernels.prefill import qk_norm
+    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in _norm_inputs(lens, H, HV, D, seed=11))
+    h0 = h0 if state else None
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=DEVICE)
+    ref = _norm_reference(q, k, v, g, beta, h0, lens)
+    qc, kc = q.clone(), k.clone()
+    with _rules(**rules), mock.patch.object(qk_norm, "qk_l2norm_kernel") as sep:
+        o, ht = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,
+                                       output_final_state=True, cu_seqlens=cu,
+                                       use_qk_l2norm_in_kernel=True)
+        # the call's plan (remembered on its key, the norm's q/k heads included)
+        plan = plan_mod.call_plan(sum(lens), len(lens), HV, D, q.device, None, None,
+                                  qk_heads=H)
+        # without the norm the same inputs give other outputs (the option reaches the kernels)
+        o_raw, _ = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu)
+    assert sep.call_count == 0                              # no separate norm launch
+    assert plan.path == path and plan.qk_heads == H
+    assert torch.equal(q, qc) and torch.equal(k, kc)        # inputs untouched
+    res = check_outputs((o, ht), ref)
+    assert res.ok, f"{res.reason} (max abs {res.max_abs_err:.3e})"
+    assert not check_outputs((o_raw,), (ref[0],)).ok
