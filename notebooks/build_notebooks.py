@@ -575,10 +575,12 @@ run.show(xp.plot_share(run, share), "gdn_share")
 share"""),
     ("md", """\
 ## 4. The drop-in against our contest entry points
-The drop-in on the layer's captured arguments (q/k repeated to the value heads, gates
-precomputed, the L2 norm requested) against `gdn_prefill` / `gdn_decode` on the same work
-in the contest's layout; both gated against the reference first. `qk_norm_us`: a separate
-L2-norm launch alone (prefill; the drop-in normalises in its kernels, no such launch)."""),
+The drop-in on the layer's captured arguments (q/k repeated to the value heads, v a view of
+the convolution's output, gates precomputed, the L2 norm requested: `dropin_us`) and on the
+contest entry point's tensors (q/k at the key heads, v contiguous, the same gates and norm
+option: `dropin_contest_layout_us`) against `gdn_prefill` / `gdn_decode` on the same work;
+all three gated against the reference first. `ratio`: the adaptation's cost (the second over
+the entry point, target ≤ 1.05); `ratio_captured`: with the model's own layout."""),
     ("code", """\
 dropin_gate, compare = xp.run_compare(run)
 display(dropin_gate)

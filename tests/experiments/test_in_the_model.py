@@ -131,17 +131,19 @@ def test_share_figure_and_conclusion_line():
     assert len(fig.axes) == 2 and "GDN call's share" in fig._suptitle.get_text()
     assert "MoE 512x10 (grouped_mm)" in fig._suptitle.get_text()   # the experts named
     assert len(fig.axes[0].patches) == 4             # 2 bars x (GDN, rest)
-    compare = pd.DataFrame([dict(part="prefill", T=512, B=1, method="graph", dropin_us=106.0,
-                                 contest_us=100.0, qk_norm_us=4.0, ratio=1.06),
-                            dict(part="decode step", T=1, B=4, method="graph", dropin_us=10.0,
-                                 contest_us=10.0, qk_norm_us=float("nan"), ratio=1.0)],
+    compare = pd.DataFrame([dict(part="prefill", T=512, B=1, method="graph", dropin_us=150.0,
+                                 dropin_contest_layout_us=106.0, contest_us=100.0, ratio=1.06,
+                                 ratio_captured=1.5),
+                            dict(part="decode step", T=1, B=4, method="graph", dropin_us=11.0,
+                                 dropin_contest_layout_us=10.0, contest_us=10.0, ratio=1.0,
+                                 ratio_captured=1.1)],
                            columns=xp.COMPARE_COLUMNS)
     empty = pd.DataFrame(columns=xp.TIMES_COLUMNS)
     text = xp.conclusion_markdown(dict(
         gate=pd.DataFrame(columns=xp.GATE_COLUMNS), prefill=empty, decode=empty, share=share,
         dropin_gate=pd.DataFrame(columns=xp.COMPARE_GATE_COLUMNS), compare=compare))
     assert "1.00x to 1.06x" in text and "1 of 2 points over the 1.05x target" in text
-    assert "a separate L2-norm launch alone 4" in text
+    assert "with the model's own layout" in text and "1.10x to 1.50x" in text
     assert "ours, prefill T=512: 10 %" in text
 
 
