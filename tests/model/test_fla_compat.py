@@ -201,7 +201,7 @@ def _rules(**patches):
 
 @pytest.mark.parametrize("lens, H, HV, D, state, rules, path", [
     pytest.param([7, 13], 2, 4, 16, True, {}, "recurrent", id="recurrent"),
-    pytest.param([50, 30], 2, 4, 16, True, {}, "single", id="single-gva"),
+    pytest.param([50, 30], 2, 4, 64, True, {}, "single", id="single-gva"),  # walkers: D >= 64 on a GPU
     pytest.param([90, 3, 0, 77], 4, 4, 16, False, {}, "walk", id="walk-hq=hv-nostate"),
     pytest.param([150, 41], 1, 2, 32, True, dict(walk_transposed_rule=lambda *a, **k: True),
                  "walk", id="walk-transposed"),
