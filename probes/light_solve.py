@@ -1,0 +1,676 @@
+"""Probe (issue 54, second design): a light solve kernel that stores only the gate-free inverse.
+
+Per 64-token chunk and value head ``h`` (q/k head ``h // G``) the kernel stores::
+
+    Ab = (I + tril(diag(beta) K K^T, -1))^-1 diag(beta)        # [64, 64], bf16
+
+into ``[T, HV, 64]`` (the product's ``Tb`` layout). With ``D = diag(exp(gc))`` the product's
+gated inverse is ``D A D^-1``, so its ``Tb`` is ``Ab * exp(gc_i - gc_j)`` on and below the
+diagonal (exact): the walk can apply the gates and form ``Q K^T`` itself, and this kernel
+reads only ``k`` and ``b`` (``beta = sigmoid(b)``) and writes ``Ab``. Prediction and rule:
+``docs/notes/long_path_probe.md``. This file is deleted once it is measured.
+
+The solve is the product's (:func:`kernels.prefill.intra_chunk.solve_bands`, its
+precisions, its band stores), imported. Variants (:data:`VARIANTS`) change what one program
+owns, its warps and its register cap: ``vh`` one program per (chunk, value head); ``qk`` one
+per (chunk, q/k head), ``K K^T`` once for its ``G`` value heads, one solve after the other;
+``joint`` the same with both value heads' solves as one chain of ``[8, 16, 16]`` batched
+products (the product's formulas, the block shift kept inside each head); ``copy`` the ``vh``
+kernel without the solve (``Ab := (I + A) diag(beta)``'s blocks: the bytes and ``K K^T``
+alone, so ``vh - copy`` is the solve's cost); ``noupper`` skips the zero blocks above the
+diagonal; ``_rNN`` caps the registers (more programs per SM, some spills). There is no loop
+in the kernel, so ``num_stages`` changes nothing and is not a variant.
+
+Modes (run from the repository root)::
+
+    TRITON_INTERPRET=1 python probes/light_solve.py --check     # CPU: every variant gated
+    TRITON_INTERPRET=1 python probes/light_solve.py --compile   # CPU: sm_90 registers, spills
+    python probes/light_solve.py --gpu --out FILE.jsonl         # GPU: gate, then time
+
+``--check`` runs the interpreter at small shapes (lengths 64, 100, 37; HQ/HV 1/2 and 2/4;
+D 32 and 128) and gates every variant as ``--gpu`` does. ``--gpu`` builds contest-shaped
+inputs (:func:`kernels.spec.make_prefill_inputs`) at 32,768 and 131,072 tokens (one
+sequence) and 4 x 8,192, gates every variant against the product's intra-chunk kernel,
+times the ones that pass and the product's kernel (``graph``: warm L2, many calls per
+replay) and prints variant, T, µs, GB/s, the ratio to the product's kernel.
+
+Second round (the note's next step): the light kernel at its bytes
+-----------------------------------------------------------------
+
+**Prediction (written before any code of this round).** Measured first round (H100,
+131,072 tokens, ``graph``): ``vh_w4_noupper`` 209.8 µs, ``vh_w4`` 211.3, ``copy_w4`` 139.1
+(270.5 MB at 1.94 TB/s, 65 % of the card's 2.99 TB/s), product intra 355.7. Byte floor of
+the full-``Ab`` store at 2.99 TB/s: 90.5 µs (270.5 MB); without the upper zero blocks
+(220 MB): 73.6 µs. The first round's timings scale with programs per SM, not warps
+(``vh_w4`` 4 per SM 211 µs, ``vh_w8`` 2 per SM 416, ``vh_w2`` 4 per SM 238): each program
+runs its tiles' chains one after the other, 124 tiles per SM / 4 programs = 31 tiles per
+program in 211 µs, ~6.8 µs per tile, of which the ``k`` load (DRAM latency under load,
+~1-1.5 µs) is exposed once per tile. The new variants keep one tile per program's solve at
+a time but issue the next tile's ``k`` load before the current tile's solve (multi-tile
+and persistent programs), so at best they hide that load:
+``t ~ 31 x (6.8 - 1.0..1.5) ~ 165-180 µs`` if the chain stays latency-bound; they reach
+the byte side (~110 µs) only if the copy pattern, not the chain, was the limit.
+
+| at 131,072, H100 | predicted µs (range) |
+|---|---|
+| ``stream`` (persistent, prefetch: load ``k``, store a ``[64, 64]`` tile per value head, no ``K K^T``: the access pattern alone) | ~100 (90-115) |
+| ``copy`` persistent / multi-tile with prefetch (``K K^T`` and the band stores, no solve) | ~115 (100-140) |
+| best light solve, persistent or multi-tile with prefetch | **~165 (135-195)** |
+| ``noupper`` against full ``Ab`` | 2-5 µs less (the stores are not the limit) |
+| ``evict_first`` on the sibling's ``k`` | within 2 % (the sibling reads its tile while the first is in flight) |
+
+Expected verdict: in between (report), with a real chance of a stop; a go (<= 130) would
+need the chain to stop being the limit, which this round does not change.
+
+**Go / stop rule** (H100, 131,072 tokens, the best new solve variant that passes the gate;
+the old variants are timed in the same run as the reference):
+
+- **Go** (walk side next: ``Q K^T`` and the gate factors on an aux warpgroup of the walk)
+  if the light solve takes **<= 130 µs**.
+- **Stop the light-solve line** if no multi-tile / persistent solve variant is below
+  **~185 µs** (< 10 % better than 209.8: the copy pattern was not the limit).
+- **In between**: report (the walk may grow by at most ``218 - S`` µs; the note's rule).
+- If the card or clocks differ from the first round (the old ``vh_w4_noupper`` in this run
+  not within 5 % of 209.8), the rule is applied as ratios to it: go <= 0.62x, stop >= 0.88x.
+- Reading the copy rows: a new ``copy`` / ``stream`` near the bytes (<= ~115 µs) with the
+  solve >= 185 means the solve chain is the limit (stop stands); a new ``copy`` that does not
+  improve on ``copy_w4`` (>= ~130) means this round did not reach the bytes, and a stop
+  says nothing about the design beyond this access pattern (reported as such).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+if __name__ == "__main__":   # run as a script: the repository root on the path, and the
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kernels import interpret  # noqa: E402
+
+interpret.install()
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from kernels.prefill.chunk_index import BT, chunk_of_program, num_slots  # noqa: E402
+from kernels.prefill.intra_chunk import (BC, OFFDIAG_PRECISION, SOLVE_PRECISION,  # noqa: E402
+                                         _band, _mm, _store_band, solve_bands)
+
+#: name -> (what a program owns, num_warps, solve, store the upper zero blocks, register cap
+#: or None). Owns: ``"vh"`` a (chunk, value head); ``"qk"`` a (chunk, q/k head), its value
+#: heads' solves one after the other; ``"joint"`` the same, its two value heads' solves as
+#: one chain of ``[8, 16, 16]`` batched products (:func:`_solve_two`)
+VARIANTS = {
+    "vh_w4": ("vh", 4, True, True, None),
+    "vh_w4_r96": ("vh", 4, True, True, 96),
+    "vh_w4_r80": ("vh", 4, True, True, 80),
+    "vh_w4_r64": ("vh", 4, True, True, 64),
+    "vh_w2": ("vh", 2, True, True, None),
+    "vh_w8": ("vh", 8, True, True, None),
+    "vh_w4_noupper": ("vh", 4, True, False, None),
+    "qk_w4": ("qk", 4, True, True, None),
+    "qk_w4_r128": ("qk", 4, True, True, 128),
+    "qk_w8": ("qk", 8, True, True, None),
+    "joint_w8": ("joint", 8, True, True, None),
+    "joint_w8_r80": ("joint", 8, True, True, 80),
+    "joint_w4": ("joint", 4, True, True, None),
+    "copy_w4": ("vh", 4, False, True, None),
+}
+#: The gate: ``Ab`` turned into ``Tb`` may be at most this many times further from the
+#: float64 solve than the product's ``Tb`` is, plus ``GATE_ATOL`` (one more bf16 rounding).
+GATE_FACTOR, GATE_ATOL = 2.0, 1e-3
+
+
+@triton.jit
+def _one_head(b, out, b_kk, t0, n_t, i_h, H: tl.constexpr, BT: tl.constexpr,
+              BC: tl.constexpr, SOLVE: tl.constexpr, UPPER: tl.constexpr,
+              PREC: tl.constexpr, OFF_PREC: tl.constexpr):
+    """``Ab`` of value head ``i_h`` from the chunk's ``K K^T`` (``b_kk``, f32): ``beta``
+    from ``b``, the strictly lower system, the product's solve and band stores."""
+    o_r = tl.arange(0, BT)
+    m_r = o_r < n_t
+    b_beta = tl.sigmoid(tl.load(b + t0 * H + i_h + o_r * H, mask=m_r, other=0.0)
+                        .to(tl.float32))
+    b_beta = tl.where(m_r, b_beta, 0.0)
+    b_A = tl.where(o_r[:, None] > o_r[None, :], b_kk * b_beta[:, None], 0.0)
+    p_w = out + (t0 * H + i_h) * BT
+    if SOLVE:
+        T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC)
+    else:   # the bands of A itself (diagonal blocks: I + A_0): the same stores, no solve
+        A4 = tl.reshape(b_A, (4, BC, 4, BC))
+        o_b = tl.arange(0, 4)
+        o_c = tl.arange(0, BC)
+        eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)[None, :, :]
+        T0 = eye + tl.sum(tl.where((o_b[:, None, None, None] == o_b[None, None, :, None]),
+                                   A4, 0.0), axis=2)
+        T1 = tl.sum(tl.where((o_b[:, None, None, None] - 1 == o_b[None, None, :, None]),
+                             A4, 0.0), axis=2)
+        T2 = tl.sum(tl.where((o_b[:, None, None, None] - 2 == o_b[None, None, :, None]),
+                             A4, 0.0), axis=2)
+        T3 = tl.sum(tl.where((o_b[:, None, None, None] - 3 == o_b[None, None, :, None]),
+                             A4, 0.0), axis=2)
+    _store_band(p_w, T0, b_beta, 0, n_t, H, BC)
+    _store_band(p_w, T1, b_beta, 1, n_t, H, BC)
+    _store_band(p_w, T2, b_beta, 2, n_t, H, BC)
+    _store_band(p_w, T3, b_beta, 3, n_t, H, BC)
+    if UPPER:
+        _store_band(p_w, T0, b_beta, -1, n_t, H, BC)
+        _store_band(p_w, T0, b_beta, -2, n_t, H, BC)
+        _store_band(p_w, T0, b_beta, -3, n_t, H, BC)
+
+
+@triton.jit
+def _shift_in_head(X, D: tl.constexpr):
+    """``[8, BC, BC]`` (two heads' block bands, entry ``4 h + I``) whose entry ``4 h + I`` is
+    ``X[4 h + I - D]``, zeros for ``I < D`` (the shift of ``solve_bands`` within each head)."""
+    NB: tl.constexpr = X.shape[0]
+    o_b = tl.arange(0, NB)
+    m = (((o_b[:, None, None, None] - D) == o_b[None, :, None, None])
+         & ((o_b[:, None, None, None] % 4) >= D))
+    return tl.sum(tl.where(m, X[None, :, :, :], 0.0), axis=1)
+
+
+@triton.jit
+def _two(x0, x1):
+    """Two heads' ``[4, BC, BC]`` bands as one ``[8, BC, BC]`` batch (entry ``4 h + I``)."""
+    x = tl.permute(tl.join(x0, x1), (3, 0, 1, 2))
+    return tl.reshape(x, (2 * x0.shape[0], x0.shape[1], x0.shape[2]))
+
+
+@triton.jit
+def _halves(x):
+    """The inverse of :func:`_two`."""
+    x = tl.permute(tl.reshape(x, (2, x.shape[0] // 2, x.shape[1], x.shape[2])), (1, 2, 3, 0))
+    return tl.split(x)
+
+
+@triton.jit
+def _solve_two(A0, A1, A2, A3, BC: tl.constexpr, PREC: tl.constexpr,
+               OFF_PREC: tl.constexpr):
+    """``solve_bands`` for two heads at once: the bands ``A_D`` of both heads' systems as
+    ``[8, BC, BC]`` batches, the same formulas and precisions, every product one batched
+    ``[8, 16, 16]`` product (one dependent chain for both heads)."""
+    o_c = tl.arange(0, BC)
+    b_I = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)[None, :, :]
+    m8 = (o_c[:, None] // 8) == (o_c[None, :] // 8)
+    D8 = tl.where(m8[None, :, :], A0, 0.0)
+    P2 = _mm(D8, D8, PREC)
+    P4 = _mm(P2, P2, PREC)
+    Ti8 = _mm(_mm(b_I - D8, b_I + P2, PREC), b_I + P4, PREC)
+    T0 = _mm(b_I - _mm(Ti8, A0 - D8, PREC), Ti8, PREC)
+    T1 = -_mm(T0, _mm(A1, _shift_in_head(T0, 1), OFF_PREC), OFF_PREC)
+    T2 = -_mm(T0, _mm(A2, _shift_in_head(T0, 2), OFF_PREC)
+              + _mm(A1, _shift_in_head(T1, 1), OFF_PREC), OFF_PREC)
+    T3 = -_mm(T0, _mm(A3, _shift_in_head(T0, 3), OFF_PREC)
+              + _mm(A2, _shift_in_head(T1, 2), OFF_PREC)
+              + _mm(A1, _shift_in_head(T2, 1), OFF_PREC), OFF_PREC)
+    return T0, T1, T2, T3
+
+
+@triton.jit
+def _joint_heads(b, out, b_kk, t0, n_t, i_hk, H: tl.constexpr, BT: tl.constexpr,
+                 BC: tl.constexpr, UPPER: tl.constexpr, PREC: tl.constexpr,
+                 OFF_PREC: tl.constexpr):
+    """``Ab`` of value heads ``2 i_hk`` and ``2 i_hk + 1`` by :func:`_solve_two`."""
+    o_r = tl.arange(0, BT)
+    m_r = o_r < n_t
+    low = o_r[:, None] > o_r[None, :]
+    i_h0 = 2 * i_hk
+    be0 = tl.where(m_r, tl.sigmoid(tl.load(b + t0 * H + i_h0 + o_r * H, mask=m_r, other=0.0)
+                                   .to(tl.float32)), 0.0)
+    be1 = tl.where(m_r, tl.sigmoid(tl.load(b + t0 * H + i_h0 + 1 + o_r * H, mask=m_r,
+                                           other=0.0).to(tl.float32)), 0.0)
+    X0 = tl.reshape(tl.where(low, b_kk * be0[:, None], 0.0), (4, BC, 4, BC))
+    X1 = tl.reshape(tl.where(low, b_kk * be1[:, None], 0.0), (4, BC, 4, BC))
+    T0, T1, T2, T3 = _solve_two(_two(_band(X0, 0), _band(X1, 0)),
+                                _two(_band(X0, 1), _band(X1, 1)),
+                                _two(_band(X0, 2), _band(X1, 2)),
+                                _two(_band(X0, 3), _band(X1, 3)), BC, PREC, OFF_PREC)
+    p0 = out + (t0 * H + i_h0) * BT
+    p1 = p0 + BT
+    u0, u1 = _halves(T0)
+    _store_band(p0, u0, be0, 0, n_t, H, BC)
+    _store_band(p1, u1, be1, 0, n_t, H, BC)
+    u0, u1 = _halves(T1)
+    _store_band(p0, u0, be0, 1, n_t, H, BC)
+    _store_band(p1, u1, be1, 1, n_t, H, BC)
+    u0, u1 = _halves(T2)
+    _store_band(p0, u0, be0, 2, n_t, H, BC)
+    _store_band(p1, u1, be1, 2, n_t, H, BC)
+    u0, u1 = _halves(T3)
+    _store_band(p0, u0, be0, 3, n_t, H, BC)
+    _store_band(p1, u1, be1, 3, n_t, H, BC)
+    if UPPER:
+        for D in tl.static_range(1, 4):
+            _store_band(p0, u0, be0, -D, n_t, H, BC)
+            _store_band(p1, u1, be1, -D, n_t, H, BC)
+
+
+@triton.jit(do_not_specialize=["T", "N"])
+def light_solve_kernel(
+    k,              # [T, HQ, K] bf16 keys
+    b,              # [T, H] bf16 raw beta input (beta = sigmoid(b))
+    out,            # [T, H, BT] bf16 out: Ab = A diag(beta), A the gate-free inverse
+    cu_seqlens,     # [N+1] int32/int64
+    T,              # total tokens
+    N,              # sequences
+    H: tl.constexpr,        # value heads
+    G: tl.constexpr,        # value heads per q/k head
+    K: tl.constexpr,        # key head size
+    BT: tl.constexpr,       # chunk (64)
+    BC: tl.constexpr,       # sub-block of the solve (16)
+    OWNS: tl.constexpr,     # "vh": a (chunk, value head); "qk": a (chunk, q/k head), its
+                            # G value heads one after the other; "joint": as one chain
+    SOLVE: tl.constexpr,    # False: store A's bands (the bytes without the solve)
+    UPPER: tl.constexpr,    # store the zero blocks above the diagonal
+    PREC: tl.constexpr,     # precision of the diagonal inverses (the product's)
+    OFF_PREC: tl.constexpr,  # precision of the off-diagonal products (the product's)
+):
+    HQ: tl.constexpr = H // G
+    if OWNS == "vh":   # heads of the grid fastest
+        i_p, i_h = tl.program_id(0) // H, tl.program_id(0) % H
+        i_hk = i_h // G
+    else:
+        i_p, i_hk = tl.program_id(0) // HQ, tl.program_id(0) % HQ
+        i_h = i_hk * G
+    # device lookup (USE_INDICES False: the table argument is not read)
+    i_n, i_c, bos, eos = chunk_of_program(i_p, cu_seqlens, cu_seqlens, N, T, BT, False)
+    if i_c * BT >= eos - bos:
+        return
+    t0 = bos + i_c * BT
+    n_t = eos - t0
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    b_k = tl.load(k + (t0 * HQ + i_hk) * K + o_r[:, None] * (HQ * K) + o_k[None, :],
+                  mask=(o_r < n_t)[:, None], other=0.0)
+    b_kk = tl.dot(b_k, tl.trans(b_k))
+    if OWNS == "joint":
+        tl.static_assert(G == 2)
+        _joint_heads(b, out, b_kk, t0, n_t, i_hk, H, BT, BC, UPPER, PREC, OFF_PREC)
+    elif OWNS == "qk":
+        for g in tl.static_range(G):
+            _one_head(b, out, b_kk, t0, n_t, i_h + g, H, BT, BC, SOLVE, UPPER, PREC, OFF_PREC)
+    else:
+        _one_head(b, out, b_kk, t0, n_t, i_h, H, BT, BC, SOLVE, UPPER, PREC, OFF_PREC)
+
+
+def light_solve(k: torch.Tensor, b: torch.Tensor, cu_seqlens: torch.Tensor, variant: str,
+                out: torch.Tensor = None) -> torch.Tensor:
+    """``Ab`` ``[T, HV, 64]`` bf16 of every chunk and value head by ``variant`` (a key of
+    :data:`VARIANTS`); ``out`` to write into (else allocated; ``noupper`` leaves its upper
+    blocks as they were: zeros when allocated here)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    owns, warps, solve, upper, maxnreg = VARIANTS[variant]
+    T, HQ, K = k.shape
+    H = b.shape[1]
+    N = cu_seqlens.numel() - 1
+    if out is None:
+        out = torch.zeros(T, H, BT, dtype=torch.bfloat16, device=k.device)
+    if owns == "joint" and H != 2 * HQ:
+        raise ValueError(f"variant {variant!r} needs 2 value heads per q/k head, got HV={H}, "
+                         f"HQ={HQ}")
+    grid = (num_slots(T, N) * (H if owns == "vh" else HQ),)
+    if grid[0]:
+        light_solve_kernel[grid](
+            k, b, out, cu_seqlens, T, N, H=H, G=H // HQ, K=K, BT=BT, BC=BC, OWNS=owns,
+            SOLVE=solve, UPPER=upper, PREC=SOLVE_PRECISION["batched"],
+            OFF_PREC=OFFDIAG_PRECISION["batched"], num_warps=warps,
+            **({"maxnreg": maxnreg} if maxnreg else {}))
+    return out
+
+
+# --------------------------------------------------------------------------- gate
+
+
+def _chunk_tokens(cu_seqlens: torch.Tensor, T: int):
+    """``(idx [T, 64] int64, valid [T, 64] bool)``: for token ``t`` (row ``i`` of its chunk)
+    the token of column ``j`` of its chunk, and whether ``j <= i`` (on or below the
+    diagonal)."""
+    dev = cu_seqlens.device
+    t = torch.arange(T, device=dev)
+    seq = torch.searchsorted(cu_seqlens.to(torch.int64), t, right=True) - 1
+    bos = cu_seqlens.to(torch.int64)[seq]
+    t0 = bos + (t - bos) // BT * BT
+    j = torch.arange(BT, device=dev)
+    idx = t0[:, None] + j[None, :]
+    valid = idx <= t[:, None]
+    return idx.clamp(max=T - 1), valid
+
+
+def gated_from_light(ab: torch.Tensor, gc: torch.Tensor, cu_seqlens: torch.Tensor
+                     ) -> torch.Tensor:
+    """The product's ``Tb`` from ``Ab``: ``Ab_ij exp(gc_i - gc_j)`` on and below the
+    diagonal, 0 above (f32)."""
+    T = ab.shape[0]
+    idx, valid = _chunk_tokens(cu_seqlens, T)
+    gcol = gc[idx]                                   # [T, 64, HV]: gc of column j
+    dec = torch.exp(torch.clamp(gc[:, None, :] - gcol, max=0.0)).transpose(1, 2)
+    return torch.where(valid[:, None, :], ab.float() * dec, 0.0)
+
+
+def reference_tb(k, gc, beta, cu_seqlens, chunk_batch: int = 256) -> torch.Tensor:
+    """float64 ``Tb = (I + A)^-1 diag(beta)``, ``A = tril(beta K K^T exp(gc_i - gc_j),
+    -1)``, by a triangular solve per chunk and value head (``[T, HV, 64]`` f64)."""
+    T, HQ, K = k.shape
+    HV = gc.shape[1]
+    G = HV // HQ
+    cu = cu_seqlens.to(torch.int64).tolist()
+    starts = [(s, min(s + BT, e)) for a, e in zip(cu[:-1], cu[1:]) for s in range(a, e, BT)]
+    out = torch.zeros(T, HV, BT, dtype=torch.float64, device=k.device)
+    eye = torch.eye(BT, dtype=torch.float64, device=k.device)
+    o = torch.arange(BT, device=k.device)
+    for c0 in range(0, len(starts), chunk_batch):
+        part = starts[c0:c0 + chunk_batch]
+        rows = torch.tensor([[min(s + i, e - 1) for i in range(BT)] for s, e in part],
+                            device=k.device)
+        real = torch.tensor([[s + i < e for i in range(BT)] for s, e in part],
+                            device=k.device)
+        kc = k[rows].double().repeat_interleave(G, dim=2) * real[:, :, None, None]
+        gcc = gc[rows].double() * real[:, :, None]           # [C, 64, HV]
+        bc = beta[rows].double() * real[:, :, None]
+        kk = torch.einsum("cihd,cjhd->chij", kc, kc)
+        dec = torch.exp(torch.clamp(gcc.transpose(1, 2)[:, :, :, None]
+                                    - gcc.transpose(1, 2)[:, :, None, :], max=0.0))
+        A = torch.where(o[:, None] > o[None, :], kk * dec * bc.transpose(1, 2)[:, :, :, None],
+                        0.0)
+        tm = torch.linalg.solve_triangular(eye + A, eye.expand_as(A).contiguous(),
+                                           upper=False, unitriangular=True)
+        tb = tm * bc.transpose(1, 2)[:, :, None, :]          # [C, HV, 64, 64]
+        for ci, (s, e) in enumerate(part):
+            out[s:e] = tb[ci, :, :e - s, :].transpose(0, 1)
+    return out
+
+
+def product_intra(inp: dict, plan_intra: dict = None, log_bound: bool = False):
+    """The product's intra-chunk kernel on ``inp`` (raw gates, as the long path launches it):
+    ``(Tb, gc, launch)`` with ``launch`` a zero-argument callable of the same launch."""
+    from kernels.prefill.intra_chunk import intra_chunk_fwd
+
+    k, q, v, cu = inp["k"], inp["q"], inp["v"], inp["cu_seqlens"]
+    T, HV = inp["b"].shape
+    lb = (torch.empty(num_slots(T, cu.numel() - 1), HV, dtype=torch.float32, device=k.device)
+          if log_bound else None)
+    tb, gc, _, go = intra_chunk_fwd(k, v, cu, q, a=inp["a"], b=inp["b"], A_log=inp["A_log"],
+                                    dt_bias=inp["dt_bias"], scale=inp["scale"] or 1.0,
+                                    defer=True, log_bound=lb, **(plan_intra or {}))
+    go()
+    return tb, gc, go
+
+
+def copy_reference(k, beta, cu_seqlens) -> torch.Tensor:
+    """What the ``copy`` variants store (f32): ``(I + tril(beta K K^T, -1)) diag(beta)`` on
+    the blocks on and below the diagonal, 0 above them."""
+    T, HQ, _ = k.shape
+    HV = beta.shape[1]
+    idx, _ = _chunk_tokens(cu_seqlens, T)       # (4,096 tokens at a time below: memory)
+    t = torch.arange(T, device=k.device)
+    row = t - idx[:, 0]                                         # i of each token
+    col = torch.arange(BT, device=k.device)
+    # column j is a token of the chunk iff t0 + j < the sequence's end: rows of the same
+    # chunk have consecutive tokens, so that is t0 + j <= the chunk's last token
+    last = torch.zeros(T, dtype=torch.int64, device=k.device)
+    last.scatter_reduce_(0, idx[:, 0], t, reduce="amax")
+    inside = (idx[:, :1] + col[None, :]) <= last[idx[:, 0]][:, None]
+    kf = k.float()
+    kk = torch.cat([torch.einsum("thd,tjhd->thj", kf[s:s + 4096], kf[idx[s:s + 4096]])
+                    for s in range(0, T, 4096)]).repeat_interleave(HV // HQ, dim=1)
+    strict = (col[None, :] < row[:, None]) & inside
+    a = (torch.where(strict[:, None, :], kk * beta[:, :, None], 0.0)
+         + (col[None, :] == row[:, None]).float()[:, None, :])
+    blocks = (row[:, None] // BC >= col[None, :] // BC) & inside
+    bcol = beta[idx].transpose(1, 2)                            # beta of column j
+    return torch.where(blocks[:, None, :], a * bcol, 0.0)
+
+
+def _errors(x: torch.Tensor, ref: torch.Tensor) -> tuple:
+    """``(max |x - ref|, max |x - ref| / (|ref| + 0.01))``: the second sees a relative error
+    in the small entries (most of the off-diagonal ones) that the first, set by bf16's step
+    at the largest entry, does not."""
+    d = (x.double() - ref).abs()
+    return d.max().item(), (d / (ref.abs() + 0.01)).max().item()
+
+
+def gate_row(name, ab, gc, cu, ref, tb_prod) -> dict:
+    """The gate of one solve variant's ``Ab``: its ``Tb`` against the float64 ``ref``, both
+    errors (:func:`_errors`) within :data:`GATE_FACTOR` x the product's ``Tb``'s, plus
+    :data:`GATE_ATOL`."""
+    finite = bool(torch.isfinite(ab).all())
+    tb = gated_from_light(ab, gc, cu)
+    e_abs, e_rel = _errors(tb, ref) if finite else (float("inf"), float("inf"))
+    p_abs, p_rel = _errors(tb_prod, ref)
+    return dict(kind="gate", variant=name, max_abs_ab=ab.float().abs().max().item(),
+                err_vs_f64=e_abs, rel_err_vs_f64=e_rel, prod_err_vs_f64=p_abs,
+                prod_rel_err_vs_f64=p_rel,
+                max_abs_vs_prod=(tb - tb_prod.float()).abs().max().item(),
+                ok=finite and e_abs <= GATE_FACTOR * p_abs + GATE_ATOL
+                and e_rel <= GATE_FACTOR * p_rel + GATE_ATOL)
+
+
+def gate(inp: dict, variants, tb_prod, gc) -> list:
+    """Each variant's ``Ab``: a solve variant by :func:`gate_row`; a copy variant against
+    :func:`copy_reference` within one bf16 step (2^-7 relative + 1e-3)."""
+    k, b, cu = inp["k"], inp["b"], inp["cu_seqlens"]
+    beta = torch.sigmoid(b.float())
+    ref = reference_tb(k, gc, beta, cu)
+    rows = []
+    for name in variants:
+        try:
+            ab = light_solve(k, b, cu, name)
+        except Exception as e:   # a compile or launch error: reported, the others go on
+            rows.append(dict(kind="gate", variant=name, ok=False,
+                             error=f"{type(e).__name__}: {e}"[:300]))
+            continue
+        if VARIANTS[name][2]:
+            rows.append(gate_row(name, ab, gc, cu, ref, tb_prod))
+            continue
+        cref = copy_reference(k, beta, cu)
+        excess = ((ab.float() - cref).abs() - (2.0 ** -7 * cref.abs() + 1e-3)).max().item()
+        rows.append(dict(kind="gate", variant=name, max_abs_ab=ab.float().abs().max().item(),
+                         err_vs_copy_ref=(ab.float() - cref).abs().max().item(),
+                         ok=bool(torch.isfinite(ab).all()) and excess <= 0))
+    return rows
+
+
+def _print_gate(rows, label):
+    for r in rows:
+        if "error" in r:
+            print(f"{label:>16} {r['variant']:>14}  ERROR {r['error']}", flush=True)
+            continue
+        if "err_vs_f64" in r:
+            what = (f"err vs f64 {r['err_vs_f64']:.3g} / rel {r['rel_err_vs_f64']:.3g} (product "
+                    f"{r['prod_err_vs_f64']:.3g} / {r['prod_rel_err_vs_f64']:.3g})  vs product"
+                    f" Tb {r['max_abs_vs_prod']:.3g}")
+        else:
+            what = f"copy: err vs its reference {r['err_vs_copy_ref']:.3g}"
+        print(f"{label:>16} {r['variant']:>14}  {what}  max|Ab| {r['max_abs_ab']:.3g}  "
+              f"{'ok' if r['ok'] else 'FAIL'}", flush=True)
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def check_cpu() -> int:
+    """Interpreter gate at small shapes; exit status 1 if any variant fails."""
+    from kernels.spec import GDNShape, make_prefill_inputs
+
+    bad = 0
+    for hq, hv, d in ((1, 2, 32), (2, 4, 128)):
+        inp = make_prefill_inputs([64, 100, 37], GDNShape(hq, hv, d), seed=1)
+        tb, gc, _ = product_intra(inp)
+        rows = gate(inp, VARIANTS, tb, gc)
+        _print_gate(rows, f"HQ{hq} HV{hv} D{d}")
+        bad += sum(not r["ok"] for r in rows)
+        # negative control: 1 % off in one off-diagonal block must fail the gate
+        k, b, cu = inp["k"], inp["b"], inp["cu_seqlens"]
+        ab = light_solve(k, b, cu, "vh_w4")
+        ab[16:32, :, :16] *= 1.01
+        ref = reference_tb(k, gc, torch.sigmoid(b.float()), cu)
+        neg = gate_row("vh_w4 x1.01", ab, gc, cu, ref, tb)
+        _print_gate([neg], "control")
+        bad += neg["ok"]
+        # noupper writes the blocks on and below the diagonal (those of vh_w4) and no other
+        k, b, cu = inp["k"], inp["b"], inp["cu_seqlens"]
+        T = k.shape[0]
+        row = torch.arange(T) - _chunk_tokens(cu, T)[0][:, 0]          # i of each token
+        written = (row[:, None] // BC >= torch.arange(BT)[None, :] // BC)[:, None, :]
+        written = written.expand(T, hv, BT)
+        junk = torch.full((T, hv, BT), 7.0, dtype=torch.bfloat16)
+        part = light_solve(k, b, cu, "vh_w4_noupper", out=junk)
+        full = light_solve(k, b, cu, "vh_w4")
+        same = torch.equal(part[written], full[written]) and bool((part[~written] == 7).all())
+        print(f"{'':>16} noupper writes exactly the blocks on and below the diagonal: {same}",
+              flush=True)
+        bad += not same
+    bad += sum(not r["ok"] for r in hard_gates([200], VARIANTS, "cpu"))
+    return 1 if bad else 0
+
+
+def compile_sm90() -> int:
+    """Record each variant's launch at the contest shape on the interpreter and compile it
+    for sm_90 (:mod:`kernels.bench.sm90`): registers, stack (spills), shared memory and
+    programs per SM. Exit status 1 if any fails to compile."""
+    from kernels.bench.sm90 import compile_resources, record_launches
+    from kernels.spec import make_prefill_inputs
+
+    inp = make_prefill_inputs([70])
+    launches = []
+    for name in VARIANTS:
+        ln = record_launches(lambda: light_solve(inp["k"], inp["b"], inp["cu_seqlens"], name))
+        launches += [dict(x, name_variant=name) for x in ln]
+    df = compile_resources([{k: v for k, v in x.items() if k != "name_variant"}
+                            for x in launches])
+    df.insert(0, "variant", [x["name_variant"] for x in launches])
+    print(df.drop(columns=["grid", "programs", "waves"]).to_string(index=False), flush=True)
+    return 1 if (df["error"].astype(str) != "").any() else 0
+
+
+#: token lengths the GPU mode gates and times
+GPU_SHAPES = ([32768], [131072], [8192] * 4)
+#: hard inputs (:func:`kernels.stress_inputs.make_prefill_stress_inputs`), gated only: nearly
+#: parallel keys with slow decay (per token > 0.999: the solve's hard case, gated or not) and
+#: with fast decay (``a = 4``: per token 0.001 to 0.82 by head, a chunk's log decay down to
+#: about -435 at seed 2): the gated system is easy there, the gate-free one as hard as with
+#: slow decay, its entries scaled back by factors that underflow f32 far below the diagonal
+HARD = {"hard slow decay": {}, "hard fast decay": {"decay_logit": 4.0}}
+#: their lengths in the GPU mode (one sequence ending mid-chunk)
+HARD_LENS = [4133]
+
+
+def hard_gates(lens, variants, device, label_width: int = 16) -> list:
+    """The :data:`HARD` inputs at ``lens``, every solve variant gated (reported)."""
+    from kernels.stress_inputs import make_prefill_stress_inputs
+
+    rows = []
+    for name, kw in HARD.items():
+        inp = make_prefill_stress_inputs(lens, seed=2, device=device, with_state=False, **kw)
+        tb, gc, _ = product_intra(inp)
+        g = gate(inp, [v for v in variants if VARIANTS[v][2]], tb, gc)
+        _print_gate(g, name)
+        rows += [dict(r, lens="+".join(map(str, lens)), inputs=name) for r in g]
+    return rows
+
+
+def run_gpu(out_path: str, variants, rep: int = 50, device: str = "cuda", shapes=GPU_SHAPES,
+            method: str = "graph") -> int:
+    """Gate every variant against the product's intra kernel, time the ones that pass and
+    the product's kernel (``method``), print the table, write ``out_path`` (jsonl).
+    ``device``, ``shapes``, ``method``: a CPU smoke run of this function (interpreter,
+    small shapes, ``"cpu_wall"``) before the GPU call."""
+    from kernels.bench.roofline import copy_bandwidth
+    from kernels.bench.timing import time_fn
+    from kernels.prefill.plan import prefill_plan
+    from kernels.spec import CONTEST, lens_label, make_prefill_inputs
+
+    dev = torch.device(device)
+    t_start = time.time()
+    bw = copy_bandwidth(dev)
+    meta = dict(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                triton=triton.__version__, torch=torch.__version__,
+                sha=os.environ.get("GDN_GIT_SHA", ""), copy_GBps=bw / 1e9)
+    sink = open(out_path, "w")
+    n_rows = 0
+
+    def emit(new_rows):   # each row written at once: a run cut short keeps what it measured
+        nonlocal n_rows
+        for r in new_rows:
+            sink.write(json.dumps(dict(r, **meta)) + "\n")
+            n_rows += 1
+        sink.flush()
+
+    print(f"{meta['gpu']}  copy bandwidth {bw / 1e9:.0f} GB/s  triton {triton.__version__}",
+          flush=True)
+    emit(hard_gates(HARD_LENS, variants, dev))
+    for lens in shapes:
+        inp = make_prefill_inputs(lens, CONTEST, seed=0, device=dev, with_state=False)
+        label = lens_label(lens)
+        T, HV = inp["b"].shape
+        N = len(lens)
+        plan = prefill_plan(T, N, HV, CONTEST.head_dim, dev)
+        tb, gc, go_prod = product_intra(inp, plan.intra, log_bound=bool(plan.seg_chunks))
+        g_rows = gate(inp, variants, tb, gc)
+        _print_gate(g_rows, label)
+        emit([dict(r, T=T, lens=label) for r in g_rows])
+        del tb
+        # a fresh launch per call: ``go_prod`` holds the stream it was bound on, so a graph
+        # capture of it records nothing (the first H100 run timed 0.0 µs at 131k)
+        prod = time_fn(lambda: product_intra(inp, plan.intra,
+                                             log_bound=bool(plan.seg_chunks)),
+                       method, rep=rep, warmup=3).median_us
+        emit([dict(kind="time", variant="product_intra", T=T, lens=label, us=prod)])
+        k, b, cu = inp["k"], inp["b"], inp["cu_seqlens"]
+        nbytes = {v: k.numel() * 2 + b.numel() * 2
+                  + T * HV * BT * 2 * (1.0 if VARIANTS[v][3] else 10 / 16) for v in variants}
+        print(f"{'variant':>16} {'T':>8} {'µs':>9} {'GB/s':>7} {'/ product':>9}", flush=True)
+        print(f"{'product_intra':>16} {label:>8} {prod:9.1f} {'':>7} {1.0:9.3f}", flush=True)
+        for r in g_rows:
+            v = r["variant"]
+            if not r["ok"]:
+                print(f"{v:>16} {label:>8}   gate failed: not timed", flush=True)
+                continue
+            buf = torch.zeros(T, HV, BT, dtype=torch.bfloat16, device=dev)
+            us = time_fn(lambda: light_solve(k, b, cu, v, out=buf), method, rep=rep,
+                         warmup=3).median_us
+            gbps = nbytes[v] / us / 1e3
+            emit([dict(kind="time", variant=v, T=T, lens=label, us=us, bytes=nbytes[v],
+                       GBps=gbps, roof_frac=gbps * 1e9 / bw, ratio_to_product=us / prod)])
+            print(f"{v:>16} {label:>8} {us:9.1f} {gbps:7.0f} {us / prod:9.3f}", flush=True)
+        del inp, gc
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    sink.close()
+    print(f"wrote {out_path} ({n_rows} rows) in {time.time() - t_start:.0f} s", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="CPU interpreter gate")
+    mode.add_argument("--compile", action="store_true", help="sm_90 compile (CPU)")
+    mode.add_argument("--gpu", action="store_true", help="gate and time on the GPU")
+    ap.add_argument("--out", default="light_solve.jsonl", help="jsonl of --gpu")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated subset of " + ", ".join(VARIANTS))
+    args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if args.check:
+        return check_cpu()
+    if args.compile:
+        return compile_sm90()
+    return run_gpu(args.out, variants)
+
+
+if __name__ == "__main__":
+    # through the package name, so that the kernel's module is importable by name
+    # (the sm_90 compile imports it in a subprocess)
+    from probes import light_solve as _mod
+
+    sys.exit(_mod.main())
