@@ -76,6 +76,30 @@ the old variants are timed in the same run as the reference):
   solve >= 185 means the solve chain is the limit (stop stands); a new ``copy`` that does not
   improve on ``copy_w4`` (>= ~130) means this round did not reach the bytes, and a stop
   says nothing about the design beyond this access pattern (reported as such).
+
+**Built** (:data:`ROUND2`, :func:`light_stream_kernel`; the per-head work is the first
+round's, so ``--check`` also requires every round-2 solve / copy variant's ``Ab`` to equal
+``vh_w4`` / ``copy_w4``'s bitwise). A first build held the next tile's ``k`` in registers
+(``prefetch=True``) and hoisted the band stores' offsets out of the unit loop: 231 registers.
+The index vectors now carry an opaque per-iteration zero (``j * ZERO``, :func:`_one_head_z`,
+:func:`_store_band_z`): the loop without prefetch compiles to 130 (vs 122 for ``vh_w4``).
+The register prefetch still costs ~90 (``ps_w4`` 218, 2 programs per SM), so the main
+variants prefetch into L2 instead (``prefetch="l2"``: ``prefetch.global.L2::evict_last``,
+one per 128-byte line of the next tile, no registers held; the interpreter skips the
+instruction, it changes no value). sm_90, triton 3.7.1 (``--compile``), registers / spill
+bytes / programs per SM: ``ps_w4`` 218/0/2, ``ps_w4_r168`` 161/0/3, ``ps_w4_pair``
+255/8/2, ``mt8_w4`` 220/0/2, ``ps_copy_w4`` 193/0/2, ``ps_w4_nopf`` 130/0/3, ``ps_w4_l2``
+130/0/3, ``_noupper`` 134/0/3, ``_evict`` 147/0/3, ``_pair`` 201/0/2, ``_r128`` 128/0/4,
+``mt8_w4_l2_r128`` 128/0/4, ``mt2_w4_l2`` 141/0/3, ``mt8_w4_l2`` 136/0/3, ``_noupper``
+145/0/3, ``ps_copy_w4_l2`` 112/0/4, ``mt8_copy_w4_l2`` 96/0/5, ``ps_stream_w4_l2`` 114/0/4,
+``_noupper`` 145/0/3. Persistent grids: SMs x ``per_sm`` for the gate's launch, then the
+programs per SM the GPU's own compile fits (recorded per timed row: ``n_regs``,
+``n_spills``, ``programs_per_sm_fit``, ``programs``).
+
+GPU run (from the repository root; 131k first)::
+
+    PYTHONPATH=. python -m probes.light_solve --gpu --shapes "131072;32768" \
+        --out $OUT/light_solve2.jsonl
 """
 from __future__ import annotations
 
@@ -134,26 +158,42 @@ VARIANTS = {
 #: others ``evict_last``); ``stages`` (``num_stages`` of the unit loop: Triton's pipeliner,
 #: for the variants without the explicit prefetch).
 ROUND2 = {
-    "ps_w4": dict(mode="solve", sched="persist", per_sm=4, prefetch=True),
-    "ps_w4_noupper": dict(mode="solve", sched="persist", per_sm=4, prefetch=True, upper=False),
-    "ps_w4_nopf": dict(mode="solve", sched="persist", per_sm=4, prefetch=False, stages=2),
-    "ps_w4_evict": dict(mode="solve", sched="persist", per_sm=4, prefetch=True, evict=True),
-    "ps_w4_pair": dict(mode="solve", sched="persist", per_sm=4, prefetch=True, pair=True),
-    "mt2_w4": dict(mode="solve", sched="tiles", tiles=2, prefetch=True),
+    # prefetch into registers (the next tile's k held through this tile's work)
+    "ps_w4": dict(mode="solve", sched="persist", per_sm=2, prefetch=True),
+    "ps_w4_r168": dict(mode="solve", sched="persist", per_sm=3, prefetch=True, maxnreg=168),
+    "ps_w4_pair": dict(mode="solve", sched="persist", per_sm=2, prefetch=True, pair=True),
     "mt8_w4": dict(mode="solve", sched="tiles", tiles=8, prefetch=True),
-    "mt8_w4_noupper": dict(mode="solve", sched="tiles", tiles=8, prefetch=True, upper=False),
-    "ps_copy_w4": dict(mode="copy", sched="persist", per_sm=8, prefetch=True),
-    "mt8_copy_w4": dict(mode="copy", sched="tiles", tiles=8, prefetch=True),
-    "ps_stream_w4": dict(mode="stream", sched="persist", per_sm=8, prefetch=True),
-    "ps_stream_w4_noupper": dict(mode="stream", sched="persist", per_sm=8, prefetch=True,
-                                 upper=False),
+    "ps_copy_w4": dict(mode="copy", sched="persist", per_sm=2, prefetch=True),
+    # no prefetch: the loop alone (Triton's pipeliner asked for 2 stages)
+    "ps_w4_nopf": dict(mode="solve", sched="persist", per_sm=3, prefetch=False, stages=2),
+    # prefetch into L2 (prefetch.global.L2, no registers held)
+    "ps_w4_l2": dict(mode="solve", sched="persist", per_sm=4, prefetch="l2"),
+    "ps_w4_l2_noupper": dict(mode="solve", sched="persist", per_sm=4, prefetch="l2",
+                             upper=False),
+    "ps_w4_l2_evict": dict(mode="solve", sched="persist", per_sm=4, prefetch="l2", evict=True),
+    "ps_w4_l2_pair": dict(mode="solve", sched="persist", per_sm=4, prefetch="l2", pair=True),
+    "ps_w4_l2_r128": dict(mode="solve", sched="persist", per_sm=4, prefetch="l2", maxnreg=128),
+    "mt8_w4_l2_r128": dict(mode="solve", sched="tiles", tiles=8, prefetch="l2", maxnreg=128),
+    "mt2_w4_l2": dict(mode="solve", sched="tiles", tiles=2, prefetch="l2"),
+    "mt8_w4_l2": dict(mode="solve", sched="tiles", tiles=8, prefetch="l2"),
+    "mt8_w4_l2_noupper": dict(mode="solve", sched="tiles", tiles=8, prefetch="l2",
+                              upper=False),
+    "ps_copy_w4_l2": dict(mode="copy", sched="persist", per_sm=8, prefetch="l2"),
+    "mt8_copy_w4_l2": dict(mode="copy", sched="tiles", tiles=8, prefetch="l2"),
+    "ps_stream_w4_l2": dict(mode="stream", sched="persist", per_sm=8, prefetch="l2"),
+    "ps_stream_w4_l2_noupper": dict(mode="stream", sched="persist", per_sm=8, prefetch="l2",
+                                    upper=False),
 }
 for _n, _o in ROUND2.items():
     VARIANTS[_n] = ("stream", _o.get("warps", 4), _o["mode"] == "solve", _o.get("upper", True),
                     _o.get("maxnreg"), _o)
 #: the GPU run's default variants: the first round's best and its copy (the same run's
-#: reference) and every round-2 variant
-GPU_VARIANTS = ["vh_w4_noupper", "vh_w4", "qk_w4_r128", "copy_w4"] + list(ROUND2)
+#: reference) and the round-2 variants that fit 3 or more programs per SM (sm_90 compile,
+#: triton 3.7), plus ``ps_w4_r168`` for the register prefetch (``ps_w4``, ``ps_w4_pair``,
+#: ``mt8_w4``, ``ps_copy_w4``: 193-255 registers, 2 programs per SM; ``ps_w4_l2_pair`` 201)
+GPU_VARIANTS = ["vh_w4_noupper", "vh_w4", "copy_w4"] + [
+    v for v in ROUND2 if v not in ("ps_w4", "ps_w4_pair", "mt8_w4", "ps_copy_w4",
+                                   "ps_w4_l2_pair")]
 #: The gate: ``Ab`` turned into ``Tb`` may be at most this many times further from the
 #: float64 solve than the product's ``Tb`` is, plus ``GATE_ATOL`` (one more bf16 rounding).
 GATE_FACTOR, GATE_ATOL = 2.0, 1e-3
@@ -333,6 +373,66 @@ def light_solve_kernel(
 
 
 @triton.jit
+def _store_band_z(p_w, X3, b_beta, D: tl.constexpr, n_t, H: tl.constexpr, BC: tl.constexpr,
+                  zero):
+    """:func:`kernels.prefill.intra_chunk._store_band` with ``zero`` (0, opaque and
+    different each loop iteration) added to its index vectors: without it the compiler
+    hoists the seven bands' offsets and masks out of the unit loop and keeps them in
+    registers across it (231 registers instead of 122: ``--compile``)."""
+    NB: tl.constexpr = 4
+    o_b = tl.arange(0, NB) + zero
+    o_c = tl.arange(0, BC) + zero
+    rows = o_b[:, None, None] * BC + o_c[None, :, None]
+    cols = (o_b[:, None, None] - D) * BC + o_c[None, None, :]
+    if D >= 0:
+        b3 = tl.reshape(b_beta, (NB, BC))
+        m = (o_b[:, None, None] - D) == o_b[None, :, None]
+        b_bc = tl.sum(tl.where(m, b3[None, :, :], 0.0), axis=1)
+        val = X3 * b_bc[:, None, :]
+    else:
+        val = tl.zeros([NB, BC, BC], dtype=tl.float32)
+    m_st = (o_b[:, None, None] >= D) & (o_b[:, None, None] - D < NB) & (rows < n_t)
+    tl.store(p_w + rows * (H * NB * BC) + cols, val.to(p_w.dtype.element_ty), mask=m_st)
+
+
+@triton.jit
+def _one_head_z(b, out, b_kk, t0, n_t, i_h, zero, H: tl.constexpr, BT: tl.constexpr,
+                BC: tl.constexpr, SOLVE: tl.constexpr, UPPER: tl.constexpr,
+                PREC: tl.constexpr, OFF_PREC: tl.constexpr):
+    """:func:`_one_head` with ``zero`` in its index vectors (see :func:`_store_band_z`)."""
+    o_r = tl.arange(0, BT) + zero
+    m_r = o_r < n_t
+    b_beta = tl.sigmoid(tl.load(b + t0 * H + i_h + o_r * H, mask=m_r, other=0.0)
+                        .to(tl.float32))
+    b_beta = tl.where(m_r, b_beta, 0.0)
+    b_A = tl.where(o_r[:, None] > o_r[None, :], b_kk * b_beta[:, None], 0.0)
+    p_w = out + (t0 * H + i_h) * BT
+    if SOLVE:
+        T0, T1, T2, T3 = solve_bands(b_A, BC, PREC, OFF_PREC)
+    else:   # the bands of A itself (diagonal blocks: I + A_0): the same stores, no solve
+        A4 = tl.reshape(b_A, (4, BC, 4, BC))
+        o_b = tl.arange(0, 4) + zero
+        o_c = tl.arange(0, BC) + zero
+        eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)[None, :, :]
+        T0 = eye + tl.sum(tl.where((o_b[:, None, None, None] == o_b[None, None, :, None]),
+                                   A4, 0.0), axis=2)
+        T1 = tl.sum(tl.where((o_b[:, None, None, None] - 1 == o_b[None, None, :, None]),
+                             A4, 0.0), axis=2)
+        T2 = tl.sum(tl.where((o_b[:, None, None, None] - 2 == o_b[None, None, :, None]),
+                             A4, 0.0), axis=2)
+        T3 = tl.sum(tl.where((o_b[:, None, None, None] - 3 == o_b[None, None, :, None]),
+                             A4, 0.0), axis=2)
+    _store_band_z(p_w, T0, b_beta, 0, n_t, H, BC, zero)
+    _store_band_z(p_w, T1, b_beta, 1, n_t, H, BC, zero)
+    _store_band_z(p_w, T2, b_beta, 2, n_t, H, BC, zero)
+    _store_band_z(p_w, T3, b_beta, 3, n_t, H, BC, zero)
+    if UPPER:
+        _store_band_z(p_w, T0, b_beta, -1, n_t, H, BC, zero)
+        _store_band_z(p_w, T0, b_beta, -2, n_t, H, BC, zero)
+        _store_band_z(p_w, T0, b_beta, -3, n_t, H, BC, zero)
+
+
+@triton.jit
 def _unit_of(i_u, cu_seqlens, N, T, HU: tl.constexpr, BT: tl.constexpr):
     """Unit ``i_u`` (chunk slot ``i_u // HU``, head index ``i_u % HU``, heads fastest):
     ``(t0, n_t, i_x)``, the chunk's first token, its tokens (``<= 0``: a gap slot, every mask
@@ -380,13 +480,27 @@ def _load_k_unit(k, t0, n_t, i_x, ok, HQ: tl.constexpr, G: tl.constexpr, K: tl.c
 
 
 @triton.jit
-def _stream_head(b, out, b_k, t0, n_t, i_h, H: tl.constexpr, K: tl.constexpr,
+def _prefetch_l2(k, t0, n_t, i_hk, ok, HQ: tl.constexpr, K: tl.constexpr, BT: tl.constexpr):
+    """``prefetch.global.L2`` of the chunk's ``[BT, K]`` keys of q/k head ``i_hk``: one
+    instruction per 128-byte line, no registers held (invalid rows prefetch ``k``'s first
+    line instead)."""
+    LINES: tl.constexpr = K * 2 // 128          # 128-byte lines per bf16 row
+    o_r = tl.arange(0, BT)
+    o_l = tl.arange(0, LINES)
+    off = (t0 * HQ + i_hk) * K + o_r[:, None] * (HQ * K) + o_l[None, :] * 64
+    off = tl.where(((o_r < n_t) & ok)[:, None], off, 0)
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
+                              [k + off], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _stream_head(b, out, b_k, t0, n_t, i_h, zero, H: tl.constexpr, K: tl.constexpr,
                  BT: tl.constexpr, BC: tl.constexpr, UPPER: tl.constexpr):
     """``stream``: ``out[t0 + r, i_h, c] = (k[r, 2c] + k[r, 2c + 1]) beta_r`` (every byte of
     the ``k`` tile used, one ``[BT, BT]`` store; without ``UPPER`` only the blocks on and
     below the diagonal, as ``noupper``)."""
     tl.static_assert(K == 2 * BT)
-    o_r = tl.arange(0, BT)
+    o_r = tl.arange(0, BT) + zero
     m_r = o_r < n_t
     b_beta = tl.sigmoid(tl.load(b + t0 * H + i_h + o_r * H, mask=m_r, other=0.0)
                         .to(tl.float32))
@@ -400,7 +514,7 @@ def _stream_head(b, out, b_k, t0, n_t, i_h, H: tl.constexpr, K: tl.constexpr,
 
 
 @triton.jit
-def _unit_work(b, out, b_k, t0, n_t, i_x, H: tl.constexpr, G: tl.constexpr,
+def _unit_work(b, out, b_k, t0, n_t, i_x, zero, H: tl.constexpr, G: tl.constexpr,
                K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, MODE: tl.constexpr,
                PAIR: tl.constexpr, UPPER: tl.constexpr, PREC: tl.constexpr,
                OFF_PREC: tl.constexpr):
@@ -408,21 +522,21 @@ def _unit_work(b, out, b_k, t0, n_t, i_x, H: tl.constexpr, G: tl.constexpr,
     if MODE == "stream":
         if PAIR:
             for g in tl.static_range(G):
-                _stream_head(b, out, b_k, t0, n_t, i_x * G + g, H, K, BT, BC, UPPER)
+                _stream_head(b, out, b_k, t0, n_t, i_x * G + g, zero, H, K, BT, BC, UPPER)
         else:
-            _stream_head(b, out, b_k, t0, n_t, i_x, H, K, BT, BC, UPPER)
+            _stream_head(b, out, b_k, t0, n_t, i_x, zero, H, K, BT, BC, UPPER)
     else:
         b_kk = tl.dot(b_k, tl.trans(b_k))
         if PAIR:
             for g in tl.static_range(G):
-                _one_head(b, out, b_kk, t0, n_t, i_x * G + g, H, BT, BC, MODE == "solve",
-                          UPPER, PREC, OFF_PREC)
+                _one_head_z(b, out, b_kk, t0, n_t, i_x * G + g, zero, H, BT, BC,
+                            MODE == "solve", UPPER, PREC, OFF_PREC)
         else:
-            _one_head(b, out, b_kk, t0, n_t, i_x, H, BT, BC, MODE == "solve", UPPER, PREC,
-                      OFF_PREC)
+            _one_head_z(b, out, b_kk, t0, n_t, i_x, zero, H, BT, BC, MODE == "solve", UPPER,
+                        PREC, OFF_PREC)
 
 
-@triton.jit(do_not_specialize=["T", "N", "n_units", "NPROG"])
+@triton.jit(do_not_specialize=["T", "N", "n_units", "NPROG", "ZERO"])
 def light_stream_kernel(
     k,              # [T, HQ, K] bf16 keys
     b,              # [T, H] bf16 raw beta input (beta = sigmoid(b))
@@ -432,6 +546,7 @@ def light_stream_kernel(
     N,              # sequences
     n_units,        # chunk slots x units per slot
     NPROG,          # programs of the grid (the persistent stride)
+    ZERO,           # 0 (opaque: ``j * ZERO`` keeps the per-unit index vectors in the loop)
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
     MODE: tl.constexpr,      # "solve" / "copy" / "stream"
     PAIR: tl.constexpr,      # a unit is (chunk, q/k head), else (chunk, value head)
@@ -441,6 +556,8 @@ def light_stream_kernel(
     STAGES: tl.constexpr,    # num_stages of the unit loop (without PREFETCH)
     EVICT: tl.constexpr,
     UPPER: tl.constexpr, PREC: tl.constexpr, OFF_PREC: tl.constexpr,
+    L2PF: tl.constexpr = True,   # PREFETCH "l2": issue the prefetch (False: the interpreter,
+                                 # which runs no inline assembly; it changes no value)
 ):
     """Round 2: programs that own several units (:data:`ROUND2`)."""
     HQ: tl.constexpr = H // G
@@ -454,7 +571,19 @@ def light_stream_kernel(
         start = pid * TILES
         step = 1
         count = tl.minimum(n_units - start, TILES)
-    if PREFETCH:
+    if PREFETCH == "l2":
+        for j in range(count):
+            t0, n_t, i_x = _unit_of(start + j * step, cu_seqlens, N, T, HU, BT)
+            b_k = _load_k_unit(k, t0, n_t, i_x, True, HQ, G, K, BT, PAIR, EVICT)
+            # the next unit's keys into L2 (no registers held) during this unit's work
+            if L2PF:
+                t0_n, n_t_n, i_x_n = _unit_of(start + (j + 1) * step, cu_seqlens, N, T, HU,
+                                              BT)
+                _prefetch_l2(k, t0_n, n_t_n, i_x_n if PAIR else i_x_n // G, j + 1 < count, HQ,
+                             K, BT)
+            _unit_work(b, out, b_k, t0, n_t, i_x, j * ZERO, H, G, K, BT, BC, MODE, PAIR, UPPER,
+                       PREC, OFF_PREC)
+    elif PREFETCH:
         t0, n_t, i_x = _unit_of(start, cu_seqlens, N, T, HU, BT)
         b_k = _load_k_unit(k, t0, n_t, i_x, count > 0, HQ, G, K, BT, PAIR, EVICT)
         for j in range(count):
@@ -462,7 +591,7 @@ def light_stream_kernel(
             t0_n, n_t_n, i_x_n = _unit_of(start + (j + 1) * step, cu_seqlens, N, T, HU, BT)
             b_k_n = _load_k_unit(k, t0_n, n_t_n, i_x_n, j + 1 < count, HQ, G, K, BT, PAIR,
                                  EVICT)
-            _unit_work(b, out, b_k, t0, n_t, i_x, H, G, K, BT, BC, MODE, PAIR, UPPER, PREC,
+            _unit_work(b, out, b_k, t0, n_t, i_x, j * ZERO, H, G, K, BT, BC, MODE, PAIR, UPPER, PREC,
                        OFF_PREC)
             b_k = b_k_n
             t0 = t0_n
@@ -472,7 +601,7 @@ def light_stream_kernel(
         for j in tl.range(0, count, num_stages=STAGES):
             t0, n_t, i_x = _unit_of(start + j * step, cu_seqlens, N, T, HU, BT)
             b_k = _load_k_unit(k, t0, n_t, i_x, True, HQ, G, K, BT, PAIR, EVICT)
-            _unit_work(b, out, b_k, t0, n_t, i_x, H, G, K, BT, BC, MODE, PAIR, UPPER, PREC,
+            _unit_work(b, out, b_k, t0, n_t, i_x, j * ZERO, H, G, K, BT, BC, MODE, PAIR, UPPER, PREC,
                        OFF_PREC)
 
 
@@ -491,7 +620,7 @@ def _light_stream(k, b, cu_seqlens, variant, out):
     if o["sched"] == "persist":
         sms = (torch.cuda.get_device_properties(k.device).multi_processor_count
                if k.device.type == "cuda" else CPU_SMS)
-        nprog = max(1, min(n_units, sms * o["per_sm"]))
+        nprog = max(1, min(n_units, sms * _PER_SM.get(variant, o["per_sm"])))
         tiles = 1
     else:
         tiles = o["tiles"]
@@ -499,19 +628,36 @@ def _light_stream(k, b, cu_seqlens, variant, out):
     if n_units == 0:
         return out
     compiled = light_stream_kernel[(nprog,)](
-        k, b, out, cu_seqlens, T, N, n_units, nprog, H=H, G=H // HQ, K=K, BT=BT, BC=BC,
+        k, b, out, cu_seqlens, T, N, n_units, nprog, 0, H=H, G=H // HQ, K=K, BT=BT, BC=BC,
         MODE=o["mode"], PAIR=pair, PERSIST=o["sched"] == "persist", TILES=tiles,
         PREFETCH=o.get("prefetch", False), STAGES=o.get("stages", 1),
         EVICT=o.get("evict", False), UPPER=o.get("upper", True),
+        L2PF=os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
         PREC=SOLVE_PRECISION["batched"], OFF_PREC=OFFDIAG_PRECISION["batched"],
         num_warps=o.get("warps", 4), **({"maxnreg": o["maxnreg"]} if o.get("maxnreg") else {}))
-    LAST_LAUNCH[variant] = dict(programs=nprog, n_regs=getattr(compiled, "n_regs", None),
-                                n_spills=getattr(compiled, "n_spills", None))
+    regs = getattr(compiled, "n_regs", None)
+    fit = None
+    try:   # on the GPU: the programs per SM this compile fits, for the next launch
+        from kernels.bench.sm90 import programs_per_sm
+
+        fit = programs_per_sm(regs, compiled.metadata.shared, o.get("warps", 4)) if regs else None
+    except Exception:   # another triton's metadata: keep the option's per_sm
+        fit = None
+    if fit:
+        if o["sched"] == "persist":
+            _PER_SM[variant] = max(1, fit)
+    LAST_LAUNCH[variant] = dict(programs=nprog, n_regs=regs,
+                                n_spills=getattr(compiled, "n_spills", None),
+                                programs_per_sm_fit=fit)
     return out
 
 
 #: per variant: the last launch's programs and (on the GPU) the compiled registers / spills
+#: and the programs per SM they fit
 LAST_LAUNCH = {}
+#: persistent variants: programs per SM measured from the GPU's compile (the first launch,
+#: the gate's, uses the option ``per_sm``; every later one, the timed ones, this)
+_PER_SM = {}
 
 
 def light_solve(k: torch.Tensor, b: torch.Tensor, cu_seqlens: torch.Tensor, variant: str,
