@@ -16,9 +16,10 @@ LAYERS = {
     "reference": 1, "checks": 1, "stress_inputs": 1, "launch": 1,
     "decode": 2, "prefill": 3,                      # our kernels (prefill reuses decode's)
     "peers": 3,                                     # theirs
-    "bench": 4, "arch_check": 4,                    # the instruments; the compile check
+    "bench": 4,                                     # the instruments
     "model": 4,                                     # ours behind FLA's signature, in transformers
     "peers_worker": 5, "report": 5, "compare": 5,
+    "arch_check": 5,                                # the compile check (the drop-in's launches too)
     "contest": 6,                                   # solutions, the contest's build
     "registry": 7, "runner": 7, "ncu_target": 7,    # compose ours, peers and solutions
     "experiments": 8, "lab": 8,                     # the notebooks' modules

@@ -276,11 +276,12 @@ def test_in_the_model_smoke_specifics(smoke):
     assert set(share.part) == {"prefill", "decode step"} and "ours" in set(share.impl)
     assert share.share.between(0, 1).all() and (share.gdn_us > 0).all()
     dgate = pd.read_csv(folder / "dropin_gate.csv")
-    assert set(dgate.call) == {"drop-in", "contest entry point"}
+    assert set(dgate.call) == {"drop-in", "drop-in, contest layout", "contest entry point"}
     assert (dgate.status == "pass").all(), dgate.to_string()
     cmp = pd.read_csv(folder / "dropin_vs_contest.csv")
     assert set(cmp.part) == {"prefill", "decode step"}
-    assert list(cmp.ratio) == pytest.approx(list(cmp.dropin_us / cmp.contest_us))
+    assert list(cmp.ratio) == pytest.approx(list(cmp.dropin_contest_layout_us / cmp.contest_us))
+    assert list(cmp.ratio_captured) == pytest.approx(list(cmp.dropin_us / cmp.contest_us))
     assert (folder / "gdn_share.png").exists()
     if not _has_gpu():
         assert share.source.str.startswith("host time").all()
