@@ -19,19 +19,24 @@ Parent side::
     res["gate"]        # the row of kernels.bench.gate.gate_call, computed in the worker
     res["timings"]     # [{method, median_us, p20_us, p80_us, n} or {method, error}]
     res["timeline"]    # kernels.bench.timeline summary of one call (CUDA), or None
+    res = peers["flashqla"].run("131072", inputs, reference, kernel_calls=7)
+    res["kernel_rows"] # kernels.bench.anatomy.kernel_times rows (CUDA), or [] with
+    res["kernel_error"]  # the reason
 
 The parent hands the inputs and the float32 reference over as a ``torch.save`` file (CPU
 tensors; written once per shape, :meth:`PeerWorker.put`); the worker moves them to the
 device, gates the peer with :func:`kernels.bench.gate.gate_call` (the contest rule
 against that reference), and only if it passes records a timeline
-(:func:`kernels.bench.timeline.record_timeline`) and times it with
+(:func:`kernels.bench.timeline.record_timeline`), the per-kernel durations of
+``kernel_calls`` calls (:func:`kernels.bench.anatomy.kernel_times`, what notebook 04
+records for ours) and times it with
 :func:`kernels.bench.timing.time_each`: the same instruments as the parent's rows, which
 land in the same tables.
 
 Protocol: one JSON request per line on the worker's stdin, one JSON response per line on
 its stdout (the worker moves everything else its libraries print to stderr). Requests:
 ``{"op": "status", "names": [...]}``, ``{"op": "run", "name", "data", "device", "methods",
-"rep", "warmup", "timeline", "trace"}``, ``{"op": "quit"}``. A response carries ``"ok":
+"rep", "warmup", "timeline", "trace", "kernel_calls"}``, ``{"op": "quit"}``. A response carries ``"ok":
 true`` or ``"ok": false, "error": ...``. ``--serve module:function`` names the hook that
 builds what the worker serves, ``function(names) -> {name: (callable or Unavailable,
 version)}``: :func:`prefill_peers` (the default), the solutions' hook in
@@ -200,10 +205,12 @@ class PeerWorker:
         return path
 
     def run(self, name: str, data: str, *, device: str, methods=(), rep: int = 10,
-            warmup: int = 2, timeline: bool = False, trace: Optional[str] = None) -> dict:
+            warmup: int = 2, timeline: bool = False, trace: Optional[str] = None,
+            kernel_calls: int = 0) -> dict:
         return self.request({"op": "run", "name": name, "data": data, "device": str(device),
                              "methods": list(methods), "rep": int(rep), "warmup": int(warmup),
-                             "timeline": bool(timeline), "trace": trace})
+                             "timeline": bool(timeline), "trace": trace,
+                             "kernel_calls": int(kernel_calls)})
 
 
 class RemotePeer:
@@ -225,14 +232,17 @@ class RemotePeer:
 
     def run(self, key: str, inputs: dict, reference, *, device: str, methods=(),
             rep: int = 10, warmup: int = 2, timeline: bool = False,
-            trace: Optional[str] = None) -> dict:
-        """Gate (always) and, if it passes, time with ``methods`` (and record one timeline)
-        in the worker. ``key`` names the inputs (one file per key). Returns ``{"gate":
-        row, "timings": [...], "timeline": summary or None, "timeline_error": str}``."""
+            trace: Optional[str] = None, kernel_calls: int = 0) -> dict:
+        """Gate (always) and, if it passes, time with ``methods`` (and record one timeline;
+        with ``kernel_calls`` > 0 the per-kernel durations of that many calls,
+        :func:`kernels.bench.anatomy.kernel_times`) in the worker. ``key`` names the inputs
+        (one file per key). Returns ``{"gate": row, "timings": [...], "timeline": summary
+        or None, "timeline_error": str, "kernel_rows": [row dicts], "kernel_error": str}``."""
         path = self.worker.put(key, inputs, reference)
         release_cached_memory()
         return self.worker.run(self.name, path, device=device, methods=methods, rep=rep,
-                               warmup=warmup, timeline=timeline, trace=trace)
+                               warmup=warmup, timeline=timeline, trace=trace,
+                               kernel_calls=kernel_calls)
 
 
 def release_cached_memory() -> None:
@@ -370,7 +380,7 @@ def _gate_and_time(req: dict, fn, loaded: dict) -> dict:
 
     if not fn:
         return dict(gate=dict(status=UNAVAILABLE, ok=False, reason=fn.reason), timings=[],
-                    timeline=None, timeline_error="")
+                    timeline=None, timeline_error="", kernel_rows=[], kernel_error="")
     device = req["device"]
     if loaded.get("path") != req["data"]:
         loaded.clear()
@@ -382,8 +392,11 @@ def _gate_and_time(req: dict, fn, loaded: dict) -> dict:
         loaded.update(path=req["data"], inputs=inputs, ref=ref)
     inputs, ref = loaded["inputs"], loaded["ref"]
     gate = gate_call(fn, inputs, ref, device)
-    res = dict(gate=gate, timings=[], timeline=None, timeline_error="")
-    if gate.get("status") != PASS or not req.get("methods") and not req.get("timeline"):
+    res = dict(gate=gate, timings=[], timeline=None, timeline_error="", kernel_rows=[],
+               kernel_error="")
+    kernel_calls = int(req.get("kernel_calls") or 0)
+    if gate.get("status") != PASS or not (req.get("methods") or req.get("timeline")
+                                          or kernel_calls):
         return res
     call = (lambda: fn(**inputs))
     if req.get("timeline"):
@@ -398,6 +411,15 @@ def _gate_and_time(req: dict, fn, loaded: dict) -> dict:
                 tl.export_chrome_trace(req["trace"])
         except Exception as e:
             res["timeline_error"] = short_reason(e)
+    if kernel_calls > 0:
+        try:
+            from .bench import anatomy
+
+            kt = anatomy.kernel_times(call, calls=kernel_calls)
+            res["kernel_rows"] = [{c: (v.item() if hasattr(v, "item") else v)
+                                   for c, v in r.items()} for r in kt.to_dict("records")]
+        except Exception as e:
+            res["kernel_error"] = short_reason(e)
     res["timings"] = time_each(call, req.get("methods") or [], rep=req["rep"],
                                warmup=req["warmup"])
     return res

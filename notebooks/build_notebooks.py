@@ -424,12 +424,18 @@ xp.gate_dependence_table(gates)"""),
 ## 4. Where our time goes: kernels, rooflines, resources
 Per-kernel GPU durations (CUPTI kernel records through torch.profiler, eager calls, warm
 L2; median of `kernel_calls`), each kernel's floors, and every launch compiled for sm_90
-(registers, spill stack, shared memory, programs per SM, waves over the SMs)."""),
+(registers, spill stack, shared memory, programs per SM, waves over the SMs).
+At `peer_anatomy_shapes` the same per-kernel durations of every implementation that passes
+its gate there, ours beside the peers (FlashQLA recorded in its worker with the same
+function): `peer_kernels.csv`, one stacked bar per implementation, so that each of our
+kernels' targets comes from a measured peer kernel. A peer kernel keeps its own (short) name."""),
     ("code", """\
 anatomy = xp.run_anatomy(run, times)
 run.show(xp.plot_kernel_breakdown(anatomy["kernels"]), "kernel_breakdown")
 run.show(xp.plot_roofline(anatomy["roofline"]), "roofline")
+run.show(xp.plot_peer_kernels(anatomy["peer_kernels"]), "peer_kernels")
 display(anatomy["roofline"])
+display(anatomy["peer_kernels"])
 anatomy["resources"]"""),
     ("md", """\
 ## 5. Accuracy on hard inputs

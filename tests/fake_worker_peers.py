@@ -37,3 +37,26 @@ def fake_peers(names):
         else:
             out[n] = Unavailable(n, f"fake: no peer {n!r}")
     return {n: (fn, "fake-1.0") for n, fn in out.items()}
+
+
+def _fake_kernel_times(fn, calls=5, warmup=3):
+    """A fixed :func:`kernels.bench.anatomy.kernel_times` table (two kernels) after one
+    call of ``fn()``: the CPU has no CUDA kernels to record."""
+    import pandas as pd
+
+    from kernels.bench.anatomy import KERNEL_TIME_COLUMNS
+
+    fn()
+    return pd.DataFrame(dict(k=[0, 1], kernel=["chunk_fwd<64>", "state_walk"],
+                             role=["chunk_fwd<64>", "state_walk"], median_us=[10.0, 20.0],
+                             p20_us=[9.0, 19.0], p80_us=[11.0, 21.0], calls=calls,
+                             span_us=35.0), columns=KERNEL_TIME_COLUMNS)
+
+
+def fake_peers_with_kernel_times(names):
+    """:func:`fake_peers`, with ``kernel_times`` replaced by :func:`_fake_kernel_times` in
+    the worker (``--serve tests.fake_worker_peers:fake_peers_with_kernel_times``)."""
+    from kernels.bench import anatomy
+
+    anatomy.kernel_times = _fake_kernel_times
+    return fake_peers(names)

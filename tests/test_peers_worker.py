@@ -158,3 +158,30 @@ def test_worker_frees_its_cache_after_each_run(monkeypatch, data):
         res = peers_worker._run(req, impls[name], loaded)
         assert res["gate"]["status"] == status
         assert calls == ["release"], name
+
+
+def test_kernel_calls_return_the_per_kernel_rows(data):
+    from kernels.bench.anatomy import KERNEL_TIME_COLUMNS
+
+    inputs, ref = data
+    with peers_worker.PeerWorker("tests.fake_worker_peers:fake_peers_with_kernel_times",
+                                 site="", timeout_s=120) as w:
+        path = w.put("5+3", inputs, ref)
+        res = w.run("good", path, device="cpu", kernel_calls=3)
+        assert res["gate"]["status"] == "pass" and res["kernel_error"] == ""
+        rows = res["kernel_rows"]
+        assert [r["kernel"] for r in rows] == ["chunk_fwd<64>", "state_walk"]
+        assert set(KERNEL_TIME_COLUMNS) <= set(rows[0]) and rows[1]["median_us"] == 20.0
+        assert rows[0]["calls"] == 3 and rows[0]["k"] == 0
+        bad = w.run("bad", path, device="cpu", kernel_calls=3)   # failing gate: no rows
+        assert bad["gate"]["status"] == "fail" and bad["kernel_rows"] == []
+        assert w.run("missing", path, device="cpu", kernel_calls=3)["kernel_rows"] == []
+
+
+def test_kernel_calls_failure_is_a_reason_not_a_crash(worker, data):
+    inputs, ref = data   # the real kernel_times: no CUDA on the CPU
+    res = peers_worker.RemotePeer(worker, "good", True).run("5+3", inputs, ref, device="cpu",
+                                                            kernel_calls=2)
+    assert res["gate"]["status"] == "pass" and res["kernel_rows"] == []
+    assert res["kernel_error"]
+    assert worker.status(["good"])["good"]["available"]   # the worker keeps serving

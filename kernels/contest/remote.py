@@ -85,12 +85,13 @@ class RemoteSolution(RemotePeer):
                     build=self.version)
 
     def run(self, key, inputs, reference, *, device, methods=(), rep=10, warmup=2,
-            timeline=False, trace=None) -> dict:
+            timeline=False, trace=None, kernel_calls=0) -> dict:
         methods = list(methods)
         dropped = [m for m in methods if m == "graph" and not self.graph_capturable]
         res = super().run(key, inputs, reference, device=device,
                           methods=[m for m in methods if m not in dropped], rep=rep,
-                          warmup=warmup, timeline=timeline, trace=trace)
+                          warmup=warmup, timeline=timeline, trace=trace,
+                          kernel_calls=kernel_calls)
         if res["gate"].get("status") == "error":
             self.worker.close(kill=True)   # the next call starts a fresh process
         res["timings"] += [dict(method=m, error="not graph-capturable: its CUDA sources "

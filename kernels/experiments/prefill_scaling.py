@@ -17,7 +17,11 @@ length, and where does our pipeline's time go?
    bandwidth, tensor FLOPs / measured bf16 GEMM rate) → ``roofline.csv``; how the call is
    split (:func:`plan_table`: path, tile width, segments) → ``plan.csv``; registers, shared
    memory and programs per SM of every launch compiled for sm_90
-   (:mod:`kernels.bench.sm90`) → ``resources.csv``.
+   (:mod:`kernels.bench.sm90`) → ``resources.csv``. For ``peer_anatomy_shapes``: the
+   same per-kernel durations of every implementation that passes its gate there (ours in
+   this process, FLA and FlashInfer too, FlashQLA in the peer worker with ``kernel_calls``)
+   → ``peer_kernels.csv`` (:func:`run_peer_anatomy`); a peer's ``role`` is its kernel's
+   short name (:func:`short_kernel_name`), ours' the role of :func:`kernel_roles`.
    :func:`run_gate_dependence` — the long path skips what the gates' decay has made
    negligible, so its time depends on the gates: ours and ``gate_impls`` at ``gate_shapes``
    with the generator's gates and with long-memory heads (:func:`with_gates`), gated and
@@ -79,6 +83,9 @@ PARAMS = COMMON_PARAMS + (
     Param("anatomy_shapes", "list", ["57x64", "8192", "4x8192", "131072"],
           "shapes whose per-kernel times, rooflines and sm_90 resources are measured"),
     Param("kernel_calls", "int", 7, "recorded calls per anatomy shape (median per kernel)"),
+    Param("peer_anatomy_shapes", "list", ["32768", "131072", "1048576"],
+          "shapes whose per-kernel times are recorded for every implementation (ours and "
+          "the peers: peer_kernels.csv)"),
     Param("stress_shapes", "list", ["8192", "57x64"],
           "shapes of the accuracy check on hard inputs (kernels.stress_inputs)"),
     Param("stress_spreads", "list", [0.0, 0.02, 0.1, 1.0],
@@ -586,7 +593,106 @@ def run_anatomy(run: Run, times: pd.DataFrame) -> Dict[str, pd.DataFrame]:
     if res:
         out["resources"] = pd.concat(res, ignore_index=True)
         run.write_csv(out["resources"], "resources")
+    out["peer_kernels"] = run_peer_anatomy(run)
     return out
+
+
+PEER_KERNEL_COLUMNS = ["impl", "label", "lens", "T", "N", "k", "kernel", "role", "median_us",
+                       "p20_us", "p80_us", "calls", "span_us", "gpu"]
+
+
+def short_kernel_name(name: str) -> str:
+    """A peer kernel's name without ``void``, its argument list and its template arguments
+    (``void flashinfer::gdn::prefill<128, true>(Params)`` -> ``flashinfer::gdn::prefill``);
+    a generic wrapper (``cutlass::device_kernel<flash::FwdKernel<...>>``) is named by its
+    first template argument (``flash::FwdKernel``)."""
+    import re
+
+    s = re.sub(r"^void\s+", "", str(name).strip())
+    depth, outer, first, args = 0, "", True, ""
+    for ch in s:
+        if ch == "(" and depth == 0:
+            break
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+            first = first and depth > 0
+        elif depth == 0:
+            outer += ch
+        if first and depth >= 1 and not (depth == 1 and ch == "<"):
+            args += ch   # the first template list's text
+    arg0 = args.split(",")[0] if "<" not in args.split(",")[0] else args.split("<")[0]
+    outer = outer.strip() or s
+    generic = outer.split("::")[-1] in ("device_kernel", "kernel", "Kernel")
+    return arg0.strip() if generic and arg0.strip() else outer
+
+
+def run_peer_anatomy(run: Run) -> pd.DataFrame:
+    """Per-kernel GPU durations (:func:`kernels.bench.anatomy.kernel_times`, median of
+    ``kernel_calls`` calls) of every implementation at ``peer_anatomy_shapes``, each gated
+    there first (in this process, or in the peer worker for FlashQLA, which records them
+    with the same function) → ``peer_kernels.csv``. GPU only; an unavailable
+    implementation, a failing gate or a failed recording is skipped with its reason."""
+    p = run.params
+    empty = pd.DataFrame(columns=PEER_KERNEL_COLUMNS)
+    shapes = [parse_shape(s) for s in p["peer_anatomy_shapes"]]
+    if not shapes:
+        return empty
+    if not run.on_gpu:
+        run.skip("per-kernel times of every implementation (peer_kernels.csv)",
+                 f"need a CUDA GPU (device is {run.device})")
+        return empty
+    impls = {}
+    for name, fn in run.state["impls"].items():
+        if fn:
+            impls[name] = fn
+        else:
+            run.skip(f"per-kernel times: {label_of(name)}",
+                     f"unavailable: {getattr(fn, 'reason', '')}")
+    rows = []
+    for lab, lens in progress(shapes, f"per-kernel times of "
+                              f"{plural(len(impls), 'implementation')} per shape", "shape"):
+        inputs, ref = _inputs(run, lab, lens)
+        for name, fn in impls.items():
+            kt = _impl_kernel_times(run, fn, lab, inputs, ref,
+                                    f"per-kernel times: {label_of(name)} lens={lab}")
+            if kt is None or kt.empty:
+                continue
+            if name != "ours":   # a peer's kernels keep their own (short) names
+                kt = kt.assign(role=[short_kernel_name(k) for k in kt.kernel])
+            rows.append(kt.assign(impl=impl_of(run, name), label=label_of(name), lens=lab,
+                                  T=sum(lens), N=len(lens), gpu=run.gpu))
+    if not rows:
+        return empty
+    df = pd.concat(rows, ignore_index=True)[PEER_KERNEL_COLUMNS]
+    run.write_csv(df, "peer_kernels")
+    return df
+
+
+def _impl_kernel_times(run: Run, fn, lab: str, inputs, ref, what: str):
+    """:func:`kernels.bench.anatomy.kernel_times` of ``fn`` after its gate passes (in the
+    worker for a remote implementation); None, with ``what`` skipped, otherwise."""
+    from kernels.bench import anatomy
+
+    calls = run.params["kernel_calls"]
+    if getattr(fn, "remote", False):
+        res = run.worker_result(fn, lab, inputs, ref, what, kernel_calls=calls)
+        if res is None:
+            return None
+        if res.get("kernel_error") or not res.get("kernel_rows"):
+            run.skip(what, res.get("kernel_error") or "the worker returned no kernels")
+            return None
+        return pd.DataFrame(res["kernel_rows"])
+    try:
+        g = gate_call(fn, inputs, ref, run.device)
+        if g["status"] != PASS:
+            run.skip(what, f"gate {g['status']}: {g.get('reason', '')}")
+            return None
+        return anatomy.kernel_times(lambda: fn(**inputs), calls=calls)
+    except Exception as e:
+        run.skip(what, short_reason(e))
+        return None
 
 
 def run_stress(run: Run) -> pd.DataFrame:
@@ -804,6 +910,52 @@ def plot_kernel_breakdown(kernels: pd.DataFrame):
     gpu = str(kernels.gpu.iloc[0]) if "gpu" in kernels and len(kernels) else ""
     fig.suptitle(f"Where our prefill's time goes — {gpu}\nkernel durations (CUPTI via "
                  f"torch.profiler), eager calls, warm L2", fontsize=10)
+    return fig
+
+
+def plot_peer_kernels(df: pd.DataFrame):
+    """Per shape of ``peer_anatomy_shapes`` (one panel each): one horizontal bar per
+    implementation, stacked from its kernels' median durations in launch order (colour:
+    ours' role, a peer kernel's short name), the summed kernel time written at its end."""
+    from .common import figure_legend
+
+    if df is None or df.empty:
+        return None
+    shapes = unique_in_order(df.lens.astype(str))
+    impls = unique_in_order(df.label)
+    roles = unique_in_order(df.role)
+    cycle = [c for c in ("tab:green", "tab:olive", "tab:pink", "tab:brown", "goldenrod",
+                         "tab:blue", "tab:orange", "tab:purple", "tab:cyan", "tab:red",
+                         "tab:gray", "navy", "lightcoral", "darkseagreen")]
+    free = iter([c for c in cycle if c not in _ROLE_COLORS.values()] + cycle * 4)
+    colour = {r: _ROLE_COLORS.get(r) or next(free) for r in roles}
+    fig, axes = new_figure(len(shapes), 1, panel=(9.0, 0.45 * len(impls) + 1.3))
+    for ax, lab in zip(axes[:, 0], shapes):
+        sub = df[df.lens.astype(str) == lab]
+        names = [i for i in impls if (sub.label == i).any()]
+        ys = np.arange(len(names))[::-1]
+        top = 0.0
+        for y, impl in zip(ys, names):
+            k = sub[sub.label == impl].sort_values("k")
+            left = 0.0
+            for r in k.itertuples():
+                ax.barh(y, r.median_us, left=left, height=0.6, color=colour[r.role],
+                        edgecolor="white", linewidth=0.5, label=r.role)
+                left += r.median_us
+            ax.text(left, y, f"  {fmt_us(left)}", va="center", ha="left", fontsize=7)
+            top = max(top, left)
+        ax.set_xlim(0, top * 1.18 if top > 0 else 1)
+        ax.set_yticks(ys, names, fontsize=8)
+        ax.set_ylabel("implementation")
+        ax.set_xlabel("summed kernel time per call (µs)")
+        T = int(sub["T"].iloc[0])
+        ax.set_title(f"{lab} ({T:,} tokens)", fontsize=9)
+    figure_legend(fig, axes)
+    calls = int(df.calls.max())
+    gpu = str(df.gpu.iloc[0]) if "gpu" in df and len(df) else ""
+    fig.suptitle(f"Each implementation's call by kernel — {gpu}\nCUPTI kernel durations "
+                 f"(torch.profiler), median of {plural(calls, 'call')}, eager, warm L2",
+                 fontsize=10)
     return fig
 
 

@@ -126,6 +126,7 @@ FIGURES: Dict[str, Dict[str, Callable]] = {
         "gate_dependence": _with("gate_dependence.csv",
                                  lambda d, f: _xs().plot_gate_dependence(d)),
         "roofline": _with("roofline.csv", lambda d, f: _xs().plot_roofline(d)),
+        "peer_kernels": _with("peer_kernels.csv", lambda d, f: _xs().plot_peer_kernels(d)),
     },
     "05_prefill_multi_gpu": {
         "time_vs_T": _with("times.csv", lambda d, f: _mx().plot_times(d, _where(f))),

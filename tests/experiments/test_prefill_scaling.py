@@ -145,3 +145,106 @@ def test_ratio_panel_shows_the_target_when_ours_is_orders_slower():
     assert fig.axes[1].get_yscale() == "log"
     assert audit_figure(fig, "time_vs_T") == []
     assert xs.plot_time_vs_T(_times()).axes[1].get_yscale() == "linear"
+
+
+def _peer_kernels():
+    """Made-up per-kernel rows of ours and two peers at three shapes (peer_kernels.csv)."""
+    kernels = {"ours": [("intra_chunk_kernel", "intra-chunk"), ("state_walk_a", "CP phase A"),
+                        ("segment_combine", "CP phase B"), ("state_walk_c", "CP phase C")],
+               "flashqla": [("main_kernel", "main_kernel"), ("main_kernel_1", "main_kernel_1")],
+               "flashinfer": [("void flashinfer::gdn::prefill<128, true>(P)",
+                               "flashinfer::gdn::prefill")]}
+    rows = []
+    for lens, scale in (("32768", 1.0), ("131072", 4.0), ("1048576", 32.0)):
+        for impl, ks in kernels.items():
+            for k, (kernel, role) in enumerate(ks):
+                t = scale * (20.0 + 10 * k) * (0.8 if impl == "flashqla" else 1.0)
+                rows.append(dict(impl=impl, label=impl, lens=lens, T=int(lens), N=1, k=k,
+                                 kernel=kernel, role=role, median_us=t, p20_us=t * 0.95,
+                                 p80_us=t * 1.05, calls=7, span_us=t * len(ks) * 1.1,
+                                 gpu="NVIDIA H100"))
+    return pd.DataFrame(rows, columns=xs.PEER_KERNEL_COLUMNS)
+
+
+def test_peer_kernel_figure_passes_the_audit():
+    from kernels.experiments.common import finish_figure
+    from tests.experiments.test_figures import audit_figure
+
+    df = _peer_kernels()
+    params = dict(num_q_heads=4, num_v_heads=8, head_dim=128, profile="full")
+    fig = finish_figure(xs.plot_peer_kernels(df), params)
+    assert audit_figure(fig, "peer_kernels", params) == []
+    sup = fig._suptitle.get_text()
+    assert "NVIDIA H100" in sup and "median of 7 calls" in sup and "HV=8 D=128" in sup
+    assert len(fig.axes) == 3 and "µs" in fig.axes[0].get_xlabel()
+    texts = [t.get_text().strip() for t in fig.axes[0].texts]
+    assert "140 µs" in texts   # ours at 32768: 20 + 30 + 40 + 50
+    assert xs.plot_peer_kernels(df.iloc[0:0]) is None
+
+
+def test_short_kernel_name():
+    assert xs.short_kernel_name("void flashinfer::gdn::prefill<128, true>(P)") == \
+        "flashinfer::gdn::prefill"
+    assert xs.short_kernel_name("cutlass::device_kernel<flash::Fwd<a, b<c>>, 3>(x)") == \
+        "flash::Fwd"
+    assert xs.short_kernel_name("chunk_fwd_kernel_o") == "chunk_fwd_kernel_o"
+
+
+class _FakeRun:
+    """What run_peer_anatomy reads of a Run, on the CPU, pretending to be on a GPU."""
+
+    def __init__(self, impls, on_gpu=True):
+        from kernels.spec import GDNShape
+
+        self.params = dict(peer_anatomy_shapes=["5+3"], kernel_calls=3, seed=1,
+                           with_state=True)
+        self.state = dict(impls=impls, inputs={}, refs={}, shape=GDNShape(2, 4, 16),
+                          solution_labels=set())
+        self.on_gpu, self.device, self.gpu = on_gpu, "cpu", "fake GPU"
+        self.skipped, self.csvs = [], {}
+
+    def skip(self, what, reason):
+        self.skipped.append(dict(what=what, reason=reason))
+
+    def write_csv(self, df, name):
+        self.csvs[name] = df
+
+    def worker_result(self, *a, **kw):
+        from kernels.experiments.common import Run
+
+        return Run.worker_result(self, *a, **kw)
+
+
+def test_run_peer_anatomy_gates_then_records_every_implementation(monkeypatch):
+    from kernels import peers_worker
+    from kernels.bench import anatomy
+    from kernels.peers import Unavailable
+    from kernels.reference import prefill_reference
+    from tests import fake_worker_peers as fake
+
+    monkeypatch.setattr(anatomy, "kernel_times", fake._fake_kernel_times)
+    with peers_worker.PeerWorker("tests.fake_worker_peers:fake_peers_with_kernel_times",
+                                 site="", timeout_s=120) as w:
+        run = _FakeRun(dict(ours=prefill_reference, flashqla=peers_worker.RemotePeer(w, "good", True),
+                            fla=fake._bad, flashinfer=Unavailable("flashinfer", "not installed"),
+                            fla_flashqla=peers_worker.RemotePeer(w, "bad", True)))
+        df = xs.run_peer_anatomy(run)
+    assert list(df.columns) == xs.PEER_KERNEL_COLUMNS
+    assert set(df.impl) == {"ours", "flashqla"} and len(df) == 4
+    assert (df.lens == "5+3").all() and (df["T"] == 8).all() and (df.N == 2).all()
+    fq = df[df.impl == "flashqla"]
+    assert list(fq.role) == ["chunk_fwd", "state_walk"]   # a peer's role: its short name
+    assert list(fq.median_us) == [10.0, 20.0] and (fq.calls == 3).all()
+    assert "peer_kernels" in run.csvs
+    why = {s["what"]: s["reason"] for s in run.skipped}
+    assert "not installed" in why["per-kernel times: flashinfer"]
+    assert why["per-kernel times: fla (triton) lens=5+3"].startswith("gate fail")
+    assert "gate fail" in why["per-kernel times: fla (flashqla backend) lens=5+3"]
+
+
+def test_run_peer_anatomy_on_the_cpu_skips_with_the_reason():
+    run = _FakeRun(dict(ours=lambda **x: None), on_gpu=False)
+    assert xs.run_peer_anatomy(run).empty
+    assert "need a CUDA GPU" in run.skipped[0]["reason"]
+    run.params["peer_anatomy_shapes"] = []
+    assert xs.run_peer_anatomy(run).empty and len(run.skipped) == 1

@@ -228,6 +228,14 @@ def test_scaling_smoke_specifics(smoke):
         # FlashQLA went through the peer worker, which reported why it cannot run here
         assert skipped.what.str.startswith("flashqla").any()
         assert skipped.reason.str.contains("CUDA GPU").any()
+        # no per-kernel times of the peers either, and nothing pretends there were
+        peer = skipped[skipped.what.str.contains("per-kernel times of every implementation")]
+        assert len(peer) == 1 and "CUDA GPU" in peer.reason.iloc[0]
+        assert not (folder / "peer_kernels.csv").exists()
+    else:   # ours at least, beside whichever peer passed its gate at the smoke shape
+        peer = pd.read_csv(folder / "peer_kernels.csv")
+        assert "ours" in set(peer.impl) and (peer.median_us > 0).all()
+        assert (folder / "peer_kernels.png").exists()
 
 
 def test_multi_gpu_smoke_specifics(smoke):
