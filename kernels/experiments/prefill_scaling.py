@@ -602,30 +602,20 @@ PEER_KERNEL_COLUMNS = ["impl", "label", "lens", "T", "N", "k", "kernel", "role",
 
 
 def short_kernel_name(name: str) -> str:
-    """A peer kernel's name without ``void``, its argument list and its template arguments
+    """A peer kernel's name without ``void``, ``(anonymous namespace)::``, its argument list
+    and its template arguments
     (``void flashinfer::gdn::prefill<128, true>(Params)`` -> ``flashinfer::gdn::prefill``);
     a generic wrapper (``cutlass::device_kernel<flash::FwdKernel<...>>``) is named by its
     first template argument (``flash::FwdKernel``)."""
     import re
 
-    s = re.sub(r"^void\s+", "", str(name).strip())
-    depth, outer, first, args = 0, "", True, ""
-    for ch in s:
-        if ch == "(" and depth == 0:
-            break
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-            first = first and depth > 0
-        elif depth == 0:
-            outer += ch
-        if first and depth >= 1 and not (depth == 1 and ch == "<"):
-            args += ch   # the first template list's text
-    arg0 = args.split(",")[0] if "<" not in args.split(",")[0] else args.split("<")[0]
+    s = re.sub(r"^void\s+", "", str(name).strip()).replace("(anonymous namespace)::", "")
+    s = s.split("(")[0]
+    outer, _, args = s.partition("<")
     outer = outer.strip() or s
-    generic = outer.split("::")[-1] in ("device_kernel", "kernel", "Kernel")
-    return arg0.strip() if generic and arg0.strip() else outer
+    if outer.split("::")[-1] in ("device_kernel", "kernel", "Kernel"):
+        return re.split(r"[<,>]", args)[0].strip() or outer
+    return outer
 
 
 def run_peer_anatomy(run: Run) -> pd.DataFrame:

@@ -252,19 +252,17 @@ def plan_key(cp):
 
 def prefill_plan(T: int, N: int, HV: int, D: int, device="cuda",
                  cp: Union[None, bool, int] = None, config: Optional[PrefillConfig] = None,
-                 graph: bool = False, qk_heads: int = 0) -> Plan:
+                 graph: bool = False) -> Plan:
     """The :class:`Plan` of a ``fused`` call of ``T`` tokens in ``N`` sequences with ``HV``
     value heads of size ``D`` on ``device`` (``"cuda"``: the current GPU).
 
     ``graph``: the ``graph`` variant's plan: the recurrent rule on the call's ``T``, the
     chunked path planned for its bucket (:func:`bucket_of`), whose kernels the graph
-    replays. ``qk_heads``: the plan of a call with ``qk_heads`` q/k heads that L2-normalises
-    them in the kernels (:attr:`Plan.qk_heads`; 0: none)."""
+    replays."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return call_plan(int(T), int(N), int(HV), int(D), device, cp, config, bool(graph),
-                     int(qk_heads))
+    return call_plan(int(T), int(N), int(HV), int(D), device, cp, config, bool(graph))
 
 
 #: Plans by the key of :func:`call_plan` (at most :data:`MAX_PLANS`; then forgotten at once).
