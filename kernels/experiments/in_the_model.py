@@ -499,9 +499,8 @@ def _compare_point(run: Run, part: str, T: int, B: int, seen: dict, methods):
     args, kw = seen["args"], seen["kwargs"]
     # the drop-in on the contest entry point's tensors: q/k at the key heads (unit norm, the
     # in-kernel norm still applied), v contiguous; g and beta as the layer computed them
-    qkv = (ci["q"], ci["k"], ci["v"]) if part != "prefill" else \
-        (ci["q"][None], ci["k"][None], ci["v"][None])
-    lay = (*qkv, args[3].contiguous(), args[4].contiguous())
+    lay = (ci["q"], ci["k"], ci["v"]) if part != "prefill" else \
+        (ci["q"][None], ci["k"][None], ci["v"][None])   # (g, beta: in ``kw``, as captured)
     fn_fla = chunk_gated_delta_rule if part == "prefill" else fused_recurrent_gated_delta_rule
     layout = lambda **o: fn_fla(*lay, **dict(kw, **o))  # noqa: E731
     if part == "prefill":
