@@ -606,9 +606,15 @@ def short_kernel_name(name: str) -> str:
     and its template arguments
     (``void flashinfer::gdn::prefill<128, true>(Params)`` -> ``flashinfer::gdn::prefill``);
     a generic wrapper (``cutlass::device_kernel<flash::FwdKernel<...>>``) is named by its
-    first template argument (``flash::FwdKernel``)."""
+    first template argument (``flash::FwdKernel``); a CuTe DSL kernel, whose name is its
+    module path and arguments run together
+    (``kernel_cutlass_kernel_..._sm90CPDeltaRulePrefillSm90_object_at__...``), by its class
+    (``CPDeltaRulePrefillSm90``)."""
     import re
 
+    cute = re.match(r"kernel_cutlass_kernel_\w*?([A-Z][A-Za-z0-9]*)_object_at_", str(name))
+    if cute:
+        return cute.group(1)
     s = re.sub(r"^void\s+", "", str(name).strip()).replace("(anonymous namespace)::", "")
     s = s.split("(")[0]
     outer, _, args = s.partition("<")
@@ -903,32 +909,59 @@ def plot_kernel_breakdown(kernels: pd.DataFrame):
     return fig
 
 
+#: a peer's PyTorch elementwise kernels (its input conversion: gates, ``beta``, casts) are
+#: drawn as one segment under this name
+TORCH_OPS = "PyTorch elementwise ops"
+
+
+def peer_kernel_segments(df: pd.DataFrame) -> pd.DataFrame:
+    """``peer_kernels.csv`` as drawn: each peer kernel named by :func:`short_kernel_name`
+    (applied again, so CSVs of older runs draw the same), PyTorch's ``at::native``
+    kernels as :data:`TORCH_OPS`, and consecutive kernels of one name in one call summed
+    into one segment (columns ``lens``, ``T``, ``label``, ``role``, ``median_us``)."""
+    d = df.sort_values(["lens", "label", "k"], kind="stable").copy()
+    role = [short_kernel_name(r) for r in d.role.astype(str)]
+    d["role"] = [TORCH_OPS if r.startswith("at::native::") else r for r in role]
+    run = (d.role != d.role.shift()) | (d.label != d.label.shift()) | (d.lens != d.lens.shift())
+    d["seg"] = run.cumsum()
+    out = d.groupby("seg", sort=True).agg(lens=("lens", "first"), T=("T", "first"),
+                                          label=("label", "first"), role=("role", "first"),
+                                          median_us=("median_us", "sum"))
+    return out.reset_index(drop=True)
+
+
 def plot_peer_kernels(df: pd.DataFrame):
     """Per shape of ``peer_anatomy_shapes`` (one panel each): one horizontal bar per
-    implementation, stacked from its kernels' median durations in launch order (colour:
-    ours' role, a peer kernel's short name), the summed kernel time written at its end."""
+    implementation, stacked from its kernels' median durations in launch order
+    (:func:`peer_kernel_segments`; colour: ours' role, a peer kernel's short name, every
+    name its own colour), the summed kernel time written at its end."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_rgb
+
     from .common import figure_legend
 
     if df is None or df.empty:
         return None
     shapes = unique_in_order(df.lens.astype(str))
     impls = unique_in_order(df.label)
-    roles = unique_in_order(df.role)
-    cycle = [c for c in ("tab:green", "tab:olive", "tab:pink", "tab:brown", "goldenrod",
-                         "tab:blue", "tab:orange", "tab:purple", "tab:cyan", "tab:red",
-                         "tab:gray", "navy", "lightcoral", "darkseagreen")]
-    free = iter([c for c in cycle if c not in _ROLE_COLORS.values()] + cycle * 4)
-    colour = {r: _ROLE_COLORS.get(r) or next(free) for r in roles}
+    seg = peer_kernel_segments(df)
+    roles = unique_in_order(seg.role)
+    taken = {to_rgb(c) for c in _ROLE_COLORS.values()} | {to_rgb("0.75")}
+    palette = [c for cmap in ("tab20", "tab20b", "tab20c")
+               for c in colormaps[cmap].colors
+               if to_rgb(c) not in taken and max(c) - min(c) > 0.05]  # greys: ours, torch
+    free = iter(palette)
+    colour = {r: _ROLE_COLORS.get(r) or ("0.75" if r == TORCH_OPS else next(free, "0.5"))
+              for r in roles}
     fig, axes = new_figure(len(shapes), 1, panel=(9.0, 0.45 * len(impls) + 1.3))
     for ax, lab in zip(axes[:, 0], shapes):
-        sub = df[df.lens.astype(str) == lab]
+        sub = seg[seg.lens.astype(str) == lab]
         names = [i for i in impls if (sub.label == i).any()]
         ys = np.arange(len(names))[::-1]
         top = 0.0
         for y, impl in zip(ys, names):
-            k = sub[sub.label == impl].sort_values("k")
             left = 0.0
-            for r in k.itertuples():
+            for r in sub[sub.label == impl].itertuples():
                 ax.barh(y, r.median_us, left=left, height=0.6, color=colour[r.role],
                         edgecolor="white", linewidth=0.5, label=r.role)
                 left += r.median_us

@@ -188,6 +188,27 @@ def test_short_kernel_name():
     assert xs.short_kernel_name("cutlass::device_kernel<flash::Fwd<a, b<c>>, 3>(x)") == \
         "flash::Fwd"
     assert xs.short_kernel_name("chunk_fwd_kernel_o") == "chunk_fwd_kernel_o"
+    cute = ("kernel_cutlass_kernel_flashinfergdn_kernelsdelta_rule_dsldelta_rule_cp_sm90"
+            "CPDeltaRulePrefillSm90_object_at__tensorptrf32gmemalign16o1_CopyAtom_0")
+    assert xs.short_kernel_name(cute) == "CPDeltaRulePrefillSm90"
+
+
+def test_peer_kernel_segments_merge_torch_ops():
+    """A peer's consecutive PyTorch elementwise kernels are one segment; other kernels keep
+    their order and durations; nothing is dropped."""
+    rows = [("p", 0, "void at::native::vectorized_elementwise_kernel<4, X>(int)", 1.0),
+            ("p", 1, "void at::native::elementwise_kernel<128, 2, Y>(int)", 2.0),
+            ("p", 2, "solve_kernel", 10.0),
+            ("p", 3, "void at::native::vectorized_elementwise_kernel<8, F>(int)", 4.0),
+            ("p", 4, "walk_kernel", 20.0),
+            ("q", 0, "walk_kernel", 5.0)]
+    df = pd.DataFrame([dict(lens="64", T=64, label=l, k=k, role=r, kernel=r, median_us=u)
+                       for l, k, r, u in rows])
+    seg = xs.peer_kernel_segments(df)
+    p = seg[seg.label == "p"]
+    assert p.role.tolist() == [xs.TORCH_OPS, "solve_kernel", xs.TORCH_OPS, "walk_kernel"]
+    assert p.median_us.tolist() == [3.0, 10.0, 4.0, 20.0]
+    assert seg.median_us.sum() == df.median_us.sum()
 
 
 class _FakeRun:
