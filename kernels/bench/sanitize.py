@@ -56,6 +56,8 @@ import shutil
 import subprocess
 import sys
 import time
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -484,8 +486,10 @@ def summarize(tool: str, case: str, text: str, rc, seconds: float, log: str) -> 
 
 def check(out: Path, tools: Iterable[str] = TOOLS, cases: Iterable[str] = tuple(CASES),
           timeout: float = 1800, sanitizer: Optional[str] = None,
-          extra: Sequence[str] = (), progress=print) -> List[dict]:
-    """Run every (tool, case); write the raw logs and ``sanitize.csv`` under ``out``."""
+          extra: Sequence[str] = (), progress=print, jobs_at_once: int = 1) -> List[dict]:
+    """Run every (tool, case), ``jobs_at_once`` processes at a time (each is one small
+    launch; racecheck's cost is on the host); write the raw logs and ``sanitize.csv``
+    under ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tool_bin = find_sanitizer(sanitizer)
@@ -498,7 +502,9 @@ def check(out: Path, tools: Iterable[str] = TOOLS, cases: Iterable[str] = tuple(
     env.setdefault("TRITON_INTERPRET", "0")
     rows: List[dict] = []
     jobs = [(t, c) for t in tools for c in cases]
-    for n, (tool, case) in enumerate(jobs, 1):
+    lock = threading.Lock()
+
+    def one(n: int, tool: str, case: str) -> None:
         cmd = build_command(tool, case, tool_bin, extra=extra)
         log = out / f"{tool}__{case}.log"
         progress(f"[{n}/{len(jobs)}] {tool} {case} ...")
@@ -513,16 +519,24 @@ def check(out: Path, tools: Iterable[str] = TOOLS, cases: Iterable[str] = tuple(
                 rc = "timeout"
         dt = time.perf_counter() - t0
         new = summarize(tool, case, log.read_text(errors="replace"), rc, dt, log.name)
-        rows += new
         head = new[0]
-        progress(f"    {head['status']} in {dt:.0f} s: errors {head['errors']}, "
-                 f"reports {head['reports']}, hazards {head['hazards']}"
-                 + "".join(f"\n      {r['kernel']}: hazards {r['hazards']} "
-                           f"({r['hazard_kinds']}), errors {r['errors']}" for r in new[1:]))
-        with open(out / "sanitize.csv", "w", newline="") as f:   # rewritten after each run
-            w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-            w.writeheader()
-            w.writerows(rows)
+        with lock:
+            rows.extend(new)
+            progress(f"    {tool} {case}: {head['status']} in {dt:.0f} s: errors "
+                     f"{head['errors']}, reports {head['reports']}, hazards {head['hazards']}"
+                     + "".join(f"\n      {r['kernel']}: hazards {r['hazards']} "
+                               f"({r['hazard_kinds']}), errors {r['errors']}"
+                               for r in new[1:]))
+            order = {j: i for i, j in enumerate(jobs)}
+            rows.sort(key=lambda r: order[(r["tool"], r["case"])])   # stable: kernels stay
+            with open(out / "sanitize.csv", "w", newline="") as f:   # rewritten after each run
+                w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+                w.writeheader()
+                w.writerows(rows)
+
+    with ThreadPoolExecutor(max_workers=max(1, int(jobs_at_once))) as pool:
+        for fut in [pool.submit(one, n, t, c) for n, (t, c) in enumerate(jobs, 1)]:
+            fut.result()
     return rows
 
 
@@ -540,6 +554,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     c.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     c.add_argument("--sanitizer", help="compute-sanitizer binary")
     c.add_argument("--extra", default="", help="more compute-sanitizer options (one string)")
+    c.add_argument("--jobs", type=int, default=1, help="runs at a time")
     a = ap.parse_args(argv)
     if a.cmd == "list":
         for case in CASES.values():
@@ -558,7 +573,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if bad:
         ap.error(f"unknown cases {bad} (known: {', '.join(CASES)})")
     rows = check(Path(a.out), tools, cases, a.timeout, a.sanitizer, a.extra.split(),
-                 progress=lambda s: print(s, file=sys.stderr, flush=True))
+                 progress=lambda s: print(s, file=sys.stderr, flush=True), jobs_at_once=a.jobs)
     return 0 if all(r["status"] == "ok" for r in rows if r["kernel"] == "*") else 1
 
 

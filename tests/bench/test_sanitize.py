@@ -126,6 +126,20 @@ def test_check_driver_with_a_fake_sanitizer(tmp_path):
     assert lines[0].startswith("[1/1] racecheck ctrl_no_wait")
 
 
+def test_check_driver_runs_jobs_at_once_in_job_order(tmp_path):
+    """With ``jobs_at_once`` the runs overlap, and the CSV keeps the (tool, case) order."""
+    fake = tmp_path / "fake-sanitizer"
+    fake.write_text("#!/bin/sh\ncat " + str(FIX / "memcheck_clean.log") + "\n")
+    fake.chmod(0o755)
+    cases = ["ctrl_no_wait", "ctrl_tutorial", "decode"]
+    rows = S.check(tmp_path / "out", ["memcheck", "synccheck"], cases, timeout=60,
+                   sanitizer=str(fake), progress=lambda s: None, jobs_at_once=4)
+    runs = [(r["tool"], r["case"]) for r in rows if r["kernel"] == "*"]
+    assert runs == [(t, c) for t in ("memcheck", "synccheck") for c in cases]
+    assert all(r["status"] == "ok" for r in rows)
+    assert len(list((tmp_path / "out").glob("*.log"))) == 6
+
+
 _COMPILE = r"""
 import json, os, sys
 import triton
