@@ -60,3 +60,446 @@ Rule (docs/notes/long_path_probe.md): **go** if the new walk ≤ 406 µs at 131k
 L2) of the new walk and of the product walk in the same run on the same card; compare the
 ratio against the 404 µs CUPTI baseline's card.
 """
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from kernels import interpret
+
+interpret.install()
+
+from kernels.prefill.chunk_index import BT  # noqa: E402
+from kernels.prefill import state_walk_gluon as swg  # noqa: E402
+from kernels.prefill.state_walk_gluon import GLUON_D, HAVE_GLUON, STAGES, tma_ready  # noqa: E402
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared,
+                                                                  mbarrier, tma,
+                                                                  warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # the product walk's pieces that do not change
+    from kernels.prefill.state_walk_gluon import (_guard, _store_o, _unit_bounds,  # noqa: F401
+                                                  _zero_k_rows)
+
+#: Formed ``Tb`` / ``scale * Aqk`` buffers (the aux warpgroup runs one chunk ahead).
+FBUF = 2
+#: ``setmaxnreg`` per worker partition: state worker, aux, producer (the default state
+#: partition gets the rest of 512: 4 warpgroups of 128 threads share 65,536 registers).
+REGS = {"state": 200, "aux": 88, "producer": 24}
+
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _producer_ab(k_desc, q_desc, v_desc, ab_desc, k_s, q_s, v0_s, v1_s, ab_s, ready,
+                     empty, ubos, n_c, i_h, i_hk, K: gl.constexpr, V: gl.constexpr,
+                     BT: gl.constexpr, STAGES: gl.constexpr):
+        """The product's producer with ``Ab`` in place of ``Tb`` and no ``Aqk``."""
+        NBYTES: gl.constexpr = 2 * (2 * BT * K + BT * V + BT * BT)
+        for i in range(n_c):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            t0 = (ubos + i * BT).to(gl.int32)
+            mbarrier.expect(bar, NBYTES)
+            tma.async_copy_global_to_shared(k_desc, [t0, i_hk * K], bar, k_s.index(s))
+            tma.async_copy_global_to_shared(q_desc, [t0, i_hk * K], bar, q_s.index(s))
+            tma.async_copy_global_to_shared(ab_desc, [t0, i_h * BT], bar, ab_s.index(s))
+            tma.async_copy_global_to_shared(v_desc, [t0, i_h * V], bar, v0_s.index(s))
+            tma.async_copy_global_to_shared(v_desc, [t0, i_h * V + V // 2], bar,
+                                            v1_s.index(s))
+
+    @gluon.jit
+    def _aux(gc, k_s, q_s, ab_s, tb_f, aq_f, ready, empty, formed, consumed, ubos, ueos,
+             n_c, i_h, scale, H: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
+             STAGES: gl.constexpr, FBUF: gl.constexpr):
+        """One warpgroup: chunk ``i``'s ``Tb = Ab * dec`` and ``scale * Aqk = scale * (q k^T
+        * dec)`` on and below the diagonal (zeros above; ``dec = exp(min(gc_i - gc_j, 0))``,
+        the intra-chunk kernel's clamp) into formed buffer ``i % FBUF``, once the stage has
+        landed (``ready``) and the state warpgroups are done with that buffer's last chunk
+        (``consumed``); then ``formed`` and the stage's ``empty`` (the aux read ``q``, ``k``,
+        ``Ab``). Rows ``>= n_t`` of a partial chunk (another sequence's tokens, or ``k`` rows
+        being zeroed by the state warpgroups) reach only entries the state warpgroups never
+        use (columns ``>= n_t`` are above the diagonal of rows ``< n_t``: selected to zero,
+        so no NaN crosses)."""
+        acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BT, 16])
+        rows_l: gl.constexpr = gl.SliceLayout(1, acc_t)
+        cols_l: gl.constexpr = gl.SliceLayout(0, acc_t)
+        o_r = gl.arange(0, BT, layout=rows_l)
+        o_c = gl.arange(0, BT, layout=cols_l)
+        causal = o_r[:, None] >= o_c[None, :]
+        zero = gl.zeros([BT, BT], gl.float32, acc_t)
+        for i in range(n_c):
+            s = i % STAGES
+            b = i % FBUF
+            t0 = ubos + i * BT
+            g_r = gl.load(gc + (t0 + o_r) * H + i_h, mask=t0 + o_r < ueos, other=0.0)
+            g_c = gl.load(gc + (t0 + o_c) * H + i_h, mask=t0 + o_c < ueos, other=0.0)
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            A = warpgroup_mma(q_s.index(s), k_s.index(s).permute((1, 0)), zero,
+                              use_acc=False, is_async=True)
+            dec = gl.exp(gl.minimum(g_r[:, None] - g_c[None, :], 0.0))
+            ab = ab_s.index(s).load(acc_t).to(gl.float32)
+            tb = gl.where(causal, ab * dec, 0.0).to(gl.bfloat16)
+            mbarrier.wait(consumed.index(b), ((i // FBUF) & 1) ^ 1)
+            tb_f.index(b).store(tb)
+            A = warpgroup_mma_wait(0, deps=[A])
+            aq = gl.where(causal, scale * (A * dec), 0.0).to(gl.bfloat16)
+            aq_f.index(b).store(aq)
+            fence_async_shared()
+            mbarrier.arrive(formed.index(b))
+            mbarrier.arrive(empty.index(s))
+
+    @gluon.jit
+    def _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_f, aq_f, o_s, ready, empty,
+              formed, consumed, kfix, ubos, ueos, i_h, scale, W: gl.constexpr,
+              H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+              STAGES: gl.constexpr, FBUF: gl.constexpr, PARTIAL: gl.constexpr,
+              SPLIT_TAIL: gl.constexpr):
+        """The product's :func:`kernels.prefill.state_walk_gluon._step` (no ``QK_NORM``)
+        with ``Tb`` and ``scale * Aqk`` read from formed buffer ``i % FBUF`` (waited on
+        after ``S k^T`` and ``S q^T`` are issued) and ``consumed`` arrived with ``empty``."""
+        R: gl.constexpr = V // 2
+        acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, K, 16])
+        acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BT, 16])
+        a_k: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_k, k_width=2)
+        a_t: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_t, k_width=2)
+        cols_t: gl.constexpr = gl.SliceLayout(0, acc_t)
+        o_t = gl.arange(0, BT, layout=cols_t)
+        zero_t = gl.zeros([R, BT], gl.float32, acc_t)
+        s = i % STAGES
+        b = i % FBUF
+        t0 = ubos + i * BT
+        n_t = ueos - t0
+        live = o_t < n_t
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        k_i = k_s.index(s)
+        if PARTIAL:
+            _zero_k_rows(k_i, kfix, n_t, W, BT, K)
+        Sb = gl.convert_layout(S.to(gl.bfloat16), a_t)
+        X = warpgroup_mma(Sb, k_i.permute((1, 0)), zero_t, use_acc=False, is_async=True)
+        OQ = warpgroup_mma(Sb, q_s.index(s).permute((1, 0)), zero_t, use_acc=False,
+                           is_async=True)
+        if PARTIAL and SPLIT_TAIL:
+            X, OQ, Sb = warpgroup_mma_wait(0, deps=[X, OQ, Sb])
+        else:
+            X = warpgroup_mma_wait(1, deps=[X])
+        vt = v_s.index(s).permute((1, 0)).load(acc_t)
+        e_k = gl.exp(b_gc)
+        Rt = vt.to(gl.float32) - X * e_k[None, :]
+        if PARTIAL:
+            Rt = gl.where(live[None, :], Rt, 0.0)
+        mbarrier.wait(formed.index(b), (i // FBUF) & 1)   # Tb, Aqk of this chunk formed
+        tb_t = tb_f.index(b).permute((1, 0))
+        if SPLIT_TAIL:
+            Rh = Rt.to(gl.bfloat16)
+            Rb = gl.convert_layout(Rh, a_t)
+            Rl = gl.convert_layout((Rt - Rh.to(gl.float32)).to(gl.bfloat16), a_t)
+            N = warpgroup_mma(Rb, tb_t, zero_t, use_acc=False, is_async=True)
+            N = warpgroup_mma(Rl, tb_t, N, is_async=True)
+            N, OQ, Rb, Rl, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Rl, Sb])
+        else:
+            Rb = gl.convert_layout(Rt.to(gl.bfloat16), a_t)
+            N = warpgroup_mma(Rb, tb_t, zero_t, use_acc=False, is_async=True)
+            N, OQ, Rb, Sb = warpgroup_mma_wait(0, deps=[N, OQ, Rb, Sb])
+        if PARTIAL:
+            N = gl.where(live[None, :], N, 0.0)
+        d_k = gl.exp(b_gl - b_gc)
+        if SPLIT_TAIL:
+            Dt = N * d_k[None, :]
+            Dh = Dt.to(gl.bfloat16)
+            Db = gl.convert_layout(Dh, a_k)
+            Dl = gl.convert_layout((Dt - Dh.to(gl.float32)).to(gl.bfloat16), a_k)
+        else:
+            Db = gl.convert_layout((N * d_k[None, :]).to(gl.bfloat16), a_k)
+        Nb = gl.convert_layout(N.to(gl.bfloat16), a_t)
+        e_q = scale * gl.exp(b_gc)
+        O = warpgroup_mma(Nb, aq_f.index(b).permute((1, 0)), OQ * e_q[None, :],
+                          is_async=True)
+        S = warpgroup_mma(Db, k_i, S * gl.exp(b_gl), is_async=True)
+        if SPLIT_TAIL:
+            S = warpgroup_mma(Dl, k_i, S, is_async=True)
+            O, Nb = warpgroup_mma_wait(2, deps=[O, Nb])
+        else:
+            O, Nb = warpgroup_mma_wait(1, deps=[O, Nb])
+        if PARTIAL:
+            o_ov = (i_h * V + W * R + gl.arange(0, R, layout=gl.SliceLayout(1, acc_t)))[:, None]
+            p_o = o + (t0 + o_t)[None, :].to(gl.int64) * (H * V) + o_ov
+            gl.store(p_o, O.to(gl.bfloat16), mask=live[None, :])
+        else:
+            _store_o(o_desc, o_s, O, i % 2, t0.to(gl.int32), i_h * V + W * R)
+        t1 = t0 + BT
+        b_gc = gl.load(gc + (t1 + o_t) * H + i_h, mask=t1 + o_t < ueos, other=0.0)
+        b_gl = gl.load(gc + (gl.minimum(t1 + BT, ueos) - 1) * H + i_h, mask=t1 < ueos,
+                       other=0.0)
+        if SPLIT_TAIL:
+            S, Db, Dl = warpgroup_mma_wait(0, deps=[S, Db, Dl])
+        else:
+            S, Db = warpgroup_mma_wait(0, deps=[S, Db])
+        mbarrier.arrive(consumed.index(b))                 # formed buffer b is free
+        mbarrier.arrive(empty.index(s))
+        return S, b_gc, b_gl
+
+    @gluon.jit
+    def _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_f, aq_f, o_s, ready, empty,
+                  formed, consumed, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last,
+                  W: gl.constexpr, H: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                  BT: gl.constexpr, STAGES: gl.constexpr, FBUF: gl.constexpr,
+                  TAIL: gl.constexpr):
+        """The product's ``_state_wg`` (no ``QK_NORM``) over :func:`_step`."""
+        R: gl.constexpr = V // 2
+        acc_k: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, K, 16])
+        acc_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BT, 16])
+        cols_t: gl.constexpr = gl.SliceLayout(0, acc_t)
+        o_r = W * R + gl.arange(0, R, layout=gl.SliceLayout(1, acc_k))
+        o_k = gl.arange(0, K, layout=gl.SliceLayout(0, acc_k))
+        p_rows = o_r[:, None] * K + o_k[None, :]
+        S = gl.load(s0 + s_off + p_rows)
+        o_t = gl.arange(0, BT, layout=cols_t)
+        b_gc = gl.load(gc + (ubos + o_t) * H + i_h, mask=ubos + o_t < ueos, other=0.0)
+        b_gl = gl.load(gc + (gl.minimum(ubos + BT, ueos) - 1) * H + i_h, mask=ubos < ueos,
+                       other=0.0)
+        n_full = ((ueos - ubos) // BT).to(gl.int32)
+        n_main = n_full
+        if TAIL > 0:
+            if last:
+                n_main = gl.maximum(n_c - TAIL, 0)
+        for i in range(n_main):
+            S, b_gc, b_gl = _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_f, aq_f,
+                                  o_s, ready, empty, formed, consumed, kfix, ubos, ueos, i_h,
+                                  scale, W, H, K, V, BT, STAGES, FBUF, False, False)
+        if TAIL > 0:
+            for i in range(n_main, n_full):
+                S, b_gc, b_gl = _step(i, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_f,
+                                      aq_f, o_s, ready, empty, formed, consumed, kfix, ubos,
+                                      ueos, i_h, scale, W, H, K, V, BT, STAGES, FBUF, False,
+                                      True)
+        if n_full < n_c:
+            S, b_gc, b_gl = _step(n_full, S, b_gc, b_gl, gc, o, o_desc, k_s, q_s, v_s, tb_f,
+                                  aq_f, o_s, ready, empty, formed, consumed, kfix, ubos, ueos,
+                                  i_h, scale, W, H, K, V, BT, STAGES, FBUF, True, TAIL > 0)
+        tma.store_wait(0)
+        if last:
+            gl.store(ht + ht_off + p_rows, S)
+
+    @gluon.jit
+    def _state_wg0(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_f, aq_f, o_s, ready, empty,
+                   formed, consumed, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last,
+                   H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                   STAGES: gl.constexpr, FBUF: gl.constexpr, TAIL: gl.constexpr):
+        _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_f, aq_f, o_s, ready, empty, formed,
+                  consumed, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, 0, H, K,
+                  V, BT, STAGES, FBUF, TAIL)
+
+    @gluon.jit
+    def _state_wg1(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_f, aq_f, o_s, ready, empty,
+                   formed, consumed, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last,
+                   H: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                   STAGES: gl.constexpr, FBUF: gl.constexpr, TAIL: gl.constexpr):
+        _state_wg(gc, s0, ht, o, o_desc, k_s, q_s, v_s, tb_f, aq_f, o_s, ready, empty, formed,
+                  consumed, kfix, s_off, ht_off, ubos, ueos, n_c, i_h, scale, last, 1, H, K,
+                  V, BT, STAGES, FBUF, TAIL)
+
+    @gluon.jit(do_not_specialize=["T", "N"])
+    def walk_aux_kernel(
+        k_desc, q_desc, v_desc,   # TMA: k, q [T, HQ * K], v [T, H * V] bf16
+        ab_desc,                  # TMA: Ab [T, H * BT] bf16 (gate-free inverse times diag(beta))
+        o_desc,                   # TMA: o [T, H * V] bf16 out (full chunks)
+        o,                        # [T, H, V] bf16 out (partial chunks, the guard)
+        gc,                       # [T, H] f32 per-chunk cumulative log decay
+        s0,                       # [S, H, V, K] f32 entering state per segment slot
+        cu_seqlens,               # [N+1] int32/int64
+        ht,                       # [N, H, V, K] f32 out: final state, k-last
+        status,                   # [1] int32 out (GUARD and HAS_STATUS) or None
+        seg_mult,                 # [N] int32: slots per unit (SPLIT) or None
+        scale, T, N,
+        H: gl.constexpr, G: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+        BT: gl.constexpr, SEG_T: gl.constexpr, SPLIT: gl.constexpr, GUARD: gl.constexpr,
+        HAS_STATUS: gl.constexpr, STAGES: gl.constexpr, FBUF: gl.constexpr,
+        STATE_REGS: gl.constexpr, AUX_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        TAIL: gl.constexpr,
+    ):
+        """The product's phase C (:func:`kernels.prefill.state_walk_gluon.state_walk_gluon_kernel`)
+        reading ``Ab`` instead of ``Tb`` and ``Aqk``: ``num_warps = 4`` (state warpgroup 0)
+        plus a 4-warp state worker, a 4-warp aux worker (:func:`_aux`) and a 1-warp load
+        worker."""
+        i_u = gl.program_id(0)
+        i_h = gl.program_id(1)
+        if GUARD:
+            n_u = gl.num_programs(0)
+            if _guard(cu_seqlens, o, ht, status, T, N, i_u + n_u * i_h, n_u * H, H, V, K,
+                      HAS_STATUS) != 0:
+                return
+        i_n, bos, eos, ubos, ueos, skip = _unit_bounds(i_u, cu_seqlens, seg_mult, N, T,
+                                                       SEG_T, SPLIT)
+        if skip:
+            return
+        n_c = gl.cdiv(ueos - ubos, BT).to(gl.int32)
+        last = ueos >= eos
+        s_off = (i_u * H + i_h).to(gl.int64) * (V * K)
+        ht_off = (i_n * H + i_h).to(gl.int64) * (V * K)
+
+        k_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], k_desc.layout)
+        q_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, K], q_desc.layout)
+        v0_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, V // 2], v_desc.layout)
+        v1_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, V // 2], v_desc.layout)
+        ab_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BT, BT], ab_desc.layout)
+        tb_f = gl.allocate_shared_memory(gl.bfloat16, [FBUF, BT, BT], ab_desc.layout)
+        aq_f = gl.allocate_shared_memory(gl.bfloat16, [FBUF, BT, BT], ab_desc.layout)
+        o0_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, V // 2], o_desc.layout)
+        o1_s = gl.allocate_shared_memory(gl.bfloat16, [2, BT, V // 2], o_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        formed = gl.allocate_shared_memory(gl.int64, [FBUF, 1], mbarrier.MBarrierLayout())
+        consumed = gl.allocate_shared_memory(gl.int64, [FBUF, 1], mbarrier.MBarrierLayout())
+        kfix = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(STAGES):
+            mbarrier.init(ready.index(j), count=1)
+            mbarrier.init(empty.index(j), count=3)      # both state warpgroups and the aux
+        for j in gl.static_range(FBUF):
+            mbarrier.init(formed.index(j), count=1)     # the aux
+            mbarrier.init(consumed.index(j), count=2)   # both state warpgroups
+        mbarrier.init(kfix, count=2)
+
+        gl.warp_specialize([
+            (_state_wg0, (gc, s0, ht, o, o_desc, k_s, q_s, v0_s, tb_f, aq_f, o0_s, ready,
+                          empty, formed, consumed, kfix, s_off, ht_off, ubos, ueos, n_c, i_h,
+                          scale, last, H, K, V, BT, STAGES, FBUF, TAIL)),
+            (_state_wg1, (gc, s0, ht, o, o_desc, k_s, q_s, v1_s, tb_f, aq_f, o1_s, ready,
+                          empty, formed, consumed, kfix, s_off, ht_off, ubos, ueos, n_c, i_h,
+                          scale, last, H, K, V, BT, STAGES, FBUF, TAIL)),
+            (_aux, (gc, k_s, q_s, ab_s, tb_f, aq_f, ready, empty, formed, consumed, ubos,
+                    ueos, n_c, i_h, scale, H, K, BT, STAGES, FBUF)),
+            (_producer_ab, (k_desc, q_desc, v_desc, ab_desc, k_s, q_s, v0_s, v1_s, ab_s,
+                            ready, empty, ubos, n_c, i_h, i_h // G, K, V, BT, STAGES)),
+        ], [4, 4, 1], [STATE_REGS, AUX_REGS, PRODUCER_REGS])
+
+
+def walk_aux_fwd(q, k, v, ab, gc, cu_seqlens, *, s0, output, final_state, scale: float,
+                 seg_t: int, tail: int, seg_mult=None, guard: bool = False, status=None,
+                 defer: bool = False, qk_norms=None, regs=None):
+    """Launch :func:`walk_aux_kernel` once: :func:`kernels.prefill.state_walk_gluon.
+    state_walk_gluon_fwd`'s arguments with ``ab`` (``[T, HV, 64]`` bf16, ``Ab = (I +
+    tril(diag(beta) K K^T, -1))^-1 diag(beta)`` per chunk, the layout of ``Tb``) in place of
+    ``tb, aq``. ``qk_norms`` must be None (the probe's scope). ``regs``: overrides of
+    :data:`REGS`."""
+    if qk_norms is not None:
+        raise ValueError("the walk_aux probe does not do the in-kernel q/k L2 norm")
+    T, HQ, K = k.shape
+    H, V = v.shape[1], v.shape[2]
+    N = cu_seqlens.numel() - 1
+    if K != GLUON_D or V != GLUON_D:
+        raise ValueError(f"written for K = V = {GLUON_D}, got {K}, {V}")
+    if ab.dtype != q.dtype or tuple(ab.shape) != (T, H, BT):
+        raise ValueError(f"ab must be [T, HV, {BT}] {q.dtype}, got {tuple(ab.shape)} {ab.dtype}")
+    if not tma_ready(q, k, v, ab, output):
+        raise ValueError("TMA needs 16-byte aligned bases")
+    r = dict(REGS, **(regs or {}))
+    lk, lv, lt = swg._layouts(K, V)
+
+    def desc(t, cols, block, layout):
+        return TensorDescriptor(t, [T, cols], [cols, 1], block, layout)
+
+    args = (desc(k, HQ * K, [BT, K], lk), desc(q, HQ * K, [BT, K], lk),
+            desc(v, H * V, [BT, V // 2], lv), desc(ab, H * BT, [BT, BT], lt),
+            desc(output, H * V, [BT, V // 2], lv), output, gc, s0, cu_seqlens, final_state,
+            status if guard else None, seg_mult, float(scale), T, N)
+    kw = dict(H=H, G=H // HQ, K=K, V=V, BT=BT, SEG_T=int(seg_t), SPLIT=seg_mult is not None,
+              GUARD=bool(guard), HAS_STATUS=bool(guard) and status is not None, TAIL=tail,
+              STAGES=STAGES, FBUF=FBUF, STATE_REGS=r["state"], AUX_REGS=r["aux"],
+              PRODUCER_REGS=r["producer"], num_warps=4)
+    grid = (int(T) // int(seg_t) + N, H)
+
+    def go():
+        walk_aux_kernel[grid](*args, **kw)
+
+    if defer:
+        return go
+    go()
+
+
+# --------------------------------------------------------------------------- CPU: compile
+
+def _capture(fwd, *a, **kw):
+    """The launch ``fwd(*a, **kw)`` would make (``JITFunction.run`` recorded, nothing runs)."""
+    from triton.runtime.jit import JITFunction
+
+    rec = []
+    orig = JITFunction.run
+    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: rec.append((self, args, kwargs))
+    try:
+        fwd(*a, **kw)
+    finally:
+        JITFunction.run = orig
+    return rec[0]
+
+
+def compile_rows(T: int = 131072, variants=None) -> list:
+    """Compile the probe kernel (and the product walk, for comparison) for sm_90a at the
+    131k plan's launch (one sequence, units of 4,096 tokens, the device split, tail 8,
+    the guard) and at the 32k plan's (units of 2,048, no split): registers per thread of
+    the launch, spill bytes, shared memory, ``setmaxnreg`` values in the PTX."""
+    import re
+
+    import torch
+
+    from kernels import arch_check as ac
+    from kernels.gpu_limits import ARCHS
+
+    HQ, H, D = 4, 8, 128
+    bf = torch.bfloat16
+    q = torch.zeros(T, HQ, D, dtype=bf)
+    v = torch.zeros(T, H, D, dtype=bf)
+    t64 = torch.zeros(T, H, BT, dtype=bf)
+    gc = torch.zeros(T, H)
+    cu = torch.tensor([0, T], dtype=torch.int32)
+    seg_t, seg_mult = (4096, torch.zeros(1, dtype=torch.int32)) if T >= 65536 else (2048, None)
+    common = dict(s0=torch.zeros(T // seg_t + 1, H, D, D), output=torch.zeros(T, H, D, dtype=bf),
+                  final_state=torch.zeros(1, H, D, D), scale=D ** -0.5, seg_t=seg_t, tail=8,
+                  seg_mult=seg_mult, guard=True)
+    launches = [("product", _capture(swg.state_walk_gluon_fwd, q, q, v, t64, t64, gc, cu,
+                                     **common))]
+    for name, regs in (variants or {"walk_aux": None}).items():
+        launches.append((name, _capture(walk_aux_fwd, q, q, v, t64, gc, cu, regs=regs,
+                                        **common)))
+    rows = []
+    arch = ARCHS[90]
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    for name, (fn, a, kw) in launches:
+        lc = ac._describe(fn, a, kw)
+        names = [p.name for p in fn.params]
+        const = {(names.index(n),): v for n, v in lc.constexprs.items()}
+        attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in lc.divisible16}
+        row = dict(variant=name, T=T, triton=triton.__version__,
+                   regs_cfg={k: lc.constexprs.get(k) for k in
+                             ("STATE_REGS", "AUX_REGS", "PRODUCER_REGS")})
+        try:
+            ck = triton.compile(GluonASTSource(fn, lc.signature, const, attrs),
+                                target=GPUTarget("cuda", 90, 32), options=lc.options)
+        except Exception as e:  # noqa: BLE001 - report
+            row["error"] = f"{type(e).__name__}: {str(e).strip()[-600:]}"
+            rows.append(row)
+            continue
+        row.update(ac._resources(ck))
+        row["num_warps"] = int(ck.metadata.num_warps)
+        row["shared_bytes"] = int(ck.metadata.shared)
+        row["smem_fits"] = row["shared_bytes"] <= arch.smem_per_block
+        ptx = ck.asm["ptx"]
+        row["setmaxnreg"] = sorted({int(x) for x in re.findall(
+            r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
+        row["c7514"] = "C7514" in str(getattr(ck, "asm", {}).get("sass", ""))
+        rows.append(row)
+    return rows
