@@ -508,3 +508,123 @@ def compile_rows(T: int = 131072, variants=None) -> list:
         row["c7514"] = "C7514" in str(getattr(ck, "asm", {}).get("sass", ""))
         rows.append(row)
     return rows
+
+
+# --------------------------------------------------------------------------- Ab, emulation
+
+def _chunks(cu_seqlens):
+    """``(t0, n)`` of every chunk of every sequence (chunks start at the sequence's start)."""
+    cu = [int(x) for x in cu_seqlens.tolist()]
+    out = []
+    for bos, eos in zip(cu[:-1], cu[1:]):
+        for t0 in range(bos, eos, BT):
+            out.append((t0, min(BT, eos - t0)))
+    return out
+
+
+def ab_torch(k, b, cu_seqlens, dtype=None):
+    """``Ab = (I + tril(diag(beta) K K^T, -1))^-1 diag(beta)`` per chunk and value head
+    (``beta = sigmoid(b)`` in f32 as the intra-chunk kernel computes it), ``[T, HV, 64]``
+    in ``k``'s dtype; rows of a partial chunk past its end stay zero. A simple correct
+    method, not a fast one: one batched triangular solve per chunk length, in ``dtype``
+    (float64 on CPU, float32 on a GPU by default)."""
+    import torch
+
+    T, HQ, D = k.shape
+    H = b.shape[1]
+    G = H // HQ
+    dtype = dtype or (torch.float64 if k.device.type == "cpu" else torch.float32)
+    beta = torch.sigmoid(b.float()).to(dtype)                      # [T, H]
+    ab = torch.zeros(T, H, BT, dtype=k.dtype, device=k.device)
+    by_len = {}
+    for t0, n in _chunks(cu_seqlens):
+        by_len.setdefault(n, []).append(t0)
+    for n, starts in by_len.items():
+        idx = (torch.tensor(starts, device=k.device)[:, None]
+               + torch.arange(n, device=k.device)[None, :])        # [C, n]
+        kc = k[idx].to(dtype).repeat_interleave(G, dim=2)          # [C, n, H, D]
+        bc = beta[idx]                                             # [C, n, H]
+        kk = torch.einsum("cihd,cjhd->chij", kc, kc)               # [C, H, n, n]
+        A = torch.tril(kk * bc.permute(0, 2, 1)[..., :, None], -1)
+        eye = torch.eye(n, dtype=dtype, device=k.device).expand_as(A)
+        Tm = torch.linalg.solve_triangular(eye + A, eye, upper=False, unitriangular=True)
+        Ab = Tm * bc.permute(0, 2, 1)[..., None, :]                # columns times beta
+        ab[idx, :, :n] = Ab.permute(0, 2, 1, 3).to(k.dtype)
+    return ab
+
+
+def form_chunk(ab_c, q_c, k_c, g_c, scale: float):
+    """The aux warpgroup's math for one chunk and value head, in torch float32 (what
+    :func:`_aux` computes): ``ab_c`` ``[64, 64]`` bf16, ``q_c``, ``k_c`` ``[64, D]`` bf16,
+    ``g_c`` ``[64]`` f32 (0 past the sequence's end, as the masked load gives); returns
+    ``(Tb, scale * Aqk)`` bf16 ``[64, 64]``."""
+    import torch
+
+    causal = torch.tril(torch.ones(BT, BT, dtype=torch.bool, device=ab_c.device))
+    dec = torch.exp(torch.clamp(g_c[:, None] - g_c[None, :], max=0.0))
+    tb = torch.where(causal, ab_c.float() * dec, 0.0)
+    A = q_c.float() @ k_c.float().T
+    aq = torch.where(causal, scale * (A * dec), 0.0)
+    return tb.to(torch.bfloat16), aq.to(torch.bfloat16)
+
+
+def emulate_check(lens=(64, 100, 37), hq: int = 1, hv: int = 2, d: int = 32, seed: int = 0):
+    """Product ``Tb`` / ``scale * Aqk`` (the intra-chunk kernel, run by the Triton
+    interpreter on CPU) against the same formed from ``Ab`` by :func:`form_chunk`, both
+    against a float64 truth of the gated definitions (the intra-chunk module doc). Rows
+    past a sequence's end are not compared (the product stores none). Returns a dict."""
+    import torch
+
+    from kernels.prefill.intra_chunk import intra_chunk_fwd
+    from kernels.spec import GDNShape, make_prefill_inputs, resolve_scale
+
+    x = make_prefill_inputs(list(lens), GDNShape(hq, hv, d), seed=seed)
+    q, k, cu, scale = x["q"], x["k"], x["cu_seqlens"], resolve_scale(x["scale"], d)
+    tb_p, gc, aq_p = intra_chunk_fwd(k, x["v"], cu, q, scale=scale, a=x["a"], b=x["b"],
+                                     A_log=x["A_log"], dt_bias=x["dt_bias"])
+    ab = ab_torch(k, x["b"], cu)
+    beta = torch.sigmoid(x["b"].float()).double()
+    G = hv // hq
+    worst = dict(tb_emul_vs_product=0.0, tb_emul_vs_truth=0.0, tb_product_vs_truth=0.0,
+                 aq_emul_vs_product=0.0, aq_emul_vs_truth=0.0, aq_product_vs_truth=0.0,
+                 aq_ulp_violations=0)
+    n_chunks = 0
+    for t0, n in _chunks(cu):
+        for h in range(hv):
+            hk = h // G
+            pad = lambda t: torch.cat([t, torch.zeros((BT - n,) + t.shape[1:], dtype=t.dtype)])  # noqa: E731
+            g = pad(gc[t0:t0 + n, h])
+            tb_e, aq_e = form_chunk(pad(ab[t0:t0 + n, h]), pad(q[t0:t0 + n, hk]),
+                                    pad(k[t0:t0 + n, hk]), g, scale)
+            # float64 truth of the gated definitions on the chunk's own n rows
+            gd = g[:n].double()
+            kd, qd, bd = k[t0:t0 + n, hk].double(), q[t0:t0 + n, hk].double(), beta[t0:t0 + n, h]
+            decd = torch.exp(gd[:, None] - gd[None, :])
+            Ag = torch.tril(bd[:, None] * (kd @ kd.T) * decd, -1)
+            tb_t = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + Ag) * bd[None, :]
+            aq_t = scale * torch.tril((qd @ kd.T) * decd)
+            tp, ap = tb_p[t0:t0 + n, h, :n].double(), aq_p[t0:t0 + n, h, :n].double()
+            te, ae = tb_e[:n, :n].double(), aq_e[:n, :n].double()
+            for name, a_, b_ in (("tb_emul_vs_product", te, tp), ("tb_emul_vs_truth", te, tb_t),
+                                 ("tb_product_vs_truth", tp, tb_t),
+                                 ("aq_emul_vs_product", ae, ap), ("aq_emul_vs_truth", ae, aq_t),
+                                 ("aq_product_vs_truth", ap, aq_t)):
+                worst[name] = max(worst[name], float((a_ - b_).abs().max()))
+            # Aqk: the same f32 products rounded once to bf16: within one bf16 ulp
+            ulp = torch.maximum(ae.abs(), ap.abs()) * 2.0 ** -7 + 1e-30
+            worst["aq_ulp_violations"] += int(((ae - ap).abs() > ulp).sum())
+            # the upper triangle (and, for the product, columns past the end) are zero
+            assert bool((tb_p[t0:t0 + n, h, n:] == 0).all()) and bool((aq_p[t0:t0 + n, h, n:] == 0).all())
+            n_chunks += 1
+    worst["tb_max_abs"] = float(tb_p.float().abs().max())
+    worst["aq_max_abs"] = float(aq_p.float().abs().max())
+    worst["chunk_heads"] = n_chunks
+    # pass: the formed Tb is as close to the truth as the product's (bf16 storage twice:
+    # Ab, then Tb; allow 2x the product's error plus one bf16 ulp of the tile's largest
+    # entry), and the formed Aqk equals the product's within one bf16 ulp
+    tb_tol = 2 * worst["tb_product_vs_truth"] + worst["tb_max_abs"] * 2.0 ** -8
+    worst["tb_ok"] = worst["tb_emul_vs_truth"] <= tb_tol
+    worst["aq_ok"] = worst["aq_ulp_violations"] == 0
+    worst["ok"] = worst["tb_ok"] and worst["aq_ok"]
+    worst.update(lens=list(lens), hq=hq, hv=hv, d=d)
+    return worst
