@@ -628,3 +628,170 @@ def emulate_check(lens=(64, 100, 37), hq: int = 1, hv: int = 2, d: int = 32, see
     worst["ok"] = worst["tb_ok"] and worst["aq_ok"]
     worst.update(lens=list(lens), hq=hq, hv=hv, d=d)
     return worst
+
+
+# --------------------------------------------------------------------------- GPU
+
+def _formed_diffs(ab, q, k, gc, tb, aq, scale: float, G: int) -> dict:
+    """One sequence of whole chunks: the aux's ``Tb``, ``scale * Aqk`` (torch, all chunks
+    at once) against the product's (max abs differences): a diagnostic beside the gate."""
+    import torch
+
+    T, H, _ = ab.shape
+    C = T // BT
+    causal = torch.tril(torch.ones(BT, BT, dtype=torch.bool, device=ab.device))
+    g = gc.view(C, BT, H).permute(0, 2, 1)                             # [C, H, 64]
+    dec = torch.exp(torch.clamp(g[..., :, None] - g[..., None, :], max=0.0))
+    tb_e = torch.where(causal, ab.view(C, BT, H, BT).permute(0, 2, 1, 3).float() * dec, 0.0)
+    qk = q.view(C, BT, -1, q.shape[-1]).repeat_interleave(G, dim=2).permute(0, 2, 1, 3)
+    kk = k.view(C, BT, -1, k.shape[-1]).repeat_interleave(G, dim=2).permute(0, 2, 1, 3)
+    A = torch.matmul(qk.float(), kk.float().transpose(-1, -2))
+    aq_e = torch.where(causal, scale * (A * dec), 0.0)
+    tb_p = tb.view(C, BT, H, BT).permute(0, 2, 1, 3).float()
+    aq_p = aq.view(C, BT, H, BT).permute(0, 2, 1, 3).float()
+    return dict(tb_max_abs_diff=float((tb_e.bfloat16().float() - tb_p).abs().max()),
+                aq_max_abs_diff=float((aq_e.bfloat16().float() - aq_p).abs().max()),
+                tb_max_abs=float(tb_p.abs().max()), aq_max_abs=float(aq_p.abs().max()))
+
+
+def gpu_run(lengths=(131072, 32768), methods=("graph",), rep: int = 20, out_path=None):
+    """Contest-shaped inputs (one sequence of ``T`` tokens, the contest shape), the product
+    call (``gdn_prefill``) with its phase C's arguments recorded; ``Ab`` by
+    :func:`ab_torch` (float32); the new walk on the recorded ``gc``, ``s0``, split and tail
+    gated against the product's ``o`` and final state (``kernels.checks.check_outputs``,
+    the contest rule); then the new walk alone and the product walk alone, timed by
+    ``kernels.bench.timing.time_fn`` (``methods``). One JSONL row per (variant, T,
+    method), printed and appended to ``out_path``."""
+    import subprocess
+    from unittest import mock
+
+    import torch
+    import triton
+
+    from kernels.bench.timing import time_fn
+    from kernels.checks import check_outputs
+    from kernels.prefill import gdn_prefill, pipeline
+    from kernels.spec import make_prefill_inputs
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=os.path.dirname(os.path.abspath(__file__))
+                                ).stdout.strip()
+    except OSError:
+        commit = ""
+    gpu = torch.cuda.get_device_name()
+    rows = []
+
+    def emit(row):
+        row.update(gpu=gpu, triton=triton.__version__, commit=commit, regs=dict(REGS))
+        line = json.dumps(row)
+        print(line, flush=True)
+        rows.append(row)
+        if out_path:
+            with open(out_path, "a") as f:
+                f.write(line + "\n")
+
+    for T in lengths:
+        x = make_prefill_inputs([T], device="cuda")
+        rec = {}
+        orig = pipeline.phase_c_fwd
+
+        def recording(gluon, *args, **kw):
+            rec.update(gluon=gluon, args=args, kw=kw)
+            return orig(gluon, *args, **kw)
+
+        with mock.patch("kernels.prefill.pipeline.phase_c_fwd", recording):
+            o_ref, ht_ref = gdn_prefill(**x, check_values=False)
+        torch.cuda.synchronize()
+        if not rec or not rec["gluon"]:
+            emit(dict(variant="setup", T=T, error="the product did not plan the Gluon phase C "
+                      f"(recorded: {bool(rec)})"))
+            continue
+        q, k, v, tb, aq, gc, cu = rec["args"]
+        kw = rec["kw"]
+        G = v.shape[1] // q.shape[1]
+        common = dict(s0=kw["s0"], scale=kw["scale"], seg_t=kw["seg_t"], tail=kw["tail"],
+                      seg_mult=kw.get("seg_mult"), guard=kw.get("guard", False), status=None)
+        # the product walk alone on the recorded intermediates: must reproduce the call
+        o_p, ht_p = torch.empty_like(o_ref), torch.empty_like(ht_ref)
+        go_p = swg.state_walk_gluon_fwd(q, k, v, tb, aq, gc, cu, output=o_p, final_state=ht_p,
+                                        defer=True, **common)
+        go_p()
+        torch.cuda.synchronize()
+        replay_ok = bool(torch.equal(o_p, o_ref) and torch.equal(ht_p, ht_ref))
+        ab = ab_torch(k, x["b"], cu)
+        diag = (_formed_diffs(ab, q, k, gc, tb, aq, kw["scale"], G)
+                if T % BT == 0 and cu.numel() == 2 else {})
+        o_n, ht_n = torch.empty_like(o_ref), torch.empty_like(ht_ref)
+        go_n = walk_aux_fwd(q, k, v, ab, gc, cu, output=o_n, final_state=ht_n, defer=True,
+                            **common)
+        go_n()
+        torch.cuda.synchronize()
+        r = check_outputs((o_n, ht_n), (o_ref, ht_ref))
+        gate = dict(ok=bool(r.ok), max_abs_err=r.max_abs_err, rel_l2_err=r.rel_l2_err,
+                    reason=r.reason, finite=bool(torch.isfinite(o_n.float()).all()
+                                                 and torch.isfinite(ht_n).all()),
+                    o_max_abs_diff=float((o_n.float() - o_ref.float()).abs().max()),
+                    ht_max_abs_diff=float((ht_n - ht_ref).abs().max()),
+                    product_replay_bitwise=replay_ok, **diag)
+        emit(dict(variant="gate", T=T, seg_t=kw["seg_t"], tail=kw["tail"],
+                  split=kw.get("seg_mult") is not None, **gate))
+        for method in methods:
+            for name, go in (("product_walk", go_p), ("walk_aux", go_n)):
+                t = time_fn(go, method, rep=rep, warmup=3)
+                emit(dict(variant=name, T=T, method=method, us=t.median_us, p20_us=t.p20_us,
+                          p80_us=t.p80_us, n=t.n, gate_ok=gate["ok"] if name == "walk_aux"
+                          else replay_ok))
+        del x, o_ref, ht_ref, o_p, ht_p, o_n, ht_n, ab, rec
+        torch.cuda.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------- CLI
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compile", action="store_true", help="sm_90a compile rows (CPU)")
+    ap.add_argument("--emulate", action="store_true",
+                    help="the formed Tb / Aqk against the product's (interpreter, CPU)")
+    ap.add_argument("--gpu", action="store_true", help="gate and time on a GPU")
+    ap.add_argument("--lengths", default="131072,32768")
+    ap.add_argument("--methods", default="graph")
+    ap.add_argument("--rep", type=int, default=20)
+    ap.add_argument("--out", default=None, help="append the JSONL rows here")
+    a = ap.parse_args(argv)
+    if not (a.compile or a.emulate or a.gpu):
+        ap.error("choose --compile, --emulate or --gpu")
+    if a.emulate and os.environ.get("TRITON_INTERPRET") != "1":
+        # the interpreter is chosen when kernels is imported: a fresh process
+        import subprocess
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        rc = subprocess.run([sys.executable, "-m", "probes.walk_aux", "--emulate"]
+                            + (["--out", a.out] if a.out else []), env=env).returncode
+        if rc or not (a.compile or a.gpu):
+            return rc
+    elif a.emulate:
+        ok = True
+        for case in (dict(lens=(64, 100, 37), hq=1, hv=2, d=32),
+                     dict(lens=(200, 64), hq=2, hv=4, d=128)):
+            r = emulate_check(**case)
+            ok &= r["ok"]
+            print(json.dumps(dict(variant="emulate", **r)), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(dict(variant="emulate", **r)) + "\n")
+        return 0 if ok else 1
+    if a.compile:
+        for r in compile_rows(131072) + compile_rows(32768):
+            print(json.dumps(r), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+    if a.gpu:
+        gpu_run(tuple(int(x) for x in a.lengths.split(",")),
+                tuple(a.methods.split(",")), a.rep, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
