@@ -59,6 +59,28 @@ Rule (docs/notes/long_path_probe.md): **go** if the new walk ≤ 406 µs at 131k
 **stop** at ≥ 504 µs; in between: report. The timings here are CUDA-graph (``graph``, warm
 L2) of the new walk and of the product walk in the same run on the same card; compare the
 ratio against the 404 µs CUPTI baseline's card.
+
+CPU results (after the code; rows in ``probes/walk_aux_cpu.jsonl``)
+--------------------------------------------------------------------
+* Compiles for sm_90a on triton 3.7.1 and 3.6.0 (131k launch: units of 4,096, the split,
+  tail 8, the guard; 32k: units of 2,048): 16 warps (4 + 4 + 4 + 1 and 3 padding), launch
+  128 registers, ``setmaxnreg`` default 208 (256 outside the region), state worker 208,
+  aux 72, producer 24 (idle workers 80); spills 200 B (3.7.1) / 144 B (3.6.0) against the
+  product walk's 48 B at 240 / 240 / 24; shared memory 180,680 B (product 164,208; limit
+  232,448). The aux forms ``Tb`` before issuing ``Q Kᵀ`` (with the accumulator live beside
+  the ``Tb`` tile it spilled ~27 stores at 88 registers); of the splits tried, 208 / 72
+  spills least (200 / 88: 248 B, 216 / 56: 880 B). The spills sit in the state partitions
+  (SASS ``STL`` / ``LDL`` after their ``USETMAXREG``): the register cut the prediction
+  named as the risk.
+* Emulation (interpreter, lengths 64 + 100 + 37 at HQ 1 / HV 2 / D 32, and 200 + 64 at
+  2 / 4 / 128): the formed ``scale · Aqk`` equals the product's bit for bit; the formed
+  ``Tb`` is within one bf16 ulp of the product's (max abs 9.8e-4 / 4.9e-4 at entries up to
+  0.95) and exactly as far from a float64 truth of the gated definitions as the product's
+  (1.9e-3 both).
+
+GPU (not run here): from the repo root on the host,
+``PYTHONPATH=. python -m probes.walk_aux --gpu --out walk_aux_gpu.jsonl``
+(131,072 and 32,768 tokens; ``--methods graph,cupti_cold`` adds CUPTI timings).
 """
 from __future__ import annotations
 
@@ -503,9 +525,10 @@ def compile_rows(T: int = 131072, variants=None) -> list:
         row["shared_bytes"] = int(ck.metadata.shared)
         row["smem_fits"] = row["shared_bytes"] <= arch.smem_per_block
         ptx = ck.asm["ptx"]
+        # every setmaxnreg target (the default partition's, the workers' and their idle
+        # level): default 256 outside the region, its share inside it
         row["setmaxnreg"] = sorted({int(x) for x in re.findall(
-            r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx)})
-        row["c7514"] = "C7514" in str(getattr(ck, "asm", {}).get("sass", ""))
+            r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)})
         rows.append(row)
     return rows
 
