@@ -761,7 +761,11 @@ def gpu_run(lengths=(131072, 32768), methods=("graph",), rep: int = 20, out_path
                   split=kw.get("seg_mult") is not None, **gate))
         for method in methods:
             for name, go in (("product_walk", go_p), ("walk_aux", go_n)):
-                t = time_fn(go, method, rep=rep, warmup=3)
+                try:
+                    t = time_fn(go, method, rep=rep, warmup=3)
+                except Exception as e:  # noqa: BLE001 - a row, not a stop
+                    emit(dict(variant=name, T=T, method=method, error=f"{type(e).__name__}: {e}"))
+                    continue
                 emit(dict(variant=name, T=T, method=method, us=t.median_us, p20_us=t.p20_us,
                           p80_us=t.p80_us, n=t.n, gate_ok=gate["ok"] if name == "walk_aux"
                           else replay_ok))
