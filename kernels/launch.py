@@ -61,7 +61,7 @@ except ImportError:   # pragma: no cover - tritons before knobs: the runner path
     _knobs = None
 
 __all__ = ["FastLaunch", "fast_launch_enabled", "dtypes", "signature", "recording",
-           "LaunchList", "keep_buffer", "not_recordable", "replay_or_launch"]
+           "LaunchList", "LaunchSpec", "keep_buffer", "not_recordable", "replay_or_launch"]
 
 _DISABLED_REASON = None
 
@@ -410,7 +410,7 @@ class Recorder:
         fast = fast_launch_enabled()
         dev = _device() if fast else None
         ws_ptr = workspace.data_ptr() if workspace is not None else None
-        entries, used, names = [], set(), []
+        entries, used, names, specs = [], set(), [], []
         for fl, key, grid, args, kwargs in self.notes:
             slots, tmpl = [], list(args)
             for pos, x in enumerate(args):
@@ -428,8 +428,10 @@ class Recorder:
             for pos, *_ in slots:   # (the recorded call's tensors are not kept)
                 tmpl[pos] = None
             names.append(getattr(fl.fn, "__name__", "kernel"))
+            cslots = [(pos, i, off) for pos, i, off, _ in slots]
             if not fast:
                 entries.append((fl.fn, grid, tmpl, slots, kwargs))
+                specs.append(LaunchSpec.interpreted(fl.fn, grid, args, tmpl, kwargs, cslots))
                 continue
             hit = fl._hit(dev, key, args) if len(args) == fl._n_plain else None
             if hit is None:
@@ -437,9 +439,9 @@ class Recorder:
             ck, addrs, tail = hit
             for pos, *_ in slots:
                 addrs[pos] = None
-            entries.append((_c_launch(ck, grid), addrs + list(tail),
-                            [(pos, i, off) for pos, i, off, _ in slots]))
-        return LaunchList(fast, dev, entries, tuple(sorted(used)), tuple(names))
+            entries.append((_c_launch(ck, grid), addrs + list(tail), cslots))
+            specs.append(LaunchSpec.compiled(ck, grid, addrs, tail, cslots))
+        return LaunchList(fast, dev, entries, tuple(sorted(used)), tuple(names), specs)
 
 
 @contextmanager
@@ -503,15 +505,64 @@ def _tensors(tmpl, slots, sources, workspace) -> list:
     return a
 
 
+class LaunchSpec:
+    """One recorded launch as :mod:`kernels.fastcall` builds a plan from it: the CUfunction
+    (under the interpreter a stand-in number), the grid, block, shared memory, PDL,
+    cooperative and cluster settings, whether the kernel needs scratch memory, each argument
+    in kernel order (``args``: the plain ones, slots None, a kept buffer as its address or
+    tensor; ``kwargs``: the constexpr tail, or under the interpreter the keyword values),
+    the slots ``(position, source, byte offset)``, and ``ck`` (the compiled kernel: its
+    signature types the arguments) or ``types`` (under the interpreter: what Triton would
+    specialise the recorded values as)."""
+
+    __slots__ = ("ck", "types", "function", "grid", "block", "shared", "pdl", "coop",
+                 "num_ctas", "scratch", "args", "kwargs", "slots")
+
+    @classmethod
+    def compiled(cls, ck, grid, addrs, tail, slots):
+        s = cls()
+        md = ck.metadata
+        run = ck.run
+        s.ck, s.types, s.function = ck, None, int(ck.function)
+        s.grid = tuple(grid) + (1,) * (3 - len(grid))
+        warps, s.num_ctas, s.shared = ck.packed_metadata   # (what Triton's launch is given)
+        s.block = 32 * warps
+        s.pdl = bool(getattr(run, "launch_pdl", getattr(md, "launch_pdl", False)))
+        s.coop = bool(getattr(run, "launch_cooperative_grid",
+                              getattr(md, "launch_cooperative_grid", False)))
+        s.scratch = bool(getattr(run, "global_scratch_size", 1)
+                         or getattr(run, "profile_scratch_size", 1))
+        s.args, s.kwargs, s.slots = tuple(addrs), tuple(tail), tuple(slots)
+        return s
+
+    @classmethod
+    def interpreted(cls, fn, grid, args, tmpl, kwargs, slots):
+        from triton.runtime.jit import mangle_type
+
+        s = cls()
+        s.ck = None
+        s.types = [mangle_type(a, True) for a in args] + ["constexpr"] * len(kwargs)
+        name = getattr(fn, "__name__", "kernel")
+        s.function = int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little")
+        s.grid = tuple(grid) + (1,) * (3 - len(grid))
+        s.block, s.shared = 32 * kwargs.get("num_warps", 4), 0
+        s.num_ctas, s.scratch = 1, False
+        s.pdl, s.coop = bool(kwargs.get("launch_pdl", False)), False
+        s.args, s.kwargs, s.slots = tuple(tmpl), tuple(kwargs.values()), tuple(slots)
+        return s
+
+
 class LaunchList:
     """A signature's launches, recorded once (:meth:`Recorder.build`): :meth:`run` replays
-    them with this call's tensors in the slots."""
+    them with this call's tensors in the slots; ``specs``: each launch described for
+    :func:`kernels.fastcall.make_plan` (:class:`LaunchSpec`)."""
 
-    __slots__ = ("fast", "dev", "entries", "used", "names")
+    __slots__ = ("fast", "dev", "entries", "used", "names", "specs")
 
-    def __init__(self, fast, dev, entries, used, names):
+    def __init__(self, fast, dev, entries, used, names, specs=None):
         self.fast, self.dev, self.entries, self.used = fast, dev, entries, used
         self.names = names   # the kernels' names, in launch order
+        self.specs = specs
 
     def __len__(self):
         return len(self.entries)
