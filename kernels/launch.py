@@ -431,7 +431,8 @@ class Recorder:
             cslots = [(pos, i, off) for pos, i, off, _ in slots]
             if not fast:
                 entries.append((fl.fn, grid, tmpl, slots, kwargs))
-                specs.append(LaunchSpec.interpreted(fl.fn, grid, args, tmpl, kwargs, cslots))
+                specs.append(_spec(LaunchSpec.interpreted, fl.fn, grid, args, tmpl, kwargs,
+                                   cslots))
                 continue
             hit = fl._hit(dev, key, args) if len(args) == fl._n_plain else None
             if hit is None:
@@ -440,8 +441,9 @@ class Recorder:
             for pos, *_ in slots:
                 addrs[pos] = None
             entries.append((_c_launch(ck, grid), addrs + list(tail), cslots))
-            specs.append(LaunchSpec.compiled(ck, grid, addrs, tail, cslots))
-        return LaunchList(fast, dev, entries, tuple(sorted(used)), tuple(names), specs)
+            specs.append(_spec(LaunchSpec.compiled, ck, grid, addrs, tail, cslots))
+        return LaunchList(fast, dev, entries, tuple(sorted(used)), tuple(names),
+                          None if None in specs else specs)
 
 
 @contextmanager
@@ -503,6 +505,15 @@ def _tensors(tmpl, slots, sources, workspace) -> list:
         a[pos] = sources[i] if i >= 0 else workspace.view(view[0]).as_strided(
             view[1], view[2], view[3])
     return a
+
+
+def _spec(make, *args):
+    """A :class:`LaunchSpec`, or None where the kernel cannot be described (a launcher
+    without Triton's metadata: the list then has no specs and makes no plan)."""
+    try:
+        return make(*args)
+    except (AttributeError, TypeError, ValueError, ImportError):
+        return None
 
 
 class LaunchSpec:
