@@ -64,9 +64,10 @@ def test_extension_builds_in_the_mode_of_this_torch(ext):
                           else "stub")
 
 
-def _expected_params(spec, srcs):
+def _expected_params(spec, srcs, ws=None):
     """The Python launch list's arguments of one launch, with this call's addresses in its
-    slots, packed as Triton's launcher passes them (the scratch pointers last)."""
+    slots (a source, or an offset into the workspace ``ws``), packed as Triton's launcher
+    passes them (the scratch pointers last)."""
     slots = {pos: (i, off) for pos, i, off in spec.slots}
     out = []
     for pos, (ty, x) in enumerate(zip(fastcall._types(spec),
@@ -75,7 +76,7 @@ def _expected_params(spec, srcs):
             continue
         if pos in slots:
             i, off = slots[pos]
-            x = srcs[i].data_ptr() + off
+            x = (srcs[i] if i >= 0 else ws).data_ptr() + off
         elif isinstance(x, torch.Tensor):
             x = x.data_ptr()
         out.append(fastcall.pack(ty, x))
@@ -290,3 +291,117 @@ def test_gpu_replayed_fastcall_gives_the_plain_bits(B, monkeypatch, cuda_device)
             inp["a"], inp["dt_bias"], inp["b"], o, None, dense.scale, inp["state"].shape[0])
     sig = [t for t in spec.ck.src.signature.values()][:len(vals)]
     assert sig == [mangle_type(x, True) for x in vals]
+
+
+# --- prefill ---------------------------------------------------------------------------------
+
+PREFILL = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "cu_seqlens")
+
+
+@pytest.fixture
+def serving_prefill(ext):
+    from kernels.prefill import plan as plan_mod
+    plan_mod.clear_plan_cache()
+    with fastcall.serving_stub():
+        yield plan_mod
+    plan_mod.clear_plan_cache()
+
+
+def _prefill_inputs(lens, seed, device=DEVICE, shape=SHAPE):
+    from kernels.spec import make_prefill_inputs
+    inp = make_prefill_inputs(list(lens), shape, seed=seed, device=device)
+    if len(lens) == 2:   # other cu_seqlens values of the signature
+        T = sum(lens)
+        split = (lens[0], lens[1], T // 2)[seed % 3]
+        inp["cu_seqlens"] = torch.tensor([0, split, T], dtype=inp["cu_seqlens"].dtype,
+                                         device=device)
+    return inp
+
+
+@pytest.mark.skipif(not launch.interpret.INTERPRET, reason="the stub's notes (CPU)")
+@pytest.mark.parametrize("lens, kw, path, launches", [
+    ((4, 2), {}, "recurrent", 1), ((70, 60), {}, "walk", 2), ((300,), {"cp": True}, "cp", 3)],
+    ids=["recurrent", "walk", "cp"])
+def test_prefill_plan_parameters_are_the_python_lists(lens, kw, path, launches,
+                                                      serving_prefill):
+    """gdn_prefill (``cu_seqlens`` unchecked on the host: guarded on the device) after the
+    signature's first call: served by the plan, its parameters the recorded list's with
+    this call's addresses (workspace views at their offsets into the plan's workspace), its
+    outputs the bits of ``prefill_fused``."""
+    from kernels.prefill import gdn_prefill, pipeline
+    for seed in range(3):
+        inp = _prefill_inputs(lens, seed)
+        out = gdn_prefill(**inp, check_values=False, **kw)
+        with fastcall.serving_stub(False):
+            ref = pipeline.prefill_fused(**inp, check_values=False, **kw)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+        if seed == 0:
+            continue
+        (c,) = serving_prefill.CALLS.values()
+        assert (c.plan.path if c.plan else "recurrent") == path
+        assert c.fast is not None and serving_prefill.FAST[0] is c.fast
+        plan = c.fast[1]
+        notes, srcs, ws = fastcall.stub_last(plan)
+        assert len(notes) == launches == len(plan.lst.specs)
+        assert all(s is inp[n] for s, n in zip(srcs[6:15], PREFILL))
+        assert srcs[18] is out[0] and srcs[19] is out[1]
+        assert (ws is None) == (c.ws_words == 0)
+        if ws is not None:
+            assert ws.numel() == 4 * c.ws_words
+        for note, spec in zip(notes, plan.lst.specs):
+            assert list(note["params"]) == _expected_params(spec, srcs[6:], ws)
+            assert note["grid"] == spec.grid and note["block"] == spec.block
+        if path != "recurrent":   # (workspace slots among them)
+            assert any(i < 0 for spec in plan.lst.specs for _, i, _ in spec.slots)
+
+
+def test_prefill_changed_cu_seqlens_or_option_falls_back(serving_prefill):
+    """Another sequence count, another ``cu_seqlens`` dtype, another option (cp, scale,
+    check_values): not the plan's (the Python path plans its own); a bad input raises."""
+    from kernels.prefill import gdn_prefill
+    from kernels.reference import prefill_reference
+    from kernels.checks import check_outputs
+    inp = _prefill_inputs((70, 60), 0)
+    gdn_prefill(**inp, check_values=False)
+    (c,) = serving_prefill.CALLS.values()
+    plan = c.fast[1]
+    base = ("fused", None, False, None, None, None) + tuple(inp[n] for n in PREFILL) + (
+        None, None, None)
+    assert fastcall.run(plan, *base) is not None
+    for i, x in ((14, inp["cu_seqlens"].to(torch.int32)), (14, inp["cu_seqlens"][:2]),
+                 (3, True), (1, 0.5), (2, None), (0, "recurrent")):
+        args = list(base)
+        args[i] = x
+        assert fastcall.run(plan, *args) is None
+    bad = dict(inp, v=inp["v"].float())
+    with pytest.raises(TypeError):
+        gdn_prefill(**bad, check_values=False)
+    other = _prefill_inputs((64,), 1)
+    res = check_outputs(gdn_prefill(**other, check_values=False), prefill_reference(**other))
+    assert res.ok, res.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", [[6], [100, 28], [2048], [8192]],
+                         ids=["T6", "100+28", "T2048", "T8192"])
+def test_gpu_replayed_fastcall_prefill_gives_the_plain_bits(lens, monkeypatch, cuda_device):
+    """On CUDA gdn_prefill's plan (one C call) on calls with other tensors and values gives
+    the bits of plain ``kernel[grid](...)`` launches (``GDN_FAST_LAUNCH=0``)."""
+    from kernels.prefill import gdn_prefill, pipeline
+    from kernels.prefill import plan as plan_mod
+    from kernels.spec import CONTEST
+    assert fastcall.load() is not None, fastcall.status()
+    plan_mod.clear_plan_cache()
+    replays, real = [], launch.LaunchList.run
+    monkeypatch.setattr(launch.LaunchList, "run",
+                        lambda self, *a: replays.append(1) or real(self, *a))
+    outs = []
+    for seed in range(3):
+        inp = _prefill_inputs(lens, seed, device=cuda_device, shape=CONTEST)
+        outs.append((inp, gdn_prefill(**inp)))
+    (c,) = plan_mod.CALLS.values()
+    assert c.fast is not None and replays == []
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    for inp, out in outs:
+        plain = pipeline.prefill_fused(**inp)
+        assert torch.equal(out[0], plain[0]) and torch.equal(out[1], plain[1])
