@@ -41,3 +41,31 @@ def test_key_costs_time_each_variant_with_the_launch_stubbed():
     assert [r["stage"] for r in rows][:5] == ["signature", "lookup", "signature_strides",
                                               "data_ptrs", "call_stubbed"]
     assert all(r["kind"] == "key" and r["host_us"] > 0 and r["calls"] == 50 for r in rows)
+
+
+def test_decode_served_by_its_plan_times_the_c_call(monkeypatch):
+    """Where the decode call is served by its fastcall plan (the stub build here) the stages
+    are that one C call, then the Python replay it replaced and the list's launches."""
+    import pytest
+
+    from kernels import fastcall
+    from kernels.decode import ops
+    from kernels.spec import GDNShape, make_decode_inputs
+
+    if fastcall._compiler() is None or fastcall.load() is None:
+        pytest.skip(f"no fastcall extension here ({fastcall.status()['reason']})")
+    ops.clear_calls()
+    try:
+        with fastcall.serving_stub():
+            inp = make_decode_inputs(1, GDNShape(1, 2, 16), device="cpu")
+            stages, parts = host_stages.decode_stages(inp)
+            args = [inp[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")]
+            from kernels.decode import gdn_decode
+            rows = host_stages._rows("decode", "B=1", "", lambda: gdn_decode(*args), stages,
+                                     parts, 2, 2, lambda: None, False)
+            assert ops._LAST is not None   # (python_path put the plan back)
+    finally:
+        ops.clear_calls()
+    assert [r["stage"] for r in rows] == ["call", "fastcall", "rest", "python_path",
+                                          "launch:gdn_decode_kernel"]
+    assert all(float(r["host_us"]) > 0 for r in rows if r["stage"] != "rest")
