@@ -113,9 +113,17 @@ def _command(cxx, mode, out):
         libs += ["-lc10_cuda", "-ltorch_cuda", "-ldl"]
     else:
         defs.append("-DGDN_FASTCALL_STUB")
-    return ([cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", *defs,
+    return ([cxx, "-O2", _std(), "-shared", "-fPIC", "-fvisibility=hidden", *defs,
              *[f"-I{d}" for d in inc], str(SOURCE), "-o", str(out), f"-L{torch_lib}",
              f"-Wl,-rpath,{torch_lib}", *libs])
+
+
+def _std() -> str:
+    """The C++ standard torch's own extensions are built with (C++20 from torch 2.10 on,
+    else C++17)."""
+    from torch.utils import cpp_extension as ce
+
+    return "-std=c++20" if "-std=c++20" in Path(ce.__file__).read_text() else "-std=c++17"
 
 
 def _cache_dir() -> Path:

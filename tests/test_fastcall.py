@@ -320,8 +320,8 @@ def _prefill_inputs(lens, seed, device=DEVICE, shape=SHAPE):
 
 @pytest.mark.skipif(not launch.interpret.INTERPRET, reason="the stub's notes (CPU)")
 @pytest.mark.parametrize("lens, kw, path, launches", [
-    ((4, 2), {}, "recurrent", 1), ((70, 60), {}, "walk", 2), ((300,), {"cp": True}, "cp", 3)],
-    ids=["recurrent", "walk", "cp"])
+    ((4, 2), {}, "recurrent", 1), ((64, 64), {}, "single", 1), ((70, 60), {}, "walk", 2),
+    ((300,), {"cp": True}, "cp", 3)], ids=["recurrent", "single", "walk", "cp"])
 def test_prefill_plan_parameters_are_the_python_lists(lens, kw, path, launches,
                                                       serving_prefill):
     """gdn_prefill (``cu_seqlens`` unchecked on the host: guarded on the device) after the
