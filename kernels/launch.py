@@ -40,7 +40,10 @@ the compiled kernel's C launcher, the grid and the full argument list with slots
 call's tensors (an input, an output, or a byte offset into the call's workspace). A
 repeat fills the slots with this call's addresses and runs the C launches: no key, no
 lookups, no Python layer of Triton. Under the interpreter the list launches
-``fn[grid](...)`` with this call's tensors in the slots (the same slots).
+``fn[grid](...)`` with this call's tensors in the slots (the same slots). Each launch is
+also described as a :class:`LaunchSpec` (``LaunchList.specs``), from which
+:mod:`kernels.fastcall` makes the one-C-call plan that replaces the replay where it is
+available.
 """
 from __future__ import annotations
 

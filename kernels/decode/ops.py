@@ -3,7 +3,8 @@
 ``gdn_decode_fwd`` checks (metadata only, before anything is allocated or
 launched; in full once per signature of the call, :func:`signature`), allocates the
 outputs and launches :func:`gdn_decode_kernel` once (a repeat launch directly,
-:class:`kernels.launch.FastLaunch`);
+:class:`kernels.launch.FastLaunch`; where :mod:`kernels.fastcall` is available, a repeat is
+one C call to the signature's plan);
 ``gdn_decode`` is the public function with the documented signature.
 """
 from __future__ import annotations
@@ -190,7 +191,14 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
     and does only what changes per call: the slot values' host check where asked for, the
     allocations, the launch with this call's tensors (their addresses) as recorded on the
     signature's first call (:class:`kernels.launch.LaunchList`; where it cannot stand for
-    this call, the keyed launch it was recorded from)."""
+    this call, the keyed launch it was recorded from).
+
+    Where :mod:`kernels.fastcall` is available the recorded launch also becomes the
+    signature's plan (not where slot values are checked on the host per call): every call
+    first tries the last plan used (``_LAST``), one C call that checks every argument
+    against it (type, sizes, strides, dtype, device; options by identity), allocates the
+    outputs and launches; None from it (anything different) sends the call down the path
+    above, which uses its own signature's plan where it has one."""
     global _LAST
     last = _LAST
     if last is not None:   # the last plan: one C call checks, allocates, launches
