@@ -555,7 +555,11 @@ class LaunchSpec:
 
         s = cls()
         s.ck = None
-        s.types = [mangle_type(a, True) for a in args] + ["constexpr"] * len(kwargs)
+        names = list(getattr(fn, "arg_names", ()))
+        keep = (getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ()
+        keep = {names.index(x) if isinstance(x, str) else x for x in keep}
+        s.types = ([mangle_type(a, i not in keep) for i, a in enumerate(args)]
+                   + ["constexpr"] * len(kwargs))
         name = getattr(fn, "__name__", "kernel")
         s.function = int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little")
         s.grid = tuple(grid) + (1,) * (3 - len(grid))
