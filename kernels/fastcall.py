@@ -138,6 +138,10 @@ def build(verbose: bool = False) -> Path:
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler: set CXX or install g++ (or clang++)")
+    py_inc = Path(sysconfig.get_paths()["include"])
+    if not (py_inc / "Python.h").exists():
+        raise RuntimeError(f"no Python.h in {py_inc}: install this Python's development "
+                           f"headers (python{sys.version_info[0]}.{sys.version_info[1]}-dev)")
     cmd = _command(cxx, mode, "OUT")
     h = hashlib.sha256()
     h.update(SOURCE.read_bytes())
@@ -371,6 +375,7 @@ def main(argv=None) -> int:
           f"cache: {_cache_dir()}")
     if _mode() == "cuda":
         print(f"CUDA headers: {_cuda_includes() or 'NONE (set CUDA_HOME)'}")
+    print(f"ninja: not needed; C++ standard: {_std()}")
     import time
     t0 = time.perf_counter()
     mod = load(verbose=ns.verbose)
