@@ -173,6 +173,9 @@ def load(verbose: bool = False):
     with _LOCK:
         if _MOD is not None or _REASON is not None:
             return _MOD
+        if not SOURCE.is_file():   # (a bundled copy, e.g. a packed contest solution: quiet)
+            _REASON = f"no source {SOURCE} (a copy of the package without kernels/csrc)"
+            return None
         try:
             so = build(verbose)
             spec = importlib.util.spec_from_file_location(

@@ -405,3 +405,15 @@ def test_gpu_replayed_fastcall_prefill_gives_the_plain_bits(lens, monkeypatch, c
     for inp, out in outs:
         plain = pipeline.prefill_fused(**inp)
         assert torch.equal(out[0], plain[0]) and torch.equal(out[1], plain[1])
+
+
+def test_a_copy_without_the_source_keeps_the_python_path_quietly(monkeypatch, tmp_path):
+    """A bundled copy of the package (a packed contest solution) has no kernels/csrc: no
+    build is tried, no warning, the reason says so."""
+    monkeypatch.setattr(fastcall, "_MOD", None)
+    monkeypatch.setattr(fastcall, "_REASON", None)
+    monkeypatch.setattr(fastcall, "SOURCE", tmp_path / "csrc" / "fastcall.cpp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fastcall.load() is None
+    assert "without kernels/csrc" in fastcall.status()["reason"]
