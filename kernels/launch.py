@@ -40,7 +40,10 @@ the compiled kernel's C launcher, the grid and the full argument list with slots
 call's tensors (an input, an output, or a byte offset into the call's workspace). A
 repeat fills the slots with this call's addresses and runs the C launches: no key, no
 lookups, no Python layer of Triton. Under the interpreter the list launches
-``fn[grid](...)`` with this call's tensors in the slots (the same slots).
+``fn[grid](...)`` with this call's tensors in the slots (the same slots). Each launch is
+also described as a :class:`LaunchSpec` (``LaunchList.specs``), from which
+:mod:`kernels.fastcall` makes the one-C-call plan that replaces the replay where it is
+available.
 """
 from __future__ import annotations
 
@@ -61,7 +64,7 @@ except ImportError:   # pragma: no cover - tritons before knobs: the runner path
     _knobs = None
 
 __all__ = ["FastLaunch", "fast_launch_enabled", "dtypes", "signature", "recording",
-           "LaunchList", "keep_buffer", "not_recordable", "replay_or_launch"]
+           "LaunchList", "LaunchSpec", "keep_buffer", "not_recordable", "replay_or_launch"]
 
 _DISABLED_REASON = None
 
@@ -410,7 +413,7 @@ class Recorder:
         fast = fast_launch_enabled()
         dev = _device() if fast else None
         ws_ptr = workspace.data_ptr() if workspace is not None else None
-        entries, used, names = [], set(), []
+        entries, used, names, specs = [], set(), [], []
         for fl, key, grid, args, kwargs in self.notes:
             slots, tmpl = [], list(args)
             for pos, x in enumerate(args):
@@ -428,8 +431,11 @@ class Recorder:
             for pos, *_ in slots:   # (the recorded call's tensors are not kept)
                 tmpl[pos] = None
             names.append(getattr(fl.fn, "__name__", "kernel"))
+            cslots = [(pos, i, off) for pos, i, off, _ in slots]
             if not fast:
                 entries.append((fl.fn, grid, tmpl, slots, kwargs))
+                specs.append(_spec(LaunchSpec.interpreted, fl.fn, grid, args, tmpl, kwargs,
+                                   cslots))
                 continue
             hit = fl._hit(dev, key, args) if len(args) == fl._n_plain else None
             if hit is None:
@@ -437,9 +443,10 @@ class Recorder:
             ck, addrs, tail = hit
             for pos, *_ in slots:
                 addrs[pos] = None
-            entries.append((_c_launch(ck, grid), addrs + list(tail),
-                            [(pos, i, off) for pos, i, off, _ in slots]))
-        return LaunchList(fast, dev, entries, tuple(sorted(used)), tuple(names))
+            entries.append((_c_launch(ck, grid), addrs + list(tail), cslots))
+            specs.append(_spec(LaunchSpec.compiled, ck, grid, addrs, tail, cslots))
+        return LaunchList(fast, dev, entries, tuple(sorted(used)), tuple(names),
+                          None if None in specs else specs)
 
 
 @contextmanager
@@ -503,15 +510,77 @@ def _tensors(tmpl, slots, sources, workspace) -> list:
     return a
 
 
+def _spec(make, *args):
+    """A :class:`LaunchSpec`, or None where the kernel cannot be described (a launcher
+    without Triton's metadata: the list then has no specs and makes no plan)."""
+    try:
+        return make(*args)
+    except (AttributeError, TypeError, ValueError, ImportError):
+        return None
+
+
+class LaunchSpec:
+    """One recorded launch as :mod:`kernels.fastcall` builds a plan from it: the CUfunction
+    (under the interpreter a stand-in number), the grid, block, shared memory, PDL,
+    cooperative and cluster settings, whether the kernel needs scratch memory, each argument
+    in kernel order (``args``: the plain ones, slots None, a kept buffer as its address or
+    tensor; ``kwargs``: the constexpr tail, or under the interpreter the keyword values),
+    the slots ``(position, source, byte offset)``, and ``ck`` (the compiled kernel: its
+    signature types the arguments) or ``types`` (under the interpreter: what Triton would
+    specialise the recorded values as)."""
+
+    __slots__ = ("ck", "types", "function", "grid", "block", "shared", "pdl", "coop",
+                 "num_ctas", "scratch", "args", "kwargs", "slots")
+
+    @classmethod
+    def compiled(cls, ck, grid, addrs, tail, slots):
+        s = cls()
+        md = ck.metadata
+        run = ck.run
+        s.ck, s.types, s.function = ck, None, int(ck.function)
+        s.grid = tuple(grid) + (1,) * (3 - len(grid))
+        warps, s.num_ctas, s.shared = ck.packed_metadata   # (what Triton's launch is given)
+        s.block = 32 * warps
+        s.pdl = bool(getattr(run, "launch_pdl", getattr(md, "launch_pdl", False)))
+        s.coop = bool(getattr(run, "launch_cooperative_grid",
+                              getattr(md, "launch_cooperative_grid", False)))
+        s.scratch = bool(getattr(run, "global_scratch_size", 1)
+                         or getattr(run, "profile_scratch_size", 1))
+        s.args, s.kwargs, s.slots = tuple(addrs), tuple(tail), tuple(slots)
+        return s
+
+    @classmethod
+    def interpreted(cls, fn, grid, args, tmpl, kwargs, slots):
+        from triton.runtime.jit import mangle_type
+
+        s = cls()
+        s.ck = None
+        names = list(getattr(fn, "arg_names", ()))
+        keep = (getattr(fn, "kwargs", None) or {}).get("do_not_specialize") or ()
+        keep = {names.index(x) if isinstance(x, str) else x for x in keep}
+        s.types = ([mangle_type(a, i not in keep) for i, a in enumerate(args)]
+                   + ["constexpr"] * len(kwargs))
+        name = getattr(fn, "__name__", "kernel")
+        s.function = int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little")
+        s.grid = tuple(grid) + (1,) * (3 - len(grid))
+        s.block, s.shared = 32 * kwargs.get("num_warps", 4), 0
+        s.num_ctas, s.scratch = 1, False
+        s.pdl, s.coop = bool(kwargs.get("launch_pdl", False)), False
+        s.args, s.kwargs, s.slots = tuple(tmpl), tuple(kwargs.values()), tuple(slots)
+        return s
+
+
 class LaunchList:
     """A signature's launches, recorded once (:meth:`Recorder.build`): :meth:`run` replays
-    them with this call's tensors in the slots."""
+    them with this call's tensors in the slots; ``specs``: each launch described for
+    :func:`kernels.fastcall.make_plan` (:class:`LaunchSpec`)."""
 
-    __slots__ = ("fast", "dev", "entries", "used", "names")
+    __slots__ = ("fast", "dev", "entries", "used", "names", "specs")
 
-    def __init__(self, fast, dev, entries, used, names):
+    def __init__(self, fast, dev, entries, used, names, specs=None):
         self.fast, self.dev, self.entries, self.used = fast, dev, entries, used
         self.names = names   # the kernels' names, in launch order
+        self.specs = specs
 
     def __len__(self):
         return len(self.entries)

@@ -17,6 +17,11 @@ batches and notebook 02's prefill shapes:
   Triton's C launches); ``rest`` is the call less the stages (the glue between them); after
   it, per kernel of the list, its C launch alone with the arguments filled beforehand
   (``launch:<kernel>``, a part of ``replay``);
+* where the call is served by its :mod:`kernels.fastcall` plan (one C call: checks,
+  outputs, workspace, ``cuLaunchKernelEx``), the stages are that call alone (``fastcall``)
+  and ``rest`` the Python around it; after them ``python_path``: the same call with the
+  plan set aside (the recorded Python replay it replaced, two attribute swaps included),
+  and the ``launch:<kernel>`` rows of the Python list;
 * ``gpu_graph``: the call's GPU time (:mod:`.timing`'s ``graph`` method; GPU only), so a
   host change can be seen to leave the GPU's work alone.
 
@@ -78,6 +83,19 @@ def decode_stages(inp: dict) -> Tuple[List[Stage], List[Stage]]:
         return ops._CALLS.get(ops.signature(q, k, v, state, A_log, a, dt_bias, b, None, None,
                                             None, None, None, False, None, None, None))
 
+    if c.fast is not None:   # the one C call (kernels.fastcall): checks, outputs, launch
+        run, plan = c.fast
+        given = (None, None, None, False, None, q, k, v, state, A_log, a, dt_bias, b, None,
+                 None, None, None)
+
+        def python_path():   # the same call with the plan set aside: the Python replay
+            ops._LAST, c.fast = None, None
+            try:
+                return gdn_decode(q, k, v, state, A_log, a, dt_bias, b)
+            finally:
+                ops._LAST = c.fast = (run, plan)
+        return ([("fastcall", lambda: run(plan, *given))],
+                [("python_path", python_path)] + _parts(c.launches, srcs, None))
     stages = [("checks", checks),
               ("alloc", lambda: (torch.empty_like(v), torch.empty_like(state)))]
     if c.launches is None:   # (not recorded: the keyed launch)
@@ -119,6 +137,20 @@ def prefill_stages(inp: dict) -> Tuple[str, List[Stage], List[Stage]]:
     words = c.ws_words
     ws = torch.empty(words, dtype=torch.float32, device=q.device) if words else None
     srcs = (q, k, v, state, A_log, a, dt_bias, b, cu, None, None, None, o, ht)
+    if c.fast is not None:   # the one C call (kernels.fastcall)
+        from ..prefill.plan import FAST
+        run, plan = c.fast
+        given = ("fused", None, None, None, None, None, q, k, v, state, A_log, a, dt_bias, b,
+                 cu, None, None, None)
+
+        def python_path():   # the same call with the plan set aside: the Python replay
+            FAST[0], c.fast = None, None
+            try:
+                return gdn_prefill(q, k, v, state, A_log, a, dt_bias, b, cu)
+            finally:
+                FAST[0] = c.fast = (run, plan)
+        return path, [("fastcall", lambda: run(plan, *given))], (
+            [("python_path", python_path)] + _parts(c.launches, srcs, ws))
     stages = [("checks+plan", lambda: CALLS.get(signature()))]
     if c.checked:   # (off CUDA: cu_seqlens' values checked on the host per call)
         stages.append(("values", lambda: check_cu_seqlens_values(cu, c.T)))

@@ -3,7 +3,8 @@
 ``gdn_decode_fwd`` checks (metadata only, before anything is allocated or
 launched; in full once per signature of the call, :func:`signature`), allocates the
 outputs and launches :func:`gdn_decode_kernel` once (a repeat launch directly,
-:class:`kernels.launch.FastLaunch`);
+:class:`kernels.launch.FastLaunch`; where :mod:`kernels.fastcall` is available, a repeat is
+one C call to the signature's plan);
 ``gdn_decode`` is the public function with the documented signature.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from .. import fastcall
 from ..launch import FastLaunch, replay_or_launch
 from ..spec import check_slot_values, resolve_scale, tensor_meta, validate_decode_inputs
 from .config import DecodeConfig
@@ -112,7 +114,7 @@ class _Call:
     :func:`_prepare`)."""
 
     __slots__ = ("inplace", "intermediate", "pooled", "slot_values", "P", "hi_shape", "grid",
-                 "key", "scale", "kwargs", "launches", "tries")
+                 "key", "scale", "kwargs", "launches", "tries", "fast", "fast_tried")
 
 
 def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
@@ -156,7 +158,27 @@ def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, outpu
     # until then); a call whose launch cannot be recorded (a tensor given twice, one not
     # 16-byte aligned) tries again, at most RECORD_TRIES times (set where it is remembered)
     c.launches, c.tries = None, 0
+    # the one-call repeat (kernels.fastcall): (run, plan) once made from the recorded list
+    c.fast, c.fast_tried = None, False
     return c
+
+
+#: ``(run, plan)`` of the last plan that served a call (:mod:`kernels.fastcall`): a repeat
+#: tries it first, before any Python key is built; the plan checks every argument.
+_LAST = None
+
+
+def _make_fast(c: _Call, opts, srcs, output, output_state, o, ht, hi) -> None:
+    """The signature's plan from its recorded list and this call's tensors (once)."""
+    c.fast_tried = True
+    outs = (("alias", 10) if output is not None else ("empty", o),
+            ("alias", 3) if c.inplace else ("alias", 11) if output_state is not None
+            else ("empty", ht),
+            ("empty", hi) if c.intermediate else ("alias", 13))
+    plan = fastcall.make_plan(c.launches, opts, srcs[:12], outs, None,
+                              (12, 13, 14) if c.intermediate else (12, 13))
+    if plan is not None:
+        c.fast = (fastcall.runner(plan), plan)
 
 
 def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace, output,
@@ -169,7 +191,22 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
     and does only what changes per call: the slot values' host check where asked for, the
     allocations, the launch with this call's tensors (their addresses) as recorded on the
     signature's first call (:class:`kernels.launch.LaunchList`; where it cannot stand for
-    this call, the keyed launch it was recorded from)."""
+    this call, the keyed launch it was recorded from).
+
+    Where :mod:`kernels.fastcall` is available the recorded launch also becomes the
+    signature's plan (not where slot values are checked on the host per call): every call
+    first tries the last plan used (``_LAST``), one C call that checks every argument
+    against it (type, sizes, strides, dtype, device; options by identity), allocates the
+    outputs and launches; None from it (anything different) sends the call down the path
+    above, which uses its own signature's plan where it has one."""
+    global _LAST
+    last = _LAST
+    if last is not None:   # the last plan: one C call checks, allocates, launches
+        r = last[0](last[1], scale, config, inplace, intermediate_states, check_values, q, k,
+                    v, state, A_log, a, dt_bias, b, state_indices, status, output,
+                    output_state)
+        if r is not None:
+            return r
     try:
         sig = signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
                         inplace, output, intermediate_states, check_values, output_state,
@@ -185,6 +222,13 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
                 _CALLS.clear()
             _CALLS[sig] = c
             c.tries = RECORD_TRIES   # recorded only where the signature is remembered
+    elif c.fast is not None:   # (another signature's plan was tried first)
+        r = c.fast[0](c.fast[1], scale, config, inplace, intermediate_states, check_values,
+                      q, k, v, state, A_log, a, dt_bias, b, state_indices, status, output,
+                      output_state)
+        if r is not None:
+            _LAST = c.fast
+            return r
     elif c.slot_values:
         check_slot_values(state_indices, c.P)
     # empty_like: the cheapest allocation on the host (v is [B, T, HV, D] bf16, contiguous)
@@ -199,12 +243,20 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
     replay_or_launch(c, srcs, 12, lambda: _DECODE_LAUNCH.launch_keyed(
         c.key, c.grid, (q, k, v, state, ht, hi, state_indices if c.pooled else q, A_log, a,
                         dt_bias, b, o, status, c.scale, c.P), c.kwargs))
+    if (c.launches is not None and not c.fast_tried and not c.slot_values
+            and sig is not None and fastcall.available()):
+        _make_fast(c, (scale, config, inplace, intermediate_states, check_values), srcs,
+                   output, output_state, o, ht, hi)
+        if c.fast is not None:
+            _LAST = c.fast
     return (o, ht, hi) if c.intermediate else (o, ht)
 
 
 def clear_calls() -> None:
-    """Forget every checked signature (a test that changes the config table)."""
+    """Forget every checked signature and plan (a test that changes the config table)."""
+    global _LAST
     _CALLS.clear()
+    _LAST = None
 
 
 def gdn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,

@@ -33,7 +33,7 @@ from .guard import describe_status
 from .pipeline import (call_signature, prefill_fused, prefill_fused_gates,
                        prefill_no_sync, prefill_recurrent, prefill_unfused, prepare_call,
                        run_call)
-from .plan import CALLS, LAUNCHES, MAX_CALLS, Plan, prefill_plan
+from .plan import CALLS, FAST, LAUNCHES, MAX_CALLS, Plan, prefill_plan
 
 __all__ = ["gdn_prefill", "VARIANTS", "make_prefill_impl", "launch_count_hint", "BT",
            "prefill_plan", "Plan", "graph_cache_info", "clear_graph_cache",
@@ -134,8 +134,17 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (every tensor's type, shape, dtype, device, contiguity and every option:
     :func:`.pipeline.call_signature`); a repeat runs only what changes per call
     (:func:`.pipeline.run_call`: ``cu_seqlens``' values where they are checked on the host,
-    fresh outputs, the launches).
+    fresh outputs, the launches). Where :mod:`kernels.fastcall` is available, a repeat is
+    one C call (checks against the signature's plan, outputs, launches); anything its plan
+    does not match takes the path above.
     """
+    last = FAST[0]
+    if last is not None:   # the last plan (kernels.fastcall): one C call, or None
+        r = last[0](last[1], variant, scale, check_values, cp, config, BV, q, k, v, state,
+                    A_log, a, dt_bias, b, cu_seqlens, status, output, output_state)
+        if r is not None:
+            return r
+    opts = (variant, scale, check_values, cp, config, BV)
     try:
         sig = (call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
                               output_state, check_values, status, cp, config, variant),
@@ -145,7 +154,7 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         sig = c = None
     if c is not None:
         return run_call(c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, output,
-                        output_state, status)
+                        output_state, status, opts)
     fn = _impl(variant)
     config = _resolve(config, BV, q)
     if variant not in _CP_VARIANTS and cp not in (None, False):
@@ -160,7 +169,7 @@ def gdn_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 CALLS.clear()
             CALLS[sig] = c
         return run_call(c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, output,
-                        output_state, status)
+                        output_state, status, opts if sig is not None else None)
     kwargs = dict(output=output, output_state=output_state, config=config, status=status)
     if check_values is not None:
         kwargs["check_values"] = check_values

@@ -58,6 +58,7 @@ from typing import Union
 
 import torch
 
+from .. import fastcall
 from ..launch import keep_buffer, not_recordable, replay_or_launch
 from ..spec import check_cu_seqlens_values, resolve_scale, tensor_meta, validate_prefill_inputs
 from .chunk_index import num_slots, prepare_chunk_indices
@@ -65,7 +66,7 @@ from .context_parallel import segment_combine_t_fwd, segment_split_fwd
 from .gates import chunk_gates_fwd, gates_torch
 from .guard import check_status_tensor
 from .intra_chunk import intra_chunk_fwd
-from .plan import Plan, call_plan, fitted_config, intra_kwargs
+from .plan import FAST, Plan, call_plan, fitted_config, intra_kwargs
 from .recurrent import recurrent_fwd
 from .state_walk import state_walk_fwd
 from .state_walk_gluon import state_walk_gluon_fwd, tma_ready
@@ -268,7 +269,7 @@ class PreparedCall:
     and how many more calls may try to record them."""
 
     __slots__ = ("plan", "scale", "checked", "T", "state_shape", "ws_words", "launches",
-                 "tries")
+                 "tries", "fast", "fast_tried")
 
 
 def call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output,
@@ -311,16 +312,27 @@ def prepare_call(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, output
     c.ws_words = (c.plan.nbytes // 4 if c.plan is not None and c.plan.path != "recurrent"
                   else 0)
     c.launches, c.tries = None, RECORD_TRIES if record else 0
+    c.fast, c.fast_tried = None, False   # (run, plan) once made (kernels.fastcall)
     return c
 
 
 def run_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, output,
-             output_state, status):
+             output_state, status, opts=None):
     """What changes per call of a prepared signature: the host check of ``cu_seqlens``'
     values (where the call checks them on the host), the outputs (fresh unless given), the
     workspace (one allocation), the launches with this call's tensors: as recorded on the
     signature's first call (:class:`kernels.launch.LaunchList`) where that list stands for
-    this call, else the normal path it was recorded from."""
+    this call, else the normal path it was recorded from. ``opts``: the call's options as
+    :func:`kernels.prefill.gdn_prefill` got them (its plan's identity checks); given, the
+    signature's plan (:mod:`kernels.fastcall`: one C call) serves the call where it can, and
+    is made from the recorded list where there is none yet (not where ``cu_seqlens`` is
+    checked on the host per call)."""
+    if c.fast is not None and opts is not None:
+        r = c.fast[0](c.fast[1], *opts, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                      status, output, output_state)
+        if r is not None:
+            FAST[0] = c.fast
+            return r
     if c.checked:
         check_cu_seqlens_values(cu_seqlens, c.T)
     # empty_like where a validated input has the shape: the cheapest allocation on the host
@@ -337,6 +349,15 @@ def run_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, 
         c, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht, ws, status), ws)
     if c.checked and status is not None:
         status.zero_()
+    if (opts is not None and c.launches is not None and not c.fast_tried and not c.checked
+            and fastcall.available()):
+        c.fast_tried = True
+        plan = fastcall.make_plan(
+            c.launches, opts, srcs[:12],
+            (("alias", 10) if output is not None else ("empty", o),
+             ("alias", 11) if output_state is not None else ("empty", ht)), ws, (12, 13))
+        if plan is not None:
+            c.fast = FAST[0] = (fastcall.runner(plan), plan)
     return o, ht
 
 

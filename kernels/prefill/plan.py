@@ -296,6 +296,9 @@ def call_plan(T: int, N: int, HV: int, D: int, device: torch.device, cp, config,
 #: forgotten at once), forgotten with the plans.
 CALLS: dict = {}
 MAX_CALLS = 1024
+#: ``[(run, plan)]``: the plan (:mod:`kernels.fastcall`) that served the last ``gdn_prefill``
+#: call, tried first by the next one; ``[None]`` until then.
+FAST: list = [None]
 
 
 def clear_plan_cache() -> None:
@@ -303,6 +306,7 @@ def clear_plan_cache() -> None:
     changed, e.g. in a test)."""
     _PLANS.clear()
     CALLS.clear()
+    FAST[0] = None
 
 
 def _plan(T: int, N: int, HV: int, D: int, device, cp_key, cfg: PrefillConfig,

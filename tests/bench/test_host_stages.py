@@ -4,6 +4,9 @@ recorded launch list and each of its launches alone), and writes the rows."""
 import csv
 import math
 
+import pytest
+
+from kernels import interpret
 from kernels.bench import host_stages
 
 
@@ -18,18 +21,28 @@ def test_smoke_run_times_every_stage(tmp_path):
         by.setdefault((r["kind"], r["shape"]), []).append(r)
     assert [r["stage"] for r in by[("floor", "")]] == ["bare_launch", "recorded_launch"]
     stages = {key: [r["stage"] for r in rs] for key, rs in by.items()}
-    assert stages[("decode", "B=1")] == ["call", "checks", "alloc", "replay", "rest",
-                                         "launch:gdn_decode_kernel"]
     paths = {key: rs[0]["path"] for key, rs in by.items() if key[0] == "prefill"}
     assert paths == {("prefill", "6"): "recurrent", ("prefill", "2x64"): "single",
                      ("prefill", "256"): "walk"}
-    # (off CUDA the values of cu_seqlens are checked on the host: the "values" stage)
-    assert stages[("prefill", "6")] == ["call", "checks+plan", "values", "alloc", "replay",
-                                        "rest", "launch:recurrent_prefill_kernel"]
-    assert stages[("prefill", "256")] == ["call", "checks+plan", "values", "alloc",
-                                          "workspace", "replay", "rest",
-                                          "launch:intra_chunk_kernel",
-                                          "launch:state_walk_kernel"]
+    if stages[("decode", "B=1")][1] == "fastcall":   # (CUDA: the calls' plans serve them)
+        from kernels import fastcall
+        assert fastcall.status()["loaded"]
+        assert stages[("decode", "B=1")] == ["call", "fastcall", "rest", "python_path",
+                                             "launch:gdn_decode_kernel"]
+        assert stages[("prefill", "256")] == ["call", "fastcall", "rest", "python_path",
+                                              "launch:intra_chunk_kernel",
+                                              "launch:state_walk_kernel"]
+    else:
+        assert stages[("decode", "B=1")] == ["call", "checks", "alloc", "replay", "rest",
+                                             "launch:gdn_decode_kernel"]
+        # (off CUDA the values of cu_seqlens are checked on the host: the "values" stage)
+        assert stages[("prefill", "6")] == ["call", "checks+plan", "values", "alloc",
+                                            "replay", "rest",
+                                            "launch:recurrent_prefill_kernel"]
+        assert stages[("prefill", "256")] == ["call", "checks+plan", "values", "alloc",
+                                              "workspace", "replay", "rest",
+                                              "launch:intra_chunk_kernel",
+                                              "launch:state_walk_kernel"]
     for r in rows:
         if r["stage"] != "rest":
             assert math.isfinite(float(r["host_us"])) and float(r["host_us"]) > 0, r
@@ -41,3 +54,31 @@ def test_key_costs_time_each_variant_with_the_launch_stubbed():
     assert [r["stage"] for r in rows][:5] == ["signature", "lookup", "signature_strides",
                                               "data_ptrs", "call_stubbed"]
     assert all(r["kind"] == "key" and r["host_us"] > 0 and r["calls"] == 50 for r in rows)
+
+
+@pytest.mark.skipif(not interpret.INTERPRET, reason="the stub build on CPU inputs (the GPU "
+                    "smoke run above times the CUDA plans)")
+def test_decode_served_by_its_plan_times_the_c_call(monkeypatch):
+    """Where the decode call is served by its fastcall plan (the stub build here) the stages
+    are that one C call, then the Python replay it replaced and the list's launches."""
+    from kernels import fastcall
+    from kernels.decode import ops
+    from kernels.spec import GDNShape, make_decode_inputs
+
+    if fastcall._compiler() is None or fastcall.load() is None:
+        pytest.skip(f"no fastcall extension here ({fastcall.status()['reason']})")
+    ops.clear_calls()
+    try:
+        with fastcall.serving_stub():
+            inp = make_decode_inputs(1, GDNShape(1, 2, 16), device="cpu")
+            stages, parts = host_stages.decode_stages(inp)
+            args = [inp[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")]
+            from kernels.decode import gdn_decode
+            rows = host_stages._rows("decode", "B=1", "", lambda: gdn_decode(*args), stages,
+                                     parts, 2, 2, lambda: None, False)
+            assert ops._LAST is not None   # (python_path put the plan back)
+    finally:
+        ops.clear_calls()
+    assert [r["stage"] for r in rows] == ["call", "fastcall", "rest", "python_path",
+                                          "launch:gdn_decode_kernel"]
+    assert all(float(r["host_us"]) > 0 for r in rows if r["stage"] != "rest")

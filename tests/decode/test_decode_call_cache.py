@@ -128,8 +128,9 @@ def test_caller_buffers_and_fresh_outputs():
 
 
 def _counting_runs(monkeypatch):
-    """The replays of recorded launch lists, counted (those that launched)."""
-    from kernels import launch
+    """The replays of recorded launch lists, counted (those that launched): by the Python
+    list, or by the signature's plan where kernels.fastcall serves the call (CUDA)."""
+    from kernels import fastcall, launch
     runs, real = [], launch.LaunchList.run
 
     def run(self, *a, **kw):
@@ -137,6 +138,17 @@ def _counting_runs(monkeypatch):
         runs.append(ok)
         return ok
     monkeypatch.setattr(launch.LaunchList, "run", run)
+    real_runner = fastcall.runner
+
+    def runner(plan):
+        go = real_runner(plan)
+
+        def counted(*a):
+            r = go(*a)
+            runs.append(r is not None)
+            return r
+        return counted
+    monkeypatch.setattr(fastcall, "runner", runner)
     return runs
 
 

@@ -1,0 +1,419 @@
+"""The one-call repeat (kernels.fastcall, kernels/csrc/fastcall.cpp).
+
+On a CPU torch the extension builds in stub mode: everything but the launch, each launch
+noted (function, grid, block, shared memory, flags, each parameter's bytes). The tests check
+that a plan's parameters are the Python launch list's arguments on calls with other
+tensors and values, that anything the signature checks falls back (never a stale plan),
+that bad inputs raise as before, and that the calls keep working when the extension
+cannot be built. GPU: the plan's launches give the bits of ``GDN_FAST_LAUNCH=0``."""
+from __future__ import annotations
+
+import struct
+import warnings
+
+import pytest
+import torch
+
+from kernels import fastcall, launch
+from kernels.decode import gdn_decode, ops
+from kernels.spec import GDNShape, make_decode_inputs
+
+SHAPE = GDNShape(1, 2, 16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+OPTS = dict(scale=None, config=None, inplace=None, intermediate_states=False,
+            check_values=None)
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if fastcall._compiler() is None:
+        pytest.skip("no C++ compiler on this machine")
+    mod = fastcall.load()
+    assert mod is not None, fastcall.status()["reason"]
+    return mod
+
+
+@pytest.fixture
+def serving(ext):
+    ops.clear_calls()
+    with fastcall.serving_stub():
+        yield ext
+    ops.clear_calls()
+
+
+def _inputs(B=2, seed=0, **kw):
+    return make_decode_inputs(B, SHAPE, seed=seed, device=DEVICE, **kw)
+
+
+def _args(inp, **opt):
+    """``run``'s arguments for the decode call of ``inp``: the options, then the 12 given
+    sources (kernels.decode.ops)."""
+    o = dict(OPTS, **opt)
+    return ((o["scale"], o["config"], o["inplace"], o["intermediate_states"],
+             o["check_values"]) + tuple(inp[n] for n in ("q", "k", "v", "state", "A_log", "a",
+                                                          "dt_bias", "b"))
+            + (inp.get("state_indices"), o.get("status"), o.get("output"),
+               o.get("output_state")))
+
+
+def test_extension_builds_in_the_mode_of_this_torch(ext):
+    st = fastcall.status()
+    assert st["loaded"] and st["reason"] is None
+    assert ext.STUB == (st["mode"] == "stub")
+    assert st["mode"] == ("cuda" if torch.version.cuda and not launch.interpret.INTERPRET
+                          else "stub")
+
+
+def _expected_params(spec, srcs, ws=None):
+    """The Python launch list's arguments of one launch, with this call's addresses in its
+    slots (a source, or an offset into the workspace ``ws``), packed as Triton's launcher
+    passes them (the scratch pointers last)."""
+    slots = {pos: (i, off) for pos, i, off in spec.slots}
+    out = []
+    for pos, (ty, x) in enumerate(zip(fastcall._types(spec),
+                                      list(spec.args) + list(spec.kwargs))):
+        if ty == "constexpr":
+            continue
+        if pos in slots:
+            i, off = slots[pos]
+            x = (srcs[i] if i >= 0 else ws).data_ptr() + off
+        elif isinstance(x, torch.Tensor):
+            x = x.data_ptr()
+        out.append(fastcall.pack(ty, x))
+    return out + [bytes(8), bytes(8)]
+
+
+@pytest.mark.skipif(not launch.interpret.INTERPRET, reason="the stub's notes (CPU)")
+@pytest.mark.parametrize("case", ["dense", "pool", "intermediate", "buffers"])
+def test_plan_parameters_are_the_python_lists_on_other_tensors_and_values(case, serving):
+    """After the signature's first call, every call is served by the plan: its noted
+    parameters are the recorded list's arguments with this call's addresses (the caller's
+    tensors and the fresh outputs), its outputs the normal path's bits."""
+    for seed in range(3):
+        kw = dict(pool_size=5) if case == "pool" else {}
+        inp = _inputs(seed=seed, **kw)
+        opt = {}
+        if case == "pool":
+            opt = dict(check_values=False)
+        elif case == "intermediate":
+            opt = dict(intermediate_states=True)
+        elif case == "buffers":
+            opt = dict(output=torch.empty_like(inp["v"]),
+                       output_state=torch.empty_like(inp["state"]))
+        fresh = dict(inp, state=inp["state"].clone())
+        out = gdn_decode(**inp, **opt)
+        with fastcall.serving_stub(False):
+            calls, last = dict(ops._CALLS), ops._LAST
+            ops.clear_calls()
+            ref = gdn_decode(**fresh, **opt)   # a first call: the normal path
+            ops._CALLS.update(calls)
+            ops._LAST = last
+        assert len(out) == len(ref) and all(torch.equal(x, y) for x, y in zip(out, ref))
+        if seed == 0:
+            continue
+        assert ops._LAST is not None
+        plan = ops._LAST[1]
+        notes, srcs, _ = fastcall.stub_last(plan)
+        # the sources the plan launched with: the caller's tensors, then the outputs returned
+        given = _args(inp, **opt)[5:]
+        assert all(s is g for s, g in zip(srcs[5:17], given))
+        assert srcs[17] is out[0] and srcs[18] is out[1]
+        if case == "pool":
+            assert out[1] is inp["state"]
+        if case == "buffers":
+            assert out[0] is opt["output"] and out[1] is opt["output_state"]
+        (spec,) = plan.lst.specs
+        (note,) = notes
+        assert list(note["params"]) == _expected_params(spec, srcs[5:])
+        assert note["grid"] == spec.grid and note["block"] == spec.block
+        assert note["pdl"] == spec.pdl and note["function"] == spec.function
+
+
+def _changes(inp):
+    """(name, run's arguments changed in one way a signature sees): each must fall back."""
+    base = _args(inp)
+
+    def at(i, x):
+        a = list(base)
+        a[i] = x
+        return tuple(a)
+    q, v, state, A_log = inp["q"], inp["v"], inp["state"], inp["A_log"]
+    mis = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)[1:].view(q.shape)
+    odd = q.as_strided(q.shape, (q.stride(0), 7) + q.stride()[2:])   # T = 1: still contiguous
+    yield "shape", at(5, torch.cat([q, q]))
+    yield "dtype", at(8, state.double())
+    yield "device", at(9, A_log.to("meta"))
+    yield "stride", at(7, torch.stack([v, v], -1)[..., 0])
+    yield "size-1-stride", at(5, odd)
+    yield "type", at(9, torch.nn.Parameter(A_log.clone(), requires_grad=False))
+    yield "misaligned", at(5, mis.copy_(q))
+    yield "not-a-tensor", at(12, inp["b"].tolist())
+    yield "none-for-tensor", at(6, None)
+    yield "tensor-for-none", at(14, torch.zeros(1, dtype=torch.int32, device=q.device))
+    yield "scale", at(0, 0.25)
+    yield "inplace", at(2, True)
+    yield "intermediate", at(3, 0)          # 0 == False, but another object
+    yield "check_values", at(4, False)
+    yield "arity", base[:-1]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in _changes(_inputs())])
+def test_a_changed_argument_is_never_served_a_stale_plan(name, serving, monkeypatch):
+    inp = _inputs()
+    gdn_decode(**inp)
+    _, plan = ops._LAST
+    args = dict(_changes(inp))[name]
+    assert fastcall.run(plan, *_args(inp)) is not None        # the recorded form: served
+    assert fastcall.run(plan, *args) is None                  # the change: not
+    if name in ("size-1-stride", "type", "misaligned"):       # valid: the Python path serves
+        names = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")
+        call = dict(zip(names, args[5:13]))
+        ref = gdn_decode(**dict(inp))
+        with fastcall.serving_stub(False):
+            assert all(torch.equal(x, y) for x, y in zip(gdn_decode(**call), ref))
+
+
+def test_run_declines_while_disabled_or_hooked(serving, monkeypatch):
+    """``GDN_FAST_LAUNCH=0`` (read per call) and a profiler's Triton launch hook: None."""
+    inp = _inputs()
+    gdn_decode(**inp)
+    _, plan = ops._LAST
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    assert fastcall.run(plan, *_args(inp)) is None
+    monkeypatch.delenv("GDN_FAST_LAUNCH")
+    assert fastcall.run(plan, *_args(inp)) is not None
+    if launch._knobs is not None:
+        hook = lambda *a: None   # noqa: E731
+        launch._knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            assert fastcall.run(plan, *_args(inp)) is None
+        finally:
+            launch._knobs.runtime.launch_enter_hook.remove(hook)
+
+
+def _bad():
+    from tests.decode.test_decode_call_cache import _bad_cases
+    return list(_bad_cases())
+
+
+@pytest.mark.parametrize("name, change, error", _bad(), ids=[c[0] for c in _bad()])
+def test_bad_inputs_still_raise_after_a_plan(name, change, error, serving):
+    good = _inputs()
+    gdn_decode(**good)
+    gdn_decode(**good)
+    assert ops._LAST is not None
+    bad = dict(good)
+    change(bad)
+    with pytest.raises(error):
+        gdn_decode(**bad)
+
+
+def test_changed_signatures_alternate_correctly(serving):
+    """Two signatures called in turn: each served by its own plan or the Python path, each
+    computing its own shape."""
+    from kernels.checks import check_outputs
+    from kernels.reference import decode_reference
+    for i in range(4):
+        inp = _inputs(B=2 + i % 2, seed=i)
+        res = check_outputs(gdn_decode(**inp), decode_reference(**inp))
+        assert res.ok, res.reason
+    assert {c.fast is not None for c in ops._CALLS.values()} == {True}
+
+
+def test_calls_keep_the_python_path_when_the_extension_cannot_build(monkeypatch):
+    """No compiler: one warning naming what is missing, no plan, right results."""
+    monkeypatch.setattr(fastcall, "_MOD", None)
+    monkeypatch.setattr(fastcall, "_REASON", None)
+    monkeypatch.setattr(fastcall, "_compiler", lambda: None)
+    monkeypatch.setenv("GDN_FASTCALL_CACHE", "/nonexistent-for-this-test")
+    ops.clear_calls()
+    from kernels.checks import check_outputs
+    from kernels.reference import decode_reference
+    with fastcall.serving_stub(), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for seed in range(3):
+            inp = _inputs(seed=seed)
+            res = check_outputs(gdn_decode(**inp), decode_reference(**inp))
+            assert res.ok, res.reason
+    assert fastcall.status()["reason"].startswith("RuntimeError: no C++ compiler")
+    assert sum("fastcall unavailable" in str(x.message) for x in w) == 1
+    assert ops._LAST is None and all(c.fast is None for c in ops._CALLS.values())
+    ops.clear_calls()
+
+
+def test_pack_follows_tritons_types():
+    assert fastcall.pack("*bf16", 0x1234) == struct.pack("<Q", 0x1234)
+    assert fastcall.pack("i32", -3) == struct.pack("<i", -3)
+    assert fastcall.pack("i64", 1 << 40) == struct.pack("<q", 1 << 40)
+    assert fastcall.pack("fp32", 0.5) == struct.pack("<f", 0.5)
+    with pytest.raises(ValueError):
+        fastcall.pack("bf16", 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 64])
+def test_gpu_replayed_fastcall_gives_the_plain_bits(B, monkeypatch, cuda_device):
+    """On CUDA the plan (one C call: checks, allocation, cuLaunchKernelEx) on calls with
+    other tensors gives the bits of a plain ``kernel[grid](...)`` launch, dense and pooled
+    (in place); the stub's types (what Triton specialises the values as) are the compiled
+    signature's."""
+    from triton.runtime.jit import mangle_type
+
+    from kernels.spec import CONTEST
+    assert fastcall.load() is not None, fastcall.status()
+    ops.clear_calls()
+    replays, real = [], launch.LaunchList.run
+    monkeypatch.setattr(launch.LaunchList, "run",
+                        lambda self, *a: replays.append(1) or real(self, *a))
+    runs = []
+    for pooled in (False, True):
+        for seed in range(3):
+            inp = make_decode_inputs(B, CONTEST, seed=seed, device=cuda_device,
+                                     **(dict(pool_size=2 * B) if pooled else {}))
+            st = inp["state"].clone()
+            runs.append((inp, st, gdn_decode(**dict(inp, state=st), check_values=False)))
+    plans = [c.fast for c in ops._CALLS.values()]
+    assert len(plans) == 2 and all(p is not None for p in plans)
+    assert replays == []   # each repeat served by its plan, not the Python replay
+    dense = next(iter(ops._CALLS.values()))
+    (spec,) = dense.launches.specs
+    assert spec.ck is not None
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    for inp, st, out in runs:
+        s = inp["state"].clone()
+        ref = gdn_decode(**dict(inp, state=s), check_values=False)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+        assert torch.equal(st, s)
+    # the types a stub plan infers from the values are the compiled kernel's
+    inp = make_decode_inputs(B, CONTEST, seed=0, device=cuda_device)
+    o, ht = torch.empty_like(inp["v"]), torch.empty_like(inp["state"])
+    vals = (inp["q"], inp["k"], inp["v"], inp["state"], ht, ht, inp["q"], inp["A_log"],
+            inp["a"], inp["dt_bias"], inp["b"], o, None, dense.scale, inp["state"].shape[0])
+    sig = [t for t in spec.ck.src.signature.values()][:len(vals)]
+    assert sig == [mangle_type(x, True) for x in vals]
+
+
+# --- prefill ---------------------------------------------------------------------------------
+
+PREFILL = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "cu_seqlens")
+
+
+@pytest.fixture
+def serving_prefill(ext):
+    from kernels.prefill import plan as plan_mod
+    plan_mod.clear_plan_cache()
+    with fastcall.serving_stub():
+        yield plan_mod
+    plan_mod.clear_plan_cache()
+
+
+def _prefill_inputs(lens, seed, device=DEVICE, shape=SHAPE):
+    from kernels.spec import make_prefill_inputs
+    inp = make_prefill_inputs(list(lens), shape, seed=seed, device=device)
+    if len(lens) == 2:   # other cu_seqlens values of the signature
+        T = sum(lens)
+        split = (lens[0], lens[1], T // 2)[seed % 3]
+        inp["cu_seqlens"] = torch.tensor([0, split, T], dtype=inp["cu_seqlens"].dtype,
+                                         device=device)
+    return inp
+
+
+@pytest.mark.skipif(not launch.interpret.INTERPRET, reason="the stub's notes (CPU)")
+@pytest.mark.parametrize("lens, kw, path, launches", [
+    ((4, 2), {}, "recurrent", 1), ((64, 64), {}, "single", 1), ((70, 60), {}, "walk", 2),
+    ((300,), {"cp": True}, "cp", 3)], ids=["recurrent", "single", "walk", "cp"])
+def test_prefill_plan_parameters_are_the_python_lists(lens, kw, path, launches,
+                                                      serving_prefill):
+    """gdn_prefill (``cu_seqlens`` unchecked on the host: guarded on the device) after the
+    signature's first call: served by the plan, its parameters the recorded list's with
+    this call's addresses (workspace views at their offsets into the plan's workspace), its
+    outputs the bits of ``prefill_fused``."""
+    from kernels.prefill import gdn_prefill, pipeline
+    for seed in range(3):
+        inp = _prefill_inputs(lens, seed)
+        out = gdn_prefill(**inp, check_values=False, **kw)
+        with fastcall.serving_stub(False):
+            ref = pipeline.prefill_fused(**inp, check_values=False, **kw)
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+        if seed == 0:
+            continue
+        (c,) = serving_prefill.CALLS.values()
+        assert (c.plan.path if c.plan else "recurrent") == path
+        assert c.fast is not None and serving_prefill.FAST[0] is c.fast
+        plan = c.fast[1]
+        notes, srcs, ws = fastcall.stub_last(plan)
+        assert len(notes) == launches == len(plan.lst.specs)
+        assert all(s is inp[n] for s, n in zip(srcs[6:15], PREFILL))
+        assert srcs[18] is out[0] and srcs[19] is out[1]
+        assert (ws is None) == (c.ws_words == 0)
+        if ws is not None:
+            assert ws.numel() == 4 * c.ws_words
+        for note, spec in zip(notes, plan.lst.specs):
+            assert list(note["params"]) == _expected_params(spec, srcs[6:], ws)
+            assert note["grid"] == spec.grid and note["block"] == spec.block
+        if path != "recurrent":   # (workspace slots among them)
+            assert any(i < 0 for spec in plan.lst.specs for _, i, _ in spec.slots)
+
+
+def test_prefill_changed_cu_seqlens_or_option_falls_back(serving_prefill):
+    """Another sequence count, another ``cu_seqlens`` dtype, another option (cp, scale,
+    check_values): not the plan's (the Python path plans its own); a bad input raises."""
+    from kernels.prefill import gdn_prefill
+    from kernels.reference import prefill_reference
+    from kernels.checks import check_outputs
+    inp = _prefill_inputs((70, 60), 0)
+    gdn_prefill(**inp, check_values=False)
+    (c,) = serving_prefill.CALLS.values()
+    plan = c.fast[1]
+    base = ("fused", None, False, None, None, None) + tuple(inp[n] for n in PREFILL) + (
+        None, None, None)
+    assert fastcall.run(plan, *base) is not None
+    for i, x in ((14, inp["cu_seqlens"].to(torch.int32)), (14, inp["cu_seqlens"][:2]),
+                 (3, True), (1, 0.5), (2, None), (0, "recurrent")):
+        args = list(base)
+        args[i] = x
+        assert fastcall.run(plan, *args) is None
+    bad = dict(inp, v=inp["v"].float())
+    with pytest.raises(TypeError):
+        gdn_prefill(**bad, check_values=False)
+    other = _prefill_inputs((64,), 1)
+    res = check_outputs(gdn_prefill(**other, check_values=False), prefill_reference(**other))
+    assert res.ok, res.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", [[6], [100, 28], [2048], [8192]],
+                         ids=["T6", "100+28", "T2048", "T8192"])
+def test_gpu_replayed_fastcall_prefill_gives_the_plain_bits(lens, monkeypatch, cuda_device):
+    """On CUDA gdn_prefill's plan (one C call) on calls with other tensors and values gives
+    the bits of plain ``kernel[grid](...)`` launches (``GDN_FAST_LAUNCH=0``)."""
+    from kernels.prefill import gdn_prefill, pipeline
+    from kernels.prefill import plan as plan_mod
+    from kernels.spec import CONTEST
+    assert fastcall.load() is not None, fastcall.status()
+    plan_mod.clear_plan_cache()
+    replays, real = [], launch.LaunchList.run
+    monkeypatch.setattr(launch.LaunchList, "run",
+                        lambda self, *a: replays.append(1) or real(self, *a))
+    outs = []
+    for seed in range(3):
+        inp = _prefill_inputs(lens, seed, device=cuda_device, shape=CONTEST)
+        outs.append((inp, gdn_prefill(**inp)))
+    (c,) = plan_mod.CALLS.values()
+    assert c.fast is not None and replays == []
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    for inp, out in outs:
+        plain = pipeline.prefill_fused(**inp)
+        assert torch.equal(out[0], plain[0]) and torch.equal(out[1], plain[1])
+
+
+def test_a_copy_without_the_source_keeps_the_python_path_quietly(monkeypatch, tmp_path):
+    """A bundled copy of the package (a packed contest solution) has no kernels/csrc: no
+    build is tried, no warning, the reason says so."""
+    monkeypatch.setattr(fastcall, "_MOD", None)
+    monkeypatch.setattr(fastcall, "_REASON", None)
+    monkeypatch.setattr(fastcall, "SOURCE", tmp_path / "csrc" / "fastcall.cpp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fastcall.load() is None
+    assert "without kernels/csrc" in fastcall.status()["reason"]
