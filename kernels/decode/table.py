@@ -137,7 +137,9 @@ def _pick(table: Mapping[int, DecodeConfig], batch: int) -> DecodeConfig:
 def _current_slug(device=None) -> Optional[str]:
     import torch
 
-    if device is not None and getattr(device, "type", "cuda") != "cuda":
+    if isinstance(device, (str, int)):   # "cpu", "cuda:1", 0: as torch reads them
+        device = torch.device(device)
+    if device is not None and device.type != "cuda":
         return None
     if not torch.cuda.is_available():
         return None

@@ -287,3 +287,15 @@ def test_recorded_replay_launch_equals_the_normal_path_bit_for_bit(pooled):
         assert all(torch.equal(x, y) for x, y in zip(*runs))
     (c,) = replay._CALLS.values()
     assert len(c.launches) == 1
+
+
+def test_table_slug_of_a_cpu_device_string_is_none_on_a_gpu_host_too(monkeypatch):
+    """``"cpu"`` given as a string reads the built-in table even where CUDA is available
+    (a string has no ``.type``: it was once taken for a CUDA device, so a GPU host's
+    ``config_for_device(B, "cpu")`` read that GPU's table)."""
+    import torch
+    from kernels.decode import table
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert table._current_slug("cpu") is None
+    assert table._current_slug(torch.device("cpu")) is None
