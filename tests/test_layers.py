@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "spec": 0, "device": 0, "packages": 0, "interpret": 0, "gpu_limits": 0,
     "reference": 1, "checks": 1, "stress_inputs": 1, "launch": 1,
+    "fastcall": 1.5,                                # the compiled repeat of a recorded launch list
     "decode": 2, "prefill": 3,                      # our kernels (prefill reuses decode's)
     "peers": 3,                                     # theirs
     "bench": 4,                                     # the instruments
