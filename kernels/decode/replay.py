@@ -248,11 +248,8 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
         if r is not None:
             return r
     try:
-        sig = (signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
-                         None, output, False, check_values, None, status),
-               type(ring), tensor_meta(ring.k), tensor_meta(ring.u), tensor_meta(ring.g), tensor_meta(ring.head),
-               tensor_meta(ring.count), type(ring.L), ring.L, type(ring.max_tokens),
-               ring.max_tokens, tensor_meta(rollback))
+        sig = replay_signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices,
+                               ring, rollback, config, output, check_values, status)
         c = _CALLS.get(sig)
     except (AttributeError, TypeError):   # not a tensor, an unhashable option: checks say
         sig = c = None
@@ -296,6 +293,19 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
         if plan is not None:
             c.fast = _LAST = (fastcall.runner(plan), plan)
     return o, state
+
+
+def replay_signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, ring,
+                     rollback, config, output, check_values, status) -> tuple:
+    """Everything the checks of a replay call read, as a key (the decode's
+    :func:`kernels.decode.ops.signature`, the ring's type, tensors, ``L`` and
+    ``max_tokens``, ``rollback``'s metadata). Raises AttributeError where an argument is
+    not a tensor (or the ring not a ring: the checks then say which)."""
+    return (signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
+                      None, output, False, check_values, None, status),
+            type(ring), tensor_meta(ring.k), tensor_meta(ring.u), tensor_meta(ring.g),
+            tensor_meta(ring.head), tensor_meta(ring.count), type(ring.L), ring.L,
+            type(ring.max_tokens), ring.max_tokens, tensor_meta(rollback))
 
 
 #: What a replay call's signature fixes (:class:`_ReplayCall`); a repeat skips the checks.
