@@ -238,6 +238,15 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
     Raises:
         TypeError / ValueError naming the offending argument, before anything is
         written or launched.
+
+    The checks run in full once per signature (:func:`replay_signature`); a repeat runs the
+    per-call value checks where asked, the output, the launch recorded on the signature's
+    first call. Where :mod:`kernels.fastcall` is available and no values are checked on the
+    host per call (``check_values`` resolving False: the CUDA default), the recorded launch
+    also becomes the signature's plan: a call first tries the last plan used (``_LAST``;
+    one C call that checks every argument, the ring's tensors, ``ring.L`` and
+    ``ring.max_tokens`` by identity, allocates the output and launches), None from it
+    sending the call down the path above.
     """
     global _LAST
     last = _LAST
