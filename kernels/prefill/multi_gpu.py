@@ -429,6 +429,13 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     Returns:
         ``(output [T_r, HV, D] bf16, final_state [N, HV, D, D] f32)``: the final states of
         the sequences that end on this rank, zeros elsewhere.
+
+    Checked once per signature; a repeat replays the two halves recorded on its first call.
+    Where :mod:`kernels.fastcall` is available and ``cu_seqlens``' values are not checked on
+    the host per call, each half is also a plan (:class:`_Fast`): a repeat first tries the
+    last ones used (the bounds, group, world and rank compared in Python; the first plan
+    checks every tensor and option, allocates the outputs and the workspace, launches; the
+    exchange; the second plan on the same tensors), None sending it down the path above.
     """
     if group is None and not dist.is_initialized():
         raise ValueError("group: torch.distributed is not initialised (no default group)")
