@@ -2,7 +2,8 @@
 
 ``python -m kernels.bench.host_stages --out FILE.csv`` (a CUDA GPU; ``--smoke``: tiny shapes
 and few calls, on the CPU under the Triton interpreter too) times, for the contest's decode
-batches and notebook 02's prefill shapes:
+batches (the standard decode and the replay decode, ``L`` = :data:`REPLAY_L`, kind
+``replay_decode``) and notebook 02's prefill shapes:
 
 * ``call``: the public call (:func:`kernels.decode.gdn_decode`,
   :func:`kernels.prefill.gdn_prefill`), host µs per call as :mod:`.timing`'s ``host``
@@ -33,8 +34,8 @@ the stages is close to the call; ``rest`` says how close.
 The stages follow the call's path as the code stands (:func:`decode_stages`,
 :func:`prefill_stages`): a change of the call path changes them with it.
 
-Rows (one CSV): ``kind`` (decode / prefill), ``shape`` (``B=1``, a prefill
-:func:`kernels.spec.lens_label`), ``path`` (the prefill plan's path), ``stage``,
+Rows (one CSV): ``kind`` (decode / replay_decode / prefill), ``shape`` (``B=1``, a prefill
+:func:`kernels.spec.lens_label`), ``path`` (the prefill plan's path; ``L=4``), ``stage``,
 ``host_us`` (median of the samples, µs per call), ``p20_us``, ``p80_us``, ``calls``
 (calls timed in all).
 """
