@@ -287,6 +287,7 @@ def test_rank_plans_serve_repeats_with_the_python_lists_parameters(rank, serving
                 calls, last = dict(multi_gpu._CALLS), multi_gpu._LAST
                 with fastcall.serving_stub(False):
                     multi_gpu._CALLS.clear()
+                    multi_gpu._LAST = None   # (a first call: the normal path)
                     ref = multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
                 multi_gpu._CALLS.clear()
                 multi_gpu._CALLS.update(calls)
