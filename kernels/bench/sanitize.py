@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import re
 import shutil
@@ -488,13 +489,18 @@ def check(out: Path, tools: Iterable[str] = TOOLS, cases: Iterable[str] = tuple(
           timeout: float = 1800, sanitizer: Optional[str] = None,
           extra: Sequence[str] = (), progress=print, jobs_at_once: int = 1) -> List[dict]:
     """Run every (tool, case), ``jobs_at_once`` processes at a time (each is one small
-    launch; racecheck's cost is on the host); write the raw logs and ``sanitize.csv``
-    under ``out``."""
+    launch; racecheck's cost is on the host); write the raw logs, ``sanitize.csv`` and
+    ``provenance.json`` (GPU, versions, commit, these arguments) under ``out``."""
+    from .provenance import collect_provenance
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tool_bin = find_sanitizer(sanitizer)
     if tool_bin is None:
         raise SystemExit("compute-sanitizer not found: pass --sanitizer or set COMPUTE_SANITIZER")
+    (out / "provenance.json").write_text(json.dumps(collect_provenance(dict(
+        tools=list(tools), cases=list(cases), timeout=timeout, sanitizer=tool_bin,
+        extra=list(extra), jobs=jobs_at_once)), indent=1) + "\n")
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(
