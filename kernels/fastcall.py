@@ -264,7 +264,7 @@ def _types(spec) -> list:
     return list(spec.types)
 
 
-def make_plan(lst, opts, given, outs, workspace, returns):
+def make_plan(lst, opts, given, outs, workspace, returns, ws_source=None):
     """A plan from the recorded :class:`kernels.launch.LaunchList` ``lst`` (None where it
     cannot be one: the extension unavailable, a launch needing scratch memory or clusters,
     a parameter type not handled, an option of another type). :func:`run` then takes
@@ -274,7 +274,9 @@ def make_plan(lst, opts, given, outs, workspace, returns):
     None: None required). ``outs``: the list's derived sources after them (``("alias", i)``
     of an earlier source or ``("empty", t)``, ``t`` the recorded output: its sizes,
     strides, dtype, device); ``workspace``: the recorded one or None; ``returns``: the
-    source indices returned."""
+    source indices returned. ``ws_source``: the list's workspace is that source (a float32
+    tensor given or made, at the recorded byte offsets; ``workspace`` then None), as where
+    two plans share one allocation (the multi-GPU rank call's halves)."""
     mod = load()
     if mod is None or lst is None or lst.specs is None:
         return None
@@ -311,6 +313,8 @@ def make_plan(lst, opts, given, outs, workspace, returns):
                     if not ty.startswith("*"):
                         return None
                     i, off = slots[pos]
+                    if i < 0 and ws_source is not None:
+                        i = ws_source
                     i = i + n if i >= 0 else -1
                     params.append((8, i, off))
                     aligned.add(i)
@@ -329,7 +333,7 @@ def make_plan(lst, opts, given, outs, workspace, returns):
     except (ValueError, TypeError, OverflowError):
         return None
     if mod.STUB:
-        return _StubPlan(plan, lst, n)
+        return _StubPlan(plan, lst, n, ws_source)
     return plan
 
 
@@ -337,8 +341,8 @@ class _StubPlan:
     """A stub build's plan: :func:`run` notes the launches in C++ and then runs the
     recorded list's interpreter launches on the sources the C++ side allocated."""
 
-    def __init__(self, plan, lst, n_opts):
-        self.plan, self.lst, self.n_opts = plan, lst, n_opts
+    def __init__(self, plan, lst, n_opts, ws_source=None):
+        self.plan, self.lst, self.n_opts, self.ws_source = plan, lst, n_opts, ws_source
 
 
 def run(plan, *args):
@@ -350,6 +354,8 @@ def run(plan, *args):
     res = _MOD.run(plan.plan, *args)
     if res is not None:
         _, srcs, ws = _MOD.stub_last(plan.plan)
+        if plan.ws_source is not None:
+            ws = srcs[plan.n_opts + plan.ws_source]
         plan.lst.run(srcs[plan.n_opts:], ws.view(torch.float32) if ws is not None else None)
     return res
 

@@ -417,3 +417,288 @@ def test_a_copy_without_the_source_keeps_the_python_path_quietly(monkeypatch, tm
         warnings.simplefilter("error")
         assert fastcall.load() is None
     assert "without kernels/csrc" in fastcall.status()["reason"]
+
+
+# --- replay decode ---------------------------------------------------------------------------
+
+REPLAY_CFG = "BV16-w1-s1-t1"
+REPLAY_GIVEN = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")
+
+
+@pytest.fixture
+def serving_replay(ext):
+    from kernels.decode import replay
+    replay.clear_calls()
+    with fastcall.serving_stub():
+        yield replay
+    replay.clear_calls()
+
+
+def _replay_case(case, seed, T=2, L=3):
+    """(inputs, ring, keyword options) of a replay call: dense with rollback by default;
+    ``pool`` (a pool of 4 with status), ``plain`` (no rollback), ``output`` (a given output
+    buffer). Each seed gives other tensors and values (ring headers, rollback) of the same
+    signature."""
+    from kernels.decode import ReplayRing
+    pooled = case == "pool"
+    inp = make_decode_inputs(2, SHAPE, seed=seed, device=DEVICE, tokens=T,
+                             **(dict(pool_size=4) if pooled else {}))
+    rows = inp["state"].shape[0]
+    ring = ReplayRing.empty(rows, SHAPE.num_q_heads, SHAPE.num_v_heads, SHAPE.head_dim, L,
+                            device=DEVICE)
+    ring.head[:, 1] = seed % 2
+    kw = dict(config=REPLAY_CFG, check_values=False)
+    if case != "plain":
+        kw["rollback"] = torch.tensor([seed % 2, 0], dtype=torch.int32, device=DEVICE)
+    if pooled:
+        kw["status"] = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    if case == "output":
+        kw["output"] = torch.empty_like(inp["v"])
+    return inp, ring, kw
+
+
+def _replay_args(inp, ring, kw):
+    """``run``'s arguments for a replay call (kernels.decode.replay): the options (scale,
+    config, check_values, ring.L, ring.max_tokens), then the 17 given sources."""
+    return ((inp["scale"], kw.get("config"), kw.get("check_values"), ring.L, ring.max_tokens)
+            + tuple(inp[n] for n in REPLAY_GIVEN)
+            + (inp.get("state_indices"), kw.get("rollback"), kw.get("status"), kw.get("output"),
+               ring.k, ring.u, ring.g, ring.head, ring.count))
+
+
+@pytest.mark.skipif(not launch.interpret.INTERPRET, reason="the stub's notes (CPU)")
+@pytest.mark.parametrize("case", ["dense", "pool", "plain", "output"])
+def test_replay_plan_parameters_are_the_python_lists_on_other_tensors_and_values(
+        case, serving_replay):
+    """gdn_replay_decode (values unchecked on the host) after the signature's first call:
+    served by the plan, its noted parameters the recorded list's arguments with this call's
+    addresses (the caller's tensors, the ring's, the fresh output), its outputs, checkpoint
+    and ring the bits of the normal path (a first call)."""
+    from kernels.decode import gdn_replay_decode
+    replay = serving_replay
+    for seed in range(3):
+        inp, ring, kw = _replay_case(case, seed)
+        st0, ring0 = inp["state"].clone(), ring.clone()
+        kw0 = dict(kw, output=torch.empty_like(inp["v"])) if "output" in kw else dict(kw)
+        if "status" in kw:
+            kw0["status"] = kw["status"].clone()
+        out = gdn_replay_decode(**inp, ring=ring, **kw)
+        with fastcall.serving_stub(False):
+            calls, last = dict(replay._CALLS), replay._LAST
+            replay.clear_calls()
+            ref = gdn_replay_decode(**dict(inp, state=st0), ring=ring0, **kw0)   # normal path
+            replay._CALLS.update(calls)
+            replay._LAST = last
+        assert torch.equal(out[0], ref[0]) and torch.equal(inp["state"], st0)
+        assert out[1] is inp["state"]
+        for name in ("k", "u", "g", "head", "count"):
+            assert torch.equal(getattr(ring, name), getattr(ring0, name)), name
+        if "status" in kw:
+            assert torch.equal(kw["status"], kw0["status"])
+        if seed == 0:
+            continue
+        (c,) = replay._CALLS.values()
+        assert c.fast is not None and replay._LAST is c.fast
+        plan = c.fast[1]
+        notes, srcs, _ = fastcall.stub_last(plan)
+        given = _replay_args(inp, ring, kw)[5:]
+        assert len(srcs) == 5 + 17 + 1
+        assert all(s is g for s, g in zip(srcs[5:22], given) if g is not None)
+        assert srcs[22] is out[0]
+        if case == "output":
+            assert out[0] is kw["output"]
+        (spec,) = plan.lst.specs
+        (note,) = notes
+        assert list(note["params"]) == _expected_params(spec, srcs[5:])
+        assert note["grid"] == spec.grid and note["block"] == spec.block
+        assert note["function"] == spec.function
+
+
+def _replay_changes(inp, ring, kw):
+    """(name, run's arguments changed in one way the replay signature sees): each must
+    fall back. ``ring``: L=3, max_tokens=4 (capacity 8, as for L=2 or 4: the same
+    tensors)."""
+    base = _replay_args(inp, ring, kw)
+
+    def at(i, x):
+        a = list(base)
+        a[i] = x
+        return tuple(a)
+    q, state, A_log = inp["q"], inp["state"], inp["A_log"]
+    mis = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)[1:].view(q.shape)
+    rk = ring.k
+    yield "shape", at(5, torch.cat([q, q]))
+    yield "dtype", at(8, state.double())
+    yield "device", at(9, A_log.to("meta"))
+    yield "stride", at(17, torch.stack([rk, rk], -1)[..., 0])
+    yield "type", at(9, torch.nn.Parameter(A_log.clone(), requires_grad=False))
+    yield "misaligned", at(5, mis.copy_(q))
+    yield "ring-misaligned", at(19, torch.empty(ring.g.numel() + 1, device=q.device)[1:]
+                                .view(ring.g.shape))
+    yield "not-a-tensor", at(12, inp["b"].tolist())
+    yield "ring-head-dtype", at(20, ring.head.long())
+    yield "ring-count-none", at(21, None)
+    yield "L", at(3, 2)                        # the same ring tensors, another L
+    yield "max_tokens", at(4, 5)
+    yield "rollback-none", at(14, None)
+    yield "rollback-dtype", at(14, kw["rollback"].long())
+    yield "indices-for-none", at(13, torch.zeros(2, dtype=torch.int32, device=q.device))
+    yield "status-for-none", at(15, torch.zeros(1, dtype=torch.int32, device=q.device))
+    yield "output-for-none", at(16, torch.empty_like(inp["v"]))
+    yield "scale", at(0, 0.25)
+    yield "config", at(1, None)
+    yield "check_values", at(2, None)         # on the CPU: values checked per call
+    yield "check_values-true", at(2, True)
+    yield "arity", base[:-1]
+
+
+def _replay_change_names():
+    return [n for n, _ in _replay_changes(*_replay_case("dense", 0))]
+
+
+@pytest.mark.parametrize("name", _replay_change_names())
+def test_replay_changed_argument_is_never_served_a_stale_plan(name, serving_replay):
+    from kernels.decode import gdn_replay_decode
+    inp, ring, kw = _replay_case("dense", 0)
+    gdn_replay_decode(**inp, ring=ring, **kw)
+    _, plan = serving_replay._LAST
+    inp, ring, kw = _replay_case("dense", 1)
+    args = dict(_replay_changes(inp, ring, kw))[name]
+    head = ring.head.clone()
+    assert fastcall.run(plan, *args) is None                 # the change: not served
+    assert torch.equal(ring.head, head)                      # (nothing launched)
+    assert fastcall.run(plan, *_replay_args(inp, ring, kw)) is not None   # the recorded form
+
+
+def test_replay_other_L_same_tensors_takes_the_python_path(serving_replay):
+    """A ring of another ``L`` with tensors of the same shapes (capacity 8 for L = 2, 3, 4):
+    the plan declines; the call computes with its own L (the reference's checkpoint)."""
+    from kernels.decode import ReplayRing, gdn_replay_decode
+    from kernels.reference import replay_decode_reference
+    inp, ring, kw = _replay_case("dense", 0)
+    gdn_replay_decode(**inp, ring=ring, **kw)
+    first = serving_replay._LAST
+    inp, ring, kw = _replay_case("dense", 1)
+    ring = ReplayRing(ring.k, ring.u, ring.g, ring.head, ring.count, L=2)
+    ring.head[:, 1] = 1
+    st0, ring0 = inp["state"].clone(), ring.clone()
+    out, _ = gdn_replay_decode(**inp, ring=ring, **kw)
+    assert len(serving_replay._CALLS) == 2 and serving_replay._LAST is not first
+    want_out, want_state, want_ring = replay_decode_reference(
+        **dict(inp, state=st0), ring=ring0, rollback=kw["rollback"])
+    assert torch.equal(ring.head, want_ring.head)     # n + T > L = 2: written back
+    assert int(ring.head[0, 1]) == 2
+    from kernels.checks import check_close
+    assert check_close(out, want_out, name="output").ok
+
+
+def test_replay_values_checked_per_call_keep_the_python_path(serving_replay):
+    """check_values (None on the CPU, or True): no plan; a corrupt header or a rollback past
+    the ring raises on a repeat, before anything is written."""
+    from kernels.decode import gdn_replay_decode
+    for cv in (None, True):
+        serving_replay.clear_calls()
+        for seed in range(2):
+            inp, ring, kw = _replay_case("dense", seed)
+            gdn_replay_decode(**inp, ring=ring, **dict(kw, check_values=cv))
+        (c,) = serving_replay._CALLS.values()
+        assert c.fast is None and serving_replay._LAST is None and c.launches
+        inp, ring, kw = _replay_case("dense", 2)
+        ring.head[1, 1] = 7
+        before = inp["state"].clone()
+        with pytest.raises(ValueError, match="ring.head"):
+            gdn_replay_decode(**inp, ring=ring, **dict(kw, check_values=cv))
+        inp, ring, kw = _replay_case("dense", 2)
+        kw["rollback"] = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)   # n = 0
+        with pytest.raises(ValueError, match="rollback must lie"):
+            gdn_replay_decode(**inp, ring=ring, **dict(kw, check_values=cv))
+        assert torch.equal(inp["state"], before)
+
+
+def _replay_bad():
+    from tests.decode.test_replay import BAD
+    return BAD
+
+
+@pytest.mark.parametrize("make, exc, match", _replay_bad())
+def test_replay_bad_inputs_still_raise_after_a_plan(make, exc, match, serving_replay):
+    """A plan made (values unchecked), then each bad input of test_replay: checked on the
+    host (check_values=True) it raises as before; the metadata errors raise unchecked too
+    (the value errors are the kernel's NaN there, tests/decode/test_replay.py)."""
+    from kernels.decode import gdn_replay_decode
+    from tests.decode.test_replay import _bad
+    for _ in range(2):
+        inp, ring, kw = _bad(lambda i, r, kw: None)()
+        gdn_replay_decode(**inp, ring=ring, check_values=False)
+    assert serving_replay._LAST is not None
+    values_only = match in ("ring.head", "ring.count", r"rollback must lie in \[0, n\]")
+    for cv in (True, False) if not values_only else (True,):
+        inp, ring, kw = make()
+        kw.setdefault("ring", ring)
+        before = [inp["state"].clone(), ring.head.clone()]
+        with pytest.raises(exc, match=match):
+            gdn_replay_decode(**inp, check_values=cv, **kw)
+        assert torch.equal(inp["state"], before[0]) and torch.equal(ring.head, before[1])
+
+
+def test_replay_and_decode_plans_alternate(serving_replay, serving):
+    """Replay and standard decode calls in turn, two replay signatures: each served by its
+    own plan (the last plans are per call site), each computing its own shape."""
+    from kernels.checks import check_outputs
+    from kernels.decode import gdn_replay_decode
+    from kernels.reference import decode_reference, replay_decode_reference
+    for i in range(6):
+        case = ("dense", "plain")[i % 2]
+        inp, ring, kw = _replay_case(case, i, T=1)
+        st0, ring0 = inp["state"].clone(), ring.clone()
+        out, _ = gdn_replay_decode(**inp, ring=ring, **kw)
+        want, _, want_ring = replay_decode_reference(**dict(inp, state=st0), ring=ring0,
+                                                     rollback=kw.get("rollback"))
+        assert torch.equal(ring.head, want_ring.head)
+        from kernels.checks import check_close
+        assert check_close(out, want, name="output").ok
+        dec = _inputs(seed=i)
+        res = check_outputs(gdn_decode(**dec), decode_reference(**dec))
+        assert res.ok, res.reason
+    assert len(serving_replay._CALLS) == 2
+    assert all(c.fast is not None for c in serving_replay._CALLS.values())
+    assert ops._LAST is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 64])
+def test_gpu_replayed_fastcall_replay_decode_gives_the_plain_bits(B, monkeypatch, cuda_device):
+    """On CUDA the replay decode's plan (values unchecked: the CUDA default) on calls with
+    other tensors, ring headers and rollbacks gives the bits (output, checkpoint, ring) of a
+    plain ``kernel[grid](...)`` launch (``GDN_FAST_LAUNCH=0``), dense and pooled."""
+    from kernels.decode import ReplayRing, gdn_replay_decode, replay
+    from kernels.spec import CONTEST
+    assert fastcall.load() is not None, fastcall.status()
+    replay.clear_calls()
+    replays, real = [], launch.LaunchList.run
+    monkeypatch.setattr(launch.LaunchList, "run",
+                        lambda self, *a: replays.append(1) or real(self, *a))
+    hq, hv, d = CONTEST.num_q_heads, CONTEST.num_v_heads, CONTEST.head_dim
+    runs = []
+    for pooled in (False, True):
+        for seed in range(3):
+            inp = make_decode_inputs(B, CONTEST, seed=seed, device=cuda_device, tokens=2,
+                                     **(dict(pool_size=2 * B) if pooled else {}))
+            rows = inp["state"].shape[0]
+            ring = ReplayRing.empty(rows, hq, hv, d, 3, device=cuda_device)
+            ring.head[:, 1] = seed % 2
+            back = torch.full((B,), seed % 2, dtype=torch.int32, device=cuda_device)
+            start = (inp["state"].clone(), ring.clone())
+            st, rg = start[0].clone(), start[1].clone()
+            out, _ = gdn_replay_decode(**dict(inp, state=st), ring=rg, rollback=back)
+            runs.append((inp, back, start, out, st, rg))
+    plans = [c.fast for c in replay._CALLS.values()]
+    assert len(plans) == 2 and all(p is not None for p in plans)
+    assert replays == []   # each repeat served by its plan, not the Python replay
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    for inp, back, (st0, ring0), out, st, rg in runs:
+        s, r = st0.clone(), ring0.clone()
+        ref, _ = gdn_replay_decode(**dict(inp, state=s), ring=r, rollback=back)
+        assert torch.equal(out, ref) and torch.equal(st, s)
+        for name in ("k", "u", "g", "head", "count"):
+            assert torch.equal(getattr(rg, name), getattr(r, name)), name

@@ -2,7 +2,8 @@
 
 ``python -m kernels.bench.host_stages --out FILE.csv`` (a CUDA GPU; ``--smoke``: tiny shapes
 and few calls, on the CPU under the Triton interpreter too) times, for the contest's decode
-batches and notebook 02's prefill shapes:
+batches (the standard decode and the replay decode, ``L`` = :data:`REPLAY_L`, kind
+``replay_decode``) and notebook 02's prefill shapes:
 
 * ``call``: the public call (:func:`kernels.decode.gdn_decode`,
   :func:`kernels.prefill.gdn_prefill`), host µs per call as :mod:`.timing`'s ``host``
@@ -33,8 +34,8 @@ the stages is close to the call; ``rest`` says how close.
 The stages follow the call's path as the code stands (:func:`decode_stages`,
 :func:`prefill_stages`): a change of the call path changes them with it.
 
-Rows (one CSV): ``kind`` (decode / prefill), ``shape`` (``B=1``, a prefill
-:func:`kernels.spec.lens_label`), ``path`` (the prefill plan's path), ``stage``,
+Rows (one CSV): ``kind`` (decode / replay_decode / prefill), ``shape`` (``B=1``, a prefill
+:func:`kernels.spec.lens_label`), ``path`` (the prefill plan's path; ``L=4``), ``stage``,
 ``host_us`` (median of the samples, µs per call), ``p20_us``, ``p80_us``, ``calls``
 (calls timed in all).
 """
@@ -46,7 +47,7 @@ import sys
 import time
 from typing import Callable, List, Sequence, Tuple
 
-__all__ = ["decode_stages", "prefill_stages", "recorded_launch_fn", "key_costs", "measure", "main", "DECODE_BATCHES",
+__all__ = ["decode_stages", "replay_decode_stages", "replay_ring", "prefill_stages", "recorded_launch_fn", "key_costs", "measure", "main", "DECODE_BATCHES",
            "PREFILL_SHAPES", "COLUMNS"]
 
 #: The contest's decode batch sizes timed (issue 55: host-bound up to B = 64).
@@ -54,6 +55,8 @@ DECODE_BATCHES = (1, 64)
 #: Notebook 02's prefill shapes (:data:`kernels.experiments.prefill_overhead`'s default).
 PREFILL_SHAPES = ("T6", "T64", "100+28", "T512", "T2048", "T8192", "4x1024", "16x256",
                   "57x64")
+#: The replay decode's ring length timed (a write-back every 4 tokens at T = 1).
+REPLAY_L = 4
 COLUMNS = ("kind", "shape", "path", "stage", "host_us", "p20_us", "p80_us", "calls")
 
 Stage = Tuple[str, Callable[[], object]]
@@ -102,6 +105,65 @@ def decode_stages(inp: dict) -> Tuple[List[Stage], List[Stage]]:
         args = (q, k, v, state, ht, ht, q, A_log, a, dt_bias, b, o, None, c.scale, c.P)
         return stages + [("launch", lambda: ops._DECODE_LAUNCH.launch_keyed(
             c.key, c.grid, args, c.kwargs))], []
+    return (stages + [("replay", lambda: c.launches.run(srcs))],
+            _parts(c.launches, srcs, None))
+
+
+def replay_ring(inp: dict, L: int = REPLAY_L):
+    """An empty :class:`kernels.decode.ReplayRing` for ``inp``'s state (a dense state)."""
+    from ..decode import ReplayRing
+
+    q, v, st = inp["q"], inp["v"], inp["state"]
+    return ReplayRing.empty(st.shape[0], q.shape[2], v.shape[2], q.shape[3], L,
+                            device=q.device)
+
+
+def replay_decode_stages(inp: dict, ring, check_values=None) -> Tuple[List[Stage], List[Stage]]:
+    """``(stages, parts)`` of a repeat :func:`kernels.decode.gdn_replay_decode` call on
+    ``inp`` and ``ring`` (a dense state, no rollback, the default options but
+    ``check_values``), in the call's order: the signature and its lookup (``checks``), the
+    ring headers' host check where the call checks values (``values``: off CUDA by
+    default), the output, the recorded list's replay; or, where its :mod:`kernels.fastcall`
+    plan serves it, that one C call (``fastcall``) and ``python_path`` as for the decode.
+    Each stage updates the checkpoint and the ring in place as the call does."""
+    import torch
+
+    from ..decode import gdn_replay_decode, replay
+
+    names = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")
+    q, k, v, state, A_log, a, dt_bias, b = (inp[n] for n in names)
+
+    def call():
+        return gdn_replay_decode(q, k, v, state, A_log, a, dt_bias, b, ring=ring,
+                                 check_values=check_values)
+
+    def signature():
+        return replay.replay_signature(q, k, v, state, A_log, a, dt_bias, b, None, None, ring,
+                                       None, None, None, check_values, None)
+
+    call()   # the signature's first call: recorded
+    c = replay._CALLS[signature()]
+    o = torch.empty_like(v)
+    srcs = (q, k, v, state, A_log, a, dt_bias, b, None, None, None, None, ring.k, ring.u,
+            ring.g, ring.head, ring.count, o)
+    if c.fast is not None:   # the one C call (kernels.fastcall)
+        run, plan = c.fast
+        given = (None, None, check_values, ring.L, ring.max_tokens) + srcs[:17]
+
+        def python_path():   # the same call with the plan set aside: the Python replay
+            replay._LAST, c.fast = None, None
+            try:
+                return call()
+            finally:
+                replay._LAST = c.fast = (run, plan)
+        return ([("fastcall", lambda: run(plan, *given))],
+                [("python_path", python_path)] + _parts(c.launches, srcs, None))
+    stages = [("checks", lambda: replay._CALLS.get(signature()))]
+    if c.values:
+        stages.append(("values", lambda: replay._check_ring_values(ring, None, None)))
+    stages.append(("alloc", lambda: torch.empty_like(v)))
+    if c.launches is None:   # (not recorded)
+        return stages + [("launch", call)], []
     return (stages + [("replay", lambda: c.launches.run(srcs))],
             _parts(c.launches, srcs, None))
 
@@ -289,7 +351,7 @@ def measure(*, smoke: bool = False, rep: int = 200, calls: int = 10,
     test's run)."""
     import torch
 
-    from ..decode import gdn_decode
+    from ..decode import gdn_decode, gdn_replay_decode
     from ..prefill import gdn_prefill
     from ..spec import CONTEST, GDNShape, lens_label, make_decode_inputs, make_prefill_inputs
     from ..spec import parse_shape
@@ -312,6 +374,14 @@ def measure(*, smoke: bool = False, rep: int = 200, calls: int = 10,
         rows += _rows("decode", f"B={B}", "", lambda: gdn_decode(*args),
                       *decode_stages(inp), rep, calls, sync, cuda)
         print(f"decode B={B}: done", file=sys.stderr)
+    for B in decode_batches:
+        inp = make_decode_inputs(B, shape, device=device)
+        ring = replay_ring(inp)
+        args = [inp[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")]
+        rows += _rows("replay_decode", f"B={B}", f"L={REPLAY_L}",
+                      lambda: gdn_replay_decode(*args, ring=ring),
+                      *replay_decode_stages(inp, ring), rep, calls, sync, cuda)
+        print(f"replay decode B={B}: done", file=sys.stderr)
     for spec in prefill_shapes:
         _, lens = parse_shape(spec)
         inp = make_prefill_inputs(lens, shape, device=device)

@@ -24,6 +24,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 import triton
 
+from .. import fastcall
 from ..gpu_limits import device_limits
 from ..launch import FastLaunch, replay_or_launch
 from ..spec import check_slot_values, resolve_scale, tensor_meta
@@ -237,13 +238,27 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
     Raises:
         TypeError / ValueError naming the offending argument, before anything is
         written or launched.
+
+    The checks run in full once per signature (:func:`replay_signature`); a repeat runs the
+    per-call value checks where asked, the output, the launch recorded on the signature's
+    first call. Where :mod:`kernels.fastcall` is available and no values are checked on the
+    host per call (``check_values`` resolving False: the CUDA default), the recorded launch
+    also becomes the signature's plan: a call first tries the last plan used (``_LAST``;
+    one C call that checks every argument, the ring's tensors, ``ring.L`` and
+    ``ring.max_tokens`` by identity, allocates the output and launches), None from it
+    sending the call down the path above.
     """
+    global _LAST
+    last = _LAST
+    if last is not None and type(ring) is ReplayRing:   # the last plan: one C call, or None
+        r = last[0](last[1], scale, config, check_values, ring.L, ring.max_tokens, q, k, v,
+                    state, A_log, a, dt_bias, b, state_indices, rollback, status, output,
+                    ring.k, ring.u, ring.g, ring.head, ring.count)
+        if r is not None:
+            return r
     try:
-        sig = (signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
-                         None, output, False, check_values, None, status),
-               type(ring), tensor_meta(ring.k), tensor_meta(ring.u), tensor_meta(ring.g), tensor_meta(ring.head),
-               tensor_meta(ring.count), type(ring.L), ring.L, type(ring.max_tokens),
-               ring.max_tokens, tensor_meta(rollback))
+        sig = replay_signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices,
+                               ring, rollback, config, output, check_values, status)
         c = _CALLS.get(sig)
     except (AttributeError, TypeError):   # not a tensor, an unhashable option: checks say
         sig = c = None
@@ -255,6 +270,13 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
                 _CALLS.clear()
             _CALLS[sig] = c
             c.tries = RECORD_TRIES
+    elif c.fast is not None:   # (another signature's plan was tried first)
+        r = c.fast[0](c.fast[1], scale, config, check_values, ring.L, ring.max_tokens, q, k,
+                      v, state, A_log, a, dt_bias, b, state_indices, rollback, status, output,
+                      ring.k, ring.u, ring.g, ring.head, ring.count)
+        if r is not None:
+            _LAST = c.fast
+            return r
     elif c.values:
         if state_indices is not None:
             check_slot_values(state_indices, c.P)
@@ -270,7 +292,29 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
                         b, o, ring.k, ring.u, ring.g, ring.head, ring.count,
                         rollback if rollback is not None else q, status, c.scale, c.P,
                         ring.L, ring.max_live, ring.capacity), c.kwargs))
+    if (c.launches is not None and not c.fast_tried and not c.values and sig is not None
+            and type(ring) is ReplayRing and fastcall.available()):
+        c.fast_tried = True
+        plan = fastcall.make_plan(c.launches, (scale, config, check_values, ring.L,
+                                               ring.max_tokens), srcs[:17],
+                                  (("alias", 11) if output is not None else ("empty", o),),
+                                  None, (17, 3))
+        if plan is not None:
+            c.fast = _LAST = (fastcall.runner(plan), plan)
     return o, state
+
+
+def replay_signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, ring,
+                     rollback, config, output, check_values, status) -> tuple:
+    """Everything the checks of a replay call read, as a key (the decode's
+    :func:`kernels.decode.ops.signature`, the ring's type, tensors, ``L`` and
+    ``max_tokens``, ``rollback``'s metadata). Raises AttributeError where an argument is
+    not a tensor (or the ring not a ring: the checks then say which)."""
+    return (signature(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, config,
+                      None, output, False, check_values, None, status),
+            type(ring), tensor_meta(ring.k), tensor_meta(ring.u), tensor_meta(ring.g),
+            tensor_meta(ring.head), tensor_meta(ring.count), type(ring.L), ring.L,
+            type(ring.max_tokens), ring.max_tokens, tensor_meta(rollback))
 
 
 #: What a replay call's signature fixes (:class:`_ReplayCall`); a repeat skips the checks.
@@ -281,7 +325,7 @@ class _ReplayCall:
     """A checked signature's launch (:func:`_prepare`)."""
 
     __slots__ = ("values", "pooled", "P", "grid", "key", "scale", "kwargs", "launches",
-                 "tries")
+                 "tries", "fast", "fast_tried")
 
 
 def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, ring, rollback,
@@ -318,9 +362,19 @@ def _prepare(q, k, v, state, A_log, a, dt_bias, b, scale, state_indices, ring, r
                   num_warps=cfg.num_warps)
     c.kwargs = lambda: kwargs
     c.launches, c.tries = None, 0
+    # the one-call repeat (kernels.fastcall): (run, plan) once made from the recorded list
+    c.fast, c.fast_tried = None, False
     return c
 
 
+#: ``(run, plan)`` of the last plan that served a replay call (:mod:`kernels.fastcall`): a
+#: repeat tries it first, before any Python key is built; the plan checks every argument.
+_LAST = None
+
+
 def clear_calls() -> None:
-    """Forget every checked replay signature (a test that changes the config table)."""
+    """Forget every checked replay signature and plan (a test that changes the config
+    table)."""
+    global _LAST
     _CALLS.clear()
+    _LAST = None

@@ -54,7 +54,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
-from .. import interpret
+from .. import fastcall, interpret
 
 interpret.install()
 
@@ -429,17 +429,36 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
     Returns:
         ``(output [T_r, HV, D] bf16, final_state [N, HV, D, D] f32)``: the final states of
         the sequences that end on this rank, zeros elsewhere.
+
+    Checked once per signature; a repeat replays the two halves recorded on its first call.
+    Where :mod:`kernels.fastcall` is available and ``cu_seqlens``' values are not checked on
+    the host per call, each half is also a plan (:class:`_Fast`): a repeat first tries the
+    last ones used (the bounds, group, world and rank compared in Python; the first plan
+    checks every tensor and option, allocates the outputs and the workspace, launches; the
+    exchange; the second plan on the same tensors), None sending it down the path above.
     """
     if group is None and not dist.is_initialized():
         raise ValueError("group: torch.distributed is not initialised (no default group)")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    last = _LAST
+    if last is not None:   # the last plans (kernels.fastcall): two C calls, or None
+        r = _run_fast(last, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds,
+                      group, world, rank, check_values, config)
+        if r is not None:
+            return r
     try:
+        bkey = (type(bounds), tuple([(type(x), x) for x in bounds]))
         sig = (call_signature(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, None,
                               None, check_values, None, None, config, "multi_gpu"),
-               type(bounds), tuple([(type(x), x) for x in bounds]), group, world, rank)
+               *bkey, group, world, rank)
         c = _CALLS.get(sig)
     except (AttributeError, TypeError):   # not a tensor, unhashable: the checks say which
         sig = c = None
+    if c is not None and c.fast is not None and c.fast is not last:
+        r = _run_fast(c.fast, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds,
+                      group, world, rank, check_values, config)
+        if r is not None:
+            return r
     if c is None:
         c = _prepare(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds, world,
                      rank, check_values, config)
@@ -467,6 +486,10 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
             _run(recs, args, workspace_views(p, dev, buf), group)
         built = [r.build(srcs, 9, buf) if binds.ok else None for r in recs]
         c.lists = None if None in built else tuple(built)
+        if (c.lists is not None and sig is not None and not c.checked
+                and fastcall.available()):
+            _make_fast(c, bkey[1], group, world, rank, (scale, check_values, config), srcs,
+                       buf)
         return o, ht
     before, after = c.lists
     ws = None
@@ -496,7 +519,76 @@ class _RankCall:
     launches as recorded on a call, ``(before the exchange, after it)``
     (:class:`kernels.launch.LaunchList`; None until then) with the tries left."""
 
-    __slots__ = ("plan", "scale", "checked", "between", "lists", "tries")
+    __slots__ = ("plan", "scale", "checked", "between", "lists", "tries", "fast")
+
+
+#: The last :class:`_Fast` that served a rank call: a repeat tries it first.
+_LAST = None
+
+
+class _Fast:
+    """A rank call's two plans (:mod:`kernels.fastcall`), before and after the exchange,
+    with what the plans cannot check themselves: the bounds (as in the signature), the
+    group by identity, the world size and rank. The first plan checks the call's tensors
+    and options, allocates the output, the final states and the workspace, launches the
+    first half and returns the three; the second takes them as given."""
+
+    __slots__ = ("call", "bounds", "group", "world", "rank", "run1", "plan1", "run2", "plan2")
+
+
+def _make_fast(c, bounds, group, world, rank, opts, srcs, buf) -> None:
+    """The signature's two plans from its recorded halves and this call's tensors."""
+    before, after = c.lists
+    o, ht = srcs[9], srcs[10]
+    p1 = fastcall.make_plan(before, opts, srcs[:9], (("empty", o), ("empty", ht),
+                                                     ("empty", buf)), None, (9, 10, 11),
+                            ws_source=11)
+    p2 = fastcall.make_plan(after, opts, srcs + (buf,), (), None, (), ws_source=11)
+    if p1 is None or p2 is None:
+        return
+    f = _Fast()
+    f.call, f.bounds, f.group, f.world, f.rank = c, bounds, group, world, rank
+    f.run1, f.plan1, f.run2, f.plan2 = fastcall.runner(p1), p1, fastcall.runner(p2), p2
+    c.fast = f
+    global _LAST
+    _LAST = f
+
+
+def _run_fast(f, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds, group,
+              world, rank, check_values, config):
+    """A rank call by its plans: ``(o, ht)``, or None having launched nothing (the Python
+    path then takes the call). The exchange between the plans is the Python one."""
+    if group is not f.group or world != f.world or rank != f.rank:
+        return None
+    try:
+        if tuple([(type(x), x) for x in bounds]) != f.bounds:
+            return None
+    except TypeError:
+        return None
+    r = f.run1(f.plan1, scale, check_values, config, q, k, v, state, A_log, a, dt_bias, b,
+               cu_seqlens)
+    if r is None:
+        return None
+    global _LAST
+    _LAST = f
+    o, ht, buf = r
+    c = f.call
+    p, dev = c.plan, q.device
+    ws = None
+    if p.compose is not None:
+        ws = workspace_views(p, dev, buf, c.between)
+        _exchange(p, ws, group, dev)
+    if f.run2(f.plan2, scale, check_values, config, q, k, v, state, A_log, a, dt_bias, b,
+              cu_seqlens, o, ht, buf) is None:   # (not expected: the first plan checked all)
+        srcs = (q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht)
+        if not c.lists[1].run(srcs, buf):
+            ws = workspace_views(p, dev, buf)
+            for go in _bind_after(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
+                                  c.scale, o, ht, ws):
+                go()
+    if p.compose is not None:
+        ht.masked_fill_(ws["drop"], 0.0)
+    return o, ht
 
 
 def _check_cu_values(cu_seqlens, T: int) -> None:
@@ -523,7 +615,7 @@ def _prepare(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds, wo
                        not check_values, q.device)
     c.scale, c.checked = resolve_scale(scale, D), bool(check_values)
     c.between = frozenset(("mine", "zs", "drop") + tuple(x for f in c.plan.folds for x in f))
-    c.lists, c.tries = None, 0
+    c.lists, c.tries, c.fast = None, 0, None
     return c
 
 

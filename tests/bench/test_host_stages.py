@@ -22,6 +22,7 @@ def test_smoke_run_times_every_stage(tmp_path):
     assert [r["stage"] for r in by[("floor", "")]] == ["bare_launch", "recorded_launch"]
     stages = {key: [r["stage"] for r in rs] for key, rs in by.items()}
     paths = {key: rs[0]["path"] for key, rs in by.items() if key[0] == "prefill"}
+    assert by[("replay_decode", "B=1")][0]["path"] == f"L={host_stages.REPLAY_L}"
     # the rows name the plan the call took: the planner's, whose rules depend on the device
     # (on an H100 the 2 x 64 call is a walk; off CUDA the single launch)
     import torch
@@ -40,9 +41,15 @@ def test_smoke_run_times_every_stage(tmp_path):
         assert stages[("prefill", "256")] == ["call", "fastcall", "rest", "python_path",
                                               "launch:intra_chunk_kernel",
                                               "launch:state_walk_kernel"]
+        assert stages[("replay_decode", "B=1")] == ["call", "fastcall", "rest", "python_path",
+                                                    "launch:gdn_replay_kernel"]
     else:
         assert stages[("decode", "B=1")] == ["call", "checks", "alloc", "replay", "rest",
                                              "launch:gdn_decode_kernel"]
+        # (the replay decode off CUDA checks its ring headers on the host: "values")
+        assert stages[("replay_decode", "B=1")] == ["call", "checks", "values", "alloc",
+                                                    "replay", "rest",
+                                                    "launch:gdn_replay_kernel"]
         # (off CUDA the values of cu_seqlens are checked on the host: the "values" stage)
         assert stages[("prefill", "6")] == ["call", "checks+plan", "values", "alloc",
                                             "replay", "rest",
@@ -89,4 +96,35 @@ def test_decode_served_by_its_plan_times_the_c_call(monkeypatch):
         ops.clear_calls()
     assert [r["stage"] for r in rows] == ["call", "fastcall", "rest", "python_path",
                                           "launch:gdn_decode_kernel"]
+    assert all(float(r["host_us"]) > 0 for r in rows if r["stage"] != "rest")
+
+
+@pytest.mark.skipif(not interpret.INTERPRET, reason="the stub build on CPU inputs (the GPU "
+                    "smoke run above times the CUDA plans)")
+def test_replay_decode_served_by_its_plan_times_the_c_call():
+    """The replay decode with its values unchecked (the CUDA default) is served by its plan
+    (the stub build here): the stages are that one C call, then the Python replay it
+    replaced and the list's launch."""
+    from kernels import fastcall
+    from kernels.decode import gdn_replay_decode, replay
+    from kernels.spec import GDNShape, make_decode_inputs
+
+    if fastcall._compiler() is None or fastcall.load() is None:
+        pytest.skip(f"no fastcall extension here ({fastcall.status()['reason']})")
+    replay.clear_calls()
+    try:
+        with fastcall.serving_stub():
+            inp = make_decode_inputs(1, GDNShape(1, 2, 16), device="cpu")
+            ring = host_stages.replay_ring(inp)
+            stages, parts = host_stages.replay_decode_stages(inp, ring, check_values=False)
+            args = [inp[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")]
+            rows = host_stages._rows(
+                "replay_decode", "B=1", "", lambda: gdn_replay_decode(
+                    *args, ring=ring, check_values=False), stages, parts, 2, 2, lambda: None,
+                False)
+            assert replay._LAST is not None   # (python_path put the plan back)
+    finally:
+        replay.clear_calls()
+    assert [r["stage"] for r in rows] == ["call", "fastcall", "rest", "python_path",
+                                          "launch:gdn_replay_kernel"]
     assert all(float(r["host_us"]) > 0 for r in rows if r["stage"] != "rest")

@@ -104,6 +104,29 @@ def _invalid(case) -> bool:
     return case[-1].startswith("invalid")
 
 
+def _fast_repeat(mine, bounds, group):
+    """Two calls (values unchecked) with the fastcall stub serving (CPU): the second by the
+    rank's two plans, the gloo exchange between them. ``(served, same bits as the first
+    call)``; None without the stub build."""
+    from kernels import fastcall, interpret
+    from kernels.prefill import multi_gpu
+
+    if not interpret.INTERPRET or fastcall._compiler() is None or fastcall.load() is None:
+        return None
+    outs, served = [], []
+    with fastcall.serving_stub():
+        for _ in range(2):
+            f = multi_gpu._LAST
+            n = f is not None and fastcall.stub_last(f.plan2)
+            args = {n_: t.clone() if isinstance(t, torch.Tensor) else t for n_, t in mine.items()}
+            outs.append(prefill_multi_gpu(**args, bounds=bounds, group=group,
+                                          check_values=False))
+            f2 = multi_gpu._LAST
+            served.append(f2 is not None and f2 is f and fastcall.stub_last(f.plan2) is not n)
+    (o1, h1), (o2, h2) = outs
+    return served == [False, True], torch.equal(o1, o2) and torch.equal(h1, h2)
+
+
 def _worker(rank, init, out):
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
     groups = {w: dist.new_group(list(range(w))) for w in CASES if w < WORLD}
@@ -131,6 +154,7 @@ def _worker(rank, init, out):
                                             check_values=True,
                                             config=ACCURATE_CONFIG if slow else None)
                 results["repeat", rank] = torch.equal(o, o2) and torch.equal(ht, ht2)
+                results["fast", rank] = _fast_repeat(mine, bounds, groups[world])
             dist.all_reduce(ht, group=groups[world])   # each final state from its sequence's rank
             results[world, i] = (o, ht, untouched)
     torch.save(results, f"{out}.{rank}")
@@ -159,6 +183,17 @@ def test_a_repeat_call_replays_the_same_bits(ranks):
     exchange between the two halves) gives the first call's bits."""
     per_rank, _ = ranks
     assert all(per_rank[r]["repeat", r] for r in range(REPEAT[0]))
+
+
+def test_a_repeat_served_by_the_rank_plans_gives_the_same_bits(ranks):
+    """With the fastcall stub serving (CPU), each rank's second call of a signature is
+    served by its two plans (kernels.fastcall), the gloo exchange between them: the bits of
+    the first call (the recorded Python path)."""
+    per_rank, _ = ranks
+    got = [per_rank[r]["fast", r] for r in range(REPEAT[0])]
+    if None in got:
+        pytest.skip("no fastcall stub build here")
+    assert got == [(True, True)] * REPEAT[0], got
 
 
 @pytest.mark.parametrize("world", sorted(CASES))

@@ -210,3 +210,120 @@ def test_rank1_records_the_entering_state_after_the_exchange(fake_rank1):
     for bad, exc in (([0, 128.0, 250], ValueError), ((0, 120, 250), ValueError)):
         with pytest.raises(exc, match="bounds|q must hold"):
             multi_gpu.prefill_multi_gpu(**mine, bounds=bad, check_values=False)
+
+
+@pytest.fixture
+def serving_stub():
+    from kernels import fastcall
+
+    if not interpret.INTERPRET:
+        pytest.skip("the stub's notes (CPU)")
+    if fastcall._compiler() is None or fastcall.load() is None:
+        pytest.skip(f"no fastcall extension here ({fastcall.status()['reason']})")
+    multi_gpu._CALLS.clear()
+    multi_gpu._LAST = None
+    with fastcall.serving_stub():
+        yield fastcall
+    multi_gpu._CALLS.clear()
+    multi_gpu._LAST = None
+
+
+def _expected(fastcall, spec, srcs, ws):
+    """One launch's parameters as the Python list passes them (tests/test_fastcall.py)."""
+    slots = {pos: (i, off) for pos, i, off in spec.slots}
+    out = []
+    for pos, (ty, x) in enumerate(zip(fastcall._types(spec),
+                                      list(spec.args) + list(spec.kwargs))):
+        if ty == "constexpr":
+            continue
+        if pos in slots:
+            i, off = slots[pos]
+            x = (srcs[i] if i >= 0 else ws).data_ptr() + off
+        elif isinstance(x, torch.Tensor):
+            x = x.data_ptr()
+        out.append(fastcall.pack(ty, x))
+    return out + [bytes(8), bytes(8)]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_rank_plans_serve_repeats_with_the_python_lists_parameters(rank, serving_stub):
+    """A signature's first call (values unchecked) makes the two plans (kernels.fastcall,
+    the stub build): a repeat with other tensors and values is served by them (the exchange
+    between them in Python), their noted parameters the recorded halves' with this call's
+    addresses (the workspace the first plan allocated, shared by the second), the outputs
+    the normal path's bits (rank 0; rank 1 reads the fake group's empty exchange, so its
+    bits are compared on the launches' parameters only)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    fastcall = serving_stub
+    dist.init_process_group("fake", rank=rank, world_size=2, store=FakeStore())
+    try:
+        bounds = [0, 128, 250]
+        cut = slice(0, 128) if rank == 0 else slice(128, 250)
+        for seed in range(3):
+            x = make_prefill_inputs([100, 150], GDNShape(1, 2, 16), seed=seed, device=DEV)
+            mine = {n: (t[cut] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+            out = multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
+            (c,) = multi_gpu._CALLS.values()
+            assert c.fast is not None and multi_gpu._LAST is c.fast
+            if seed == 0:
+                continue
+            f = c.fast
+            notes1, srcs1, ws1 = fastcall.stub_last(f.plan1)
+            notes2, srcs2, ws2 = fastcall.stub_last(f.plan2)
+            assert ws1 is None and ws2 is None
+            assert srcs1[3 + 9] is out[0] and srcs1[3 + 10] is out[1]
+            buf = srcs1[3 + 11]
+            assert srcs2[3 + 9] is out[0] and srcs2[3 + 10] is out[1] and srcs2[3 + 11] is buf
+            assert buf.numel() * 4 == c.plan.nbytes
+            names = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b", "cu_seqlens")
+            assert all(s is mine[n] for s, n in zip(srcs1[3:12], names))
+            for notes, srcs, lst in ((notes1, srcs1, c.lists[0]), (notes2, srcs2, c.lists[1])):
+                assert len(notes) == len(lst.specs) > 0
+                for note, spec in zip(notes, lst.specs):
+                    assert list(note["params"]) == _expected(fastcall, spec, srcs[3:], buf)
+                    assert note["grid"] == spec.grid
+            if rank == 0:
+                calls, last = dict(multi_gpu._CALLS), multi_gpu._LAST
+                with fastcall.serving_stub(False):
+                    multi_gpu._CALLS.clear()
+                    multi_gpu._LAST = None   # (a first call: the normal path)
+                    ref = multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
+                multi_gpu._CALLS.clear()
+                multi_gpu._CALLS.update(calls)
+                multi_gpu._LAST = last
+                assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_rank_plans_decline_what_the_signature_sees(fake_rank0, serving_stub):
+    """Other bounds (values or types), another group, checked values, another option or
+    tensor: not the plans' (the Python path takes the call; bad bounds still raise)."""
+    fastcall = serving_stub
+    x = make_prefill_inputs([100, 150], GDNShape(1, 2, 16), seed=0, device=DEV)
+    mine = {n: (t[:128] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
+    multi_gpu.prefill_multi_gpu(**mine, bounds=[0, 128, 250], check_values=False)
+    f = multi_gpu._LAST
+    args = tuple(mine[n] for n in ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b",
+                                   "cu_seqlens"))
+
+    def served(bounds=(0, 128, 250), group=None, check_values=False, scale=None, a=args):
+        return multi_gpu._run_fast(f, *a, scale, list(bounds), group, 2, 0, check_values,
+                                   None) is not None
+
+    assert served()
+    assert not served(bounds=(0, 120, 250))
+    assert not served(bounds=(0, 128.0, 250))
+    assert not served(group=object())
+    assert not served(check_values=None)
+    assert not served(scale=0.5)
+    assert not served(a=(args[0][:64],) + args[1:])
+    assert not served(a=args[:3] + (None,) + args[4:])
+    assert multi_gpu._run_fast(f, *args, None, [0, 128, 250], None, 2, 1, False, None) is None
+    with pytest.raises(ValueError, match="bounds"):
+        multi_gpu.prefill_multi_gpu(**mine, bounds=[0, 128.0, 250], check_values=False)
+    (c,) = multi_gpu._CALLS.values()
+    multi_gpu.prefill_multi_gpu(**mine, bounds=[0, 128, 250], check_values=None)  # checked
+    assert len(multi_gpu._CALLS) == 2
+    assert [x.fast is None for x in multi_gpu._CALLS.values()] == [False, True]
