@@ -265,6 +265,12 @@ shape's call are saved beside the CSVs (open them in Perfetto)."""),
     ("code", """\
 times = xp.run_measurements(run, gate)
 xp.overhead_table(times)"""),
+    ("md", """\
+Is the eager call host-bound? Per shape, ours' host µs per call (`host`) beside its GPU
+time (`graph`) and one bare Triton launch timed in the same run: where host exceeds GPU
+time, back-to-back eager calls leave the GPU idle between them (a graph replay does not)."""),
+    ("code", """\
+xp.host_bound_table(times)"""),
     ("md", "## 3. One call of `gantt_shape` (T=6 by default), per implementation"),
     ("code", """\
 run.show(xp.plot_gantt_shape(run), "gantt")"""),

@@ -332,6 +332,25 @@ def overhead_table(times: pd.DataFrame, lens: Optional[str] = None,
     return t[cols].drop_duplicates(["label", "lens"]).reset_index(drop=True)
 
 
+def host_bound_table(times: pd.DataFrame, label: str = "ours-fused") -> pd.DataFrame:
+    """Per shape, whether ``label``'s eager call is host-bound: its host µs per call
+    (``host``), its GPU time (``graph``: launch gaps do not count), one bare Triton launch
+    measured in the same run (``floor_us``), host over that floor, and ``host_bound`` (host
+    above GPU time: back-to-back eager calls leave the GPU idle between them). Empty without
+    ``host`` and ``graph`` rows for ``label``."""
+    cols = ["lens", "T", "host_us", "graph_us", "floor_us", "host_x_bare", "host_bound"]
+    t = times[times.label == label] if len(times) else times
+    if not len(t) or not {"host", "graph"} <= set(t.method):
+        return pd.DataFrame(columns=cols)
+    host = t[t.method == "host"].set_index("lens")
+    gpu = t[t.method == "graph"].set_index("lens").median_us
+    out = pd.DataFrame({"T": host["T"], "host_us": host.median_us, "graph_us": gpu,
+                        "floor_us": host.floor_us}).dropna(subset=["host_us", "graph_us"])
+    out["host_x_bare"] = out.host_us / out.floor_us
+    out["host_bound"] = out.host_us > out.graph_us
+    return out.rename_axis("lens").reset_index()[cols]
+
+
 # --------------------------------------------------------------------------- 3. analysis & figures
 
 
@@ -807,6 +826,13 @@ def conclusion_markdown(dfs: Dict[str, pd.DataFrame]) -> str:
                      f"× one bare Triton launch, {fmt_us(floor)} here): " + "; ".join(parts)
                      + ". While a call's host time exceeds its GPU time, the GPU idles between "
                      "its launches unless a graph replays it.")
+    hb = host_bound_table(times)
+    if len(hb):
+        bound = [r.lens for r in hb.itertuples() if r.host_bound]
+        lines.append("**Host-bound eager calls** (ours-fused: host µs per call above its `graph` "
+                     "GPU time): " + (", ".join(bound) if bound else "none") + " of "
+                     + plural(len(hb), "shape") + "; host / one bare launch "
+                     f"{hb.host_x_bare.min():.2f}–{hb.host_x_bare.max():.2f}×.")
     t = times[times.method == method]
     big = t[t["T"] == t["T"].max()]
     if len(big):

@@ -608,3 +608,27 @@ def test_every_notebook_resolves_auto_as_make_run_would(path, has_gpu, profile, 
     for k, v in dict(prof["defaults"], **prof["notebooks"].get(path.stem, {})).items():
         if k in declared and k not in ("device", "output_root", "profile"):
             assert got[k] == v, k
+
+
+def test_host_bound_table_flags_the_shapes_whose_host_time_exceeds_their_gpu_time():
+    """Notebook 02's host-bound table: per shape ours-fused's host µs, its ``graph`` time and
+    the bare-launch floor of the same run; host-bound exactly where host > GPU time; other
+    implementations' rows are not mixed in, and the conclusion names the bound shapes."""
+    rows = []
+    for lens, T, host, graph in (("6", 6, 12.0, 3.7), ("8192", 8192, 19.0, 91.0)):
+        rows += [dict(label="ours-fused", lens=lens, T=T, N=1, method="host", median_us=host,
+                      floor_us=13.5, gpu="GPU X"),
+                 dict(label="ours-fused", lens=lens, T=T, N=1, method="graph", median_us=graph,
+                      floor_us=np.nan, gpu="GPU X"),
+                 dict(label="fla (triton)", lens=lens, T=T, N=1, method="host", median_us=900.0,
+                      floor_us=13.5, gpu="GPU X")]
+    t = pd.DataFrame(rows)
+    hb = px.host_bound_table(t)
+    assert list(hb.lens) == ["6", "8192"]
+    assert list(hb.host_bound) == [True, False]
+    assert hb.host_x_bare.tolist() == pytest.approx([12.0 / 13.5, 19.0 / 13.5])
+    assert px.host_bound_table(t[t.method == "host"]).empty   # no GPU time: no verdict
+    full = t.reindex(columns=list(dict.fromkeys(px.TIMES_COLUMNS + list(t.columns))))
+    line = [x for x in px.conclusion_markdown({"times": full}).split("\n\n")
+            if x.startswith("**Host-bound")]
+    assert line and "6 of 2 shapes" in line[0] and "0.89–1.41×" in line[0], line
