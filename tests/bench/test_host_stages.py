@@ -36,13 +36,14 @@ def test_smoke_run_times_every_stage(tmp_path):
     if stages[("decode", "B=1")][1] == "fastcall":   # (CUDA: the calls' plans serve them)
         from kernels import fastcall
         assert fastcall.status()["loaded"]
+        gpu = ["gpu_graph"] if dev == "cuda" else []   # (CUDA: the call's GPU time beside)
         assert stages[("decode", "B=1")] == ["call", "fastcall", "rest", "python_path",
-                                             "launch:gdn_decode_kernel"]
+                                             "launch:gdn_decode_kernel", *gpu]
         assert stages[("prefill", "256")] == ["call", "fastcall", "rest", "python_path",
                                               "launch:intra_chunk_kernel",
-                                              "launch:state_walk_kernel"]
+                                              "launch:state_walk_kernel", *gpu]
         assert stages[("replay_decode", "B=1")] == ["call", "fastcall", "rest", "python_path",
-                                                    "launch:gdn_replay_kernel"]
+                                                    "launch:gdn_replay_kernel", *gpu]
     else:
         assert stages[("decode", "B=1")] == ["call", "checks", "alloc", "replay", "rest",
                                              "launch:gdn_decode_kernel"]

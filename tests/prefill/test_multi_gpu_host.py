@@ -126,7 +126,9 @@ def test_call_host_work(fake_rank1, with_state, monkeypatch):
     """Rank 1 of 2 (the fold and the entering states included): no host sync, one
     workspace allocation besides the two outputs; the second call plans nothing. (Under
     the interpreter the recorded call's launches are no-ops: the interpreter's own copies
-    of the arguments are not the call's.)"""
+    of the arguments are not the call's. The Python path's work: on CUDA a plan of
+    :mod:`kernels.fastcall` would serve the repeat in C, tests/test_fastcall.py checks it.)"""
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
     x = make_prefill_inputs([100, 150], GDNShape(1, 2, 16), seed=0, device=DEV,
                             with_state=with_state)
     bounds = [0, 128, 250]
