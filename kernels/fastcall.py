@@ -264,12 +264,25 @@ def _types(spec) -> list:
     return list(spec.types)
 
 
+def _immutable(a) -> bool:
+    """Whether an option can be required by identity: None, bool, int, float, str, or a
+    frozen dataclass of such fields (a :class:`kernels.decode.DecodeConfig` or
+    :class:`kernels.prefill.PrefillConfig` object a caller passes on every call). The plan
+    holds a reference, so the object cannot be freed and its address reused; an equal but
+    distinct object is not served (its call takes the Python path)."""
+    if a is None or type(a) in (bool, int, float, str):
+        return True
+    params = getattr(type(a), "__dataclass_params__", None)
+    return (params is not None and params.frozen
+            and all(_immutable(getattr(a, f)) for f in type(a).__dataclass_fields__))
+
+
 def make_plan(lst, opts, given, outs, workspace, returns, ws_source=None):
     """A plan from the recorded :class:`kernels.launch.LaunchList` ``lst`` (None where it
     cannot be one: the extension unavailable, a launch needing scratch memory or clusters,
     a parameter type not handled, an option of another type). :func:`run` then takes
     ``(plan, *opts, *given)``: ``opts`` the call's options as recorded, required by
-    identity (so only None, bool, int, float, str: immutable); ``given`` the list's first
+    identity (so only immutable ones: :func:`_immutable`); ``given`` the list's first
     sources as recorded (a tensor: its type, sizes, strides, dtype and device required;
     None: None required). ``outs``: the list's derived sources after them (``("alias", i)``
     of an earlier source or ``("empty", t)``, ``t`` the recorded output: its sizes,
@@ -283,7 +296,7 @@ def make_plan(lst, opts, given, outs, workspace, returns, ws_source=None):
     n = len(opts)
     spec_args = []
     for a in opts:
-        if a is not None and type(a) not in (bool, int, float, str):
+        if not _immutable(a):
             return None
         spec_args.append(("is", a))
     for a in given:

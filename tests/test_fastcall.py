@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kernels import fastcall, launch
-from kernels.decode import gdn_decode, ops
+from kernels.decode import DecodeConfig, gdn_decode, ops
 from kernels.spec import GDNShape, make_decode_inputs
 
 SHAPE = GDNShape(1, 2, 16)
@@ -83,8 +83,13 @@ def _expected_params(spec, srcs, ws=None):
     return out + [bytes(8), bytes(8)]
 
 
+#: A config object a caller passes on every call (notebook 01's ``ours-adaptive``): served
+#: by identity (kernels.fastcall._immutable)
+CFG_OBJ = DecodeConfig.from_name("BV16-w1-s1-t1")
+
+
 @pytest.mark.skipif(not launch.interpret.INTERPRET, reason="the stub's notes (CPU)")
-@pytest.mark.parametrize("case", ["dense", "pool", "intermediate", "buffers"])
+@pytest.mark.parametrize("case", ["dense", "pool", "intermediate", "buffers", "config"])
 def test_plan_parameters_are_the_python_lists_on_other_tensors_and_values(case, serving):
     """After the signature's first call, every call is served by the plan: its noted
     parameters are the recorded list's arguments with this call's addresses (the caller's
@@ -100,6 +105,8 @@ def test_plan_parameters_are_the_python_lists_on_other_tensors_and_values(case, 
         elif case == "buffers":
             opt = dict(output=torch.empty_like(inp["v"]),
                        output_state=torch.empty_like(inp["state"]))
+        elif case == "config":
+            opt = dict(config=CFG_OBJ)
         fresh = dict(inp, state=inp["state"].clone())
         out = gdn_decode(**inp, **opt)
         with fastcall.serving_stub(False):
@@ -154,6 +161,7 @@ def _changes(inp):
     yield "inplace", at(2, True)
     yield "intermediate", at(3, 0)          # 0 == False, but another object
     yield "check_values", at(4, False)
+    yield "config-object", at(1, CFG_OBJ)
     yield "arity", base[:-1]
 
 
@@ -703,3 +711,23 @@ def test_gpu_replayed_fastcall_replay_decode_gives_the_plain_bits(B, monkeypatch
         assert torch.equal(out, ref) and torch.equal(st, s)
         for name in ("k", "u", "g", "head", "count"):
             assert torch.equal(getattr(rg, name), getattr(r, name)), name
+
+
+def test_config_objects_are_required_by_identity(serving):
+    """A frozen config object is an option the plan requires by identity: a call with the
+    same object is served, an equal but distinct object or a mutable option is not (its
+    call takes the Python path and gives the same bits)."""
+    assert fastcall._immutable(CFG_OBJ) and not fastcall._immutable([1])
+    assert not fastcall._immutable(torch.zeros(1))
+    inp = _inputs()
+    gdn_decode(**inp, config=CFG_OBJ)
+    _, plan = ops._LAST
+    assert fastcall.run(plan, *_args(inp, config=CFG_OBJ)) is not None
+    twin = DecodeConfig.from_name(CFG_OBJ.name)
+    assert twin == CFG_OBJ and twin is not CFG_OBJ
+    assert fastcall.run(plan, *_args(inp, config=twin)) is None
+    fresh = dict(inp, state=inp["state"].clone())
+    a = gdn_decode(**inp, config=twin)
+    with fastcall.serving_stub(False):
+        b = gdn_decode(**fresh, config=CFG_OBJ)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -62,7 +62,10 @@ def test_smoke_run_times_every_stage(tmp_path):
     for r in rows:
         if r["stage"] != "rest":
             assert math.isfinite(float(r["host_us"])) and float(r["host_us"]) > 0, r
-            assert int(r["calls"]) == 4, r
+            if r["stage"] == "gpu_graph":   # (the graph method's sample count)
+                assert int(r["calls"]) >= 10, r
+            else:
+                assert int(r["calls"]) == 4, r
 
 
 def test_key_costs_time_each_variant_with_the_launch_stubbed():
