@@ -27,7 +27,7 @@ KB = 1024
 ALL_KERNELS = {"gdn_decode_kernel", "gdn_replay_kernel", "chunk_gates_kernel", "intra_chunk_kernel",
                "state_walk_kernel", "state_walk_t_kernel", "segment_combine_t_kernel",
                "pack_kernel", "unpack_kernel", "recurrent_prefill_kernel", "segment_split_kernel",
-               "piece_compose_kernel", "rank_index_kernel", "enter_state_kernel"}
+               "rank_chain_kernel", "rank_index_kernel", "rank_fix_kernel"}
 DISPATCH_KERNELS = {"gdn_decode_kernel", "gdn_replay_kernel", "intra_chunk_kernel",
                     "state_walk_kernel",
                     "state_walk_t_kernel", "segment_combine_t_kernel", "pack_kernel",

@@ -10,17 +10,24 @@ T_r)`` (the same ``N`` sequences; those outside the slice are empty there):
 
 1. the intra-chunk kernel and phase A (each segment's ``[M^T ; X^T]``,
    :func:`.state_walk_t.state_walk_t_fwd`, the last segment of each piece included);
-2. :func:`piece_compose_kernel`: the map of the rank's **last piece** (the sequence holding
-   its last token) through all its segments, ``[M_r^T ; F_r^T]``: ``M_r = 0`` and ``F_r``
-   its exact end state when the piece starts on this rank (from the sequence's initial
-   state), else ``M_r`` and ``F_r`` the end state from a zero entering state;
+2. :func:`rank_chain_kernel`, before the exchange: phase B (each segment's entering state)
+   from the sequences' initial states, except the rank's **first piece** where it continues
+   a sequence from an earlier rank: that chain starts from zero, and the same launch keeps
+   the piece's prefix maps ``Q_j`` (the product of its segments' ``M^T`` before segment
+   ``j``); and the map of the rank's **last piece** (the sequence holding its last token)
+   through all its segments, ``[M_r^T ; F_r^T]``: ``M_r = 0`` and ``F_r`` its exact end
+   state when the piece starts on this rank, else ``M_r`` and ``F_r`` the end state from a
+   zero entering state;
 3. one all-gather of those maps (``HV * 2D * D`` float32 per rank: 1 MiB at ``HV = 8``,
-   ``D = 128``) and, on the device, the fold ``S = S M_r'^T + F_r'^T`` over the earlier
-   ranks ``r' < r``: the state entering this rank's first piece (a zero ``M`` resets the
-   chain where a piece starts, so the fold needs no flags);
-4. phase B (:func:`.context_parallel.segment_combine_t_fwd`) with that state as the first
-   piece's initial state, and phase C (outputs, final states, the device guard).
+   ``D = 128``);
+4. on rank ``r > 0``, :func:`rank_fix_kernel`: the fold ``S = S M_r'^T + F_r'^T`` over the
+   earlier ranks ``r' < r`` (the state entering this rank's first piece; a zero ``M`` resets
+   the chain where a piece starts, so the fold needs no flags) and ``S_j^T += S^T Q_j`` for
+   each of the first piece's segments, all segments at once; then phase C (outputs, final
+   states, the device guard).
 
+So nothing sequential waits for the exchange but the walk itself (phase B's chain used to
+run after it; plan and prediction: docs/notes/long_context.md, "The rank's fixed extras").
 Only the ``[M ; F]`` of one piece per rank crosses the link, whatever the lengths; the
 alternative, a scan over ranks (rank ``r`` waits for ``r - 1``'s end state, sends its own:
 ``W - 1`` serial hops of half the bytes), has the same bytes at two ranks and a serial
@@ -29,13 +36,11 @@ chain beyond; notebook 05 measures the collective against the link's bandwidth.
 The host path: everything that follows from host ints (the segments, every launch's
 arguments, the workspace's views) is a :class:`RankPlan`, remembered per key
 (:func:`rank_plan`); the call's intermediates, the rank's indices, the exchange's buffers and
-the entering states are views of one allocation; everything derived from ``cu_seqlens`` (the
+the prefix maps are views of one allocation; everything derived from ``cu_seqlens`` (the
 clamped boundaries, the pieces' sequences, the final states to drop, the guard's verdict) is
-one launch of :func:`rank_index_kernel`, and the entering states one copy
-(:func:`enter_state_kernel`); every launch is bound before the first. So a rank's call is
-its Triton launches and, with more than one rank, the all-gather, on rank ``r > 0`` ``r``
-``baddbmm`` of the fold (cuBLAS, as before: the same bits), and one ``masked_fill_`` of the
-final states; no host sync beyond the collective (numbers: docs/notes/long_context.md,
+one launch of :func:`rank_index_kernel`; every launch is bound before the first. So a
+rank's call is its Triton launches and, with more than one rank, the all-gather and one
+``masked_fill_`` of the final states; no host sync beyond the collective (numbers: docs/notes/long_context.md,
 "the host path of a rank's call").
 
 Final states: row ``n`` of the returned state is sequence ``n``'s on the rank that holds its
@@ -66,7 +71,7 @@ import triton.language as tl  # noqa: E402
 from ..spec import resolve_scale, validate_prefill_inputs  # noqa: E402
 from .chunk_index import BT, cu_status, seq_bounds  # noqa: E402
 from .plan import long_path_args  # noqa: E402
-from .context_parallel import cp_long_segment_chunks, segment_combine_t_fwd  # noqa: E402
+from .context_parallel import cp_long_segment_chunks  # noqa: E402
 from .dots import mm  # noqa: E402
 from .intra_chunk import intra_chunk_fwd  # noqa: E402
 from ..launch import FastLaunch, recording  # noqa: E402
@@ -76,8 +81,8 @@ from .plan import (MAX_PLANS, fitted_config, intra_kwargs, layout_views,  # noqa
                    phase_c_gluon, workspace_layout)
 from .state_walk_t import state_walk_t_fwd  # noqa: E402
 
-__all__ = ["prefill_multi_gpu", "even_bounds", "exchange_bytes", "piece_compose_kernel",
-           "rank_index_kernel", "enter_state_kernel", "RankPlan", "rank_plan",
+__all__ = ["prefill_multi_gpu", "even_bounds", "exchange_bytes", "rank_chain_kernel",
+           "rank_index_kernel", "rank_fix_kernel", "RankPlan", "rank_plan",
            "clear_rank_plans", "end_rank_process"]
 
 
@@ -116,52 +121,98 @@ def exchange_bytes(HV: int, D: int, world_size: int) -> int:
     return int(world_size) * int(HV) * 2 * int(D) * int(D) * 4
 
 
-@triton.jit(do_not_specialize=["T"])
-def piece_compose_kernel(
+@triton.jit(do_not_specialize=["T", "N"])
+def rank_chain_kernel(
+    h0,             # [N, H, V, K] f32 initial states, k-last (USE_H0) or None
     summ,           # [S, H, K + V, K] f32 segment transitions [M^T ; X^T] (phase A)
     negl,           # [S, H] int32: 1 where phase A found the segment's M negligible
-    h0,             # [N, H, V, K] f32 initial states, k-last (USE_H0) or None
-    meta,           # [2] int64: the last piece's sequence, 1 if the piece starts here
+    meta,           # [4] int64 (rank_index_kernel; PIECES) or None
     cu_local,       # [N+1] int64 the rank's clamped boundaries
-    out,            # [H, K + V, K] f32 out: [M_r^T ; F_r^T]
+    s0,             # [S, H, V, K] f32 out: the state entering each segment slot, k-last
+    pref,           # [P, H, K, K] f32 out (PREFIX): the first piece's prefix maps Q_j
+    mine,           # [H, K + V, K] f32 out (PIECES): [M_r^T ; F_r^T]
     T,              # the rank's tokens (not specialised)
+    N,              # sequences (not specialised)
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
-    BV: tl.constexpr,           # rows per program (divides K)
+    BV: tl.constexpr,           # rows per program (divides K and V)
     SEG_T: tl.constexpr,        # tokens per segment slot
     USE_H0: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    PIECES: tl.constexpr,       # more than one rank: meta, mine and the map's programs
+    PREFIX: tl.constexpr,       # rank > 0: the first piece may continue (pref)
+    DOT_PREC: tl.constexpr,     # the maps' products (Q, M_r)
 ):
-    """One program per ``(head, BV rows of [M^T ; F^T])``: folds ``Z = Z M_s^T + [0 ; X_s^T]``
-    over the segments of the rank's last piece from ``Z = [I ; 0]`` (the piece continues a
-    sequence from an earlier rank) or ``[0 ; h0^T]`` (it starts here), so ``Z`` ends as the
-    piece's map ``S_end^T = S_start^T M_r^T + F_r^T``."""
-    i_h, i_r = tl.program_id(0), tl.program_id(1)
-    i_n = tl.load(meta)
-    start = tl.load(meta + 1)                  # 1: the piece starts on this rank
-    bos, eos = seq_bounds(cu_local, i_n, T)
-    n_seg = tl.cdiv(eos - bos, SEG_T)
-    slot0 = bos // SEG_T + i_n
+    """Phase B of a rank, before the exchange, and the rank's map in the same launch.
+
+    Programs ``(n < N, head, BV state rows)`` run phase B's chain ``S_{j+1}^T = S_j^T M_j^T
+    + X_j^T`` over sequence ``n``'s segments from its initial state, storing each segment's
+    entering state; where the rank's first piece continues a sequence from an earlier rank
+    that chain starts from zero (``Z_j``) and :func:`rank_fix_kernel` adds ``S_enter^T Q_j``
+    after the exchange. The last piece's chain goes on through its last segment: its end
+    state is ``F_r`` (exact where the piece starts here, else from zero). Programs ``(N,
+    head, BV rows of Q)`` (PIECES) run ``Q_{j+1} = Q_j M_j^T`` from ``Q_0 = I`` over the first
+    piece's segments where it continues, storing every ``Q_j`` (PREFIX), and write ``M_r``:
+    ``Q`` through all its segments where the first piece is also the last, else zero (the
+    last piece starts here). So ``S_end^T = S_start^T M_r^T + F_r^T`` for the last piece,
+    and phase B's chain no longer waits for the exchange."""
+    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_k = tl.arange(0, K)
-    o_r = i_r * BV + tl.arange(0, BV)          # rows of Z^T: M rows < K, F rows >= K
     o_kk = o_k[:, None] * K + o_k[None, :]
-    is_x = i_r * BV >= K
-    if is_x:
-        b_z = tl.zeros([BV, K], dtype=tl.float32)
+    o_r = i_v * BV + tl.arange(0, BV)           # this program's rows (of S^T or of Q)
+    if i_n < N:
+        bos, eos = seq_bounds(cu_local, i_n, T)
+        n_c = tl.cdiv(eos - bos, SEG_T)
+        slot0 = bos // SEG_T + i_n
+        o_vk = o_r[:, None] * K + o_k[None, :]
         if USE_H0:
-            b_z = tl.load(h0 + (i_n * H + i_h) * (V * K) + (o_r - K)[:, None] * K + o_k[None, :],
-                          mask=(start != 0) & (o_k[None, :] >= 0), other=0.0)
+            b_St = tl.load(h0 + (i_n * H + i_h).to(tl.int64) * (V * K) + o_vk)
+        else:
+            b_St = tl.zeros([BV, K], dtype=tl.float32)
+        if PIECES:   # the continuing first piece: from zero
+            cont = (tl.load(meta + 2) == i_n) & (tl.load(meta + 3) != 0)
+            b_St = tl.where(cont, 0.0, b_St)
+        for i_s in tl.range(0, n_c - 1, num_stages=2):
+            slot = slot0 + i_s
+            p_m = summ + (slot * H + i_h) * ((K + V) * K)
+            full = tl.load(negl + slot * H + i_h) == 0
+            b_mt = tl.load(p_m + o_kk, mask=full & (o_k[:, None] >= 0), other=0.0)
+            b_xt = tl.load(p_m + K * K + o_vk)
+            tl.store(s0 + (slot * H + i_h) * (V * K) + o_vk, b_St)
+            b_St = mm(b_St, b_mt, "bf16") + b_xt
+        slot = slot0 + tl.maximum(n_c - 1, 0)
+        tl.store(s0 + (slot * H + i_h) * (V * K) + o_vk, b_St)
+        if PIECES:
+            if tl.load(meta) == i_n:   # the last piece: on through its last segment
+                if n_c > 0:
+                    p_m = summ + (slot * H + i_h) * ((K + V) * K)
+                    full = tl.load(negl + slot * H + i_h) == 0
+                    b_mt = tl.load(p_m + o_kk, mask=full & (o_k[:, None] >= 0), other=0.0)
+                    b_St = mm(b_St, b_mt, DOT_PREC) + tl.load(p_m + K * K + o_vk)
+                tl.store(mine + (i_h * (K + V) + K + o_r[:, None]) * K + o_k[None, :], b_St)
     else:
-        b_z = tl.where((o_r[:, None] == o_k[None, :]) & (start == 0), 1.0, 0.0)
-    for i_s in range(0, n_seg):
-        p_s = summ + ((slot0 + i_s) * H + i_h) * ((K + V) * K)
-        full = tl.load(negl + (slot0 + i_s) * H + i_h) == 0
-        b_mt = tl.load(p_s + o_kk, mask=full & (o_k[:, None] >= 0), other=0.0)
-        b_z = mm(b_z, b_mt, DOT_PREC)
-        if is_x:
-            b_z += tl.load(p_s + o_r[:, None] * K + o_k[None, :])
-    tl.store(out + (i_h * (K + V) + o_r[:, None]) * K + o_k[None, :], b_z)
+        cont = tl.load(meta + 3) != 0
+        i_f = tl.load(meta + 2)
+        bos, eos = seq_bounds(cu_local, i_f, T)
+        n_c = tl.where(cont, tl.cdiv(eos - bos, SEG_T), 0)
+        slot0 = bos // SEG_T + i_f
+        o_rk = o_r[:, None] * K + o_k[None, :]
+        b_q = tl.where(o_r[:, None] == o_k[None, :], 1.0, 0.0)
+        if PREFIX:
+            if cont:
+                tl.store(pref + i_h * (K * K) + o_rk, b_q)   # Q_0 (also an empty piece's)
+        for i_s in range(0, n_c):
+            slot = slot0 + i_s
+            full = tl.load(negl + slot * H + i_h) == 0
+            b_mt = tl.load(summ + (slot * H + i_h) * ((K + V) * K) + o_kk,
+                           mask=full & (o_k[:, None] >= 0), other=0.0)
+            b_q = mm(b_q, b_mt, DOT_PREC)
+            if PREFIX:
+                if i_s + 1 < n_c:
+                    tl.store(pref + ((i_s + 1) * H + i_h) * (K * K) + o_rk, b_q)
+        take = cont & (tl.load(meta + 1) == 0)      # the first piece is also the last
+        tl.store(mine + (i_h * (K + V) + o_r[:, None]) * K + o_k[None, :],
+                 tl.where(take, b_q, 0.0))
 
 
 @triton.jit(do_not_specialize=["t0", "t1", "T", "T_r", "N"])
@@ -217,34 +268,44 @@ def rank_index_kernel(
         tl.store(meta + 3, (start_first < t0).to(tl.int64))
 
 
-@triton.jit
-def enter_state_kernel(
-    h0,             # [N, H, V, K] f32 initial states, k-last, or None (zeros)
-    s_t,            # [H, V, K] f32 the state entering the rank's first piece (the fold)
+@triton.jit(do_not_specialize=["T"])
+def rank_fix_kernel(
+    s0,             # [S, H, V, K] f32 in/out: the segments' entering states (phase B's)
+    pref,           # [P, H, K, K] f32 the first piece's prefix maps Q_j (rank_chain_kernel)
+    zs,             # [W * H, K + V, K] f32 every rank's [M_r^T ; F_r^T] (the all-gather)
     meta,           # [4] int64 (rank_index_kernel): [2] the first piece's sequence,
                     # [3] 1 if it continues from an earlier rank
-    out,            # [N, H, V, K] f32 out: the initial states phase B starts from
+    cu_local,       # [N+1] int64 the rank's clamped boundaries
+    T,              # the rank's tokens (not specialised)
+    RANK: tl.constexpr,         # this rank (> 0): the fold runs over ranks 0 .. RANK - 1
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
-    BR: tl.constexpr,           # rows per step
-    USE_H0: tl.constexpr,
+    BV: tl.constexpr,           # state rows per program
+    SEG_T: tl.constexpr,        # tokens per segment slot
+    DOT_PREC: tl.constexpr,
 ):
-    """One program per ``(sequence, head)``: copies its initial state (or zeros), or
-    ``s_t`` for the first piece's sequence where that piece continues a sequence from an
-    earlier rank (a copy: the bits of the fold and of ``h0`` pass unchanged)."""
-    i_n, i_h = tl.program_id(0), tl.program_id(1)
-    take = (tl.load(meta + 2) == i_n) & (tl.load(meta + 3) != 0)
-    o_k = tl.arange(0, K)
-    base = (i_n.to(tl.int64) * H + i_h) * (V * K)
-    for r0 in range(0, V, BR):
-        o_rk = (r0 + tl.arange(0, BR))[:, None] * K + o_k[None, :]
-        b = tl.load(s_t + i_h * (V * K) + o_rk)
-        if USE_H0:
-            b = tl.where(take, b, tl.load(h0 + base + o_rk))
-        else:
-            b = tl.where(take, b, 0.0)
-        tl.store(out + base + o_rk, b)
+    """One program per ``(segment j of the first piece, head, BV state rows)``, after the
+    exchange, where the rank's first piece continues a sequence: the state entering the rank,
+    the fold ``S^T = S^T M_r^T + F_r^T`` over the earlier ranks from zero (a zero ``M``
+    resets it where a piece starts), then ``S_j^T += S^T Q_j``: the segment's entering state
+    from the true one (phase B ran from zero, :func:`rank_chain_kernel`)."""
+    j, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_f = tl.load(meta + 2)
+    bos, eos = seq_bounds(cu_local, i_f, T)
+    n_s = tl.maximum(tl.cdiv(eos - bos, SEG_T), 1)
+    if (tl.load(meta + 3) != 0) & (j < n_s):
+        o_k = tl.arange(0, K)
+        o_v = i_v * BV + tl.arange(0, BV)
+        o_vk = o_v[:, None] * K + o_k[None, :]
+        o_kk = o_k[:, None] * K + o_k[None, :]
+        b_s = tl.zeros([BV, K], dtype=tl.float32)
+        for r in tl.static_range(RANK):
+            p_r = zs + (r * H + i_h) * ((K + V) * K)
+            b_s = mm(b_s, tl.load(p_r + o_kk), DOT_PREC) + tl.load(p_r + K * K + o_vk)
+        b_q = tl.load(pref + (j * H + i_h) * (K * K) + o_kk)
+        p_s = s0 + ((bos // SEG_T + i_f + j) * H + i_h) * (V * K) + o_vk
+        tl.store(p_s, tl.load(p_s) + mm(b_s, b_q, DOT_PREC))
 
 
 #: torch's all-gather into one tensor (``all_gather_single`` from torch 2.12; the older name
@@ -252,9 +313,9 @@ def enter_state_kernel(
 all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-_COMPOSE_LAUNCH = FastLaunch(piece_compose_kernel)
+_CHAIN_LAUNCH = FastLaunch(rank_chain_kernel)
 _INDEX_LAUNCH = FastLaunch(rank_index_kernel)
-_ENTER_LAUNCH = FastLaunch(enter_state_kernel)
+_FIX_LAUNCH = FastLaunch(rank_fix_kernel)
 
 
 def _check_bounds(bounds, world: int, rank: int, T_r: int) -> Tuple[int, int, int]:
@@ -286,16 +347,13 @@ class RankPlan:
         rank, world, t0, t1, T, N, HV, D: the call's partition and shape (``T``: all ranks').
         seg_t: tokens per segment of the rank's long path.
         intra: keyword arguments of :func:`.intra_chunk.intra_chunk_fwd`; phase_a, phase_c
-            of :func:`.state_walk_t.state_walk_t_fwd`; phase_b of
-            :func:`.context_parallel.segment_combine_t_fwd` (:func:`.plan.long_path_args`,
-            the one GPU's builder, plus phase A's ``summary_last`` and phase C's ``guard``).
+            of :func:`.state_walk_t.state_walk_t_fwd` (:func:`.plan.long_path_args`, the one
+            GPU's builder, plus phase A's ``summary_last`` and phase C's ``guard``).
         phase_c_gluon: phase C is the Gluon walk (:func:`.plan.phase_c_gluon`; launched
             through :func:`.pipeline.phase_c_fwd`).
-        index, compose, enter: ``(grid, keyword arguments)`` of :func:`rank_index_kernel`,
-            :func:`piece_compose_kernel`, :func:`enter_state_kernel` (the latter two None
-            where unused: one rank; rank 0).
-        folds: ``(F, M, out)`` view names of each earlier rank's step of the fold
-            (``out``: where that step's ``baddbmm`` writes).
+        index, chain, fix: ``(grid, keyword arguments)`` of :func:`rank_index_kernel`,
+            :func:`rank_chain_kernel` (phase B and the rank's map, before the exchange),
+            :func:`rank_fix_kernel` (None on rank 0 and with one rank).
         nbytes, views: the workspace (:func:`.plan.layout_views`).
     """
 
@@ -310,21 +368,17 @@ class RankPlan:
     seg_t: int
     intra: dict
     phase_a: dict
-    phase_b: dict
     phase_c: dict
     phase_c_gluon: bool
     index: tuple
-    compose: Optional[tuple]
-    enter: Optional[tuple]
-    folds: tuple
+    chain: tuple
+    fix: Optional[tuple]
     nbytes: int
     views: tuple
 
 
 #: Rank plans by key (:func:`rank_plan`; at most :data:`.plan.MAX_PLANS`, then forgotten).
 _RANK_PLANS: dict = {}
-#: Zero states ``[HV, D, D]`` f32 per (device, HV, D): the fold's start (never written).
-_ZEROS: dict = {}
 
 
 def rank_plan(T_r: int, N: int, HV: int, D: int, rank: int, world: int, t0: int, T: int,
@@ -361,49 +415,32 @@ def _rank_plan(T_r, N, HV, D, rank, world, t0, T, cfg, use_h0, guard, device) ->
     if pieces:
         extra += [("meta", torch.int64, (4,)), ("drop", torch.bool, (N, 1, 1, 1)),
                   ("mine", f32, (HV, 2 * D, D)), ("zs", f32, (world * HV, 2 * D, D))]
+    n_pref = max(-(-T_r // seg_t), 1)   # the first piece's segments, at most
     if rank > 0:
-        extra += [("h0", f32, (N, HV, D, D))]
-        extra += [(f"fold{i}", f32, (HV, D, D)) for i in range(min(rank, 2))]
+        extra += [("pref", f32, (n_pref, HV, D, D))]
     layout = workspace_layout(T_r, N, HV, D, seg, True, False, cfg.storage, cfg.solve,
                               extra=tuple(extra))
     nbytes, views = layout_views(layout)
-    folds = []
-    if rank > 0:   # [M_r ; F_r] of each earlier rank: views into the all-gather's output
-        zs = next(v[4] for v in views if v[0] == "zs")
-        step = (2 * D * D, D, 1)
-        for r in range(rank):
-            at = zs + r * HV * 2 * D * D
-            views += ((f"F{r}", f32, (HV, D, D), step, at + D * D),
-                      (f"M{r}", f32, (HV, D, D), step, at))
-            folds.append((f"F{r}", f"M{r}", f"fold{r % 2}"))
     bz = min(16, D)
     return RankPlan(
         rank=rank, world=world, t0=t0, t1=t0 + T_r, T=T, N=N, HV=HV, D=D, seg_t=seg_t,
         intra=intra_kwargs(cfg),
-        phase_a=dict(args["phase_a"], summary_last=pieces), phase_b=args["phase_b"],
+        phase_a=dict(args["phase_a"], summary_last=pieces),
         phase_c=dict(args["phase_c"], guard=guard),
         phase_c_gluon=phase_c_gluon(device or "cpu", D, cfg),
         index=((1,), dict(GUARD=guard, PIECES=pieces, BLOCK=1024)),
-        compose=((HV, 2 * D // bz), dict(H=HV, K=D, V=D, BV=bz, SEG_T=seg_t, USE_H0=use_h0,
+        chain=((N + int(pieces), HV, D // bz),
+               dict(H=HV, K=D, V=D, BV=bz, SEG_T=seg_t, USE_H0=use_h0, PIECES=pieces,
+                    PREFIX=rank > 0, DOT_PREC=cfg.cp_chain_precision, num_warps=8)),
+        fix=((n_pref, HV, D // bz), dict(RANK=rank, H=HV, K=D, V=D, BV=bz, SEG_T=seg_t,
                                          DOT_PREC=cfg.cp_chain_precision, num_warps=4))
-        if pieces else None,
-        enter=((N, HV), dict(H=HV, K=D, V=D, BR=min(16, D), USE_H0=use_h0, num_warps=4))
         if rank > 0 else None,
-        folds=tuple(folds), nbytes=nbytes, views=views)
+        nbytes=nbytes, views=views)
 
 
 def clear_rank_plans() -> None:
-    """Forget every rank plan and cached zero state (the rules' constants changed)."""
+    """Forget every rank plan (the rules' constants changed)."""
     _RANK_PLANS.clear()
-    _ZEROS.clear()
-
-
-def _zeros(device, HV: int, D: int) -> torch.Tensor:
-    key = (device, HV, D)
-    z = _ZEROS.get(key)
-    if z is None:
-        z = _ZEROS[key] = torch.zeros(HV, D, D, dtype=torch.float32, device=device)
-    return z
 
 
 def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=None, *,
@@ -497,13 +534,13 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
         ws = workspace_views(p, dev, buf)
         for go in _bind_before(*args, ws):
             go()
-    if p.compose is not None:
+    if p.world > 1:
         _exchange(p, ws or workspace_views(p, dev, buf, c.between), group, dev)
     if not after.run(srcs, buf):
         ws = ws or workspace_views(p, dev, buf)
         for go in _bind_after(*args, ws):
             go()
-    if p.compose is not None:
+    if p.world > 1:
         ht.masked_fill_((ws or workspace_views(p, dev, buf, ("drop",)))["drop"], 0.0)
     return o, ht
 
@@ -575,7 +612,7 @@ def _run_fast(f, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds
     c = f.call
     p, dev = c.plan, q.device
     ws = None
-    if p.compose is not None:
+    if p.world > 1:
         ws = workspace_views(p, dev, buf, c.between)
         _exchange(p, ws, group, dev)
     if f.run2(f.plan2, scale, check_values, config, q, k, v, state, A_log, a, dt_bias, b,
@@ -586,7 +623,7 @@ def _run_fast(f, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds
             for go in _bind_after(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                   c.scale, o, ht, ws):
                 go()
-    if p.compose is not None:
+    if p.world > 1:
         ht.masked_fill_(ws["drop"], 0.0)
     return o, ht
 
@@ -614,40 +651,37 @@ def _prepare(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds, wo
     c.plan = rank_plan(T_r, N, HV, D, rank, world, t0, T, config, state is not None,
                        not check_values, q.device)
     c.scale, c.checked = resolve_scale(scale, D), bool(check_values)
-    c.between = frozenset(("mine", "zs", "drop") + tuple(x for f in c.plan.folds for x in f))
+    c.between = frozenset(("mine", "zs", "drop"))
     c.lists, c.tries, c.fast = None, 0, None
     return c
 
 
 def _bind_before(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, ws):
     """The launches before the exchange, bound: the rank's indices, the intra-chunk kernel,
-    phase A, the last piece's map (with more than one rank)."""
+    phase A, phase B with the rank's map (:func:`rank_chain_kernel`)."""
     cu_local, meta, summ, negl = ws["cu_local"], ws.get("meta"), ws["summary"], ws["negligible"]
     tb, gc, aq, lb = ws["Tb"], ws["gc"], ws["Aqk"], ws["log_bound"]
     T_r = p.t1 - p.t0
-    gos = [_INDEX_LAUNCH.bind(p.index[0], (cu_seqlens, cu_local, meta, ws.get("drop"), p.t0,
-                                           p.t1, p.T, T_r, p.N), p.index[1]),
-           intra_chunk_fwd(k, v, cu_local, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                           scale=scale, log_bound=lb, out=(tb, gc, aq, ws.get("scratch")),
-                           defer=True, **p.intra)[3],
-           state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, summary=summ, log_bound=lb,
-                            negligible=negl, scale=scale, defer=True, **p.phase_a)]
-    if p.compose is not None:
-        gos.append(_COMPOSE_LAUNCH.bind(p.compose[0], (summ, negl, state, meta, cu_local,
-                                                       ws["mine"], T_r), p.compose[1]))
-    return gos
+    return [_INDEX_LAUNCH.bind(p.index[0], (cu_seqlens, cu_local, meta, ws.get("drop"), p.t0,
+                                            p.t1, p.T, T_r, p.N), p.index[1]),
+            intra_chunk_fwd(k, v, cu_local, q, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                            scale=scale, log_bound=lb, out=(tb, gc, aq, ws.get("scratch")),
+                            defer=True, **p.intra)[3],
+            state_walk_t_fwd(q, k, v, tb, aq, gc, cu_local, summary=summ, log_bound=lb,
+                             negligible=negl, scale=scale, defer=True, **p.phase_a),
+            _CHAIN_LAUNCH.bind(p.chain[0], (state, summ, negl, meta, cu_local, ws["s0"],
+                                            ws.get("pref"), ws.get("mine"), T_r, p.N),
+                               p.chain[1])]
 
 
 def _bind_after(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, ht, ws):
-    """The launches after the exchange, bound: the entering states (rank > 0), phase B,
-    phase C."""
-    cu_local, summ, negl, s0 = ws["cu_local"], ws["summary"], ws["negligible"], ws["s0"]
-    h0 = ws["h0"] if p.enter is not None else state
+    """The launches after the exchange, bound: the first piece's entering states from the
+    earlier ranks' maps (rank > 0), phase C."""
+    cu_local, s0 = ws["cu_local"], ws["s0"]
     gos = []
-    if p.enter is not None:
-        gos.append(_ENTER_LAUNCH.bind(p.enter[0], (state, ws[p.folds[-1][2]], ws["meta"], h0),
-                                      p.enter[1]))
-    gos.append(segment_combine_t_fwd(summ, s0, negl, cu_local, h0, defer=True, **p.phase_b))
+    if p.fix is not None:
+        gos.append(_FIX_LAUNCH.bind(p.fix[0], (s0, ws["pref"], ws["zs"], ws["meta"], cu_local,
+                                               p.t1 - p.t0), p.fix[1]))
     gos.append(phase_c_fwd(p.phase_c_gluon, q, k, v, ws["Tb"], ws["Aqk"], ws["gc"], cu_local,
                            s0=s0, output=o, final_state=ht, scale=scale, defer=True,
                            **p.phase_c))
@@ -655,13 +689,9 @@ def _bind_after(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
 
 
 def _exchange(p, ws, group, dev) -> None:
-    """The all-gather of the last pieces' maps and, on rank ``r > 0``, the fold over the
-    earlier ranks into the state entering this rank (the entering-state launch reads it)."""
+    """The all-gather of every rank's map (the fold over the earlier ranks runs in
+    :func:`rank_fix_kernel`, after it)."""
     all_gather_into(ws["zs"], ws["mine"], group=group)   # (concatenated: gloo and nccl)
-    if p.enter is not None:
-        s_t = _zeros(dev, p.HV, p.D)
-        for f, m, out in p.folds:   # S^T = S^T M_r^T + F_r^T over the earlier ranks
-            s_t = torch.baddbmm(ws[f], s_t, ws[m], out=ws[out])
 
 
 def _run(recs, args, ws, group) -> None:
@@ -677,7 +707,7 @@ def _run(recs, args, ws, group) -> None:
                 go()
         if recs is not None:
             recs.append(rec)
-        if gos is before and p.compose is not None:
+        if gos is before and p.world > 1:
             _exchange(p, ws, group, args[1].device)
-    if p.compose is not None:
+    if p.world > 1:
         ht.masked_fill_(ws["drop"], 0.0)

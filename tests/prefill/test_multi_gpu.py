@@ -14,8 +14,9 @@ sequences on rank boundaries, ``D = 16`` and ``D = 128``, with and without initi
 slow decays (the state carries across ranks), the device guard of an invalid
 ``cu_seqlens``, and calls padded to whole chunks per rank (a padding sequence last, cut by
 :func:`even_bounds`) where the ranks past the real tokens hold only padding (at 2, 3 and 4
-ranks; one token per rank at 4; D = 128 at 2). On a host with two GPUs, two NCCL ranks at
-the contest's heads as well (skipped elsewhere).
+ranks; one token per rank at 4; D = 128 at 2). On a CUDA host, three gloo ranks sharing
+one GPU at the contest's heads (the GPU's kernels); on a host with two GPUs, two NCCL ranks
+as well (skipped elsewhere).
 """
 from __future__ import annotations
 
@@ -254,10 +255,12 @@ def test_bad_input_raises_before_launch(one_rank, edit, exc, match):
         prefill_multi_gpu(**kw)
 
 
-def _nccl_worker(rank, init, out, lens, bounds):
-    dev = torch.device("cuda", rank)
+def _cuda_worker(rank, init, out, lens, bounds, backend="nccl"):
+    """One rank on CUDA: its own GPU with NCCL, or GPU 0 shared with the others (gloo)."""
+    dev = torch.device("cuda", rank if backend == "nccl" else 0)
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", init_method=f"file://{init}", rank=rank, world_size=2)
+    dist.init_process_group(backend, init_method=f"file://{init}", rank=rank,
+                            world_size=len(bounds) - 1)
     x = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t)
          for n, t in make_prefill_inputs(lens, CONTEST_SHAPE, seed=5).items()}
     t0, t1 = bounds[rank], bounds[rank + 1]
@@ -274,17 +277,33 @@ def _nccl_worker(rank, init, out, lens, bounds):
 def test_two_gpus_match_reference(tmp_path):
     """Two NCCL ranks on two GPUs at the contest's heads: one sequence straddling them, one on
     each, one long enough for the long path's 16 segments per rank."""
-    from kernels.reference import prefill_reference_chunked
-
     for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                  ("NVSHMEM_DISABLE_NVLS", "1")):
         os.environ[k] = v
     lens, bounds = [3000, 60000, 2536], [0, 32768, 65536]
-    mp.start_processes(_nccl_worker, args=(tmp_path / "init", tmp_path / "out", lens, bounds),
-                       nprocs=2, join=True, start_method="spawn")
-    got = [torch.load(tmp_path / f"out.{r}") for r in range(2)]
+    _check_cuda_ranks(tmp_path, lens, bounds, "nccl")
+
+
+def _check_cuda_ranks(tmp_path, lens, bounds, backend):
+    from kernels.reference import prefill_reference_chunked
+
+    W = len(bounds) - 1
+    mp.start_processes(_cuda_worker, args=(tmp_path / "init", tmp_path / "out", lens, bounds,
+                                           backend),
+                       nprocs=W, join=True, start_method="spawn")
+    got = [torch.load(tmp_path / f"out.{r}") for r in range(W)]
     x = {n: (t.cuda() if isinstance(t, torch.Tensor) else t)
          for n, t in make_prefill_inputs(lens, CONTEST_SHAPE, seed=5).items()}
     ref = prefill_reference_chunked(**x)
     res = check_outputs((torch.cat([g[0] for g in got]).cuda(), got[0][1].cuda()), ref)
     assert res.ok, f"{res.reason} (max abs {res.max_abs_err:.3e})"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_three_ranks_sharing_one_gpu_match_reference(tmp_path):
+    """Three gloo ranks on one GPU (the GPU's kernels, Gluon phase C on sm_90, with a host
+    collective: what one lent GPU can check of the multi-GPU call): a sequence through all
+    three (rank 1 inside it; rank 2 folds two earlier maps), the last one starting on rank
+    2, the contest's heads, 16 segments per rank."""
+    _check_cuda_ranks(tmp_path, [40000, 9152], [0, 16384, 32768, 49152], "gloo")

@@ -65,22 +65,77 @@ def test_rank_index_kernel_matches_torch(cu, bounds, guard, dtype):
             assert torch.equal(got.cpu(), w), f"{name}, rank {r}: {got.tolist()} != {w.tolist()}"
 
 
-@pytest.mark.parametrize("use_h0", [True, False])
-@pytest.mark.parametrize("take", [0, 1])
-def test_enter_state_kernel_copies(use_h0, take):
-    N, H, D = 3, 2, 16
-    h0 = torch.randn(N, H, D, D, device=DEV)
-    h0[0, 0, 0, 0] = -0.0
-    s_t = torch.randn(H, D, D, device=DEV)
-    s_t[1, 2, 3] = -0.0
-    meta = torch.tensor([0, 0, 1, take], dtype=torch.int64, device=DEV)
-    out = torch.full((N, H, D, D), float("nan"), device=DEV)
-    multi_gpu.enter_state_kernel[(N, H)](h0 if use_h0 else None, s_t, meta, out, H=H, K=D,
-                                         V=D, BR=8, USE_H0=use_h0)
-    want = h0.clone() if use_h0 else torch.zeros_like(h0)
-    if take:
-        want[1] = s_t
-    assert torch.equal(out.view(torch.int32), want.view(torch.int32))   # bits (signed zeros)
+def _chain_case(last_starts_here: bool, seed: int = 0):
+    """A rank (RANK = 2 of 3) holding two sequences' pieces, D = 16, segments of 64 tokens:
+    sequence 0 (tokens [0, 120): slots 0-1) continues from the earlier ranks (the first
+    piece); with ``last_starts_here`` sequence 1 ([120, 200): slots 3-4) starts here and is
+    the last piece, else sequence 0 is also the last (it holds all 200 tokens: slots 0-3).
+    Random segment maps (some negligible), the earlier ranks' maps, initial states."""
+    g = torch.Generator().manual_seed(seed)
+    H, D, S, RANK = 2, 16, 6, 2
+    r = lambda *sh: torch.randn(*sh, generator=g)   # noqa: E731
+    cu = torch.tensor([0, 120, 200] if last_starts_here else [0, 200, 200])
+    meta = torch.tensor([1, 1, 0, 1] if last_starts_here else [0, 0, 0, 1])
+    summ = torch.cat([r(S, H, D, D) * 0.3 / D ** 0.5, r(S, H, D, D)], 2)   # [M^T ; X^T]
+    negl = (torch.rand(S, H, generator=g) < 0.25).to(torch.int32)
+    zs = torch.cat([r(RANK * H, D, D) * 0.3 / D ** 0.5, r(RANK * H, D, D)], 1)
+    zs[:H, :D] = 0                                       # rank 0's piece starts there
+    h0 = r(2, H, D, D)
+    return dict(H=H, D=D, S=S, RANK=RANK, cu=cu, meta=meta, summ=summ, negl=negl, zs=zs,
+                h0=h0)
+
+
+def _chain_reference(c):
+    """Every slot's entering state and the last piece's map, float64, step by step."""
+    H, D = c["H"], c["D"]
+    M = lambda slot, h: (0 if c["negl"][slot, h] else 1) * c["summ"][slot, h, :D].double()  # noqa: E731
+    X = lambda slot, h: c["summ"][slot, h, D:].double()   # noqa: E731
+    enter = torch.zeros(H, D, D, dtype=torch.float64)
+    for r in range(c["RANK"]):
+        z = c["zs"][r * H:(r + 1) * H].double()
+        enter = enter @ z[:, :D] + z[:, D:]
+    s0, mine = {}, torch.zeros(H, 2 * D, D, dtype=torch.float64)
+    for n in range(2):
+        bos, eos = int(c["cu"][n]), int(c["cu"][n + 1])
+        n_c, slot0 = -(-(eos - bos) // 64), bos // 64 + n
+        for h in range(H):
+            st = enter[h].clone() if n == 0 else c["h0"][n, h].double()
+            q = torch.eye(D, dtype=torch.float64)
+            for j in range(max(n_c, 1)):
+                s0[slot0 + j, h] = st
+                if j < n_c:
+                    st, q = st @ M(slot0 + j, h) + X(slot0 + j, h), q @ M(slot0 + j, h)
+            if n == int(c["meta"][0]):
+                from_zero = st - (enter[h] @ q if n == 0 else 0)
+                mine[h] = torch.cat([q if n == 0 else torch.zeros_like(q), from_zero])
+    return s0, mine
+
+
+@pytest.mark.parametrize("last_starts_here", [True, False])
+def test_rank_chain_and_fix_kernels_give_every_entering_state(last_starts_here):
+    """rank_chain_kernel (phase B before the exchange, the continuing first piece from zero,
+    its prefix maps, the last piece's [M_r ; F_r]) then rank_fix_kernel (the fold over the
+    earlier ranks' maps and S_j += S Q_j): every segment's entering state and the rank's map
+    equal a float64 step-by-step chain (bf16 products: to 2e-2)."""
+    c = _chain_case(last_starts_here)
+    H, D, S = c["H"], c["D"], c["S"]
+    to = lambda t: t.to(DEV)   # noqa: E731
+    s0 = torch.full((S, H, D, D), float("nan"), device=DEV)
+    pref = torch.full((4, H, D, D), float("nan"), device=DEV)
+    mine = torch.full((H, 2 * D, D), float("nan"), device=DEV)
+    kw = dict(H=H, K=D, V=D, BV=8, SEG_T=64)
+    multi_gpu.rank_chain_kernel[(3, H, D // 8)](
+        to(c["h0"]), to(c["summ"]), to(c["negl"]), to(c["meta"]), to(c["cu"]), s0, pref, mine,
+        200, 2, USE_H0=True, PIECES=True, PREFIX=True, DOT_PREC="tf32x3", **kw)
+    mine_zero = mine.clone()
+    want_s0, want_mine = _chain_reference(c)
+    assert torch.allclose(mine_zero.cpu().double(), want_mine, rtol=2e-2, atol=2e-2)
+    multi_gpu.rank_fix_kernel[(4, H, D // 8)](s0, pref, to(c["zs"]), to(c["meta"]),
+                                              to(c["cu"]), 200, RANK=c["RANK"],
+                                              DOT_PREC="tf32x3", **kw)
+    for (slot, h), want in want_s0.items():
+        got = s0[slot, h].cpu().double()
+        assert torch.allclose(got, want, rtol=2e-2, atol=2e-2), (slot, h)
 
 
 def test_rank_plan_remembered_per_key():
@@ -89,10 +144,11 @@ def test_rank_plan_remembered_per_key():
     p = multi_gpu.rank_plan(*args)
     assert multi_gpu.rank_plan(*args) is p
     assert multi_gpu.rank_plan(*args[:-1], False) is not p
-    assert p.seg_t == 4 * 64 and p.enter is not None   # 64 chunks, one sequence per rank
-    assert [f[:2] for f in p.folds] == [("F0", "M0")]
+    assert p.seg_t == 4 * 64 and p.fix is not None   # 64 chunks, one sequence per rank
+    assert p.fix[0] == (16, 8, 8) and p.fix[1]["RANK"] == 1   # 16 segments: its grid
+    assert p.chain[0] == (3, 8, 8)                            # 2 sequences + the map's
     names = [v[0] for v in p.views]
-    assert len(names) == len(set(names)) and {"cu_local", "zs", "h0", "F0", "M0"} <= set(names)
+    assert len(names) == len(set(names)) and {"cu_local", "zs", "pref", "mine"} <= set(names)
     with pytest.raises(TypeError, match="config"):
         multi_gpu.rank_plan(*args[:8], "fast", False, True)
 
@@ -123,7 +179,7 @@ def fake_rank1():
 
 @pytest.mark.parametrize("with_state", [True, False])
 def test_call_host_work(fake_rank1, with_state, monkeypatch):
-    """Rank 1 of 2 (the fold and the entering states included): no host sync, one
+    """Rank 1 of 2 (the fold and the entering states included, in kernels): no host sync, one
     workspace allocation besides the two outputs; the second call plans nothing. (Under
     the interpreter the recorded call's launches are no-ops: the interpreter's own copies
     of the arguments are not the call's. The Python path's work: on CUDA a plan of
@@ -147,7 +203,7 @@ def test_call_host_work(fake_rank1, with_state, monkeypatch):
     assert allocs == ["empty"] * 3, rec.ops           # the workspace, output, final state
     compute = [op for op in rec.ops if op not in ("empty", "as_strided", "view", "detach")
                and "allgather" not in op]
-    assert sorted(compute) == ["baddbmm", "masked_fill_"], rec.ops
+    assert compute == ["masked_fill_"], rec.ops
     assert sum("allgather" in op for op in rec.ops) == 1, rec.ops   # the exchange
 
 
@@ -196,19 +252,19 @@ def test_recorded_halves_equal_the_normal_path_bit_for_bit(fake_rank0):
         multi_gpu._CALLS.update(calls)
         assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
     (c,) = multi_gpu._CALLS.values()
-    assert [len(x) for x in c.lists] == [4, 2]   # index, intra, A, compose | B, C
+    assert [len(x) for x in c.lists] == [4, 1]   # index, intra, A, chain (B + map) | C
 
 
 def test_rank1_records_the_entering_state_after_the_exchange(fake_rank1):
-    """Rank 1 of 2: the entering-state launch opens the second half; bad bounds are still
+    """Rank 1 of 2: the entering states' fix opens the second half; bad bounds are still
     rejected on a repeat of the signature."""
     x = make_prefill_inputs([100, 150], GDNShape(1, 2, 16), seed=0, device=DEV)
     mine = {n: (t[128:] if n in ("q", "k", "v", "a", "b") else t) for n, t in x.items()}
     multi_gpu._CALLS.clear()
     multi_gpu.prefill_multi_gpu(**mine, bounds=[0, 128, 250], check_values=False)
     (c,) = multi_gpu._CALLS.values()
-    assert [len(x) for x in c.lists] == [4, 3]
-    assert c.lists[1].names[0] == "enter_state_kernel"
+    assert [len(x) for x in c.lists] == [4, 2]
+    assert c.lists[1].names[0] == "rank_fix_kernel"
     for bad, exc in (([0, 128.0, 250], ValueError), ((0, 120, 250), ValueError)):
         with pytest.raises(exc, match="bounds|q must hold"):
             multi_gpu.prefill_multi_gpu(**mine, bounds=bad, check_values=False)
