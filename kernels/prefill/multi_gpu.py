@@ -518,11 +518,12 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
             _run(None, args, workspace_views(p, dev, buf), group)
             return o, ht
         c.tries -= 1
-        with recording() as binds:   # (the binds, so that their launches are noted)
-            recs = []
-            _run(recs, args, workspace_views(p, dev, buf), group)
-        built = [r.build(srcs, 9, buf) if binds.ok else None for r in recs]
-        c.lists = None if None in built else tuple(built)
+        recs = []
+        _run(recs, args, workspace_views(p, dev, buf), group)
+        built = [r.build(srcs, 9, buf) if ok else None for r, ok in recs]
+        # (the second half alone may not be recordable: the Gluon walk's launch builds TMA
+        # descriptors per call; that half is then bound per call)
+        c.lists = None if built[0] is None else tuple(built)
         if (c.lists is not None and sig is not None and not c.checked
                 and fastcall.available()):
             _make_fast(c, bkey[1], group, world, rank, (scale, check_values, config), srcs,
@@ -536,7 +537,7 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
             go()
     if p.world > 1:
         _exchange(p, ws or workspace_views(p, dev, buf, c.between), group, dev)
-    if not after.run(srcs, buf):
+    if after is None or not after.run(srcs, buf):
         ws = ws or workspace_views(p, dev, buf)
         for go in _bind_after(*args, ws):
             go()
@@ -554,7 +555,8 @@ class _RankCall:
     whether ``cu_seqlens``' values are checked on the host per call, the names of the
     views the exchange and the fold use (cut alone between the recorded halves), and the
     launches as recorded on a call, ``(before the exchange, after it)``
-    (:class:`kernels.launch.LaunchList`; None until then) with the tries left."""
+    (:class:`kernels.launch.LaunchList`; None until then; the second alone None where it
+    cannot be recorded: the Gluon walk, bound per call) with the tries left."""
 
     __slots__ = ("plan", "scale", "checked", "between", "lists", "tries", "fast")
 
@@ -568,7 +570,8 @@ class _Fast:
     with what the plans cannot check themselves: the bounds (as in the signature), the
     group by identity, the world size and rank. The first plan checks the call's tensors
     and options, allocates the output, the final states and the workspace, launches the
-    first half and returns the three; the second takes them as given."""
+    first half and returns the three; the second takes them as given (None where that half
+    is not recorded, the Gluon walk: it is bound per call in Python)."""
 
     __slots__ = ("call", "bounds", "group", "world", "rank", "run1", "plan1", "run2", "plan2")
 
@@ -580,12 +583,14 @@ def _make_fast(c, bounds, group, world, rank, opts, srcs, buf) -> None:
     p1 = fastcall.make_plan(before, opts, srcs[:9], (("empty", o), ("empty", ht),
                                                      ("empty", buf)), None, (9, 10, 11),
                             ws_source=11)
-    p2 = fastcall.make_plan(after, opts, srcs + (buf,), (), None, (), ws_source=11)
-    if p1 is None or p2 is None:
+    p2 = (fastcall.make_plan(after, opts, srcs + (buf,), (), None, (), ws_source=11)
+          if after is not None else None)
+    if p1 is None or (p2 is None and after is not None):
         return
     f = _Fast()
     f.call, f.bounds, f.group, f.world, f.rank = c, bounds, group, world, rank
-    f.run1, f.plan1, f.run2, f.plan2 = fastcall.runner(p1), p1, fastcall.runner(p2), p2
+    f.run1, f.plan1 = fastcall.runner(p1), p1
+    f.run2, f.plan2 = (fastcall.runner(p2), p2) if p2 is not None else (None, None)
     c.fast = f
     global _LAST
     _LAST = f
@@ -615,10 +620,11 @@ def _run_fast(f, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds
     if p.world > 1:
         ws = workspace_views(p, dev, buf, c.between)
         _exchange(p, ws, group, dev)
-    if f.run2(f.plan2, scale, check_values, config, q, k, v, state, A_log, a, dt_bias, b,
-              cu_seqlens, o, ht, buf) is None:   # (not expected: the first plan checked all)
+    if f.plan2 is None or f.run2(f.plan2, scale, check_values, config, q, k, v, state, A_log,
+                                 a, dt_bias, b, cu_seqlens, o, ht, buf) is None:
+        # (no second plan: that half bound per call; None: not expected, the first checked all)
         srcs = (q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, o, ht)
-        if not c.lists[1].run(srcs, buf):
+        if c.lists[1] is None or not c.lists[1].run(srcs, buf):
             ws = workspace_views(p, dev, buf)
             for go in _bind_after(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens,
                                   c.scale, o, ht, ws):
@@ -698,16 +704,20 @@ def _run(recs, args, ws, group) -> None:
     """A rank call by its normal path: every launch bound before the first (the host time
     between launches is what the device waits for), the launches before the exchange, the
     exchange, the launches after it, the final states of sequences ending elsewhere zeroed.
-    ``recs``: a list that gets the recordings of the two halves (None: no recording)."""
+    ``recs``: a list that gets ``(recording, recordable)`` of each half (None: no
+    recording; a half is not recordable where a bind said so, :func:`.launch.not_recordable`)."""
     p, ht = args[0], args[-1]
-    before, after = _bind_before(*args, ws), _bind_after(*args, ws)
-    for gos in (before, after):
+    halves = []
+    for bind in (_bind_before, _bind_after):
+        with (recording() if recs is not None else nullcontext()) as b:
+            halves.append((bind(*args, ws), b is None or b.ok))
+    for gos, ok in halves:
         with (recording() if recs is not None else nullcontext()) as rec:
             for go in gos:
                 go()
         if recs is not None:
-            recs.append(rec)
-        if gos is before and p.world > 1:
+            recs.append((rec, ok))
+        if gos is halves[0][0] and p.world > 1:
             _exchange(p, ws, group, args[1].device)
     if p.world > 1:
         ht.masked_fill_(ws["drop"], 0.0)

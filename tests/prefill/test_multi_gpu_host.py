@@ -7,6 +7,7 @@ all-gather returns at once). Correctness across ranks: ``tests/prefill/test_mult
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_available() else "1")
 
@@ -385,3 +386,55 @@ def test_rank_plans_decline_what_the_signature_sees(fake_rank0, serving_stub):
     multi_gpu.prefill_multi_gpu(**mine, bounds=[0, 128, 250], check_values=None)  # checked
     assert len(multi_gpu._CALLS) == 2
     assert [x.fast is None for x in multi_gpu._CALLS.values()] == [False, True]
+
+
+@pytest.fixture
+def unrecordable_phase_c(monkeypatch):
+    """Phase C marks its bind not recordable, as the Gluon walk does on sm_90 (its launch
+    builds TMA descriptors from the addresses per call)."""
+    from kernels import launch
+
+    real = multi_gpu.phase_c_fwd
+
+    def gluon_like(*a, **k):
+        launch.not_recordable()
+        return real(*a, **k)
+    monkeypatch.setattr(multi_gpu, "phase_c_fwd", gluon_like)
+
+
+@pytest.mark.parametrize("stub", [False, True])
+def test_a_half_not_recordable_is_bound_per_call(fake_rank0, unrecordable_phase_c, stub):
+    """Where the half after the exchange cannot be recorded (the Gluon walk), the half before
+    it still is (and, with the fastcall stub serving, is the first plan; no second plan):
+    repeats with other tensors give the normal path's bits, the second half bound per
+    call."""
+    from kernels import fastcall
+
+    if stub and (not interpret.INTERPRET or fastcall._compiler() is None
+                 or fastcall.load() is None):
+        pytest.skip("the stub's plans (CPU, a C++ compiler)")
+    bounds = [0, 128, 250]
+    multi_gpu._CALLS.clear()
+    multi_gpu._LAST = None
+    with (fastcall.serving_stub() if stub else nullcontext()):
+        for seed in range(3):
+            x = make_prefill_inputs([100, 150], GDNShape(1, 2, 16), seed=seed, device=DEV)
+            mine = {n: (t[:128] if n in ("q", "k", "v", "a", "b") else t)
+                    for n, t in x.items()}
+            out = multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
+            (c,) = multi_gpu._CALLS.values()
+            assert c.lists is not None and c.lists[0] is not None and c.lists[1] is None
+            if stub:
+                assert c.fast is not None and c.fast.plan2 is None
+                assert multi_gpu._LAST is c.fast
+            calls, last = dict(multi_gpu._CALLS), multi_gpu._LAST
+            multi_gpu._CALLS.clear()
+            multi_gpu._LAST = None
+            with fastcall.serving_stub(False):
+                ref = multi_gpu.prefill_multi_gpu(**mine, bounds=bounds, check_values=False)
+            multi_gpu._CALLS.clear()
+            multi_gpu._CALLS.update(calls)
+            multi_gpu._LAST = last
+            assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    multi_gpu._CALLS.clear()
+    multi_gpu._LAST = None
