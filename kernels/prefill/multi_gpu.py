@@ -536,7 +536,7 @@ def prefill_multi_gpu(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale=No
         for go in _bind_before(*args, ws):
             go()
     if p.world > 1:
-        _exchange(p, ws or workspace_views(p, dev, buf, c.between), group, dev)
+        _exchange(ws or workspace_views(p, dev, buf, c.between), group)
     if after is None or not after.run(srcs, buf):
         ws = ws or workspace_views(p, dev, buf)
         for go in _bind_after(*args, ws):
@@ -619,7 +619,7 @@ def _run_fast(f, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, bounds
     ws = None
     if p.world > 1:
         ws = workspace_views(p, dev, buf, c.between)
-        _exchange(p, ws, group, dev)
+        _exchange(ws, group)
     if f.plan2 is None or f.run2(f.plan2, scale, check_values, config, q, k, v, state, A_log,
                                  a, dt_bias, b, cu_seqlens, o, ht, buf) is None:
         # (no second plan: that half bound per call; None: not expected, the first checked all)
@@ -694,7 +694,7 @@ def _bind_after(p, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, o, h
     return gos
 
 
-def _exchange(p, ws, group, dev) -> None:
+def _exchange(ws, group) -> None:
     """The all-gather of every rank's map (the fold over the earlier ranks runs in
     :func:`rank_fix_kernel`, after it)."""
     all_gather_into(ws["zs"], ws["mine"], group=group)   # (concatenated: gloo and nccl)
@@ -718,6 +718,6 @@ def _run(recs, args, ws, group) -> None:
         if recs is not None:
             recs.append((rec, ok))
         if gos is halves[0][0] and p.world > 1:
-            _exchange(p, ws, group, args[1].device)
+            _exchange(ws, group)
     if p.world > 1:
         ht.masked_fill_(ws["drop"], 0.0)

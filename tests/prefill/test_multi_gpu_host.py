@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from kernels import interpret  # noqa: E402
 from kernels.prefill import multi_gpu  # noqa: E402
 from kernels.spec import GDNShape, make_prefill_inputs  # noqa: E402
+from tests.test_fastcall import _expected_params  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -287,23 +288,6 @@ def serving_stub():
     multi_gpu._LAST = None
 
 
-def _expected(fastcall, spec, srcs, ws):
-    """One launch's parameters as the Python list passes them (tests/test_fastcall.py)."""
-    slots = {pos: (i, off) for pos, i, off in spec.slots}
-    out = []
-    for pos, (ty, x) in enumerate(zip(fastcall._types(spec),
-                                      list(spec.args) + list(spec.kwargs))):
-        if ty == "constexpr":
-            continue
-        if pos in slots:
-            i, off = slots[pos]
-            x = (srcs[i] if i >= 0 else ws).data_ptr() + off
-        elif isinstance(x, torch.Tensor):
-            x = x.data_ptr()
-        out.append(fastcall.pack(ty, x))
-    return out + [bytes(8), bytes(8)]
-
-
 @pytest.mark.parametrize("rank", [0, 1])
 def test_rank_plans_serve_repeats_with_the_python_lists_parameters(rank, serving_stub):
     """A signature's first call (values unchecked) makes the two plans (kernels.fastcall,
@@ -340,7 +324,7 @@ def test_rank_plans_serve_repeats_with_the_python_lists_parameters(rank, serving
             for notes, srcs, lst in ((notes1, srcs1, c.lists[0]), (notes2, srcs2, c.lists[1])):
                 assert len(notes) == len(lst.specs) > 0
                 for note, spec in zip(notes, lst.specs):
-                    assert list(note["params"]) == _expected(fastcall, spec, srcs[3:], buf)
+                    assert list(note["params"]) == _expected_params(spec, srcs[3:], buf)
                     assert note["grid"] == spec.grid
             if rank == 0:
                 calls, last = dict(multi_gpu._CALLS), multi_gpu._LAST
