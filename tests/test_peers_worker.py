@@ -185,3 +185,32 @@ def test_kernel_calls_failure_is_a_reason_not_a_crash(worker, data):
     assert res["gate"]["status"] == "pass" and res["kernel_rows"] == []
     assert res["kernel_error"]
     assert worker.status(["good"])["good"]["available"]   # the worker keeps serving
+
+
+def test_host_time_comes_before_the_requests_profiler_sessions(monkeypatch, data):
+    """A request asking for a timeline and host time: ``host`` is timed before the timeline
+    (a profiler session left the host slower on the H100), the other methods after it, and
+    the rows keep every method once."""
+    from kernels.bench import timeline, timing
+    from tests import fake_worker_peers
+
+    order = []
+    monkeypatch.setattr(timing, "time_each",
+                        lambda call, methods, rep, warmup: [dict(method=m) for m in methods
+                                                            if not order.append(m)])
+
+    class _Timeline:
+        def summary(self):
+            return {}
+        gpu = []
+
+    monkeypatch.setattr(timeline, "record_timeline",
+                        lambda call: order.append("timeline") or _Timeline())
+    inputs, ref = data
+    good = fake_worker_peers.fake_peers(["good"])["good"][0]
+    req = dict(data="already-loaded", device="cpu", methods=["cupti_cold", "graph", "host"],
+               rep=1, warmup=0, timeline=True)
+    res = peers_worker._run(req, good, dict(path="already-loaded", inputs=inputs, ref=ref))
+    assert res["gate"]["status"] == "pass"
+    assert order == ["host", "timeline", "cupti_cold", "graph"]
+    assert [t["method"] for t in res["timings"]] == ["host", "cupti_cold", "graph"]

@@ -43,7 +43,7 @@ import pandas as pd
 
 from kernels import registry
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
-from kernels.bench.timing import CPU_WALL, METHODS, method_available, time_each
+from kernels.bench.timing import CPU_WALL, METHODS, host_first, method_available, time_each
 from kernels.peers import default_peers
 from kernels.registry import Impl
 
@@ -460,7 +460,7 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     rows = []
     passed = set(gate[gate.status == PASS].label)
     n_timed = len([n for n in p["impls"] if n in passed])
-    for method in methods:
+    for method in host_first(methods):   # (host before the first CUPTI session)
         for B in progress(p["batch_sizes"], f"timing: {plural(n_timed, 'implementation')} "
                           f"per B ({method})", "B"):
             inputs, ref = _inputs(run, B)
@@ -496,8 +496,10 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         for B in progress(p["batch_sizes"], f"timing: {plural(n_sols, 'solution')} per B "
                           f"({', '.join(methods)}), in their workers", "B"):
             inputs, ref = _inputs(run, B)
-            rows += _time_solutions(run, gate, methods, B, inputs, ref,
+            rows += _time_solutions(run, gate, host_first(methods), B, inputs, ref,
                                     {m: method_floor_us(run, m, B, shape, bw) for m in methods})
+    order = {m: i for i, m in enumerate(methods)}   # rows (and panels) in the asked order
+    rows.sort(key=lambda r: order.get(r.get("method"), len(order)))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)
     times["frac_of_copy_bw"] = (times.floor_us / times.median_us).where(times.method != "host")
     if len(times):

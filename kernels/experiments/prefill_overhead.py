@@ -42,7 +42,7 @@ import pandas as pd
 
 from kernels import registry
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
-from kernels.bench.timing import time_each
+from kernels.bench.timing import host_first, time_each
 from kernels.peers import default_peers
 from kernels.registry import Impl
 from kernels.spec import lens_label, parse_shape
@@ -253,6 +253,21 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     gantt_label = parse_shape(p["gantt_shape"])[0] if p["gantt_shape"] else None
     impls = run.state["impls"]
     n_timed = len(set(impls) & set(gate[gate.status == PASS].label))
+    passed = lambda label, lab: ((gate.label == label) & (gate.lens == lab)  # noqa: E731
+                                 & (gate.status == PASS)).any()
+    # host time first, for every shape, before this process's first profiler session (the
+    # timelines, cupti_cold: the host ran slower after one; :func:`.timing.host_first`);
+    # a worker's peer is timed in its own process, host before its timeline
+    host = {}
+    if "host" in methods:
+        run.host_floor_us()
+        for lab, lens in progress(run.state["shapes"], f"host time of "
+                                  f"{plural(n_timed, 'implementation')} per shape", "shape"):
+            inputs, _ = _inputs(run, lab, lens)
+            for label, rec in impls.items():
+                if rec.where != "worker" and passed(label, lab):
+                    host[label, lab] = time_each(lambda f=rec.fn: f(**inputs), ["host"],
+                                                 rep=p["repetitions"], warmup=p["warmup"])
     rows = []
     for lab, lens in progress(run.state["shapes"], f"timelines + timing ({', '.join(methods)}) "
                               f"of {plural(n_timed, 'implementation')} per shape", "shape"):
@@ -266,7 +281,7 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 continue
             if rec.where == "worker":
                 rows += _measure_remote(run, fn, label, impl, variant, lab, lens, inputs,
-                                        methods, gantt_label)
+                                        host_first(methods), gantt_label)
                 continue
             call = (lambda f=fn: f(**inputs))
             summ = {}
@@ -279,7 +294,9 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                     tl.export_chrome_trace(path)
             except Exception as e:
                 run.skip(f"timeline {label} lens={lab}", short_reason(e))
-            timings = time_each(call, methods, rep=p["repetitions"], warmup=p["warmup"])
+            timings = time_each(call, [m for m in methods if m != "host"],
+                                rep=p["repetitions"], warmup=p["warmup"])
+            timings += host.get((label, lab), [])
             rows += run.timed_rows(timings, f"{label} lens={lab}",
                                    _base_row(run, impl, variant, lab, lens, label, summ))
     times = pd.DataFrame(rows, columns=TIMES_COLUMNS)

@@ -632,3 +632,59 @@ def test_host_bound_table_flags_the_shapes_whose_host_time_exceeds_their_gpu_tim
     line = [x for x in px.conclusion_markdown({"times": full}).split("\n\n")
             if x.startswith("**Host-bound")]
     assert line and "6 of 2 shapes" in line[0] and "0.89–1.41×" in line[0], line
+
+
+def test_prefill_host_times_come_before_the_first_timeline(monkeypatch):
+    """Notebook 02 takes every shape's ``host`` time (and the bare-launch floor) before its
+    first profiler session (a timeline, cupti_cold), then the other methods per shape; each
+    shape keeps one row per method."""
+    from types import SimpleNamespace
+
+    import kernels.bench.timeline as tlm
+
+    order = []
+
+    class _Timeline:
+        def summary(self):
+            return {}
+
+    def fake_time_each(call, methods, rep, warmup):
+        order.extend(methods)
+        return [dict(method=m, median_us=1.0) for m in methods]
+
+    class _Run:
+        params = dict(methods=["cupti_cold", "graph", "host"], gantt_shape="", repetitions=1,
+                      warmup=0)
+        gpu = "fake"
+        state = dict(impls={"ours": SimpleNamespace(impl="ours", variant="fused",
+                                                    fn=lambda **x: None, where="here")},
+                     shapes=[("6", [6]), ("64", [64])], timelines={})
+
+        def usable_methods(self, methods):
+            return list(methods)
+
+        def host_floor_us(self):   # (measured once per run, as Run's)
+            if "floor" not in order:
+                order.append("floor")
+            return 9.0
+
+        def skip(self, what, why):
+            raise AssertionError(f"{what}: {why}")
+
+        def timed_rows(self, timings, what, base):
+            return [dict(base, **t) for t in timings]
+
+        def write_csv(self, df, name):
+            pass
+
+    monkeypatch.setattr(px, "_timelines_available", lambda run: (True, ""))
+    monkeypatch.setattr(px, "_inputs", lambda run, lab, lens: ({}, None))
+    monkeypatch.setattr(px, "time_each", fake_time_each)
+    monkeypatch.setattr(tlm, "record_timeline", lambda call: order.append("timeline") or _Timeline())
+    gate = pd.DataFrame(dict(label=["ours", "ours"], lens=["6", "64"], status=["pass", "pass"]))
+    times = px.run_measurements(_Run(), gate)
+    assert order == ["floor", "host", "host", "timeline", "cupti_cold", "graph", "timeline",
+                     "cupti_cold", "graph"]
+    assert sorted(times.groupby("lens").method.apply(sorted).tolist()) == \
+        [["cupti_cold", "graph", "host"]] * 2
+    assert (times[times.method == "host"].floor_us == 9.0).all()
