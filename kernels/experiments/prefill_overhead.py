@@ -15,7 +15,7 @@ peers:
    timeline (launches, GPU busy, wall span, idle fraction —
    :func:`kernels.bench.timeline.record_timeline`) and the timing methods
    (``cupti_cold`` span, ``graph`` replay; ``host`` µs per eager call, taken for
-   every shape in a pass before the first timeline: :func:`.timing.host_first`)
+   every shape in a pass before the first timeline: :func:`kernels.bench.timing.host_first`)
    → ``prefill_times.csv``; Chrome
    traces of the Gantt shape's call beside the CSVs. Needs a CUDA GPU: on
    the CPU it prints why and writes nothing (no placeholder rows).
