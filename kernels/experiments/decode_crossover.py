@@ -496,7 +496,7 @@ def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
         for B in progress(p["batch_sizes"], f"timing: {plural(n_sols, 'solution')} per B "
                           f"({', '.join(methods)}), in their workers", "B"):
             inputs, ref = _inputs(run, B)
-            rows += _time_solutions(run, gate, host_first(methods), B, inputs, ref,
+            rows += _time_solutions(run, gate, methods, B, inputs, ref,
                                     {m: method_floor_us(run, m, B, shape, bw) for m in methods})
     order = {m: i for i, m in enumerate(methods)}   # rows (and panels) in the asked order
     rows.sort(key=lambda r: order.get(r.get("method"), len(order)))

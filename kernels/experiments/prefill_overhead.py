@@ -44,7 +44,7 @@ import pandas as pd
 
 from kernels import registry
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
-from kernels.bench.timing import host_first, time_each
+from kernels.bench.timing import time_each
 from kernels.peers import default_peers
 from kernels.registry import Impl
 from kernels.spec import lens_label, parse_shape
@@ -258,8 +258,8 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     passed = lambda label, lab: ((gate.label == label) & (gate.lens == lab)  # noqa: E731
                                  & (gate.status == PASS)).any()
     # host time first, for every shape, before this process's first profiler session (the
-    # timelines, cupti_cold: the host ran slower after one; :func:`.timing.host_first`);
-    # a worker's peer is timed in its own process, host before its timeline
+    # timelines, cupti_cold: the host ran slower after one; kernels.bench.timing.host_first);
+    # a worker's peer is timed in its own process, which takes host first itself
     host = {}
     if "host" in methods:
         run.host_floor_us()
@@ -283,7 +283,7 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
                 continue
             if rec.where == "worker":
                 rows += _measure_remote(run, fn, label, impl, variant, lab, lens, inputs,
-                                        host_first(methods), gantt_label)
+                                        methods, gantt_label)
                 continue
             call = (lambda f=fn: f(**inputs))
             summ = {}
