@@ -82,6 +82,14 @@ is gated at every config of the sweep grid. Whatever fails is not timed."""),
 gate = xp.run_gate(run)
 xp.gate_summary(gate)"""),
     ("md", """\
+Host time per eager call (`host`, µs) of every implementation that passed, and one
+bare Triton launch (the floor), taken here: before the sweep's first profiler
+session, after which every call's host time rose on an H100. `ours-adaptive` runs
+the installed dispatch table's config here; section 3 adds these rows to its table."""),
+    ("code", """\
+host = xp.run_host(run, gate)
+xp.times_table(host)"""),
+    ("md", """\
 ## 2. Our config space per batch size
 Every passing config timed with `sweep_method`; colour is time relative to the
 best config at that B (best over `num_stages`, `V_TILES`, `PREFETCH`). The

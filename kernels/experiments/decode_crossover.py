@@ -43,7 +43,7 @@ import pandas as pd
 
 from kernels import registry
 from kernels.bench.gate import ERROR, FAIL, PASS, UNAVAILABLE, gate_call, short_reason
-from kernels.bench.timing import CPU_WALL, METHODS, host_first, method_available, time_each
+from kernels.bench.timing import CPU_WALL, METHODS, method_available, time_each
 from kernels.peers import default_peers
 from kernels.registry import Impl
 
@@ -51,6 +51,7 @@ from .common import (COMMON_PARAMS, Param, Run, batch_axis, collect_params as _c
                      figure_legend, fmt_us, fmt_x, host_table, method_title, new_figure, plural,
                      progress, start_run, unique_in_order)
 
+from . import common as _common
 from . import decode_replay as _replay
 from . import decode_serving as _serving
 from .decode_replay import (plot_replay_bytes, plot_replay_drift,  # noqa: F401
@@ -448,51 +449,86 @@ def _label_config(run: Run, label: str, B: int):
     return None
 
 
+def _local_rows(run: Run, gate: pd.DataFrame, methods: List[str], B: int, inputs) -> List[dict]:
+    """Rows of every implementation of ``impls`` timed in this process at ``B`` with each of
+    ``methods`` (its config, or a peer's last passing variant); one that did not pass the
+    gate is skipped with its reason."""
+    p, rows = run.params, []
+    peers = run.state.get("peers", {})
+    fl = {m: method_floor_us(run, m, B, run.state["shape"],
+                             float("nan") if m == "host" else _copy_bw(run)) for m in methods}
+    for label in p["impls"]:
+        if label.startswith("solution:"):
+            continue
+        cfg = _label_config(run, label, B)
+        g = gate[(gate.label == label) & (gate.B == B)]
+        if cfg is not None:
+            cname, fn, call_inputs = cfg.name, _ours(cfg), inputs
+            g = g[g.config == cname]
+        else:  # a peer: its last passing variant (flashinfer: in place)
+            passing = [r for r in peers.get(label, [])
+                       if ((g.config == r.variant) & (g.status == PASS)).any()]
+            cname = passing[-1].variant if passing else "default"
+            fn = passing[-1].fn if passing else None
+            g = g[g.config == cname]
+            # an in-place peer gets its own copy of the inputs
+            call_inputs = dict(inputs, state=inputs["state"].clone()) \
+                if cname == "inplace" else inputs
+        if g.empty or (g.status != PASS).any():
+            why = "not gated" if g.empty else f"gate {g.status.iloc[0]}"
+            if g.empty or g.status.iloc[0] != UNAVAILABLE:
+                run.skip(f"{label} {cname} B={B} {'/'.join(methods)}", why)
+            continue
+        for method in methods:
+            timings = time_each(lambda: fn(**call_inputs), [method], rep=p["repetitions"],
+                                warmup=p["warmup"])
+            rows += run.timed_rows(timings, f"{label} B={B}", dict(
+                impl=impl_of(label), config=cname, B=B, floor_us=fl[method], gpu=run.gpu,
+                label=label))
+    return rows
+
+
+def run_host(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
+    """The ``host`` rows of every implementation timed in this process, and the bare-launch
+    floor, before the sweep's first profiler session (``cupti_cold`` left every later call
+    ~2.3 µs slower on an H100: docs/notes/instruments.md, "Host time after a profiler
+    session"). ``ours-adaptive`` runs the installed dispatch table's config here (the
+    sweep's is not known yet; the host work is one launch either way). Kept for
+    :func:`run_timing`; a solution's host is timed in its worker, which takes it first."""
+    p = run.params
+    run.state["host_rows"] = rows = []
+    if "host" not in p["methods"] or not _common.method_available("host", run.device)[0]:
+        return pd.DataFrame(rows, columns=TIMES_COLUMNS)   # (run_timing says why)
+    run.host_floor_us()
+    n_timed = len([n for n in p["impls"] if n in set(gate[gate.status == PASS].label)])
+    for B in progress(p["batch_sizes"], f"host: {plural(n_timed, 'implementation')} per B",
+                      "B"):
+        inputs, _ = _inputs(run, B)
+        rows += _local_rows(run, gate, ["host"], B, inputs)
+    return pd.DataFrame(rows, columns=TIMES_COLUMNS)
+
+
 def run_timing(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     """Time every implementation that passed the gate at B, per method
-    (``decode_times.csv``). Methods that cannot run here are skipped with a
-    printed reason; nothing is written for them."""
+    (``decode_times.csv``): the ``host`` rows from :func:`run_host` (taken there, before
+    the sweep, if it ran; here otherwise), the GPU methods here. Methods that cannot run
+    here are skipped with a printed reason; nothing is written for them."""
     p = run.params
-    shape = run.state["shape"]
-    peers = run.state.get("peers", {})
     methods = run.usable_methods(p["methods"])
-    bw = _copy_bw(run) if methods else float("nan")
-    rows = []
+    if "host" in methods and "host_rows" not in run.state:
+        run_host(run, gate)
+    rows = list(run.state.get("host_rows", [])) if "host" in methods else []
     passed = set(gate[gate.status == PASS].label)
     n_timed = len([n for n in p["impls"] if n in passed])
-    for method in host_first(methods):   # (host before the first CUPTI session)
+    gpu_methods = [m for m in methods if m != "host"]
+    for method in gpu_methods:
         for B in progress(p["batch_sizes"], f"timing: {plural(n_timed, 'implementation')} "
                           f"per B ({method})", "B"):
-            inputs, ref = _inputs(run, B)
-            fl = method_floor_us(run, method, B, shape, bw)
-            for label in p["impls"]:
-                if label.startswith("solution:"):
-                    continue
-                cfg = _label_config(run, label, B)
-                g = gate[(gate.label == label) & (gate.B == B)]
-                if cfg is not None:
-                    cname, fn, call_inputs = cfg.name, _ours(cfg), inputs
-                    g = g[g.config == cname]
-                else:  # a peer: its last passing variant (flashinfer: in place)
-                    passing = [r for r in peers.get(label, [])
-                               if ((g.config == r.variant) & (g.status == PASS)).any()]
-                    cname = passing[-1].variant if passing else "default"
-                    fn = passing[-1].fn if passing else None
-                    g = g[g.config == cname]
-                    # an in-place peer gets its own copy of the inputs
-                    call_inputs = dict(inputs, state=inputs["state"].clone()) \
-                        if cname == "inplace" else inputs
-                if g.empty or (g.status != PASS).any():
-                    why = "not gated" if g.empty else f"gate {g.status.iloc[0]}"
-                    if g.empty or g.status.iloc[0] != UNAVAILABLE:
-                        run.skip(f"{label} {cname} B={B} {method}", why)
-                    continue
-                timings = time_each(lambda: fn(**call_inputs), [method], rep=p["repetitions"],
-                                    warmup=p["warmup"])
-                rows += run.timed_rows(timings, f"{label} B={B}", dict(
-                    impl=impl_of(label), config=cname, B=B, floor_us=fl, gpu=run.gpu, label=label))
+            inputs, _ = _inputs(run, B)
+            rows += _local_rows(run, gate, [method], B, inputs)
     if methods and run.state.get("solutions"):
         n_sols = len([n for n in run.state["solutions"] if n in passed])
+        shape, bw = run.state["shape"], _copy_bw(run)
         for B in progress(p["batch_sizes"], f"timing: {plural(n_sols, 'solution')} per B "
                           f"({', '.join(methods)}), in their workers", "B"):
             inputs, ref = _inputs(run, B)

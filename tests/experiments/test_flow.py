@@ -195,3 +195,40 @@ def test_ncu_flow_with_fake_ncu(tmp_path, monkeypatch):
     df = pd.read_csv(final / "ncu_metrics.csv")
     assert list(df.columns[:6]) == ["impl", "config", "B", "kernel", "metric", "value"]
     assert (final / "bv_sweep_fit.csv").exists()
+
+
+def test_decode_host_rows_come_before_the_sweeps_profiler(tmp_path, monkeypatch):
+    """Notebook 01 takes every implementation's ``host`` time (and the bare-launch floor)
+    in ``run_host``, right after the gate and before the sweep's first ``cupti_cold``
+    session (the host ran slower after one); ``run_timing`` keeps those rows and times only
+    the GPU methods, one row per (implementation, B, method)."""
+    calls = []
+    monkeypatch.setattr(timing, "time_fn", _fake_time(calls))
+    monkeypatch.setattr(common, "method_available", lambda m, d: (True, ""))
+    monkeypatch.setattr(dx, "method_available", lambda m, d: (True, ""))   # (the sweep's)
+
+    def floor(self):   # (measured once per run, as Run's)
+        if "floor" not in calls:
+            calls.append("floor")
+        return 9.0
+
+    monkeypatch.setattr(common.Run, "host_floor_us", floor)
+    params = _params(dx, output_root=str(tmp_path), num_q_heads=1, num_v_heads=2, head_dim=32,
+                     batch_sizes=[1, 2], impls=["ours-adaptive", "ours-fla-like"],
+                     methods=["cupti_cold", "host"], sweep_method="cupti_cold",
+                     sweep_BV=[8], sweep_num_warps=[1], sweep_V_TILES=[1], sweep_BK=[16, 32],
+                     sweep_PREFETCH=[False], repetitions=2, warmup=0)
+    run = dx.start(params)   # (the grid holds the installed table's config, which
+    gate = dx.run_gate(run)  # ours-adaptive's host row runs: the sweep has not chosen yet)
+    assert (gate.status == "pass").all()
+    host = dx.run_host(run, gate)
+    assert calls[0] == "floor" and calls[1:] == ["host"] * 4
+    sweep = dx.run_sweep(run, gate)
+    dx.write_dispatch_table(run, dx.best_configs(sweep))
+    n_before = len(calls)
+    times = dx.run_timing(run, gate)
+    assert "cupti_cold" in calls[5:n_before] and "host" not in calls[n_before:]
+    assert sorted(times.groupby(["label", "B"]).method.apply(sorted).tolist()) == \
+        [["cupti_cold", "host"]] * 4
+    assert (times[times.method == "host"].floor_us == 9.0).all()
+    assert times[times.method == "host"].median_us.tolist() == host.median_us.tolist()
