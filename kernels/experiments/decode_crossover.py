@@ -9,10 +9,12 @@ B≈16. This module measures the same on the GPU at hand:
 1. :func:`run_gate` — every implementation at every B against
    :func:`kernels.reference.decode_reference` on the same inputs; ours is
    gated at every config of the sweep grid. Failing ones are not timed.
+   :func:`run_host` — their ``host`` time per B and the bare-launch floor, before the
+   sweep's first profiler session (after one, the host ran slower).
 2. :func:`run_sweep` — time every passing config of ours per B;
    :func:`best_configs` → the dispatch table (:func:`write_dispatch_table`),
    :func:`plot_heatmaps` (BV × num_warps per B).
-3. :func:`run_timing` — every passing implementation × method × B →
+3. :func:`run_timing` — every passing implementation × GPU method × B, with those rows, →
    the tidy ``decode_times.csv`` (floor and fraction of copy bandwidth from
    :mod:`kernels.bench.roofline`).
 4. :func:`plot_time_vs_B`, :func:`plot_speedup` (crossovers by log-linear
