@@ -400,7 +400,8 @@ def _gate_and_time(req: dict, fn, loaded: dict) -> dict:
         return res
     call = (lambda: fn(**inputs))
     methods = list(req.get("methods") or [])
-    # host time before this request's profiler sessions (:func:`.bench.timing.host_first`)
+    # host time before this request's profiler sessions (the host runs slower after one:
+    # docs/notes/instruments.md, "Host time after a profiler session")
     first = [m for m in methods if m == "host"]
     res["timings"] = time_each(call, first, rep=req["rep"], warmup=req["warmup"])
     if req.get("timeline"):

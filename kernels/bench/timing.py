@@ -112,7 +112,7 @@ from .gate import short_reason
 __all__ = [
     "Method", "TIMING_METHODS", "TIMING_METHODS_REV", "method_meaning", "METHODS", "GPU_METHODS", "CPU_WALL",
     "ALL_METHODS", "RANKS_METHOD", "Timing", "MethodUnavailable",
-    "method_available", "time_fn", "time_each", "host_first", "time_ranks", "graph_calls", "host_samples",
+    "method_available", "time_fn", "time_each", "time_ranks", "graph_calls", "host_samples",
     "bare_launch_fn", "GRAPH_TARGET_US", "GRAPH_MAX_CALLS", "HOST_CALLS_PER_SAMPLE",
     "HEAD_START_FACTOR", "HEAD_START_PAD_US", "HEAD_START_MAX_US",
     "flush_buffer", "split_iterations", "iteration_spans", "record_cupti_session",
@@ -595,14 +595,6 @@ def time_fn(fn: Callable[[], object], method: str, *, rep: int = 100, warmup: in
     if method == "host":
         return _time_host(fn, rep)
     return _time_cupti_cold(fn, rep, flush_l2)
-
-
-def host_first(methods: Sequence[str]) -> List[str]:
-    """``methods`` with ``host`` moved first, the others in their order: a process's host
-    times are taken before its first profiler session (``cupti_cold``, a timeline), since
-    the host ran slower after one on the H100 (docs/notes/instruments.md, "Host time after
-    a profiler session")."""
-    return sorted(methods, key=lambda m: m != "host")
 
 
 def time_each(fn: Callable[[], object], methods: Sequence[str], *, rep: int,

@@ -53,7 +53,6 @@ from .common import (COMMON_PARAMS, Param, Run, batch_axis, collect_params as _c
                      figure_legend, fmt_us, fmt_x, host_table, method_title, new_figure, plural,
                      progress, start_run, unique_in_order)
 
-from . import common as _common
 from . import decode_replay as _replay
 from . import decode_serving as _serving
 from .decode_replay import (plot_replay_bytes, plot_replay_drift,  # noqa: F401
@@ -499,7 +498,7 @@ def run_host(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     :func:`run_timing`; a solution's host is timed in its worker, which takes it first."""
     p = run.params
     run.state["host_rows"] = rows = []
-    if "host" not in p["methods"] or not _common.method_available("host", run.device)[0]:
+    if "host" not in p["methods"] or not method_available("host", run.device)[0]:
         return pd.DataFrame(rows, columns=TIMES_COLUMNS)   # (run_timing says why)
     run.host_floor_us()
     n_timed = len([n for n in p["impls"] if n in set(gate[gate.status == PASS].label)])

@@ -15,7 +15,7 @@ peers:
    timeline (launches, GPU busy, wall span, idle fraction —
    :func:`kernels.bench.timeline.record_timeline`) and the timing methods
    (``cupti_cold`` span, ``graph`` replay; ``host`` µs per eager call, taken for
-   every shape in a pass before the first timeline: :func:`kernels.bench.timing.host_first`)
+   every shape in a pass before the first timeline, after which the host runs slower)
    → ``prefill_times.csv``; Chrome
    traces of the Gantt shape's call beside the CSVs. Needs a CUDA GPU: on
    the CPU it prints why and writes nothing (no placeholder rows).
@@ -258,7 +258,7 @@ def run_measurements(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     passed = lambda label, lab: ((gate.label == label) & (gate.lens == lab)  # noqa: E731
                                  & (gate.status == PASS)).any()
     # host time first, for every shape, before this process's first profiler session (the
-    # timelines, cupti_cold: the host ran slower after one; kernels.bench.timing.host_first);
+    # timelines, cupti_cold: the host ran slower after one: docs/notes/instruments.md);
     # a worker's peer is timed in its own process, which takes host first itself
     host = {}
     if "host" in methods:

@@ -265,11 +265,3 @@ def test_graph_refuses_a_host_sync():
     # the device stays usable afterwards
     assert time_fn(lambda: x * 2, "event", rep=3, warmup=1).n == 3
 
-
-def test_host_first_moves_only_host():
-    from kernels.bench.timing import host_first
-
-    assert host_first(["cupti_cold", "graph", "event", "host"]) == ["host", "cupti_cold",
-                                                                      "graph", "event"]
-    assert host_first(["graph", "cupti_cold"]) == ["graph", "cupti_cold"]
-    assert host_first([]) == []
