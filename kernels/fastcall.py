@@ -2,7 +2,7 @@
 
 A call whose launches were recorded (:class:`kernels.launch.LaunchList`) gets a *plan*
 (:func:`make_plan`): per argument the metadata it must have (type, sizes, strides, dtype,
-device), None, or an option object by identity; the outputs to allocate or alias; the
+device), None, or an option (the recorded object, or an equal one of its type); the outputs to allocate or alias; the
 workspace size; per launch the CUfunction, grid, block, shared memory, PDL / cooperative
 flags and a prebuilt parameter buffer with slots for the call's addresses. A repeat is one
 Python-to-C call, :func:`run` (``run(plan, *args)``): it checks every argument against the
@@ -265,11 +265,12 @@ def _types(spec) -> list:
 
 
 def _immutable(a) -> bool:
-    """Whether an option can be required by identity: None, bool, int, float, str, or a
-    frozen dataclass of such fields (a :class:`kernels.decode.DecodeConfig` or
-    :class:`kernels.prefill.PrefillConfig` object a caller passes on every call). The plan
-    holds a reference, so the object cannot be freed and its address reused; an equal but
-    distinct object is not served (its call takes the Python path)."""
+    """Whether a plan can require an option: None, bool, int, float, str, or a frozen
+    dataclass of such fields (a :class:`kernels.decode.DecodeConfig` or
+    :class:`kernels.prefill.PrefillConfig`). A call is served with the recorded object or
+    an equal one of its exact type (a config built per call, as notebook 01's host rows
+    do, or a scale computed per call: the Python path's signatures key on the value too);
+    the plan holds a reference, so the recorded object's address is never reused."""
     if a is None or type(a) in (bool, int, float, str):
         return True
     params = getattr(type(a), "__dataclass_params__", None)
@@ -281,8 +282,9 @@ def make_plan(lst, opts, given, outs, workspace, returns, ws_source=None):
     """A plan from the recorded :class:`kernels.launch.LaunchList` ``lst`` (None where it
     cannot be one: the extension unavailable, a launch needing scratch memory or clusters,
     a parameter type not handled, an option of another type). :func:`run` then takes
-    ``(plan, *opts, *given)``: ``opts`` the call's options as recorded, required by
-    identity (so only immutable ones: :func:`_immutable`); ``given`` the list's first
+    ``(plan, *opts, *given)``: ``opts`` the call's options as recorded, each required to be
+    that object or an equal one of its exact type (so only immutable ones:
+    :func:`_immutable`); ``given`` the list's first
     sources as recorded (a tensor: its type, sizes, strides, dtype and device required;
     None: None required). ``outs``: the list's derived sources after them (``("alias", i)``
     of an earlier source or ``("empty", t)``, ``t`` the recorded output: its sizes,

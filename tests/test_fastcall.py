@@ -83,8 +83,8 @@ def _expected_params(spec, srcs, ws=None):
     return out + [bytes(8), bytes(8)]
 
 
-#: A config object a caller passes on every call (notebook 01's ``ours-adaptive``): served
-#: by identity (kernels.fastcall._immutable)
+#: A config object a caller passes on every call (notebook 01's ``ours-adaptive``): a plan
+#: option (kernels.fastcall._immutable)
 CFG_OBJ = DecodeConfig.from_name("BV16-w1-s1-t1")
 
 
@@ -713,21 +713,45 @@ def test_gpu_replayed_fastcall_replay_decode_gives_the_plain_bits(B, monkeypatch
             assert torch.equal(getattr(rg, name), getattr(r, name)), name
 
 
-def test_config_objects_are_required_by_identity(serving):
-    """A frozen config object is an option the plan requires by identity: a call with the
-    same object is served, an equal but distinct object or a mutable option is not (its
-    call takes the Python path and gives the same bits)."""
+def test_options_are_served_as_the_recorded_object_or_an_equal_one(serving, monkeypatch):
+    """A plan serves an option that is the recorded object or an equal one of its exact type
+    (a config built per call, as notebook 01's host rows do, after the gate prepared the
+    signature with the grid's object; a scale computed per call); another value, another
+    type or a mutable option is not served (that call takes the Python path). Served or
+    not, the bits are the Python path's."""
     assert fastcall._immutable(CFG_OBJ) and not fastcall._immutable([1])
     assert not fastcall._immutable(torch.zeros(1))
     inp = _inputs()
     gdn_decode(**inp, config=CFG_OBJ)
     _, plan = ops._LAST
-    assert fastcall.run(plan, *_args(inp, config=CFG_OBJ)) is not None
     twin = DecodeConfig.from_name(CFG_OBJ.name)
     assert twin == CFG_OBJ and twin is not CFG_OBJ
-    assert fastcall.run(plan, *_args(inp, config=twin)) is None
-    fresh = dict(inp, state=inp["state"].clone())
-    a = gdn_decode(**inp, config=twin)
-    with fastcall.serving_stub(False):
-        b = gdn_decode(**fresh, config=CFG_OBJ)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert fastcall.run(plan, *_args(inp, config=CFG_OBJ)) is not None
+    assert fastcall.run(plan, *_args(inp, config=twin)) is not None
+    assert fastcall.run(plan, *_args(inp, config=DecodeConfig.from_name("BV8-w1-s1-t1"))) is None
+    assert fastcall.run(plan, *_args(inp, config=CFG_OBJ, inplace=0)) is None   # not None
+    ops.clear_calls()
+    half = float("0.5")
+    gdn_decode(**dict(inp, scale=half))
+    _, plan = ops._LAST
+    assert fastcall.run(plan, *_args(inp, scale=float("0.5"))) is not None
+    assert fastcall.run(plan, *_args(inp, scale=0.25)) is None
+    ops.clear_calls()
+    gdn_decode(**dict(inp, scale=1.0))
+    _, plan = ops._LAST
+    assert fastcall.run(plan, *_args(inp, scale=1)) is None    # an int where a float was
+    # the whole call: every call with a fresh equal config is served by the plan
+    ops.clear_calls()
+    gdn_decode(**inp, config=CFG_OBJ)
+    python_path = []
+    orig = ops.replay_or_launch
+    monkeypatch.setattr(ops, "replay_or_launch",
+                        lambda *a, **k: python_path.append(1) or orig(*a, **k))
+    outs = [gdn_decode(**dict(inp, state=inp["state"].clone()),
+                       config=DecodeConfig.from_name(CFG_OBJ.name)) for _ in range(3)]
+    assert python_path == []
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    ref = gdn_decode(**dict(inp, state=inp["state"].clone()), config=CFG_OBJ)
+    assert python_path == [1]
+    for out in outs:
+        assert all(torch.equal(x, y) for x, y in zip(out, ref))

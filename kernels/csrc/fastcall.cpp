@@ -2,8 +2,8 @@
 //
 // A *plan* is built once per call signature from the Python path's recorded launch list
 // (kernels/fastcall.py, make_plan). It holds what the signature fixes: the metadata each
-// argument must have (type, sizes, strides, dtype, device; None; or an option object by
-// identity), the outputs to allocate (sizes, strides, dtype, device) or alias, the workspace
+// argument must have (type, sizes, strides, dtype, device; None; or an option object: the
+// recorded one, or one of its exact type that compares equal), the outputs to allocate (sizes, strides, dtype, device) or alias, the workspace
 // size, and per launch the CUfunction, grid, block, shared memory, the PDL / cooperative
 // flags and a prebuilt parameter buffer with slots for this call's addresses.
 //
@@ -58,7 +58,7 @@ enum ArgKind { ARG_NONE = 0, ARG_TENSOR = 1, ARG_IS = 2 };
 struct Arg {
   int kind = ARG_NONE;
   Meta meta;
-  PyObject* obj = nullptr;          // ARG_IS: the recorded object (a strong reference)
+  PyObject* obj = nullptr;          // ARG_IS: the recorded option (a strong reference)
 };
 
 struct Out {                         // a derived source: an alias or a fresh tensor
@@ -342,7 +342,14 @@ PyObject* run(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     if (a.kind == ARG_NONE) {
       if (o != Py_None) Py_RETURN_NONE;
     } else if (a.kind == ARG_IS) {
-      if (o != a.obj) Py_RETURN_NONE;
+      // the recorded object, or an equal one of its exact type: the Python path keys its
+      // signatures on the value too (a config or scale built per call; True is not 1)
+      if (o != a.obj) {
+        if (Py_TYPE(o) != Py_TYPE(a.obj)) Py_RETURN_NONE;
+        int eq = PyObject_RichCompareBool(o, a.obj, Py_EQ);
+        if (eq < 0) PyErr_Clear();
+        if (eq != 1) Py_RETURN_NONE;
+      }
     } else if (!THPVariable_Check(o) || !meta_match(o, a.meta)) {
       Py_RETURN_NONE;
     }

@@ -245,7 +245,7 @@ def gdn_replay_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: 
     host per call (``check_values`` resolving False: the CUDA default), the recorded launch
     also becomes the signature's plan: a call first tries the last plan used (``_LAST``;
     one C call that checks every argument, the ring's tensors, ``ring.L`` and
-    ``ring.max_tokens`` by identity, allocates the output and launches), None from it
+    ``ring.max_tokens`` by value, allocates the output and launches), None from it
     sending the call down the path above.
     """
     global _LAST

@@ -323,7 +323,7 @@ def run_call(c: PreparedCall, q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, 
     workspace (one allocation), the launches with this call's tensors: as recorded on the
     signature's first call (:class:`kernels.launch.LaunchList`) where that list stands for
     this call, else the normal path it was recorded from. ``opts``: the call's options as
-    :func:`kernels.prefill.gdn_prefill` got them (its plan's identity checks); given, the
+    :func:`kernels.prefill.gdn_prefill` got them (its plan's option checks); given, the
     signature's plan (:mod:`kernels.fastcall`: one C call) serves the call where it can, and
     is made from the recorded list where there is none yet (not where ``cu_seqlens`` is
     checked on the host per call)."""
