@@ -3,8 +3,13 @@
 ``collect_provenance(params)`` returns a JSON-ready dict::
 
     gpu, gpu_slug, sm_count, l2_bytes, driver, cuda, torch, triton, fla,
-    flashinfer, python, git_sha, git_dirty, timing_methods_rev, params,
+    flashinfer, python, git_sha, git_dirty, timing_methods_rev, fastcall, params,
     timestamp (ISO-8601 UTC), hostname
+
+``fastcall``: whether this process's eager calls of ours could take their one-call plans
+(:func:`kernels.fastcall.status` plus ``enabled``, ``GDN_FAST_LAUNCH`` not ``0``), read when
+the record is made (a notebook: at its end, so ``loaded`` says whether a call built it). A
+``host`` row means the plan's cost only where it is ``loaded``.
 
 ``timing_methods_rev`` is :data:`kernels.bench.timing.TIMING_METHODS_REV`: which meaning
 of the timing methods the run's numbers have (``kernels.compare`` refuses to set two
@@ -114,6 +119,17 @@ def _jsonable(obj):
     return str(obj)
 
 
+def _fastcall_fields() -> dict:
+    try:
+        from .. import fastcall
+
+        rec = dict(fastcall.status())
+    except Exception as e:  # pragma: no cover - provenance never fails a run
+        rec = dict(mode="unknown", loaded=False, reason=f"{type(e).__name__}: {e}")
+    rec["enabled"] = os.environ.get("GDN_FAST_LAUNCH", "1") != "0"
+    return rec
+
+
 def collect_provenance(params: Optional[dict] = None) -> dict:
     """The provenance record of a run with ``params`` (see the module docstring)."""
     try:
@@ -129,6 +145,7 @@ def collect_provenance(params: Optional[dict] = None) -> dict:
     from .timing import TIMING_METHODS_REV
 
     rec["timing_methods_rev"] = TIMING_METHODS_REV
+    rec["fastcall"] = _fastcall_fields()
     rec["params"] = _jsonable(dict(params or {}))
     rec["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     rec["hostname"] = socket.gethostname()

@@ -10,7 +10,7 @@ from kernels.bench.provenance import collect_provenance, git_info
 from kernels.packages import package_version
 
 FIELDS = ("gpu", "gpu_slug", "sm_count", "l2_bytes", "driver", "cuda", "torch", "triton", "fla",
-          "flashinfer", "python", "git_sha", "git_dirty", "timing_methods_rev", "params",
+          "flashinfer", "python", "git_sha", "git_dirty", "timing_methods_rev", "fastcall", "params",
           "timestamp", "hostname")
 
 
@@ -23,6 +23,7 @@ def test_fields_and_json():
     from kernels.bench.timing import TIMING_METHODS_REV
 
     assert rec["timing_methods_rev"] == TIMING_METHODS_REV >= 1   # 0: runs before the field
+    assert set(rec["fastcall"]) == {"mode", "loaded", "reason", "enabled"}
     ts = dt.datetime.fromisoformat(rec["timestamp"])
     assert ts.utcoffset() == dt.timedelta(0)
 
@@ -41,6 +42,17 @@ def test_cpu_values():
 def test_package_version(module, want):
     v = package_version(module)
     assert v == want if want else v not in ("absent", "")
+
+
+def test_fastcall_says_whether_plans_could_serve(monkeypatch):
+    """The record names the plans' state as it is: loaded once a call built the extension,
+    not enabled under ``GDN_FAST_LAUNCH=0``."""
+    from kernels import fastcall
+
+    fastcall.load()
+    assert collect_provenance({})["fastcall"] == dict(fastcall.status(), enabled=True)
+    monkeypatch.setenv("GDN_FAST_LAUNCH", "0")
+    assert collect_provenance({})["fastcall"]["enabled"] is False
 
 
 def test_git_info_outside_a_checkout(tmp_path):
