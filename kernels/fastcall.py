@@ -2,14 +2,15 @@
 
 A call whose launches were recorded (:class:`kernels.launch.LaunchList`) gets a *plan*
 (:func:`make_plan`): per argument the metadata it must have (type, sizes, strides, dtype,
-device), None, or an option (the recorded object, or an equal one of its type); the outputs to allocate or alias; the
-workspace size; per launch the CUfunction, grid, block, shared memory, PDL / cooperative
-flags and a prebuilt parameter buffer with slots for the call's addresses. A repeat is one
-Python-to-C call, :func:`run` (``run(plan, *args)``): it checks every argument against the
-plan, allocates (``at::empty_strided``, the caching allocator), checks the 16-byte alignment
-the recorded specialisation assumed, fills the slots and calls ``cuLaunchKernelEx``; it
-returns the outputs, or None having launched nothing where anything differs, and the call
-then takes its Python path (the recorder and the full checks, with their errors).
+device), None, or an option (the recorded object, or an equal one of its type); the outputs
+to allocate or alias; the workspace size; per launch the CUfunction, grid, block, shared
+memory, PDL / cooperative flags and a prebuilt parameter buffer with slots for the call's
+addresses. A repeat is one Python-to-C call, :func:`run` (``run(plan, *args)``): it checks
+every argument against the plan, allocates (``at::empty_strided``, the caching allocator),
+checks the 16-byte alignment the recorded specialisation assumed, fills the slots and calls
+``cuLaunchKernelEx``; it returns the outputs, or None having launched nothing where anything
+differs, and the call then takes its Python path (the recorder and the full checks, with
+their errors).
 
 The extension is compiled with the C++ compiler directly (no ninja): ``$CXX`` or ``c++`` /
 ``g++`` / ``clang++`` on the PATH, torch's headers and libraries, and on a CUDA torch the
@@ -280,18 +281,17 @@ def _immutable(a) -> bool:
 
 def make_plan(lst, opts, given, outs, workspace, returns, ws_source=None):
     """A plan from the recorded :class:`kernels.launch.LaunchList` ``lst`` (None where it
-    cannot be one: the extension unavailable, a launch needing scratch memory or clusters,
-    a parameter type not handled, an option of another type). :func:`run` then takes
+    cannot be one: the extension unavailable, a launch needing scratch memory or clusters, a
+    parameter type not handled, an option of another type). :func:`run` then takes
     ``(plan, *opts, *given)``: ``opts`` the call's options as recorded, each required to be
-    that object or an equal one of its exact type (so only immutable ones:
-    :func:`_immutable`); ``given`` the list's first
-    sources as recorded (a tensor: its type, sizes, strides, dtype and device required;
-    None: None required). ``outs``: the list's derived sources after them (``("alias", i)``
-    of an earlier source or ``("empty", t)``, ``t`` the recorded output: its sizes,
-    strides, dtype, device); ``workspace``: the recorded one or None; ``returns``: the
-    source indices returned. ``ws_source``: the list's workspace is that source (a float32
-    tensor given or made, at the recorded byte offsets; ``workspace`` then None), as where
-    two plans share one allocation (the multi-GPU rank call's halves)."""
+    that object or an equal one of its exact type (so only immutable ones: :func:`_immutable`);
+    ``given`` the list's first sources as recorded (a tensor: its type, sizes, strides,
+    dtype and device required; None: None required). ``outs``: the list's derived sources
+    after them (``("alias", i)`` of an earlier source or ``("empty", t)``, ``t`` the
+    recorded output: its sizes, strides, dtype, device); ``workspace``: the recorded one or
+    None; ``returns``: the source indices returned. ``ws_source``: the list's workspace is
+    that source (a float32 tensor given or made, at the recorded byte offsets; ``workspace``
+    then None), as where two plans share one allocation (the multi-GPU rank call's halves)."""
     mod = load()
     if mod is None or lst is None or lst.specs is None:
         return None

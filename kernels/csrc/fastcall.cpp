@@ -3,9 +3,10 @@
 // A *plan* is built once per call signature from the Python path's recorded launch list
 // (kernels/fastcall.py, make_plan). It holds what the signature fixes: the metadata each
 // argument must have (type, sizes, strides, dtype, device; None; or an option object: the
-// recorded one, or one of its exact type that compares equal), the outputs to allocate (sizes, strides, dtype, device) or alias, the workspace
-// size, and per launch the CUfunction, grid, block, shared memory, the PDL / cooperative
-// flags and a prebuilt parameter buffer with slots for this call's addresses.
+// recorded one, or one of its exact type that compares equal), the outputs to allocate
+// (sizes, strides, dtype, device) or alias, the workspace size, and per launch the
+// CUfunction, grid, block, shared memory, the PDL / cooperative flags and a prebuilt
+// parameter buffer with slots for this call's addresses.
 //
 // run(plan, *args): checks every argument against the plan (no Python object is built),
 // allocates the outputs and the workspace, checks the 16-byte alignment the recorded

@@ -196,9 +196,9 @@ def gdn_decode_fwd(q, k, v, state, A_log, a, dt_bias, b, scale, config, inplace,
     Where :mod:`kernels.fastcall` is available the recorded launch also becomes the
     signature's plan (not where slot values are checked on the host per call): every call
     first tries the last plan used (``_LAST``), one C call that checks every argument
-    against it (type, sizes, strides, dtype, device; options: the recorded object or an equal one), allocates the
-    outputs and launches; None from it (anything different) sends the call down the path
-    above, which uses its own signature's plan where it has one."""
+    against it (type, sizes, strides, dtype, device; options: the recorded object or an
+    equal one), allocates the outputs and launches; None from it (anything different) sends
+    the call down the path above, which uses its own signature's plan where it has one."""
     global _LAST
     last = _LAST
     if last is not None:   # the last plan: one C call checks, allocates, launches
