@@ -491,8 +491,8 @@ def _local_rows(run: Run, gate: pd.DataFrame, methods: List[str], B: int, inputs
 
 def run_host(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     """The ``host`` rows of every implementation timed in this process, and the bare-launch
-    floor, before the sweep's first profiler session (``cupti_cold`` left every later call
-    ~2.3 µs slower on an H100: docs/notes/instruments.md, "Host time after a profiler
+    floor, before the sweep's first profiler session (after a ``cupti_cold`` session every
+    later call ran slower on an H100: docs/notes/instruments.md, "Host time after a profiler
     session"). ``ours-adaptive`` runs the installed dispatch table's config here (the
     sweep's is not known yet; the host work is one launch either way). Kept for
     :func:`run_timing`; a solution's host is timed in its worker, which takes it first."""
@@ -501,7 +501,8 @@ def run_host(run: Run, gate: pd.DataFrame) -> pd.DataFrame:
     if "host" not in p["methods"] or not method_available("host", run.device)[0]:
         return pd.DataFrame(rows, columns=TIMES_COLUMNS)   # (run_timing says why)
     run.host_floor_us()
-    n_timed = len([n for n in p["impls"] if n in set(gate[gate.status == PASS].label)])
+    passed = set(gate[gate.status == PASS].label)
+    n_timed = len([n for n in p["impls"] if n in passed])
     for B in progress(p["batch_sizes"], f"host: {plural(n_timed, 'implementation')} per B",
                       "B"):
         inputs, _ = _inputs(run, B)
